@@ -1,0 +1,189 @@
+"""Command line of the testbed: what the Makefile and Terraform call.
+
+User commands: provision, destroy, status, ssh, inventory. Lifecycle steps that Terraform
+runs (configure, image, network, node, wait) are commands too, so each can be run and
+debugged alone. Errors reach the user as one message with a hint, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from infra import images, inventory, lab, network, status, terraform, vm
+from infra.config import DataNet, Image, LabConfig, default_state_dir
+from infra.errors import LabError
+from infra.ssh import ssh_argv
+from infra.state import LabState
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", default=os.environ.get("NODES") or "3")
+    p.add_argument("--image", default=os.environ.get("IMAGE") or "auto")
+    p.add_argument("--accel", default=os.environ.get("ACCEL") or "auto")
+    p.add_argument("--mem-mb", default=os.environ.get("MEM_MB") or "1024")
+    p.add_argument("--data-net", default=os.environ.get("DATA_NET") or "auto")
+    p.add_argument("--lab", default=os.environ.get("LAB") or "rxelab")
+    p.add_argument("--ssh-port-base", default=os.environ.get("SSH_PORT_BASE") or "2220")
+
+
+def _config(args: argparse.Namespace) -> LabConfig:
+    try:
+        port_base = int(args.ssh_port_base)
+    except ValueError:
+        raise LabError(f"SSH_PORT_BASE={args.ssh_port_base!r} is not a whole number") from None
+    return LabConfig.from_strings(
+        nodes=args.nodes, image=args.image, accel=args.accel, mem_mb=args.mem_mb,
+        data_net=args.data_net, lab=args.lab, ssh_port_base=port_base, state_dir=args.state_dir,
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m infra", description=__doc__.split("\n\n")[0])
+    p.add_argument("--state-dir", type=lambda s: Path(s).resolve(), default=default_state_dir(),
+                   help="the lab's state directory (default: $RXELAB_STATE or .lab/)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every command run")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _config_args(sub.add_parser("provision", help="bring up the lab (Terraform apply)"))
+    sub.add_parser("destroy", help="remove VMs, network, overlays and state (idempotent)")
+    for name, helptext in (("status", "table of nodes"), ("inventory", "print the inventory")):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("--inventory", type=Path, default=os.environ.get("INVENTORY") or None,
+                        help="an inventory file (default: the lab's)")
+    sp = sub.add_parser("ssh", help="a shell (or a command) on a node")
+    sp.add_argument("node")
+    sp.add_argument("--inventory", type=Path, default=os.environ.get("INVENTORY") or None)
+    sp.add_argument("remote", nargs=argparse.REMAINDER, help="command to run instead of a shell")
+
+    _config_args(sub.add_parser("configure", help="(Terraform step) validate and record config"))
+    sub.add_parser("image", help="(Terraform step) build or find the base image")
+    sp = sub.add_parser("network", help="(Terraform step) the data network")
+    sp.add_argument("action", choices=["up", "down"])
+    sp = sub.add_parser("node", help="(Terraform step) start or stop one VM")
+    sp.add_argument("action", choices=["up", "down"])
+    sp.add_argument("index", type=int)
+    sub.add_parser("wait", help="(Terraform step) wait until every node is ready")
+    return p
+
+
+def _inventory(args: argparse.Namespace, state: LabState) -> inventory.Inventory:
+    return inventory.load(args.inventory or state.inventory_file)
+
+
+def cmd_provision(args: argparse.Namespace) -> None:
+    config = _config(args)
+    state = LabState(config.state_dir)
+    from infra import run as runner
+
+    runner.require("terraform", vm.QEMU, "qemu-img", "ssh", "ssh-keygen")
+    kind, _ = images.resolve(config.image)
+    if kind is Image.DEBIAN and not images.cached_debian():
+        runner.require("mmdebstrap", "mkfs.ext4")
+    if network.resolve(config.data_net) is DataNet.BRIDGE:
+        runner.require("ip")
+    _replace_stale_lab(state)
+    started = time.monotonic()
+    try:
+        terraform.apply(config, state)
+    except KeyboardInterrupt:
+        print("\ninterrupted: removing everything this provision started ...", flush=True)
+        _teardown_after_failure(state)
+        raise LabError("provisioning was interrupted; nothing is left running") from None
+    except LabError as e:
+        print(f"provisioning failed: removing everything it started ...", flush=True)
+        _teardown_after_failure(state)
+        raise LabError(f"provisioning failed:\n{e}",
+                       hint=f"serial logs are kept in {state.logs}; `make destroy` removes them")
+    elapsed = time.monotonic() - started
+    inv = inventory.load(state.inventory_file)
+    status.show(status.collect(inv, _running(state)))
+    print(f"lab ready in {elapsed:.0f} s. Next: `make ssh NODE={inv.hosts[0].name}`, "
+          f"`make status`, `make destroy`. Inventory: {state.inventory_file}")
+
+
+def _replace_stale_lab(state: LabState) -> None:
+    """A lab whose VMs are gone (host rebooted, killed by hand) is torn down, not trusted."""
+    if not terraform.has_state(state) or not state.config_file.exists():
+        return
+    config = state.load_config()
+    stopped = [n.name for n in config.all_nodes() if not vm.is_running(state, n)]
+    if stopped:
+        print(f"the previous lab is not running ({', '.join(stopped)} stopped): removing it first")
+        cmd_destroy_state(state)
+
+
+def _teardown_after_failure(state: LabState) -> None:
+    if terraform.has_state(state):
+        try:
+            terraform.destroy(state)
+        except (LabError, KeyboardInterrupt) as e:
+            print(f"terraform destroy did not finish ({e}); removing by pid files", flush=True)
+    lab.teardown(state, keep_logs=True)
+
+
+def _running(state: LabState) -> dict[str, bool]:
+    if not state.config_file.exists():
+        return {}
+    config = state.load_config()
+    return {n.name: vm.is_running(state, n) for n in config.all_nodes()}
+
+
+def cmd_destroy_state(state: LabState) -> None:
+    had_state = state.root.exists()
+    if terraform.has_state(state):
+        try:
+            terraform.destroy(state)
+        except LabError as e:
+            print(f"terraform destroy failed ({e}); removing by pid files", flush=True)
+    removed = lab.teardown(state)
+    if removed:
+        print("removed: " + ", ".join(removed))
+    print("lab destroyed" if had_state else "nothing to destroy")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(message)s")
+    state = LabState(args.state_dir)
+    try:
+        match args.command:
+            case "provision":
+                cmd_provision(args)
+            case "destroy":
+                cmd_destroy_state(state)
+            case "status":
+                status.show(status.collect(_inventory(args, state),
+                                           None if args.inventory else _running(state)))
+            case "inventory":
+                sys.stdout.write(_inventory(args, state).to_json())
+            case "ssh":
+                host = _inventory(args, state).host(args.node)
+                remote = [a for a in args.remote if a != "--"]
+                argv_ = ssh_argv(host, *remote, tty=not remote and sys.stdin.isatty())
+                os.execvp(argv_[0], argv_)
+            case "configure":
+                lab.configure(_config(args), state)
+            case "image":
+                lab.prepare_image(state)
+            case "network":
+                if args.action == "up":
+                    network.up(state.load_config(), state)
+                elif state.config_file.exists():
+                    network.down(state.load_config(), state)
+            case "node":
+                (lab.node_up if args.action == "up" else lab.node_down)(state, args.index)
+            case "wait":
+                lab.wait(state)
+    except LabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

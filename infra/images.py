@@ -1,0 +1,319 @@
+"""Base images behind one interface, cached outside the repo and keyed by their recipe.
+
+debian-12 is built here from Debian packages (mmdebstrap, the mirror taken from the host's own
+apt sources), so it works on machines that reach no image server. ubuntu-24.04 is the official
+cloud image, downloaded only when a user asks for it and checked against the published
+SHA256SUMS. A second provision finds the cached image and builds nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra import run as runner
+from infra.config import Image, cache_dir
+from infra.errors import LabError
+
+RECIPES = Path(__file__).resolve().parent / "recipes"
+DEBIAN_SUITE = "bookworm"
+DEBIAN_DISK_SIZE = "3G"
+DEBIAN_SOURCES = Path(os.environ.get("RXELAB_APT_SOURCES", "/etc/apt/sources.list.d/debian.sources"))
+UBUNTU_URL = os.environ.get(
+    "RXELAB_UBUNTU_URL", "https://cloud-images.ubuntu.com/releases/noble/release/"
+)
+UBUNTU_FILE = "ubuntu-24.04-server-cloudimg-amd64.img"
+# What cloud-init installs on first boot of the Ubuntu image (Debian has them baked in).
+UBUNTU_PACKAGES = [
+    "rdma-core",
+    "ibverbs-providers",
+    "ibverbs-utils",
+    "rdmacm-utils",
+    "perftest",
+    "python3-pyverbs",
+    "python3-mpi4py",
+    "python3-numpy",
+    "openmpi-bin",
+]
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """A bootable image: a disk, and for direct kernel boot its kernel and initrd."""
+
+    kind: Image
+    disk: Path
+    disk_format: str
+    kernel: Path | None = None
+    initrd: Path | None = None
+
+    @property
+    def direct_boot(self) -> bool:
+        return self.kernel is not None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "kind": self.kind.value,
+                "disk": str(self.disk),
+                "disk_format": self.disk_format,
+                "kernel": str(self.kernel) if self.kernel else None,
+                "initrd": str(self.initrd) if self.initrd else None,
+            },
+            indent=2,
+        ) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> BaseImage:
+        d = json.loads(text)
+        return cls(
+            kind=Image(d["kind"]),
+            disk=Path(d["disk"]),
+            disk_format=d["disk_format"],
+            kernel=Path(d["kernel"]) if d.get("kernel") else None,
+            initrd=Path(d["initrd"]) if d.get("initrd") else None,
+        )
+
+
+def images_dir() -> Path:
+    return cache_dir() / "images"
+
+
+# ---- choosing -----------------------------------------------------------------------------
+def cached_ubuntu() -> BaseImage | None:
+    for manifest in sorted(images_dir().glob("ubuntu-24.04-*/image.json")):
+        image = BaseImage.from_json(manifest.read_text())
+        if image.disk.exists():
+            return image
+    return None
+
+
+def cached_debian() -> BaseImage | None:
+    manifest = images_dir() / f"debian-12-{debian_recipe_key()}" / "image.json"
+    return BaseImage.from_json(manifest.read_text()) if manifest.exists() else None
+
+
+def resolve(requested: Image) -> tuple[Image, str]:
+    """Pick the image for IMAGE=auto without touching the network; say which and why."""
+    if requested is not Image.AUTO:
+        return requested, f"image: {requested.value} (asked for)"
+    if cached_ubuntu() is not None:
+        return Image.UBUNTU, "image: ubuntu-24.04 (IMAGE=auto, its cloud image is in the cache)"
+    return Image.DEBIAN, (
+        "image: debian-12, built from Debian packages (IMAGE=auto and no Ubuntu image is cached; "
+        "`make provision IMAGE=ubuntu-24.04` downloads it once, where the network allows)"
+    )
+
+
+def ensure(kind: Image) -> BaseImage:
+    if kind is Image.DEBIAN:
+        return ensure_debian()
+    if kind is Image.UBUNTU:
+        return ensure_ubuntu()
+    raise LabError(f"image {kind.value!r} must be resolved before it is built")
+
+
+# ---- Debian, built locally ----------------------------------------------------------------
+def debian_packages() -> list[str]:
+    lines = (RECIPES / "debian-12" / "packages.txt").read_text().splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+
+
+def debian_recipe_key() -> str:
+    """Changes whenever anything that goes into the image changes (files, packages, size)."""
+    h = hashlib.sha256()
+    h.update(f"suite={DEBIAN_SUITE} size={DEBIAN_DISK_SIZE}\n".encode())
+    h.update(" ".join(debian_mmdebstrap_options()).encode())
+    for path in sorted((RECIPES / "debian-12").iterdir()):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def debian_mmdebstrap_options() -> list[str]:
+    return [
+        "--mode=unshare",  # mounts live in a private namespace: nothing leaks if killed
+        "--variant=apt",
+        "--skip=essential/unlink",  # else the .deb cache misses the Essential packages
+        "--aptopt=APT::Install-Recommends \"false\"",
+        "--dpkgopt=path-exclude=/usr/share/doc/*",
+        "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+        "--dpkgopt=path-exclude=/usr/share/man/*",
+        "--dpkgopt=path-exclude=/usr/share/locale/*",
+        "--include=" + ",".join(debian_packages()),
+    ]
+
+
+def ensure_debian() -> BaseImage:
+    dest = images_dir() / f"debian-12-{debian_recipe_key()}"
+    if (cached := cached_debian()) is not None:
+        print(f"image: debian-12 found in cache ({dest})", flush=True)
+        return cached
+    runner.require("mmdebstrap", "mkfs.ext4")
+    if not DEBIAN_SOURCES.exists():
+        raise LabError(
+            f"no apt sources file at {DEBIAN_SOURCES} to take the Debian mirror from",
+            hint="set RXELAB_APT_SOURCES to a deb822 .sources file naming a Debian mirror",
+        )
+    debs = cache_dir() / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    work = _fresh_build_dir(dest.name)
+    started = time.monotonic()
+    print(f"image: building debian-12 ({len(debian_packages())} packages) into {dest}", flush=True)
+    try:
+        tar = work / "root.tar"
+        runner.run_streaming(
+            [
+                "mmdebstrap",
+                *debian_mmdebstrap_options(),
+                '--setup-hook=mkdir -p "$1"/var/cache/apt/archives/',
+                f"--setup-hook=sync-in {debs} /var/cache/apt/archives/",
+                f"--customize-hook=sync-out /var/cache/apt/archives {debs}",
+                f'--customize-hook={RECIPES / "debian-12" / "customize.sh"} "$1"',
+                DEBIAN_SUITE,
+                tar,
+                DEBIAN_SOURCES,
+            ],
+            prefix="image: ",
+            timeout=1800,
+            log_file=work / "mmdebstrap.log",
+        )
+        kernel, initrd = _extract_boot_files(tar, work)
+        _tar_to_ext4(tar, work / "disk.raw", work / "root")
+        tar.unlink()
+        image = BaseImage(Image.DEBIAN, dest / "disk.raw", "raw", dest / kernel.name,
+                          dest / initrd.name)
+        (work / "image.json").write_text(image.to_json())
+        if dest.exists():
+            shutil.rmtree(dest)
+        work.rename(dest)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    print(f"image: debian-12 built in {time.monotonic() - started:.0f} s", flush=True)
+    return image
+
+
+def _tar_to_ext4(tar: Path, disk: Path, scratch: Path) -> None:
+    """Unpack and pack into an ext4 file system; without root, fakeroot keeps the owners."""
+    scratch.mkdir()
+    script = 'tar -C "$1" --numeric-owner -xpf "$2" && mkfs.ext4 -q -F -L root -d "$1" "$3" "$4"'
+    argv = ["sh", "-c", script, "sh", str(scratch), str(tar), str(disk), DEBIAN_DISK_SIZE]
+    if os.geteuid() != 0:
+        runner.require("fakeroot")
+        argv = ["fakeroot", *argv]
+    try:
+        runner.run(argv, timeout=900)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _extract_boot_files(tar: Path, into: Path) -> tuple[Path, Path]:
+    with tarfile.open(tar) as t:
+        names = t.getnames()
+        wanted = {}
+        for prefix in ("vmlinuz-", "initrd.img-"):
+            found = sorted(n for n in names if n.lstrip("./").startswith("boot/" + prefix))
+            if not found:
+                raise LabError(f"the built root has no /boot/{prefix}*: is linux-image-amd64 in it?")
+            wanted[prefix] = found[-1]
+        out = []
+        for member in wanted.values():
+            src = t.extractfile(member)
+            assert src is not None
+            path = into / Path(member).name
+            with path.open("wb") as f:
+                shutil.copyfileobj(src, f)
+            out.append(path)
+    return out[0], out[1]
+
+
+def _fresh_build_dir(name: str) -> Path:
+    """A build directory of our own; leftovers of killed builds (dead pid) are removed first."""
+    base = images_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    for old in base.glob(".build-*"):
+        pid = old.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    work = base / f".build-{name}-{os.getpid()}"
+    work.mkdir()
+    return work
+
+
+# ---- Ubuntu, downloaded on request --------------------------------------------------------
+def ensure_ubuntu(base_url: str = UBUNTU_URL) -> BaseImage:
+    cached = cached_ubuntu()
+    if cached is not None:
+        print(f"image: ubuntu-24.04 found in cache ({cached.disk})", flush=True)
+        return cached
+    url = base_url if base_url.endswith("/") else base_url + "/"
+    sums = _http_get_text(urllib.parse.urljoin(url, "SHA256SUMS"))
+    expected = parse_sha256sums(sums, UBUNTU_FILE)
+    dest = images_dir() / f"ubuntu-24.04-{expected[:16]}"
+    work = _fresh_build_dir(dest.name)
+    try:
+        disk = work / UBUNTU_FILE
+        actual = download(urllib.parse.urljoin(url, UBUNTU_FILE), disk)
+        if actual != expected:
+            raise LabError(
+                f"checksum mismatch for {UBUNTU_FILE}: SHA256SUMS says {expected}, "
+                f"the download has {actual}; the file was discarded",
+                hint="try again; if it repeats, the mirror or a proxy is serving a bad file",
+            )
+        image = BaseImage(Image.UBUNTU, dest / UBUNTU_FILE, "qcow2")
+        (work / "image.json").write_text(image.to_json())
+        if dest.exists():
+            shutil.rmtree(dest)
+        work.rename(dest)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return image
+
+
+def parse_sha256sums(text: str, filename: str) -> str:
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("*") == filename:
+            digest = parts[0].lower()
+            if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+                return digest
+            raise LabError(f"SHA256SUMS has a malformed entry for {filename}: {parts[0]!r}")
+    raise LabError(f"SHA256SUMS has no entry for {filename}")
+
+
+def _http_get_text(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return str(r.read(1 << 20).decode())
+    except (urllib.error.URLError, OSError) as e:
+        raise LabError(f"cannot fetch {url}: {e}",
+                       hint="IMAGE=debian-12 builds an image from Debian packages instead") from None
+
+
+def download(url: str, dest: Path) -> str:
+    """Stream url to dest, printing progress every 10 %; returns the SHA256 of what arrived."""
+    h = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, dest.open("wb") as f:
+            total = int(r.headers.get("Content-Length") or 0)
+            done, shown = 0, -10
+            while chunk := r.read(1 << 20):
+                f.write(chunk)
+                h.update(chunk)
+                done += len(chunk)
+                if total and (pct := done * 100 // total) >= shown + 10:
+                    shown = pct - pct % 10
+                    print(f"image: downloading {dest.name}: {pct}% of {total >> 20} MiB", flush=True)
+    except (urllib.error.URLError, OSError) as e:
+        raise LabError(f"download of {url} failed: {e}") from None
+    return h.hexdigest()

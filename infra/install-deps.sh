@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what the testbed needs on a Debian/Ubuntu host: the host programs from apt and the
+# Python packages into .venv. Safe to re-run; the Makefile runs it when pyproject.toml changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs fakeroot vde2 iproute2
+              openssh-client python3-venv)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]} (apt)"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "deps: $PYTHON is $("$PYTHON" --version 2>&1); rxelab needs Python 3.11 or newer" >&2
+  exit 1
+fi
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+if ! command -v terraform >/dev/null; then
+  echo "deps: terraform is not installed: install Terraform >= 1.4 from HashiCorp" \
+       "(it is not in Debian's archive); everything else is in place" >&2
+  exit 1
+fi
+echo "deps: ready"

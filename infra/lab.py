@@ -1,0 +1,133 @@
+"""The lab's lifecycle steps. Terraform calls each one as a command (see terraform/main.tf);
+each is idempotent and safe to re-run after an interruption, and `teardown` removes whatever
+any of them left, from the files in the state directory alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+from infra import accel as accel_mod
+from infra import images, inventory, network, readiness, seed, vm
+from infra.config import Accel, LabConfig
+from infra.errors import LabError
+from infra.images import BaseImage
+from infra.state import LabState, write_atomic
+
+
+def configure(config: LabConfig, state: LabState) -> LabConfig:
+    """Validate, resolve IMAGE=auto, record the config and make keys and seeds."""
+    kind, why = images.resolve(config.image)
+    print(why, flush=True)
+    resolved = LabConfig(**{**vars(config), "image": kind,
+                            "data_net": network.resolve(config.data_net)})
+    state.root.mkdir(parents=True, exist_ok=True)
+    state.save_config(resolved)
+    seed.make_seeds(resolved, state, instance_tag=f"{int(time.time())}")
+    return resolved
+
+
+def prepare_image(state: LabState) -> None:
+    """Build or find the base image, then decide the accelerator with its kernel."""
+    config = state.load_config()
+    image = images.ensure(config.image)
+    accel, why = accel_mod.resolve(config.accel, image)
+    print(why, flush=True)
+    write_atomic(state.root / "boot.json",
+                 json.dumps({"image": json.loads(image.to_json()), "accel": accel.value}) + "\n")
+
+
+def boot_plan(state: LabState) -> tuple[BaseImage, Accel]:
+    try:
+        data = json.loads((state.root / "boot.json").read_text())
+    except FileNotFoundError:
+        raise LabError("the base image is not prepared yet", hint="run `make provision`") from None
+    return BaseImage.from_json(json.dumps(data["image"])), Accel(data["accel"])
+
+
+def node_up(state: LabState, index: int) -> None:
+    config = state.load_config()
+    image, accel = boot_plan(state)
+    vm.start(config, state, image, accel, config.node(index))
+
+
+def node_down(state: LabState, index: int) -> None:
+    if not state.config_file.exists():
+        return
+    config = state.load_config()
+    if index <= config.nodes:
+        vm.stop(config, state, config.node(index))
+
+
+def boot_timeout(config: LabConfig, accel: Accel) -> float:
+    if env := os.environ.get("RXELAB_BOOT_TIMEOUT"):
+        return float(env)
+    # Measured under TCG on 2 cores: 3 nodes are ready in ~150 s, and boots share the cores.
+    return 240 + 90 * config.nodes if accel is Accel.TCG else 300
+
+
+def wait(state: LabState) -> None:
+    config = state.load_config()
+    _, accel = boot_plan(state)
+    inv = inventory.for_lab(config, state)
+    nodes = {n.name: n for n in config.all_nodes()}
+    ready = readiness.wait_ready(
+        list(inv.hosts),
+        timeout=boot_timeout(config, accel),
+        alive=lambda h: vm.is_running(state, nodes[h.name]),
+        serial_log=lambda h: state.serial_log(h.name),
+    )
+    inventory.save(inv, state.inventory_file)
+    slowest = max(ready.values())
+    print(f"all {len(ready)} nodes ready in {slowest:.0f} s; inventory: {state.inventory_file}",
+          flush=True)
+
+
+def teardown(state: LabState, keep_logs: bool = False) -> list[str]:
+    """Stop every VM and switch, remove the network and the state; report what was removed."""
+    removed: list[str] = []
+    config = None
+    if state.config_file.exists():
+        try:
+            config = state.load_config()
+        except (LabError, ValueError, KeyError, TypeError):
+            config = None
+    for pidfile in sorted(state.run.glob("*.pid")) if state.run.exists() else []:
+        name = pidfile.stem
+        program = "vde_switch" if name == "vde_switch" else vm.QEMU
+        if network.stop_pidfile(pidfile, program):
+            removed.append(f"{program} {name}")
+    if config is not None:
+        ns_present = config.netns in network.namespaces() if os.geteuid() == 0 else False
+        taps = network.host_taps(config) if os.geteuid() == 0 else []
+        network.down(config, state)
+        if ns_present:
+            removed.append(f"network namespace {config.netns}")
+        removed += [f"tap {t}" for t in taps]
+    if state.root.exists():
+        for child in state.root.iterdir():
+            if keep_logs and child.name == "logs":
+                continue
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if not any(state.root.iterdir()):
+            state.root.rmdir()
+    return removed
+
+
+def leftovers(state: LabState, config: LabConfig) -> list[str]:
+    """What of this lab still exists on the host (for tests and `destroy`'s last check)."""
+    found = []
+    for n in config.all_nodes():
+        pid = vm.pid(state, n)
+        if pid:
+            found.append(f"qemu {n.name} (pid {pid})")
+        if state.overlay(n.name).exists():
+            found.append(f"overlay {state.overlay(n.name)}")
+    if os.geteuid() == 0:
+        if config.netns in network.namespaces():
+            found.append(f"network namespace {config.netns}")
+        found += [f"tap {t}" for t in network.host_taps(config)]
+    return found

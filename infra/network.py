@@ -1,0 +1,140 @@
+"""The data network: an isolated L2 segment that the lab makes and owns, nothing else on it.
+
+As root it is a bridge inside a network namespace of our own. Each node's tap is created in
+the host namespace, opened by qemu there (so qemu's SSH forward stays on the host's
+127.0.0.1), and then moved into the lab's namespace and onto the bridge: a tap keeps working
+after `ip link set TAP netns NS`. Without root it is a vde_switch on a unix socket.
+Either way no route leads from the segment anywhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from infra import run as runner
+from infra.config import DataNet, LabConfig, Node
+from infra.errors import LabError
+from infra.state import LabState
+
+
+def resolve(requested: DataNet) -> DataNet:
+    if requested is DataNet.AUTO:
+        return DataNet.BRIDGE if os.geteuid() == 0 else DataNet.VDE
+    if requested is DataNet.BRIDGE and os.geteuid() != 0:
+        raise LabError("DATA_NET=bridge needs root (taps and a network namespace)",
+                       hint="run as root, or use DATA_NET=vde (no root needed)")
+    return requested
+
+
+def vde_socket(state: LabState) -> Path:
+    return state.run / "vde.ctl"
+
+
+def up(config: LabConfig, state: LabState) -> None:
+    kind = resolve(config.data_net)
+    down(config, state)  # a leftover of an interrupted run must not trip this one
+    if kind is DataNet.BRIDGE:
+        runner.require("ip")
+        ns, br = config.netns, config.bridge
+        runner.run(["ip", "netns", "add", ns])
+        runner.run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        runner.run(["ip", "-n", ns, "link", "add", br, "type", "bridge",
+                    "stp_state", "0", "forward_delay", "0", "mcast_snooping", "0"])
+        runner.run(["ip", "-n", ns, "link", "set", br, "up"])
+        print(f"network: bridge {br} in namespace {ns}", flush=True)
+    else:
+        runner.require("vde_switch")
+        state.run.mkdir(parents=True, exist_ok=True)
+        runner.run(["vde_switch", "-s", vde_socket(state), "-p", state.pidfile("vde_switch"),
+                    "-d"])
+        print(f"network: vde_switch on {vde_socket(state)}", flush=True)
+
+
+def down(config: LabConfig, state: LabState) -> None:
+    """Remove the segment and every tap of this lab; safe to call when nothing exists."""
+    if os.geteuid() == 0:
+        for tap in host_taps(config):
+            runner.run(["ip", "link", "del", tap], check=False)
+        if config.netns in namespaces():
+            runner.run(["ip", "netns", "del", config.netns])
+    stop_pidfile(state.pidfile("vde_switch"), "vde_switch")
+    shutil.rmtree(vde_socket(state), ignore_errors=True)  # vde_switch -s makes a directory
+
+
+def namespaces() -> set[str]:
+    out = runner.run(["ip", "netns", "list"], check=False).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def host_taps(config: LabConfig) -> list[str]:
+    """Taps of this lab still in the host namespace (a node that never got its tap moved)."""
+    prefix = f"{config.lab}t"
+    return sorted(p.name for p in Path("/sys/class/net").iterdir()
+                  if p.name.startswith(prefix) and p.name[len(prefix):].isdigit())
+
+
+def qemu_args(config: LabConfig, state: LabState, node: Node) -> list[str]:
+    if resolve(config.data_net) is DataNet.BRIDGE:
+        netdev = f"tap,id=data,ifname={node.tap},script=no,downscript=no"
+    else:
+        netdev = f"vde,id=data,sock={vde_socket(state)}"
+    return [
+        "-netdev", netdev,
+        "-device", f"virtio-net-pci,netdev=data,mac={node.data_mac}",
+    ]  # fmt: skip
+
+
+def before_vm(config: LabConfig, node: Node) -> None:
+    if resolve(config.data_net) is DataNet.BRIDGE:
+        runner.run(["ip", "link", "del", node.tap], check=False)
+        runner.run(["ip", "tuntap", "add", "dev", node.tap, "mode", "tap"])
+
+
+def after_vm(config: LabConfig, node: Node) -> None:
+    """qemu holds the tap open now: move it into the lab's namespace, onto the bridge."""
+    if resolve(config.data_net) is DataNet.BRIDGE:
+        runner.run(["ip", "link", "set", node.tap, "netns", config.netns])
+        runner.run(["ip", "-n", config.netns, "link", "set", node.tap, "master", config.bridge,
+                    "up"])
+
+
+def remove_tap(config: LabConfig, node: Node) -> None:
+    if resolve(config.data_net) is DataNet.BRIDGE:
+        runner.run(["ip", "link", "del", node.tap], check=False)
+        if config.netns in namespaces():
+            runner.run(["ip", "-n", config.netns, "link", "del", node.tap], check=False)
+
+
+def stop_pidfile(pidfile: Path, expected: str, grace_s: float = 5.0) -> bool:
+    """Stop the process a pidfile names, but only if it still is the program we started."""
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        pidfile.unlink(missing_ok=True)
+        return False
+    stopped = False
+    if process_is(pid, expected):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while process_is(pid, expected) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if process_is(pid, expected):
+            os.kill(pid, signal.SIGKILL)
+        stopped = True
+    pidfile.unlink(missing_ok=True)
+    return stopped
+
+
+def process_is(pid: int, expected: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    if "State:\tZ" in status:
+        return False
+    return bool(cmdline) and Path(cmdline[0].decode(errors="replace")).name == expected

@@ -1,0 +1,192 @@
+"""The one place that starts processes: argv lists only, a deadline on every call, and
+errors that name the command, its exit status and the tail of what it printed.
+
+A missing program becomes a LabError that says which Debian package provides it, because
+"FileNotFoundError: 'mmdebstrap'" is not something a newcomer can act on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.errors import LabError
+
+log = logging.getLogger("rxelab")
+
+# program -> where it comes from; used only to phrase the error when it is missing.
+PROVIDERS: dict[str, str] = {
+    "qemu-system-x86_64": "apt-get install qemu-system-x86",
+    "qemu-img": "apt-get install qemu-utils",
+    "mmdebstrap": "apt-get install mmdebstrap",
+    "mkfs.ext4": "apt-get install e2fsprogs",
+    "ssh": "apt-get install openssh-client",
+    "ssh-keygen": "apt-get install openssh-client",
+    "ip": "apt-get install iproute2",
+    "vde_switch": "apt-get install vde2",
+    "fakeroot": "apt-get install fakeroot",
+    "terraform": "install Terraform >= 1.4 from HashiCorp (it is not in Debian's archive)",
+}
+
+
+@dataclass
+class Result:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CommandError(LabError):
+    def __init__(self, argv: Sequence[str], returncode: int, stdout: str, stderr: str) -> None:
+        if returncode < 0:
+            how = f"was killed by {signal.Signals(-returncode).name}"
+        else:
+            how = f"exited with status {returncode}"
+        tail = "\n".join((stderr or stdout).strip().splitlines()[-12:])
+        super().__init__(f"`{shlex.join(argv)}` {how}" + (f":\n{tail}" if tail else ""))
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+def missing_program(program: str) -> LabError:
+    return LabError(f"{program} is not installed", hint=PROVIDERS.get(program, f"install {program}"))
+
+
+def require(*programs: str) -> None:
+    """Fail early, naming every missing program at once."""
+    from shutil import which
+
+    missing = [p for p in programs if which(p) is None]
+    if missing:
+        hints = sorted({PROVIDERS.get(p, f"install {p}") for p in missing})
+        raise LabError(f"missing programs: {', '.join(missing)}", hint="; ".join(hints))
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    check: bool = True,
+    capture: bool = True,
+    timeout: float | None = 600,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    cwd: Path | None = None,
+) -> Result:
+    """Run argv to completion. On timeout the whole process group is killed, never left behind."""
+    args = [os.fspath(a) for a in argv]
+    log.debug("+ %s", shlex.join(args))
+    full_env = {**os.environ, "LANG": "C.UTF-8", **(env or {})}
+    try:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.PIPE if capture else None,
+            text=True,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        raise missing_program(args[0]) from None
+    try:
+        out, err = proc.communicate(input=input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        raise LabError(
+            f"`{shlex.join(args)}` did not finish within {timeout:.0f} s and was stopped",
+        ) from None
+    except BaseException:  # KeyboardInterrupt included: the child must not outlive us
+        _kill_group(proc)
+        proc.wait()
+        raise
+    result = Result(args, proc.returncode, out or "", err or "")
+    if check and proc.returncode != 0:
+        raise CommandError(args, proc.returncode, result.stdout, result.stderr)
+    return result
+
+
+def run_streaming(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    prefix: str,
+    timeout: float,
+    log_file: Path,
+    env: Mapping[str, str] | None = None,
+    transform: Callable[[str], str | None] = lambda line: line,
+    interrupt_grace: float = 0,
+) -> None:
+    """Run a long command whose own output is the best progress report: its lines are shown
+    as they come (prefixed), all of them go to log_file, and a failure quotes the tail."""
+    import threading
+    from collections import deque
+
+    args = [os.fspath(a) for a in argv]
+    log.debug("+ %s", shlex.join(args))
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    tail: deque[str] = deque(maxlen=15)
+    try:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "LANG": "C.UTF-8", **(env or {})},
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        raise missing_program(args[0]) from None
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        with log_file.open("w") as f:
+            for line in proc.stdout:
+                f.write(line)
+                tail.append(line.rstrip())
+                shown = transform(line.rstrip())
+                if shown is not None:
+                    print(f"{prefix}{shown}", flush=True)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.wait()
+        raise LabError(
+            f"`{args[0]}` did not finish within {timeout:.0f} s and was stopped",
+            hint=f"its full output is in {log_file}",
+        ) from None
+    except BaseException:
+        if interrupt_grace > 0:
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+                proc.wait(timeout=interrupt_grace)
+            except (ProcessLookupError, subprocess.TimeoutExpired, KeyboardInterrupt):
+                pass
+        _kill_group(proc)
+        proc.wait()
+        raise
+    finally:
+        reader.join(timeout=5)
+    if proc.returncode != 0:
+        raise CommandError(args, proc.returncode, "\n".join(tail), "")
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

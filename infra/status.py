@@ -1,0 +1,62 @@
+"""`make status`: one row per node of any inventory, probed over SSH in parallel."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from infra.inventory import Host, Inventory
+from infra.ssh import ssh_run
+
+PROBE = (
+    "cat /sys/class/infiniband/{dev}/ports/{port}/state 2>/dev/null || echo missing; "
+    "ip -4 -br addr show 2>/dev/null | grep -q ' {ip}/' && echo has-ip || echo no-ip"
+)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    host: Host
+    state: str  # running | unreachable | stopped
+    rdma: str
+    data_ip_ok: bool
+
+
+def probe(host: Host, running: bool | None) -> NodeStatus:
+    if running is False:
+        return NodeStatus(host, "stopped", "-", False)
+    r = ssh_run(host, PROBE.format(dev=host.rdma.device, port=host.rdma.port, ip=host.data_ip),
+                timeout=20, check=False)
+    if r.returncode != 0:
+        return NodeStatus(host, "unreachable", "?", False)
+    lines = r.stdout.split("\n")
+    port_state = lines[0].strip()  # e.g. "4: ACTIVE"
+    rdma = "missing" if port_state == "missing" else port_state.split(":")[-1].strip()
+    return NodeStatus(host, "running", rdma, "has-ip" in r.stdout)
+
+
+def collect(inv: Inventory, running: dict[str, bool] | None = None) -> list[NodeStatus]:
+    running = running or {}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(lambda h: probe(h, running.get(h.name)), inv.hosts))
+
+
+def show(rows: list[NodeStatus], console: Console | None = None) -> None:
+    table = Table(title="rxelab nodes")
+    for col in ("node", "state", "SSH endpoint", "data IP", "RDMA device", "port state"):
+        table.add_column(col)
+    for s in rows:
+        h = s.host
+        style = "green" if s.rdma == "ACTIVE" else "red"
+        table.add_row(
+            h.name,
+            s.state,
+            f"{h.ssh.user}@{h.ssh.host}:{h.ssh.port}",
+            h.data_ip + ("" if s.data_ip_ok or s.state != "running" else " (not set!)"),
+            f"{h.rdma.device}/{h.rdma.port} gid {h.rdma.gid_index}",
+            f"[{style}]{s.rdma}[/{style}]",
+        )
+    (console or Console()).print(table)

@@ -1,0 +1,104 @@
+"""Driving Terraform for `make provision` / `make destroy`.
+
+Terraform owns the lifecycle (terraform/*.tf); this module only runs it with the lab's
+variables, keeps its state and plugin directory inside the lab's state directory, never lets
+it phone home (CHECKPOINT_DISABLE), and relays its output without the provisioner noise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from infra import run as runner
+from infra.config import REPO, LabConfig
+from infra.state import LabState, write_atomic
+
+TF_DIR = REPO / "terraform"
+NOISE = re.compile(r"\(local-exec\): Executing: |Still creating\.\.\.|Still destroying\.\.\.|"
+                   r"^\s*$|Provisioning with 'local-exec'")
+PREFIX = re.compile(r"^terraform_data\.[\w\[\]\d]+ \(local-exec\): ")
+
+
+def variables(config: LabConfig) -> dict[str, object]:
+    return {
+        "nodes": config.nodes,
+        "image": config.image.value,
+        "accel": config.accel.value,
+        "mem_mb": config.mem_mb,
+        "data_net": config.data_net.value,
+        "lab": config.lab,
+        "ssh_port_base": config.ssh_port_base,
+        "state_dir": str(config.state_dir),
+        "python": sys.executable,
+    }
+
+
+def _env(state: LabState) -> dict[str, str]:
+    env = {
+        "CHECKPOINT_DISABLE": "1",  # no version check against an outside server
+        "TF_IN_AUTOMATION": "1",
+        "TF_INPUT": "0",
+        "TF_DATA_DIR": str(state.terraform / "data"),
+    }
+    cli_config = os.environ.get("TF_CLI_CONFIG_FILE")
+    if cli_config is None or not Path(cli_config).exists():
+        rc = state.terraform / "terraformrc"
+        write_atomic(rc, "disable_checkpoint = true\n")
+        env["TF_CLI_CONFIG_FILE"] = str(rc)
+    return env
+
+
+def _relay(line: str) -> str | None:
+    if NOISE.search(line):
+        return None
+    return PREFIX.sub("  ", line)
+
+
+def _terraform(state: LabState, *args: str, timeout: float, interrupt_grace: float = 30) -> None:
+    runner.run_streaming(
+        ["terraform", f"-chdir={TF_DIR}", *args],
+        prefix="",
+        timeout=timeout,
+        log_file=state.terraform / "last-run.log",
+        env=_env(state),
+        transform=_relay,
+        interrupt_grace=interrupt_grace,
+    )
+
+
+def init(state: LabState) -> None:
+    runner.require("terraform")
+    state.terraform.mkdir(parents=True, exist_ok=True)
+    _terraform(state, "init", "-input=false", "-no-color",
+               f"-backend-config=path={state.terraform / 'terraform.tfstate'}", timeout=300)
+
+
+def vars_file(state: LabState) -> Path:
+    return state.terraform / "lab.tfvars.json"
+
+
+def apply(config: LabConfig, state: LabState) -> None:
+    init(state)
+    write_atomic(vars_file(state), json.dumps(variables(config), indent=2) + "\n")
+    _terraform(state, "apply", "-input=false", "-auto-approve", "-no-color",
+               f"-var-file={vars_file(state)}", timeout=5400)
+
+
+def has_state(state: LabState) -> bool:
+    return vars_file(state).exists() and (state.terraform / "terraform.tfstate").exists()
+
+
+def destroy(state: LabState) -> None:
+    init(state)
+    _terraform(state, "destroy", "-input=false", "-auto-approve", "-no-color",
+               f"-var-file={vars_file(state)}", timeout=900)
+
+
+def output_inventory(state: LabState) -> dict[str, object]:
+    r = runner.run(["terraform", f"-chdir={TF_DIR}", "output", "-json", "inventory"],
+                   env=_env(state), timeout=120)
+    return json.loads(r.stdout)  # type: ignore[no-any-return]

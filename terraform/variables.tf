@@ -1,0 +1,73 @@
+variable "nodes" {
+  description = "Number of VMs."
+  type        = number
+  default     = 3
+  validation {
+    condition     = var.nodes >= 2 && var.nodes <= 8 && floor(var.nodes) == var.nodes
+    error_message = "The nodes variable must be a whole number from 2 to 8."
+  }
+}
+
+variable "image" {
+  description = "Base image: auto, ubuntu-24.04 or debian-12."
+  type        = string
+  default     = "auto"
+  validation {
+    condition     = contains(["auto", "ubuntu-24.04", "debian-12"], var.image)
+    error_message = "The image variable must be auto, ubuntu-24.04 or debian-12."
+  }
+}
+
+variable "accel" {
+  description = "Accelerator: auto (KVM only if it really boots the guest), kvm or tcg."
+  type        = string
+  default     = "auto"
+  validation {
+    condition     = contains(["auto", "kvm", "tcg"], var.accel)
+    error_message = "The accel variable must be auto, kvm or tcg."
+  }
+}
+
+variable "mem_mb" {
+  description = "Guest memory per VM, MiB."
+  type        = number
+  default     = 1024
+  validation {
+    condition     = var.mem_mb >= 384 && var.mem_mb <= 16384
+    error_message = "The mem_mb variable must be from 384 to 16384."
+  }
+}
+
+variable "data_net" {
+  description = "Data network: auto, bridge (root: bridge in a netns of the lab) or vde."
+  type        = string
+  default     = "auto"
+  validation {
+    condition     = contains(["auto", "bridge", "vde"], var.data_net)
+    error_message = "The data_net variable must be auto, bridge or vde."
+  }
+}
+
+variable "lab" {
+  description = "Lab name: names the namespace, taps and MAC addresses, so labs do not clash."
+  type        = string
+  default     = "rxelab"
+}
+
+variable "ssh_port_base" {
+  description = "Node i's SSH is forwarded from 127.0.0.1:(ssh_port_base + i)."
+  type        = number
+  default     = 2220
+}
+
+variable "state_dir" {
+  description = "The lab's state directory (absolute). Empty: .lab/ in the repository."
+  type        = string
+  default     = ""
+}
+
+variable "python" {
+  description = "The Python interpreter that runs the infra package."
+  type        = string
+  default     = "python3"
+}
