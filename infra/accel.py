@@ -22,6 +22,7 @@ from infra.images import BaseImage
 from infra.state import write_atomic
 
 PROBE_TIMEOUT_S = 25.0
+KVM_DEVICE = Path("/dev/kvm")
 # Printed once the kernel has finished its own initialisation: proof that it really ran.
 DONE_MARKERS = ("Kernel panic", "Freeing unused kernel")
 
@@ -52,10 +53,10 @@ def resolve(requested: Accel, image: BaseImage) -> tuple[Accel, str]:
 
 
 def kvm_usable(image: BaseImage) -> tuple[bool, str]:
-    if not Path("/dev/kvm").exists():
-        return False, "/dev/kvm does not exist"
-    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
-        return False, "/dev/kvm is not accessible to this user (add it to the kvm group)"
+    if not KVM_DEVICE.exists():
+        return False, f"{KVM_DEVICE} does not exist"
+    if not os.access(KVM_DEVICE, os.R_OK | os.W_OK):
+        return False, f"{KVM_DEVICE} is not accessible to this user (add it to the kvm group)"
     key = _probe_key(image)
     cache = cache_dir() / "accel-probe.json"
     try:

@@ -126,7 +126,8 @@ class LabConfig:
             try:
                 return int(value)
             except (TypeError, ValueError):
-                raise LabError(f"{what}={value!r} is not a whole number") from None
+                raise LabError(f"{what}={value!r} is not a whole number",
+                               hint=f"give {what} as digits only") from None
 
         return cls(
             nodes=integer(nodes, "NODES"),

@@ -1,0 +1,85 @@
+import pytest
+import yaml
+
+from infra import seed
+from infra.config import Image, LabConfig
+from infra.state import LabState
+
+
+def keys():
+    kp = lambda n: seed.KeyPair(f"-----BEGIN KEY-----\n{n}\n-----END KEY-----\n",  # noqa: E731
+                                f"ssh-ed25519 AAAA{n} {n}")
+    return {"lab_key": kp("lab"), "cluster_key": kp("cluster"),
+            "host_keys": {f"node{i}": kp(f"host{i}") for i in range(1, 5)}}
+
+
+@pytest.mark.parametrize("image", [Image.DEBIAN, Image.UBUNTU])
+def test_user_data_is_valid_cloud_config_for_both_images(tmp_path, image):
+    config = LabConfig(nodes=3, image=image, state_dir=tmp_path)
+    files = seed.render(config, config.node(2), instance_tag="t", **keys())
+    text = files["user-data"]
+    assert text.startswith("#cloud-config\n")
+    ud = yaml.safe_load(text)
+    assert ud["hostname"] == "node2"
+    (user,) = ud["users"]
+    assert user["name"] == "lab" and user["name"] != "rdma"
+    assert user["ssh_authorized_keys"] == ["ssh-ed25519 AAAAlab lab", "ssh-ed25519 AAAAcluster cluster"]
+    assert ud["ssh_keys"]["ed25519_private"].startswith("-----BEGIN KEY-----\nhost2\n")
+    files_by_path = {f["path"]: f for f in ud["write_files"]}
+    hosts = files_by_path["/etc/hosts"]["content"]
+    assert "10.10.0.11 node1\n" in hosts and "10.10.0.13 node3\n" in hosts
+    known = files_by_path["/etc/ssh/ssh_known_hosts"]["content"]
+    assert "node3,10.10.0.13 ssh-ed25519 AAAAhost3 host3" in known
+    unit = files_by_path["/etc/systemd/system/rxe0.service"]["content"]
+    assert "rdma link add rxe0 type rxe netdev data0" in unit
+    assert "WantedBy=multi-user.target" in unit, "enabled, so rxe comes back after a reboot"
+    private = files_by_path["/home/lab/.ssh/id_ed25519"]
+    assert private["permissions"] == "0600" and private["defer"] is True
+    assert ["systemctl", "enable", "--now", "rxe0.service"] in ud["runcmd"]
+    if image is Image.UBUNTU:
+        assert "python3-pyverbs" in ud["packages"] and "perftest" in ud["packages"]
+        assert any("linux-modules-extra-$(uname -r)" in " ".join(c) for c in ud["runcmd"])
+    else:
+        assert "packages" not in ud, "Debian's image has its packages baked in"
+
+
+def test_network_config_matches_nics_by_mac(tmp_path):
+    config = LabConfig(nodes=3, state_dir=tmp_path)
+    node = config.node(3)
+    nc = yaml.safe_load(seed.render(config, node, instance_tag="t", **keys())["network-config"])
+    assert nc["version"] == 2
+    assert nc["ethernets"]["mgmt0"]["match"]["macaddress"] == node.mgmt_mac
+    assert nc["ethernets"]["mgmt0"]["dhcp4"] is True
+    data = nc["ethernets"]["data0"]
+    assert data["match"]["macaddress"] == node.data_mac and data["set-name"] == "data0"
+    assert data["addresses"] == ["10.10.0.13/24"]
+
+
+def test_meta_data_has_a_per_node_instance_id(tmp_path):
+    config = LabConfig(nodes=2, state_dir=tmp_path)
+    md = [yaml.safe_load(seed.render(config, n, instance_tag="42", **keys())["meta-data"])
+          for n in config.all_nodes()]
+    assert md[0]["instance-id"] != md[1]["instance-id"]
+    assert md[1]["local-hostname"] == "node2"
+
+
+def test_make_seeds_writes_keys_known_hosts_and_cidata_isos(tmp_path):
+    import pycdlib
+
+    config = LabConfig(nodes=2, image=Image.DEBIAN, state_dir=tmp_path)
+    state = LabState(tmp_path)
+    seed.make_seeds(config, state, instance_tag="1")
+    assert (state.ssh_key.stat().st_mode & 0o777) == 0o600
+    known = state.known_hosts.read_text().splitlines()
+    assert known[1].startswith("[127.0.0.1]:2222 ssh-ed25519 ")
+    iso = pycdlib.PyCdlib()
+    iso.open(str(state.seed_iso("node1")))
+    try:
+        assert iso.pvd.volume_identifier.decode().strip() == "cidata"
+        names = {c.file_identifier().decode("utf-16-be") for c in iso.list_children(joliet_path="/")}
+        assert {"user-data", "meta-data", "network-config"} <= names
+    finally:
+        iso.close()
+    first_key = state.ssh_key.read_text()
+    seed.make_seeds(config, state, instance_tag="2")
+    assert state.ssh_key.read_text() == first_key, "keys are made once per lab"

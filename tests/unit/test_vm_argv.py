@@ -1,0 +1,30 @@
+from infra import vm
+from infra.config import Accel, DataNet, Image, LabConfig
+from infra.images import BaseImage
+from infra.state import LabState
+
+
+def argv(tmp_path, image_kind=Image.DEBIAN, data_net=DataNet.BRIDGE, monkeypatch=None):
+    config = LabConfig(nodes=3, image=image_kind, data_net=data_net, state_dir=tmp_path)
+    if image_kind is Image.DEBIAN:
+        image = BaseImage(Image.DEBIAN, tmp_path / "d.raw", "raw", tmp_path / "k", tmp_path / "i")
+    else:
+        image = BaseImage(Image.UBUNTU, tmp_path / "u.img", "qcow2")
+    return " ".join(vm.qemu_argv(config, LabState(tmp_path), image, Accel.TCG, config.node(2)))
+
+
+def test_debian_node_boots_its_kernel_directly_with_a_locked_down_mgmt_nic(tmp_path, monkeypatch):
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    a = argv(tmp_path)
+    assert "-kernel" in a and "root=/dev/vda" in a
+    assert "user,id=mgmt,restrict=on,hostfwd=tcp:127.0.0.1:2222-:22" in a
+    assert "tap,id=data,ifname=rxelabt2,script=no" in a
+    assert "mac=52:54:00:" in a and "-qmp unix:" in a and "-daemonize" in a
+    assert "-serial file:" in a and "node2.serial.log" in a
+
+
+def test_ubuntu_node_boots_from_its_disk_and_may_reach_its_package_mirror(tmp_path):
+    a = argv(tmp_path, Image.UBUNTU, DataNet.VDE)
+    assert "-kernel" not in a
+    assert "restrict=off" in a
+    assert "vde,id=data,sock=" in a
