@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -59,4 +60,5 @@ def show(rows: list[NodeStatus], console: Console | None = None) -> None:
             f"{h.rdma.device}/{h.rdma.port} gid {h.rdma.gid_index}",
             f"[{style}]{s.rdma}[/{style}]",
         )
-    (console or Console()).print(table)
+    # Not a terminal (CI, Terraform, a pipe): rich would squeeze the table into 80 columns.
+    (console or Console(width=None if sys.stdout.isatty() else 120)).print(table)

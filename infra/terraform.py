@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from infra import run as runner
@@ -52,20 +53,41 @@ def _env(state: LabState) -> dict[str, str]:
     return env
 
 
-def _relay(line: str) -> str | None:
-    if NOISE.search(line):
-        return None
-    return PREFIX.sub("  ", line)
+class Relay:
+    """Shows what a user follows (each step and what our commands say), not the plan's or the
+    outputs' detail: those stay in the log file (`last-run.log`) and in `terraform output`."""
+
+    SKIP_FROM = ("Terraform used the selected providers", "Changes to Outputs:", "Outputs:")
+    SKIP_UNTIL = ("Plan: ", "terraform_data.", "Apply complete!", "Destroy complete!")
+
+    def __init__(self) -> None:
+        self.skipping = False
+
+    def __call__(self, line: str) -> str | None:
+        if line.startswith(self.SKIP_FROM):
+            self.skipping = True
+            return None
+        if self.skipping and not line.startswith(self.SKIP_UNTIL):
+            return None
+        self.skipping = False
+        if NOISE.search(line):
+            return None
+        return PREFIX.sub("  ", line)
 
 
-def _terraform(state: LabState, *args: str, timeout: float, interrupt_grace: float = 30) -> None:
+def _quiet(line: str) -> str | None:
+    return None
+
+
+def _terraform(state: LabState, *args: str, timeout: float, interrupt_grace: float = 30,
+               relay: Callable[[str], str | None] | None = None) -> None:
     runner.run_streaming(
         ["terraform", f"-chdir={TF_DIR}", *args],
         prefix="",
         timeout=timeout,
         log_file=state.terraform / "last-run.log",
         env=_env(state),
-        transform=_relay,
+        transform=relay or Relay(),
         interrupt_grace=interrupt_grace,
     )
 
@@ -74,7 +96,8 @@ def init(state: LabState) -> None:
     runner.require("terraform")
     state.terraform.mkdir(parents=True, exist_ok=True)
     _terraform(state, "init", "-input=false", "-no-color",
-               f"-backend-config=path={state.terraform / 'terraform.tfstate'}", timeout=300)
+               f"-backend-config=path={state.terraform / 'terraform.tfstate'}", timeout=300,
+               relay=_quiet)
 
 
 def vars_file(state: LabState) -> Path:

@@ -50,8 +50,26 @@ def test_variables_carry_the_whole_lab_config(tmp_path):
         assert f'variable "{name}"' in declared
 
 
-def test_output_lines_are_relayed_without_provisioner_noise():
-    assert terraform._relay("terraform_data.node[0] (local-exec): node1: started") == "  node1: started"
-    assert terraform._relay('terraform_data.lab (local-exec): Executing: ["/bin/sh"]') is None
-    assert terraform._relay("terraform_data.ready: Still creating... [10s elapsed]") is None
-    assert terraform._relay("Apply complete! Resources: 6 added") == "Apply complete! Resources: 6 added"
+def test_output_is_relayed_without_plan_detail_or_provisioner_noise():
+    lines = [
+        "Terraform used the selected providers to generate the following execution",
+        '  + resource "terraform_data" "lab" {',
+        "Plan: 7 to add, 0 to change, 0 to destroy.",
+        "Changes to Outputs:",
+        "  + inventory      = (known after apply)",
+        "terraform_data.lab: Creating...",
+        'terraform_data.lab (local-exec): Executing: ["/bin/sh" "-c" "..."]',
+        "terraform_data.node[0] (local-exec): node1: started",
+        "terraform_data.ready: Still creating... [10s elapsed]",
+        "Apply complete! Resources: 7 added, 0 changed, 0 destroyed.",
+        "Outputs:",
+        'inventory = {',
+    ]
+    relay = terraform.Relay()
+    shown = [out for line in lines if (out := relay(line)) is not None]
+    assert shown == [
+        "Plan: 7 to add, 0 to change, 0 to destroy.",
+        "terraform_data.lab: Creating...",
+        "  node1: started",
+        "Apply complete! Resources: 7 added, 0 changed, 0 destroyed.",
+    ]
