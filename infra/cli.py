@@ -95,10 +95,10 @@ def cmd_provision(args: argparse.Namespace) -> None:
         _teardown_after_failure(state)
         raise LabError("provisioning was interrupted; nothing is left running") from None
     except LabError as e:
-        print(f"provisioning failed: removing everything it started ...", flush=True)
+        print("provisioning failed: removing everything it started ...", flush=True)
         _teardown_after_failure(state)
         raise LabError(f"provisioning failed:\n{e}",
-                       hint=f"serial logs are kept in {state.logs}; `make destroy` removes them")
+                       hint=f"serial logs are kept in {state.logs}; `make destroy` removes them") from None
     elapsed = time.monotonic() - started
     inv = inventory.load(state.inventory_file)
     status.show(status.collect(inv, _running(state)))

@@ -122,5 +122,5 @@ def qmp_command(state: LabState, node: Node, command: str, timeout: float = 10.0
 
     try:
         return asyncio.run(call())
-    except (OSError, asyncio.TimeoutError) as e:
+    except (TimeoutError, OSError) as e:
         raise LabError(f"{node.name}: QMP {command!r} failed: {e}") from None

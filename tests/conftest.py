@@ -1,0 +1,105 @@
+"""Shared fixtures. End-to-end tests share one lab for the whole session, provisioned with
+the README's command (`make provision`) into a state directory of the test run's own, under a
+lab name and SSH ports of its own, so a user's lab on the same machine is never touched."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from infra import inventory as inventory_mod
+from infra import lab as lab_mod
+from infra import network
+from infra.config import REPO, LabConfig
+from infra.inventory import Host, Inventory
+from infra.ssh import ssh_argv
+from infra.state import LabState
+
+PROVISION_TIMEOUT_S = 1800
+DESTROY_TIMEOUT_S = 600
+
+
+@dataclass
+class Lab:
+    env: dict[str, str]
+    state: LabState
+    config: LabConfig
+    inventory: Inventory
+    qemu_pids: dict[str, int]
+
+    @property
+    def hosts(self) -> tuple[Host, ...]:
+        return self.inventory.hosts
+
+    def ssh(self, node: str | Host, command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        host = node if isinstance(node, Host) else self.inventory.host(node)
+        try:
+            return subprocess.run(ssh_argv(host, command), capture_output=True, text=True,
+                                  timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{host.name}: `{command}` did not finish within {timeout} s")
+
+    def try_ssh(self, node: str | Host, command: str, timeout: float = 60) -> str | None:
+        """For polling a node that may be down: its output, or None if it did not answer."""
+        host = node if isinstance(node, Host) else self.inventory.host(node)
+        try:
+            r = subprocess.run(ssh_argv(host, command), capture_output=True, text=True,
+                               timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return None
+        return r.stdout if r.returncode == 0 else None
+
+    def make(self, target: str, timeout: float, log: Path) -> subprocess.CompletedProcess[str]:
+        with log.open("w") as out:
+            proc = subprocess.Popen(["make", target], cwd=REPO, env=self.env, stdout=out,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                pytest.fail(f"`make {target}` did not finish within {timeout} s; log: {log}")
+        return subprocess.CompletedProcess(["make", target], proc.returncode, log.read_text(), "")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that destroy the shared lab run after every other test."""
+    items.sort(key=lambda item: item.get_closest_marker("destroys_lab") is not None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "destroys_lab: runs last; tears the shared lab down")
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    root = tmp_path_factory.mktemp("lab")
+    env = {**os.environ, "RXELAB_STATE": str(root / "state"), "LAB": "rxetest",
+           "SSH_PORT_BASE": "2320", "NODES": "3"}
+    state = LabState(root / "state")
+    handle = Lab(env, state, None, None, {})  # type: ignore[arg-type]
+    try:
+        started = time.monotonic()
+        r = handle.make("provision", PROVISION_TIMEOUT_S, root / "provision.log")
+        tail = "\n".join(r.stdout.splitlines()[-40:])
+        assert r.returncode == 0, f"make provision failed:\n{tail}"
+        print(f"\nlab provisioned in {time.monotonic() - started:.0f} s")
+        handle.config = state.load_config()
+        handle.inventory = inventory_mod.load(state.inventory_file)
+        handle.qemu_pids = {n.name: int(state.pidfile(n.name).read_text())
+                            for n in handle.config.all_nodes()}
+        yield handle
+    finally:
+        if state.root.exists():
+            handle.make("destroy", DESTROY_TIMEOUT_S, root / "destroy-finally.log")
+        for pid in handle.qemu_pids.values():  # last resort: stop our own VMs by pid
+            if network.process_is(pid, "qemu-system-x86_64"):
+                os.kill(pid, 9)
+        if handle.config is not None and state.root.exists():
+            lab_mod.teardown(state)

@@ -1,0 +1,118 @@
+"""The testbed, end to end on real VMs: the CI smoke test on rxe."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from infra import lab as lab_mod
+from infra import network
+from infra.config import REPO
+from infra.inventory import Host
+from infra.ssh import ssh_argv
+
+pytestmark = pytest.mark.vm
+
+
+def test_make_status_shows_every_node_running_with_rxe_active(lab):
+    r = subprocess.run(["make", "status"], cwd=REPO, env=lab.env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("│ node")]
+    assert len(rows) == 3, r.stdout
+    for row in rows:
+        assert "running" in row and "ACTIVE" in row, row
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_rxe0_is_active_on_data0(lab, index):
+    host = lab.hosts[index]
+    r = lab.ssh(host, "rdma link show rxe0/1; ip -4 -br addr show data0")
+    assert r.returncode == 0, r.stderr
+    assert "state ACTIVE" in r.stdout and "netdev data0" in r.stdout, r.stdout
+    assert f"{host.data_ip}/24" in r.stdout
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_cloud_init_done_without_errors_and_its_schema_check_passes(lab, index):
+    host = lab.hosts[index]
+    r = lab.ssh(host, "cloud-init status --long; cat /run/cloud-init/result.json", timeout=180)
+    assert "status: done" in r.stdout, r.stdout + r.stderr
+    start = r.stdout.index("{")
+    assert json.loads(r.stdout[start:])["v1"]["errors"] == []
+    r = lab.ssh(host, "sudo cloud-init schema --system", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Valid" in r.stdout, r.stdout
+
+
+def pingpong(lab, client: Host, server: Host, port: int, iters: int = 200) -> str:
+    """ibv_rc_pingpong over rxe (GID index 1) from client to server's data IP."""
+    base = f"timeout 90 ibv_rc_pingpong -d rxe0 -g 1 -n {iters} -p {port}"
+    srv = subprocess.Popen(ssh_argv(server, base), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the client fails at once if the server is not listening yet
+            r = lab.ssh(server, f"ss -Hltn 'sport = :{port}'", timeout=30)
+            if str(port) in r.stdout:
+                break
+            assert srv.poll() is None, f"server on {server.name} exited: {srv.stdout.read()}"
+            assert time.monotonic() < deadline, f"server on {server.name} never listened on {port}"
+            time.sleep(1)
+        cli = lab.ssh(client, f"{base} {server.data_ip}", timeout=120)
+        out, _ = srv.communicate(timeout=60)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    assert cli.returncode == 0, f"{client.name} -> {server.name}: {cli.stdout}{cli.stderr}"
+    assert srv.returncode == 0, f"server {server.name}: {out}"
+    assert f"{iters} iters in" in cli.stdout and f"{iters} iters in" in out
+    return cli.stdout
+
+
+@pytest.mark.parametrize("a, b", list(itertools.combinations(range(3), 2)))
+def test_ibv_rc_pingpong_between_every_pair(lab, a, b):
+    pingpong(lab, lab.hosts[a], lab.hosts[b], port=18515 + a * 3 + b)
+
+
+def test_rxe_survives_a_reboot(lab):
+    node = lab.hosts[2]
+    before = lab.ssh(node, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    assert before
+    lab.try_ssh(node, "sudo systemctl reboot", timeout=30)  # the connection may just drop
+    deadline = time.monotonic() + 420
+    state = "waiting for SSH after the reboot"
+    while time.monotonic() < deadline:
+        out = lab.try_ssh(node, "cat /proc/sys/kernel/random/boot_id; rdma link show rxe0/1")
+        now = out.split("\n")[0].strip() if out else ""
+        if now and now != before:
+            state = "rebooted, waiting for rxe0 ACTIVE"
+            if "state ACTIVE" in out:
+                break
+        time.sleep(5)
+    else:
+        pytest.fail(f"{node.name}: {state} (7 min)")
+    pingpong(lab, lab.hosts[0], node, port=18600)
+
+
+@pytest.mark.destroys_lab
+def test_destroy_leaves_nothing_behind(lab, tmp_path):
+    assert all(network.process_is(pid, "qemu-system-x86_64") for pid in lab.qemu_pids.values())
+    r = lab.make("destroy", 600, tmp_path / "destroy.log")
+    assert r.returncode == 0, r.stdout
+    assert "lab destroyed" in r.stdout
+    for name, pid in lab.qemu_pids.items():
+        assert not network.process_is(pid, "qemu-system-x86_64"), f"{name} (pid {pid}) still runs"
+    assert lab_mod.leftovers(lab.state, lab.config) == []
+    if os.geteuid() == 0:
+        assert lab.config.netns not in network.namespaces()
+        assert network.host_taps(lab.config) == []
+    assert not lab.state.root.exists()
+    again = lab.make("destroy", 120, tmp_path / "destroy-again.log")
+    assert again.returncode == 0 and "nothing to destroy" in again.stdout, "destroy is idempotent"
