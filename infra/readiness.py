@@ -20,6 +20,11 @@ from infra.inventory import Host
 from infra.ssh import ssh_run
 
 POLL_S = 3.0
+# Once SSH answers, every probe is an SSH handshake that steals guest CPU from cloud-init
+# (seconds of it under TCG), so probe again only when the serial console says cloud-init
+# finished, or after this long.
+SLOW_POLL_S = 20.0
+FINISHED_MARK = "finished at"
 HEARTBEAT_S = 15.0
 PROBE = (
     "test -f /var/lib/cloud/instance/boot-finished && echo boot-finished; "
@@ -53,6 +58,15 @@ def parse_probe(output: str, device: str) -> tuple[str, str | None, bool]:
     if "no-rdma-device" in output:
         return f"cloud-init done, waiting for {device}", None, False
     return f"cloud-init done, {device} not ACTIVE yet", None, False
+
+
+def _wait_for_console(log: Path | None, mark: str, limit: float, stop: threading.Event) -> None:
+    deadline = time.monotonic() + limit
+    while not stop.is_set() and time.monotonic() < deadline:
+        if log is not None and log.exists() and mark in log.read_text(errors="replace"):
+            stop.wait(1.0)  # cloud-init is done or nearly; a short pause, then probe
+            return
+        stop.wait(1.0)
 
 
 def wait_ready(
@@ -93,7 +107,10 @@ def wait_ready(
                 p.done = True
                 ready_at[host.name] = time.monotonic() - start
                 return
-            stop.wait(POLL_S)
+            if r.returncode != 0:
+                stop.wait(POLL_S)
+            else:
+                _wait_for_console(serial_log(host), FINISHED_MARK, SLOW_POLL_S, stop)
 
     threads = [threading.Thread(target=watch, args=(h,), daemon=True) for h in hosts]
     for t in threads:

@@ -38,7 +38,7 @@ def qemu_argv(config: LabConfig, state: LabState, image: BaseImage, accel: Accel
     restrict = "off" if not image.direct_boot else "on"
     return [
         QEMU,
-        "-name", f"{config.lab}-{node.name},process={config.lab}-{node.name}",
+        "-name", f"{config.lab}-{node.name}",
         *cpu_args(accel),
         "-m", str(config.mem_mb),
         "-smp", "1",
