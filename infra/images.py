@@ -167,7 +167,8 @@ def ensure_debian() -> BaseImage:
     debs.mkdir(parents=True, exist_ok=True)
     work = _fresh_build_dir(dest.name)
     started = time.monotonic()
-    print(f"image: building debian-12 ({len(debian_packages())} packages) into {dest}", flush=True)
+    print(f"image: building debian-12 ({len(debian_packages())} packages and their dependencies) "
+          f"into {dest}", flush=True)
     try:
         tar = work / "root.tar"
         runner.run_streaming(

@@ -1,0 +1,79 @@
+"""Who am I, how many are we, where do we meet: read the way the launchers people already use
+say it, so a program starts unchanged under torchrun, mpirun, srun or our own launcher.
+
+Explicit arguments win over the environment; among environments torchrun's names come
+first, then Open MPI's, then Slurm's. The rendezvous (rank 0's TCP address) comes from
+MASTER_ADDR/MASTER_PORT, or RXELAB_MASTER_ADDR/PORT.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rxelab.errors import ConfigError
+
+DEFAULT_PORT = 29500
+SOURCES = (
+    ("torchrun", "RANK", "WORLD_SIZE"),
+    ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("Slurm", "SLURM_PROCID", "SLURM_NTASKS"),
+    ("PMI", "PMI_RANK", "PMI_SIZE"),
+)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    source: str  # which launcher's variables (or "arguments") said so
+
+
+def _int(value: object, name: str) -> int:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a whole number") from None
+
+
+def discover(
+    rank: int | None = None,
+    world_size: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> JobInfo:
+    env = os.environ if env is None else env
+    source = "arguments"
+    if rank is None or world_size is None:
+        for name, rank_var, size_var in SOURCES:
+            if rank_var in env and size_var in env:
+                rank = _int(env[rank_var], rank_var) if rank is None else rank
+                world_size = _int(env[size_var], size_var) if world_size is None else world_size
+                source = name
+                break
+    if rank is None or world_size is None:
+        if world_size in (None, 1) and rank in (None, 0):
+            rank, world_size, source = 0, 1, "default (single process)"
+        else:
+            raise ConfigError("rank and world size must be given together",
+                              hint="pass both, or set RANK and WORLD_SIZE")
+    addr = master_addr or env.get("MASTER_ADDR") or env.get("RXELAB_MASTER_ADDR")
+    port_text = master_port if master_port is not None else (
+        env.get("MASTER_PORT") or env.get("RXELAB_MASTER_PORT") or DEFAULT_PORT)
+    port = _int(port_text, "MASTER_PORT")
+    if world_size < 1:
+        raise ConfigError(f"world size {world_size} must be at least 1")
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is outside 0..{world_size - 1}")
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"MASTER_PORT={port} is outside 1..65535")
+    if addr is None:
+        if world_size > 1:
+            raise ConfigError("no rendezvous address for a job of several ranks",
+                              hint="set MASTER_ADDR (rank 0's host) or pass master_addr=")
+        addr = "127.0.0.1"
+    return JobInfo(rank, world_size, addr, port, source)

@@ -1,0 +1,59 @@
+"""Who talks to whom, and when: the schedules of the collectives, as plain data.
+
+Kept apart from the verbs code so they can be checked exhaustively on any machine: every
+ordered pair exactly once, and the strictly sequential schedule never has two pairs active.
+
+Strictly sequential (all-to-all and allgather) — the seed's core idea. The job walks the
+unordered pairs {i, j}, i < j, in lexicographic order: (0,1), (0,2), ..., (0,p-1), (1,2), ...
+While a pair is active its two ranks exchange their blocks (both directions at once, the link
+is full duplex); no other rank moves data. The turn passes on as follows: a rank of the next
+pair that was also in the finished pair knows from its own completions that the exchange is
+over; a rank that was not gets a token from the finished pair's leader (its lower rank), which
+sends it only after its own send was acknowledged and the partner's block had arrived.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SeqStep:
+    index: int
+    pair: tuple[int, int]
+    leader: int  # the lower rank: hands the turn on when the exchange is complete
+
+
+def sequential_pairs(p: int) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(p) for j in range(i + 1, p)]
+
+
+def sequential_steps(p: int) -> list[SeqStep]:
+    return [SeqStep(k, pair, pair[0]) for k, pair in enumerate(sequential_pairs(p))]
+
+
+def needs_token(steps: list[SeqStep], k: int, rank: int) -> bool:
+    """Must `rank` (a member of step k) wait for a token before step k? Only if it was not in
+    step k-1, and so cannot know from its own completions that step k-1 is over."""
+    return k > 0 and rank in steps[k].pair and rank not in steps[k - 1].pair
+
+
+def token_receivers(steps: list[SeqStep], k: int) -> list[int]:
+    """Ranks that step k's leader must hand the turn to when step k completes."""
+    if k + 1 >= len(steps):
+        return []
+    return [r for r in steps[k + 1].pair if needs_token(steps, k + 1, r)]
+
+
+def pairwise(p: int, rank: int) -> list[tuple[int, int]]:
+    """Pairwise exchange: step s = 1..p-1 sends to (r+s) mod p, receives from (r-s) mod p."""
+    return [((rank + s) % p, (rank - s) % p) for s in range(1, p)]
+
+
+def ring_allgather(p: int, rank: int) -> list[tuple[int, int]]:
+    """Ring allgather: step s = 0..p-2 forwards block (r-s) mod p to the right neighbour and
+    receives block (r-s-1) mod p from the left one. Returns (send_block, recv_block)."""
+    return [((rank - s) % p, (rank - s - 1) % p) for s in range(p - 1)]
+
+
+STAR_ROOT = 0

@@ -1,0 +1,76 @@
+"""The collectives' schedules, checked exhaustively for world sizes 1..12."""
+
+import itertools
+
+import pytest
+from rxelab import schedules as s
+
+SIZES = range(1, 13)
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_sequential_covers_every_ordered_pair_exactly_once(p):
+    directed = [d for i, j in s.sequential_pairs(p) for d in ((i, j), (j, i))]
+    assert sorted(directed) == sorted(itertools.permutations(range(p), 2))
+
+
+def simulate_sequential(p):
+    """Play the token rules as a discrete simulation: at each step, which ranks may move data.
+    Returns the list of steps in the order they ran and the active ranks at each moment."""
+    steps = s.sequential_steps(p)
+    done = set()  # finished steps
+    tokens = set()  # (step, rank) tokens delivered
+    timeline = []
+    for k, step in enumerate(steps):
+        for r in step.pair:
+            if s.needs_token(steps, k, r):
+                assert (k, r) in tokens, f"rank {r} would start step {k} without a token"
+            elif k > 0:
+                assert k - 1 in done and r in steps[k - 1].pair
+        timeline.append(set(step.pair))
+        done.add(k)
+        for r in s.token_receivers(steps, k):
+            tokens.add((k + 1, r))
+    return timeline
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_strict_sequential_never_has_two_pairs_active(p):
+    timeline = simulate_sequential(p)
+    assert len(timeline) == p * (p - 1) // 2
+    assert all(len(active) == 2 for active in timeline), "exactly one pair at a time"
+
+
+def test_sequential_order_is_the_documented_lexicographic_one():
+    assert s.sequential_pairs(4) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    steps = s.sequential_steps(4)
+    assert s.token_receivers(steps, 0) == [2]  # (0,1) -> (0,2): rank 2 was idle
+    assert s.token_receivers(steps, 2) == [1, 2]  # (0,3) -> (1,2): both were idle
+    assert s.token_receivers(steps, 5) == []
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_pairwise_sends_to_and_receives_from_everyone_once(p):
+    for r in range(p):
+        sched = s.pairwise(p, r)
+        assert sorted(d for d, _ in sched) == [x for x in range(p) if x != r]
+        assert sorted(src for _, src in sched) == [x for x in range(p) if x != r]
+    for step in range(p - 1):  # every send meets its receive in the same step
+        for r in range(p):
+            dst, _ = s.pairwise(p, r)[step]
+            assert s.pairwise(p, dst)[step][1] == r
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_ring_allgather_delivers_every_block_everywhere(p):
+    have = {r: {r} for r in range(p)}
+    for step in range(p - 1):
+        moves = []
+        for r in range(p):
+            send_block, _ = s.ring_allgather(p, r)[step]
+            assert send_block in have[r], "a rank only forwards what it already has"
+            moves.append(((r + 1) % p, send_block))
+        for dst, block in moves:
+            assert s.ring_allgather(p, dst)[step][1] == block
+            have[dst].add(block)
+    assert all(h == set(range(p)) for h in have.values())

@@ -1,0 +1,121 @@
+"""The out-of-band message format rejects everything that is not exactly right."""
+
+import json
+import socket
+import struct
+import time
+
+import pytest
+from rxelab import wire
+from rxelab.errors import PeerError, ProtocolError
+
+GID = "0000:0000:0000:0000:0000:ffff:0a0a:000b"
+EP = {"qpn": 17, "psn": 123456, "gid": GID, "lid": 0}
+
+
+def hello(**over):
+    msg = {"type": "hello", "rank": 1, "world_size": 3, "host": "node2",
+           "endpoints": {"0": EP, "2": EP}}
+    msg.update(over)
+    return msg
+
+
+def test_round_trip():
+    assert wire.decode(wire.encode(hello())) == hello()
+    table = {"type": "table", "endpoints": {"1": {"0": EP, "2": EP}}}
+    assert wire.decode(wire.encode(table)) == table
+
+
+def frame(body: bytes, version=wire.VERSION, magic=wire.MAGIC, length=None):
+    return wire.HEADER.pack(magic, version, len(body) if length is None else length) + body
+
+
+@pytest.mark.parametrize(
+    "data, problem",
+    [
+        (b"RXL", "truncated message"),
+        (frame(b'{"type": "bye", "rank": 1}')[:-3], "truncated message: header says"),
+        (frame(b'{"type": "bye", "rank": 1}', version=2), "message version 2"),
+        (frame(b'{"type": "bye", "rank": 1}', magic=b"HTTP"), "not an rxelab message"),
+        (frame(b"", length=wire.MAX_BODY + 1), "exceeds the limit"),
+        (frame(b"\x80\x81"), "not JSON"),
+        (frame(b"[1, 2]"), "not an object"),
+        (frame(b'{"type": "gossip"}'), "unknown message type"),
+        (frame(b'{"type": "bye"}'), "lacks 'rank'"),
+        (frame(b'{"type": "bye", "rank": "1"}'), "bad 'rank'"),
+        (frame(b'{"type": "bye", "rank": true}'), "bad 'rank'"),
+        (frame(b'{"type": "bye", "rank": 1, "extra": 0}'), "unknown fields"),
+    ],
+)
+def test_bad_frames_are_protocol_errors(data, problem):
+    with pytest.raises(ProtocolError, match=problem):
+        wire.decode(data)
+
+
+@pytest.mark.parametrize(
+    "endpoint, problem",
+    [
+        ({**EP, "qpn": 1 << 24}, "bad 'qpn'"),
+        ({**EP, "psn": -1}, "bad 'psn'"),
+        ({**EP, "gid": "::ffff:10.10.0.11"}, "bad 'gid'"),
+        ({k: v for k, v in EP.items() if k != "lid"}, "must have"),
+        ({**EP, "pickle": "cos\nsystem"}, "must have"),
+    ],
+)
+def test_bad_endpoints_are_protocol_errors(endpoint, problem):
+    with pytest.raises(ProtocolError, match=problem):
+        wire.encode(hello(endpoints={"0": endpoint}))
+
+
+def test_oversized_message_is_refused_before_sending():
+    with pytest.raises(ProtocolError, match="exceeds"):
+        wire.encode({"type": "abort", "rank": 0, "reason": "x" * (wire.MAX_BODY + 10)})
+
+
+def pair():
+    a, b = socket.socketpair()
+    return a, b
+
+
+def test_recv_over_a_socket_with_deadline():
+    a, b = pair()
+    with a, b:
+        wire.send(a, hello())
+        assert wire.recv(b, deadline=time.monotonic() + 5, peer="rank 1") == hello()
+        started = time.monotonic()
+        with pytest.raises(PeerError, match="rank 1 did not answer in time"):
+            wire.recv(b, deadline=time.monotonic() + 0.3, peer="rank 1")
+        assert time.monotonic() - started < 2
+
+
+def test_recv_reports_a_peer_that_closed_mid_message():
+    a, b = pair()
+    with b:
+        a.sendall(wire.encode(hello())[:20])
+        a.close()
+        with pytest.raises(PeerError, match="closed the connection mid-message"):
+            wire.recv(b, deadline=time.monotonic() + 5, peer="rank 2")
+
+
+def test_abort_from_a_peer_becomes_a_peer_error():
+    a, b = pair()
+    with a, b:
+        wire.send(a, {"type": "abort", "rank": 2, "reason": "out of memory"})
+        with pytest.raises(PeerError, match="rank 2 aborted: out of memory") as e:
+            wire.recv(b, deadline=time.monotonic() + 5, peer="rank 2")
+        assert e.value.peer == 2
+
+
+def test_wrong_message_type_is_named():
+    a, b = pair()
+    with a, b:
+        wire.send(a, {"type": "bye", "rank": 1})
+        with pytest.raises(ProtocolError, match="expected a table message from rank 0, got bye"):
+            wire.recv(b, deadline=time.monotonic() + 5, peer="rank 0", expect="table")
+
+
+def test_header_is_network_byte_order():
+    data = wire.encode({"type": "bye", "rank": 1})
+    magic, version, length = struct.unpack("!4sHI", data[:10])
+    assert (magic, version, length) == (b"RXLB", 1, len(data) - 10)
+    assert json.loads(data[10:]) == {"type": "bye", "rank": 1}
