@@ -1,0 +1,70 @@
+"""Caller buffers as the library sees them: a contiguous run of bytes at an address.
+
+Buffers are registered in place (no copies), so everything about them is checked before
+anything is posted: contiguous, writable where data lands, equal element types on both
+sides, sizes that split evenly over the ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rxelab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A validated view: `owner` keeps the memory alive while the library uses it."""
+
+    owner: Any
+    address: int
+    nbytes: int
+    itemsize: int
+    dtype: str
+    writable: bool
+
+
+def as_buffer(obj: Any, what: str, *, writable: bool = False) -> Buffer:
+    """numpy arrays, bytearray, bytes (read-only), memoryview and anything with the buffer
+    protocol; raises ConfigError naming `what` for anything else."""
+    if isinstance(obj, np.ndarray):
+        arr = obj
+    else:
+        try:
+            view = memoryview(obj)
+        except TypeError:
+            raise ConfigError(f"{what} must be a numpy array, bytearray or memoryview, "
+                              f"not {type(obj).__name__}") from None
+        if not view.c_contiguous:
+            raise ConfigError(f"{what} is not contiguous", hint="pass a contiguous copy")
+        # frombuffer keeps read-only buffers (bytes) read-only
+        arr = np.frombuffer(view, dtype=np.uint8) if view.nbytes else np.zeros(0, np.uint8)
+    if not arr.flags.c_contiguous:
+        raise ConfigError(f"{what} is not contiguous", hint="pass numpy.ascontiguousarray(x)")
+    if writable and not arr.flags.writeable:
+        raise ConfigError(f"{what} is read-only; data cannot be received into it")
+    dtype = str(obj.dtype) if isinstance(obj, np.ndarray) else "uint8"
+    return Buffer(obj, int(arr.ctypes.data) if arr.nbytes else 0, int(arr.nbytes),
+                  int(arr.itemsize) if isinstance(obj, np.ndarray) else 1, dtype,
+                  bool(arr.flags.writeable))
+
+
+def check_pair(send: Buffer, recv: Buffer, send_bytes: int, recv_bytes: int) -> None:
+    if isinstance(send.owner, np.ndarray) and isinstance(recv.owner, np.ndarray) \
+            and send.dtype != recv.dtype:
+        raise ConfigError(f"send buffer is {send.dtype} but receive buffer is {recv.dtype}")
+    if send.nbytes != send_bytes:
+        raise ConfigError(f"send buffer has {send.nbytes} bytes, the call needs {send_bytes}")
+    if recv.nbytes != recv_bytes:
+        raise ConfigError(f"receive buffer has {recv.nbytes} bytes, the call needs {recv_bytes}")
+
+
+def split_even(nbytes: int, parts: int, itemsize: int, what: str) -> int:
+    """Bytes per rank for a buffer of nbytes split over `parts` ranks, whole elements each."""
+    if nbytes % parts or (nbytes // parts) % itemsize:
+        raise ConfigError(f"{what} has {nbytes} bytes, which do not split into {parts} equal "
+                          f"blocks of whole elements", hint=f"use a size divisible by {parts}")
+    return nbytes // parts
