@@ -1,0 +1,28 @@
+"""Ring allgather: p-1 steps; each rank forwards to its right neighbour the block it got
+from its left one in the step before (its own block first)."""
+
+from __future__ import annotations
+
+from rxelab import schedules
+from rxelab.collectives.common import DATA, STEP0, Call
+from rxelab.errors import ConfigError
+
+
+def run(c: Call) -> None:
+    m = c.layout.send.nbytes
+    left, right = (c.rank - 1) % c.size, (c.rank + 1) % c.size
+    c.copy_own_block(0, c.rank * m, m)
+    if c.size == 1:
+        return
+    c.advertise(left, DATA, 0, c.layout.recv.nbytes)  # the left neighbour writes everything
+    addr, rkey, room = c.engine.wait_rtr(right, c.tag(DATA), c.name)
+    if room != c.layout.recv.nbytes:
+        raise ConfigError(f"{c.name}: rank {right} has a {room}-byte receive buffer, "
+                          f"this rank {c.layout.recv.nbytes}")
+    ops = []
+    for s, (send_block, _) in enumerate(schedules.ring_allgather(c.size, c.rank)):
+        ops.append(c.engine.write(right, c.layout.recv.address + send_block * m,
+                                  c.recv_mr.lkey if c.recv_mr else 0, m,
+                                  addr + send_block * m, rkey, c.tag(STEP0 + s)))
+        c.receive(left, STEP0 + s, m)
+    c.finish(ops)
