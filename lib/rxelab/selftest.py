@@ -74,6 +74,65 @@ def run(comm: rxelab.comm.Communicator, sizes: list[int], algorithms: dict[str, 
     return results
 
 
+def bad_input(comm: rxelab.comm.Communicator) -> list[dict]:
+    """Every rank makes the same mistakes: each must raise at once, before anything is posted,
+    and leave the communicator usable."""
+    from rxelab.errors import ConfigError
+
+    p = comm.size
+    cases = {
+        "size not divisible": lambda: comm.alltoall(np.zeros(p * 4 + 1, np.uint8),
+                                                    np.zeros(p * 4 + 1, np.uint8)),
+        "mismatched sizes": lambda: comm.alltoall(np.zeros(p * 4, np.uint8), np.zeros(p * 8, np.uint8)),
+        "wrong dtype": lambda: comm.alltoall(np.zeros(p * 4, np.int32), np.zeros(p * 4, np.float32)),
+        "non-contiguous": lambda: comm.alltoall(np.zeros((p * 4, 2), np.uint8)[:, 0],
+                                                np.zeros(p * 4, np.uint8)),
+        "read-only receive": lambda: comm.alltoall(np.zeros(p * 4, np.uint8), bytes(p * 4)),
+        "not a buffer": lambda: comm.allgather([1, 2, 3], np.zeros(3 * p, np.uint8)),
+        "unknown algorithm": lambda: comm.alltoall(np.zeros(p, np.uint8), np.zeros(p, np.uint8),
+                                                   algorithm="bruck"),
+        "bad counts": lambda: comm.alltoallv(np.zeros(4, np.uint8), [1] * (p + 1),
+                                             np.zeros(4, np.uint8), [1] * (p + 1)),
+        "bad peer": lambda: comm.send(np.zeros(4, np.uint8), comm.rank),
+    }
+    results = []
+    for name, call in cases.items():
+        try:
+            call()
+            results.append({"check": f"bad-input/{name}", "ok": False, "error": "no error raised"})
+        except ConfigError as err:
+            results.append({"check": f"bad-input/{name}", "ok": True, "error": str(err)})
+    send = np.concatenate([pattern(comm.rank, d, 16) for d in range(p)])
+    recv = np.zeros(16 * p, np.uint8)
+    comm.alltoall(send, recv)  # still usable after all that
+    want = np.concatenate([pattern(s, comm.rank, 16) for s in range(p)])
+    results.append(check("bad-input/usable-after", recv, want))
+    return results
+
+
+def fault(comm: rxelab.comm.Communicator, victim: int, how: str) -> list[dict]:
+    """Rank `victim` dies (or hangs); every other rank must get a PeerError naming it."""
+    import os
+
+    from rxelab.errors import PeerError
+
+    comm.barrier()
+    if comm.rank == victim:
+        if how == "die":
+            os._exit(3)
+        time.sleep(3600)
+    p = comm.size
+    started = time.monotonic()
+    try:
+        comm.alltoall(np.zeros(p * 1024, np.uint8), np.zeros(p * 1024, np.uint8),
+                      algorithm="parallel")
+        return [{"check": f"fault/{how}", "ok": False, "error": "no error raised"}]
+    except PeerError as err:
+        took = time.monotonic() - started
+        named = f"rank {victim}" in str(err)
+        return [{"check": f"fault/{how}", "ok": named, "error": str(err), "seconds": round(took, 1)}]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="0,1,7,4096,1048576", help="bytes per peer, comma-separated")
@@ -82,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--window", type=int, default=4 << 20)
     ap.add_argument("--chunk", type=int, default=1 << 20)
+    ap.add_argument("--mode", choices=["data", "bad-input", "die", "hang"], default="data")
+    ap.add_argument("--victim", type=int, default=1, help="the rank that dies or hangs")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",") if x]
     algos = {"alltoall": [a for a in args.alltoall.split(",") if a],
@@ -89,8 +150,21 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         with rxelab.init(timeout=args.timeout, window=args.window, chunk=args.chunk) as comm:
-            results = run(comm, sizes, algos)
             rank = comm.rank
+            if args.mode == "data":
+                results = run(comm, sizes, algos)
+            elif args.mode == "bad-input":
+                results = bad_input(comm)
+            else:
+                results = fault(comm, args.victim, args.mode)
+        if args.mode == "bad-input":
+            from rxelab.errors import ClosedError
+
+            try:
+                comm.barrier()
+                results.append({"check": "bad-input/after-close", "ok": False})
+            except ClosedError as err:
+                results.append({"check": "bad-input/after-close", "ok": True, "error": str(err)})
     except RdmaError as err:
         print(json.dumps({"error": str(err), "type": type(err).__name__}), flush=True)
         return 2
