@@ -208,6 +208,7 @@ class Connection:
         return Endpoint(self.qp.qp_num, self.psn, self.dev.gid, self.dev.lid)
 
     def connect(self, remote: Endpoint) -> None:
+        self.remote = remote
         attr = QPAttr(port_num=self.dev.port)
         attr.qp_access_flags = ACCESS_REMOTE
         attr.path_mtu = self.dev.mtu

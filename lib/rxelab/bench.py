@@ -1,0 +1,206 @@
+"""Benchmark of the collectives, run by every rank of a job (like OSU's osu_alltoall):
+
+    python3 -m rxelab.launch --hosts node1,node2,node3 -- python3 -m rxelab.bench \\
+        --op alltoall --algorithms sequential,pairwise,parallel --sizes 1,1024,65536,1048576
+
+Rank 0 prints a `#` preamble (versions, device, parameters), then per algorithm OSU-style
+rows (size per peer, avg/min/max latency over ranks, iterations) with nccl-tests' algbw and
+busbw (busbw = algbw * (n-1)/n) and the #wrong bytes of a checked last iteration. With
+--perftest, ib_write_bw and ib_send_bw between rank 0 and rank 1 give the link's limit in the
+same units. --json FILE adds one JSON line per row (never overwriting an existing file).
+
+Under emulation (TCG) absolute times are not hardware numbers; ratios measured in one run are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+import rxelab
+from rxelab.errors import RdmaError
+
+MB = 1e6
+
+
+def pattern(src: int, dst: int, n: int) -> np.ndarray:
+    return ((np.arange(n, dtype=np.uint32) * 7 + src * 31 + dst * 17) & 0xFF).astype(np.uint8)
+
+
+def buffers(op: str, rank: int, p: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    empty = np.zeros(0, np.uint8)
+    if op == "alltoall":
+        send = np.concatenate([pattern(rank, d, m) for d in range(p)]) if m else empty
+        want = np.concatenate([pattern(s, rank, m) for s in range(p)]) if m else empty
+    else:
+        send = pattern(rank, rank, m)
+        want = np.concatenate([pattern(s, s, m) for s in range(p)]) if m else empty
+    return send, np.zeros(p * m, np.uint8), want
+
+
+def measure(comm: Any, op: str, algo: str, m: int, iters: int, warmup: int) -> dict[str, Any]:
+    p, r = comm.size, comm.rank
+    send, recv, want = buffers(op, r, p, m)
+    call = getattr(comm, op)
+    times, peak_inflight, peak_pinned = [], 0, 0
+    for i in range(warmup + iters):
+        recv.fill(0)
+        comm.barrier()
+        t0 = time.perf_counter()
+        stats = call(send, recv, algorithm=algo)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+            peak_inflight = max(peak_inflight, stats.peak_inflight)
+            peak_pinned = max(peak_pinned, stats.peak_pinned)
+    wrong = int(np.count_nonzero(recv != want))
+    mine = np.array([float(np.mean(times)), float(np.min(times)), float(np.max(times)),
+                     wrong, peak_inflight, peak_pinned], np.float64)
+    every = np.zeros(p * mine.size, np.float64)
+    comm.allgather(mine, every, algorithm="ring")  # the library reports on itself
+    rows = every.reshape(p, mine.size)
+    avg_per_rank = rows[:, 0]
+    t = float(avg_per_rank.max())  # the collective ends when its slowest rank does
+    algbw = (p * m) / t / MB if t > 0 else 0.0
+    return {
+        "op": op, "algorithm": algo, "size": m, "ranks": p, "iterations": iters, "warmup": warmup,
+        "avg_us": float(avg_per_rank.mean()) * 1e6, "min_us": float(avg_per_rank.min()) * 1e6,
+        "max_us": float(avg_per_rank.max()) * 1e6, "algbw_MBps": algbw,
+        "busbw_MBps": algbw * (p - 1) / p if p > 1 else 0.0, "wrong": int(rows[:, 3].sum()),
+        "peak_inflight": int(rows[:, 4].max()), "peak_pinned": int(rows[:, 5].max()),
+    }
+
+
+HEADER = (f"{'# Size':<10}{'Avg Latency(us)':>17}{'Min Latency(us)':>17}{'Max Latency(us)':>17}"
+          f"{'Iterations':>12}{'algbw(MB/s)':>13}{'busbw(MB/s)':>13}{'#wrong':>8}")
+
+
+def row(r: dict[str, Any]) -> str:
+    if r["algorithm"] == "perftest":  # perftest reports bandwidth only
+        return (f"{r['size']:<10}{'-':>17}{'-':>17}{'-':>17}"
+                f"{r['iterations']:>12}{r['algbw_MBps']:>13.2f}{r['busbw_MBps']:>13.2f}{'-':>8}")
+    return (f"{r['size']:<10}{r['avg_us']:>17.2f}{r['min_us']:>17.2f}{r['max_us']:>17.2f}"
+            f"{r['iterations']:>12}{r['algbw_MBps']:>13.2f}{r['busbw_MBps']:>13.2f}{r['wrong']:>8}")
+
+
+def perftest(comm: Any, tool: str, m: int, iters: int) -> dict[str, Any] | None:
+    """ib_write_bw / ib_send_bw between rank 0 (client) and rank 1 (server), m bytes each."""
+    dev = comm.dev
+    base = [tool, "-d", dev.name, "-i", str(dev.port), "-x", str(dev.gid_index), "-F",
+            "--report_gbits", "-s", str(max(m, 1)), "-n", str(iters), "-p", "18515"]
+    result = None
+    if comm.rank == 1:
+        server = subprocess.Popen(base, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        comm.barrier()
+        try:
+            server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    elif comm.rank == 0:
+        gid = comm.conns[1].remote.gid
+        ip = ipaddress.IPv6Address(gid).ipv4_mapped
+        comm.barrier()
+        time.sleep(1.0)  # the server needs a moment to listen
+        out = subprocess.run([*base, str(ip or gid)], capture_output=True, text=True, timeout=120)
+        for line in out.stdout.splitlines():
+            fields = line.split()
+            if len(fields) >= 4 and fields[0].isdigit() and re.fullmatch(r"[\d.]+", fields[3]):
+                gbps = float(fields[3])
+                result = {"op": tool, "algorithm": "perftest", "size": m, "ranks": 2,
+                          "iterations": int(fields[1]), "avg_us": 0.0, "min_us": 0.0,
+                          "max_us": 0.0, "algbw_MBps": gbps * 1e9 / 8 / MB,
+                          "busbw_MBps": gbps * 1e9 / 8 / MB, "wrong": 0}
+    else:
+        comm.barrier()
+    comm.barrier()
+    return result
+
+
+def preamble(comm: Any, args: argparse.Namespace) -> list[str]:
+    try:
+        rdma_core = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "python3-pyverbs"],
+                                   capture_output=True, text=True, timeout=10).stdout or "?"
+    except OSError:
+        rdma_core = "?"
+    dev = comm.dev
+    return [
+        "# rxelab collective benchmark",
+        f"# kernel {platform.release()}, python {platform.python_version()}, pyverbs {rdma_core}",
+        f"# device {dev.name} port {dev.port} gid index {dev.gid_index} mtu enum {dev.mtu}, "
+        f"ranks {comm.size}",
+        f"# iterations {args.iterations} (sizes > 64 KiB: {max(2, args.iterations // 4)}), "
+        f"warm-up {args.warmup}, window {args.window}, chunk {args.chunk}",
+        "# size = bytes per peer; latency = per-rank average over iterations; "
+        "algbw = size*ranks/time(slowest rank); busbw = algbw*(n-1)/n",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", choices=["alltoall", "allgather"], default="alltoall")
+    ap.add_argument("--algorithms", default=None, help="comma-separated (default: all)")
+    ap.add_argument("--sizes", default="1,16,1024,16384,65536,262144,1048576")
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--window", type=int, default=4 << 20)
+    ap.add_argument("--chunk", type=int, default=1 << 20)
+    ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--perftest", action="store_true", help="add ib_write_bw/ib_send_bw rows")
+    ap.add_argument("--json", default=None, help="also write JSON lines here (never overwrites)")
+    args = ap.parse_args(argv)
+    known = rxelab.ALLTOALL_ALGORITHMS if args.op == "alltoall" else rxelab.ALLGATHER_ALGORITHMS
+    algos = args.algorithms.split(",") if args.algorithms else list(known)
+    bad = [a for a in algos if a not in known]
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    if bad or any(s < 0 for s in sizes) or args.iterations < 1 or args.warmup < 0:
+        ap.error(f"unknown algorithms {bad}" if bad else "sizes, iterations and warm-up must be >= 0")
+    try:
+        with rxelab.init(timeout=args.timeout, window=args.window, chunk=args.chunk) as comm:
+            out = None
+            if comm.rank == 0:
+                print("\n".join(preamble(comm, args)), flush=True)
+                if args.json:
+                    out = open(args.json, "x")  # noqa: SIM115 - closed below; "x": never overwrite
+            rows = []
+            for algo in algos:
+                if comm.rank == 0:
+                    print(f"# {args.op}/{algo}\n{HEADER}", flush=True)
+                for m in sizes:
+                    iters = args.iterations if m <= 65536 else max(2, args.iterations // 4)
+                    r = measure(comm, args.op, algo, m, iters, args.warmup)
+                    rows.append(r)
+                    if comm.rank == 0:
+                        print(row(r), flush=True)
+            if args.perftest and comm.size >= 2:
+                for tool in ("ib_write_bw", "ib_send_bw"):
+                    if comm.rank == 0:
+                        print(f"# {tool} (rank 0 -> rank 1: the link's limit)\n{HEADER}", flush=True)
+                    for m in sizes:
+                        r = perftest(comm, tool, m, 200 if m <= 65536 else 50)
+                        if r is not None:
+                            rows.append(r)
+                            print(row(r), flush=True)
+            if out is not None:
+                for r in rows:
+                    out.write(json.dumps(r) + "\n")
+                out.close()
+            wrong = sum(r["wrong"] for r in rows)
+    except (RdmaError, FileExistsError) as err:
+        print(f"bench: {err}", file=sys.stderr)
+        return 2
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
