@@ -32,6 +32,7 @@ class Lab:
     config: LabConfig
     inventory: Inventory
     qemu_pids: dict[str, int]
+    borrowed: bool = False  # RXELAB_TEST_STATE: a developer's running lab
 
     @property
     def hosts(self) -> tuple[Host, ...]:
@@ -79,6 +80,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    existing = os.environ.get("RXELAB_TEST_STATE")
+    if existing:  # a lab the developer already runs: use it, never destroy it
+        state = LabState(Path(existing).resolve())
+        config = state.load_config()
+        yield Lab({**os.environ, "RXELAB_STATE": str(state.root)}, state, config,
+                  inventory_mod.load(state.inventory_file),
+                  {n.name: int(state.pidfile(n.name).read_text()) for n in config.all_nodes()},
+                  borrowed=True)
+        return
     root = tmp_path_factory.mktemp("lab")
     env = {**os.environ, "RXELAB_STATE": str(root / "state"), "LAB": "rxetest",
            "SSH_PORT_BASE": "2320", "NODES": "3"}

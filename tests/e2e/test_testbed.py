@@ -82,6 +82,8 @@ def test_ibv_rc_pingpong_between_every_pair(lab, a, b):
 
 
 def test_rxe_survives_a_reboot(lab):
+    if lab.borrowed:
+        pytest.skip("RXELAB_TEST_STATE names a developer's lab, which the tests do not reboot")
     node = lab.hosts[2]
     before = lab.ssh(node, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
     assert before
@@ -103,6 +105,8 @@ def test_rxe_survives_a_reboot(lab):
 
 @pytest.mark.destroys_lab
 def test_destroy_leaves_nothing_behind(lab, tmp_path):
+    if lab.borrowed:
+        pytest.skip("RXELAB_TEST_STATE names a developer's lab, which the tests do not destroy")
     assert all(network.process_is(pid, "qemu-system-x86_64") for pid in lab.qemu_pids.values())
     r = lab.make("destroy", 600, tmp_path / "destroy.log")
     assert r.returncode == 0, r.stdout

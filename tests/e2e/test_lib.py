@@ -1,0 +1,167 @@
+"""The library on rxe, inside the lab's VMs: every algorithm at world sizes 1-4 (across VMs
+and several ranks per VM over rxe loopback), sizes 0, 1, odd, 4 KiB and 1 MiB with checked
+data, bad input, dead and hung peers, the seed API and the benchmark."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from infra.config import REPO
+
+pytestmark = pytest.mark.vm
+REMOTE_LIB = "rxelab-lib"  # under the VM user's home
+SIZES = "0,1,7,4096,1048576"
+
+
+@pytest.fixture(scope="session")
+def deployed(lab):
+    """lib/rxelab on every node; skips with the reason if a node has no RDMA device."""
+    import subprocess
+
+    from infra.ssh import ssh_argv
+
+    for host in lab.hosts:
+        probe = lab.ssh(host, f"ls /sys/class/infiniband/{host.rdma.device} >/dev/null && "
+                              "python3 -c 'import pyverbs'")
+        if probe.returncode != 0:
+            pytest.skip(f"{host.name} has no usable RDMA device or pyverbs: {probe.stderr.strip()}")
+        tar = subprocess.run(["tar", "-C", str(REPO / "lib"), "--exclude=__pycache__", "-cf", "-",
+                              "rxelab"], capture_output=True, check=True)
+        put = subprocess.run(ssh_argv(host, f"rm -rf {REMOTE_LIB} && mkdir -p {REMOTE_LIB} && "
+                                            f"tar -x -C {REMOTE_LIB}"),
+                             input=tar.stdout, capture_output=True, timeout=120)
+        assert put.returncode == 0, put.stderr
+    return lab
+
+
+def launch(lab, hosts: list[str], command: str, per_host: int = 1, port: int = 29600,
+           timeout: float = 600) -> tuple[int, dict[int, list[dict]], str]:
+    """Run a job with our launcher from the first host; JSON lines per rank, and the text."""
+    line = (f"cd {REMOTE_LIB} && PYTHONPATH=$HOME/{REMOTE_LIB} python3 -m rxelab.launch "
+            f"--hosts {','.join(hosts)} --per-host {per_host} --port {port} --timeout {timeout} "
+            f"-- {command}")
+    r = lab.ssh(hosts[0], line, timeout=timeout + 60)
+    by_rank: dict[int, list[dict]] = {}
+    for text in r.stdout.splitlines():
+        if text.startswith("[") and "] {" in text:
+            rank, payload = text[1:].split("] ", 1)
+            by_rank.setdefault(int(rank), []).append(json.loads(payload))
+    return r.returncode, by_rank, r.stdout + r.stderr
+
+
+def assert_all_checks_pass(by_rank: dict[int, list[dict]], world: int, out: str) -> None:
+    assert sorted(by_rank) == list(range(world)), out[-3000:]
+    for rank, records in by_rank.items():
+        failed = [r for r in records if r.get("ok") is False or "error" in r and "check" not in r]
+        assert not failed, f"rank {rank}: {failed[:5]}"
+        summary = [r for r in records if r.get("summary")]
+        assert summary and summary[0]["failed"] == 0 and summary[0]["checks"] > 0, out[-2000:]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_algorithm_across_vms(deployed, world):
+    hosts = [h.name for h in deployed.hosts[:world]]
+    rc, by_rank, out = launch(deployed, hosts, f"python3 -m rxelab.selftest --sizes {SIZES}",
+                              port=29600 + world)
+    assert rc == 0, out[-3000:]
+    assert_all_checks_pass(by_rank, world, out)
+    checks = {r["check"] for r in by_rank[0] if "check" in r}
+    for algo in ("sequential", "pairwise", "parallel"):
+        assert f"alltoall/{algo}/1048576" in checks and f"alltoallv/{algo}/7" in checks
+    for algo in ("star", "ring", "sequential"):
+        assert f"allgather/{algo}/0" in checks and f"allgather/{algo}/1048576" in checks
+    assert "sendrecv/4096" in checks and "write_imm/1" in checks
+
+
+def test_world_size_one(deployed):
+    host = deployed.hosts[0]
+    r = deployed.ssh(host, f"cd {REMOTE_LIB} && PYTHONPATH=$HOME/{REMOTE_LIB} "
+                           f"python3 -m rxelab.selftest --sizes {SIZES}", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    records = [json.loads(x) for x in r.stdout.splitlines()]
+    assert_all_checks_pass({0: records}, 1, r.stdout)
+
+
+@pytest.mark.parametrize("hosts, per_host", [(1, 3), (2, 2)], ids=["3-ranks-one-vm", "2x2"])
+def test_several_ranks_per_vm_over_rxe_loopback(deployed, hosts, per_host):
+    names = [h.name for h in deployed.hosts[:hosts]]
+    rc, by_rank, out = launch(deployed, names, "python3 -m rxelab.selftest --sizes 0,1,7,4096,65536",
+                              per_host=per_host, port=29610 + hosts)
+    assert rc == 0, out[-3000:]
+    assert_all_checks_pass(by_rank, hosts * per_host, out)
+
+
+def test_bad_input_is_refused_before_anything_is_posted(deployed):
+    names = [h.name for h in deployed.hosts]
+    rc, by_rank, out = launch(deployed, names, "python3 -m rxelab.selftest --mode bad-input",
+                              port=29620)
+    assert rc == 0, out[-3000:]
+    assert_all_checks_pass(by_rank, 3, out)
+    checks = {r["check"] for r in by_rank[0] if "check" in r}
+    assert {"bad-input/wrong dtype", "bad-input/non-contiguous", "bad-input/size not divisible",
+            "bad-input/after-close", "bad-input/usable-after"} <= checks
+
+
+@pytest.mark.parametrize("how", ["die", "hang"])
+def test_a_dead_or_hung_peer_is_a_clear_error_within_the_timeout(deployed, how):
+    names = [h.name for h in deployed.hosts]
+    rc, by_rank, out = launch(deployed, names,
+                              f"python3 -m rxelab.selftest --mode {how} --victim 2 --timeout 10",
+                              port=29630 + len(how), timeout=120)
+    assert rc != 0, "the job as a whole fails"
+    for rank in (0, 1):
+        (fault,) = [r for r in by_rank.get(rank, []) if r.get("check") == f"fault/{how}"]
+        assert fault["ok"], fault
+        assert "rank 2" in fault["error"]
+        assert fault["seconds"] < 30, "detected within the configured timeout (10 s) + slack"
+
+
+def test_seed_api_ports_one_to_one(deployed):
+    program = (
+        "import numpy as np\n"
+        "from rxelab.seed_api import *\n"
+        "ctx = rdma_init()\n"
+        "r, p = ctx.comm.rank, ctx.comm.size\n"
+        "if r == 0:\n"
+        "    rdma_accept_peer(ctx, 1)\n"
+        "else:\n"
+        "    rdma_connect_peer(ctx, 0)\n"
+        "buf = np.full(16, r, np.uint8)\n"
+        "if r == 0:\n"
+        "    rdma_recv(ctx, 1, buf)\n"
+        "    assert (buf == 1).all()\n"
+        "else:\n"
+        "    rdma_send(ctx, 0, buf)\n"
+        "send = np.repeat(np.arange(p, dtype=np.uint8) + 10 * r, 4)\n"
+        "recv = np.zeros_like(send)\n"
+        "rdma_sequential_alltoall(ctx, send, recv)\n"
+        "assert (recv == np.repeat(np.arange(p, dtype=np.uint8) * 10 + r, 4)).all(), recv\n"
+        "rdma_disconnect_peer(ctx, 1 - r)\n"
+        "rdma_cleanup(ctx)\n"
+        "print('{\"seed-api\": \"ok\"}')\n"
+    )
+    names = [h.name for h in deployed.hosts[:2]]
+    rc, by_rank, out = launch(deployed, names, f"python3 -c {shlex.quote(program)}", port=29640)
+    assert rc == 0, out[-3000:]
+    assert by_rank[0] == [{"seed-api": "ok"}] and by_rank[1] == [{"seed-api": "ok"}]
+
+
+def test_benchmark_prints_osu_rows_with_bandwidth_and_the_perftest_limit(deployed):
+    names = [h.name for h in deployed.hosts]
+    command = ("python3 -m rxelab.bench --sizes 1,65536 --iterations 2 --warmup 1 --perftest")
+    rc, _, out = launch(deployed, names, command, port=29650)
+    assert rc == 0, out[-3000:]
+    lines = [x.split("] ", 1)[1] for x in out.splitlines() if x.startswith("[0] ")]
+    assert any("pyverbs" in x for x in lines if x.startswith("#")), "versions in the preamble"
+    for section in ("alltoall/sequential", "alltoall/pairwise", "alltoall/parallel",
+                    "ib_write_bw", "ib_send_bw"):
+        assert any(section in x for x in lines), section
+    rows = [x.split() for x in lines if x and not x.startswith("#")]
+    assert len(rows) == 5 * 2, lines
+    for fields in rows:
+        assert fields[-1] in ("0", "-"), f"#wrong must be 0: {fields}"
+    big = [f for f in rows if f[0] == "65536"]
+    assert all(float(f[5]) > 0 for f in big), "bandwidth measured"
