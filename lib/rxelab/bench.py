@@ -7,7 +7,9 @@ Rank 0 prints a `#` preamble (versions, device, parameters), then per algorithm 
 rows (size per peer, avg/min/max latency over ranks, iterations) with nccl-tests' algbw and
 busbw (busbw = algbw * (n-1)/n) and the #wrong bytes of a checked last iteration. With
 --perftest, ib_write_bw and ib_send_bw between rank 0 and rank 1 give the link's limit in the
-same units. --json FILE adds one JSON line per row (never overwriting an existing file).
+same units (`ib_write_bw -b` runs both directions at once and reports their sum, which is
+what a 2-rank all-to-all's algbw compares to). --json FILE adds one JSON line per row (never
+overwriting an existing file).
 
 Under emulation (TCG) absolute times are not hardware numbers; ratios measured in one run are.
 """
@@ -92,10 +94,17 @@ def row(r: dict[str, Any]) -> str:
             f"{r['iterations']:>12}{r['algbw_MBps']:>13.2f}{r['busbw_MBps']:>13.2f}{r['wrong']:>8}")
 
 
+PERFTESTS = {  # name -> argv; "-b": both directions at once, reported as their sum
+    "ib_write_bw": ["ib_write_bw"],
+    "ib_write_bw -b": ["ib_write_bw", "-b"],
+    "ib_send_bw": ["ib_send_bw"],
+}
+
+
 def perftest(comm: Any, tool: str, m: int, iters: int) -> dict[str, Any] | None:
-    """ib_write_bw / ib_send_bw between rank 0 (client) and rank 1 (server), m bytes each."""
+    """A perftest between rank 0 (client) and rank 1 (server), m bytes per message."""
     dev = comm.dev
-    base = [tool, "-d", dev.name, "-i", str(dev.port), "-x", str(dev.gid_index), "-F",
+    base = [*PERFTESTS[tool], "-d", dev.name, "-i", str(dev.port), "-x", str(dev.gid_index), "-F",
             "--report_gbits", "-s", str(max(m, 1)), "-n", str(iters), "-p", "18515"]
     result = None
     if comm.rank == 1:
@@ -182,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                     if comm.rank == 0:
                         print(row(r), flush=True)
             if args.perftest and comm.size >= 2:
-                for tool in ("ib_write_bw", "ib_send_bw"):
+                for tool in PERFTESTS:
                     if comm.rank == 0:
                         print(f"# {tool} (rank 0 -> rank 1: the link's limit)\n{HEADER}", flush=True)
                     for m in sizes:

@@ -157,10 +157,10 @@ def test_benchmark_prints_osu_rows_with_bandwidth_and_the_perftest_limit(deploye
     lines = [x.split("] ", 1)[1] for x in out.splitlines() if x.startswith("[0] ")]
     assert any("pyverbs" in x for x in lines if x.startswith("#")), "versions in the preamble"
     for section in ("alltoall/sequential", "alltoall/pairwise", "alltoall/parallel",
-                    "ib_write_bw", "ib_send_bw"):
+                    "ib_write_bw", "ib_write_bw -b", "ib_send_bw"):
         assert any(section in x for x in lines), section
     rows = [x.split() for x in lines if x and not x.startswith("#")]
-    assert len(rows) == 5 * 2, lines
+    assert len(rows) == 6 * 2, lines
     for fields in rows:
         assert fields[-1] in ("0", "-"), f"#wrong must be 0: {fields}"
     big = [f for f in rows if f[0] == "65536"]
