@@ -9,9 +9,11 @@ from its tokens and steps, so waits never confuse two messages from the same pee
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rxelab import schedules
 from rxelab.buffers import Buffer
 from rxelab.engine import RTR, TOKEN, Engine, WriteOp
 from rxelab.errors import ConfigError
@@ -86,3 +88,21 @@ class Call:
 
     def finish(self, ops: list[WriteOp]) -> None:
         self.engine.wait_ops(ops, self.name)
+
+
+def sequential_walk(c: Call, exchange: Callable[[int], WriteOp]) -> None:
+    """Take part in the strictly sequential schedule: for each of this rank's pairs, in the
+    global order, wait for the turn, exchange with the partner (exchange(partner) starts our
+    write; the partner's block is awaited here), and hand the turn on if we lead the pair."""
+    steps = schedules.sequential_steps(c.size)
+    for k, step in enumerate(steps):
+        if c.rank not in step.pair:
+            continue
+        partner = step.pair[1] if step.pair[0] == c.rank else step.pair[0]
+        if schedules.needs_token(steps, k, c.rank):
+            c.await_turn(steps[k - 1].leader, k)
+        op = exchange(partner)
+        c.finish([op])  # acknowledged: the partner has our block (and we theirs, see exchange)
+        if c.rank == step.leader:
+            for r in schedules.token_receivers(steps, k):
+                c.pass_turn(r, k + 1)
