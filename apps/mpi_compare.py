@@ -1,0 +1,54 @@
+"""The same demo with MPI (mpi4py): S stages of MPI_Allgather (or --op alltoall:
+MPI_Alltoall) of M bytes, verified every stage, reported in the same JSON lines as
+apps/server_client.py. Which MPI algorithm runs is the MPI's business (force one with
+Open MPI's coll_tuned MCA parameters); --algorithm only labels the output.
+
+    mpirun -np 3 --host node1,node2,node3 --mca pml ob1 --mca btl tcp,self \\
+        --mca btl_tcp_if_include data0 --mca oob_tcp_if_include data0 python3 apps/mpi_compare.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stages  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = stages.arguments(__doc__.split("\n\n")[0], ["mpi-default", "mpi-linear", "mpi-pairwise",
+                                                    "mpi-ring", "mpi-bruck"], "mpi-default")
+    args = ap.parse_args(argv)
+    stages.check_args(ap, args)
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    r, p, m = comm.Get_rank(), comm.Get_size(), args.size
+    recv = np.zeros(p * m, np.uint8)
+    mine = np.zeros(args.stages * 2, np.float64)
+    collective = comm.Allgather if args.op == "allgather" else comm.Alltoall
+    comm.Barrier()  # the "start signal"
+    for s in range(-args.warmup, args.stages):
+        send = stages.send_buffer(args.op, max(s, 0), r, p, m)
+        want = stages.expected(args.op, max(s, 0), r, p, m)
+        t0 = time.perf_counter()
+        collective(send, recv)
+        took = time.perf_counter() - t0
+        if s >= 0:
+            mine[2 * s] = took
+            mine[2 * s + 1] = np.count_nonzero(recv != want)
+    table = np.zeros(p * mine.size, np.float64)
+    comm.Allgather(mine, table)
+    if r == 0:
+        extra = {"mpi": MPI.Get_library_version().splitlines()[0].strip()}
+        for line in stages.report("mpi", args, p, table, extra):
+            print(line, flush=True)
+    return 0 if table.reshape(p, args.stages, 2)[:, :, 1].sum() == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

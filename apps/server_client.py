@@ -1,0 +1,80 @@
+"""rxelab's demo: a server (rank 0) and clients. The server starts, the clients connect, wait
+for the server's start signal, then everyone repeats S stages of the all-to-all broadcast
+(allgather; --op alltoall for the personalized all-to-all) of M bytes with the chosen
+algorithm, verifies every stage's data and reports per-stage and total times.
+
+    python3 -m rxelab.launch --hosts node1,node2,node3 -- python3 apps/server_client.py \\
+        --stages 100 --size 65536 --algorithm star
+
+Prints JSON lines (one per stage, then a summary) on the server; apps/mpi_compare.py prints
+the same, so one parser reads both.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rxelab  # noqa: E402
+import stages  # noqa: E402
+from rxelab.errors import RdmaError  # noqa: E402
+
+ALGORITHMS = sorted(set(rxelab.ALLGATHER_ALGORITHMS) | set(rxelab.ALLTOALL_ALGORITHMS))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = stages.arguments(__doc__.split("\n\n")[0], ALGORITHMS, "star")
+    ap.add_argument("--timeout", type=float, default=60, help="seconds any wait may take")
+    args = ap.parse_args(argv)
+    stages.check_args(ap, args)
+    valid = rxelab.ALLGATHER_ALGORITHMS if args.op == "allgather" else rxelab.ALLTOALL_ALGORITHMS
+    if args.algorithm not in valid:
+        ap.error(f"--algorithm {args.algorithm} is not an {args.op} algorithm: {', '.join(valid)}")
+    try:
+        with rxelab.init(timeout=args.timeout) as comm:
+            r, p, m = comm.rank, comm.size, args.size
+            start = np.zeros(1, np.uint8)
+            if r == 0:
+                print(f"# server: {p - 1} clients connected; sending the start signal", flush=True)
+                for client in range(1, p):
+                    comm.send(np.ones(1, np.uint8), client)
+            else:
+                comm.recv(start, 0)  # wait for the server's start signal
+            collective = comm.allgather if args.op == "allgather" else comm.alltoall
+            recv = np.zeros(p * m, np.uint8)
+            mine = np.zeros(args.stages * 2, np.float64)
+            peak_pinned = peak_inflight = 0
+            for s in range(-args.warmup, args.stages):
+                send = stages.send_buffer(args.op, max(s, 0), r, p, m)
+                want = stages.expected(args.op, max(s, 0), r, p, m)
+                t0 = time.perf_counter()
+                st = collective(send, recv, algorithm=args.algorithm)
+                took = time.perf_counter() - t0
+                if s >= 0:
+                    mine[2 * s] = took
+                    mine[2 * s + 1] = np.count_nonzero(recv != want)
+                    peak_pinned = max(peak_pinned, st.peak_pinned)
+                    peak_inflight = max(peak_inflight, st.peak_inflight)
+            table = np.zeros(p * mine.size, np.float64)
+            comm.allgather(mine, table, algorithm="ring")
+            peaks = np.zeros(2 * p, np.float64)
+            comm.allgather(np.array([peak_pinned, peak_inflight], np.float64), peaks, "ring")
+            if r == 0:
+                extra = {"peak_pinned": int(peaks[0::2].max()), "peak_inflight": int(peaks[1::2].max())}
+                for line in stages.report("rxelab", args, p, table, extra):
+                    print(line, flush=True)
+                ok = bool(table.reshape(p, args.stages, 2)[:, :, 1].sum() == 0)
+            else:
+                ok = bool(mine[1::2].sum() == 0)
+    except RdmaError as err:
+        print(f"server_client: {err}", file=sys.stderr)
+        return 2
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The demo apps' shared parts: data, checks and the one output format both apps print."""
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from apps import stages
+
+
+@pytest.mark.parametrize("op", stages.OPS)
+def test_what_is_sent_is_what_is_expected(op):
+    p, m, stage = 3, 5, 7
+    sends = [stages.send_buffer(op, stage, r, p, m) for r in range(p)]
+    for r in range(p):
+        if op == "allgather":
+            got = np.concatenate(sends)
+        else:
+            got = np.concatenate([sends[s][r * m:(r + 1) * m] for s in range(p)])
+        assert (got == stages.expected(op, stage, r, p, m)).all()
+    assert not (stages.send_buffer(op, 1, 0, p, m) == stages.send_buffer(op, 2, 0, p, m)).all(), \
+        "every stage sends different data, so a stale buffer cannot pass the check"
+
+
+def test_report_and_parse_round_trip():
+    args = argparse.Namespace(op="alltoall", algorithm="pairwise", size=64, stages=3, warmup=1,
+                              quiet=False)
+    table = np.array([[0.1, 0, 0.2, 0, 0.3, 0], [0.2, 0, 0.1, 5, 0.3, 0]], np.float64).ravel()
+    lines = stages.report("rxelab", args, 2, table, {"peak_pinned": 10})
+    records = stages.parse_output("\n".join(f"[0] {x}" for x in lines) + "\nnoise\n[1] {bad json")
+    assert [r["record"] for r in records] == ["stage", "stage", "stage", "summary"]
+    assert [r["seconds"] for r in records[:3]] == [0.2, 0.2, 0.3], "the slowest rank counts"
+    assert records[1]["wrong"] == 5
+    summary = records[-1]
+    assert summary["ok"] is False and summary["wrong"] == 5 and summary["peak_pinned"] == 10
+    assert summary["total_seconds"] == pytest.approx(0.7)
+    assert summary["avg_stage_us"] == pytest.approx(0.7 / 3 * 1e6)
+    assert lines[-1].startswith("# rxelab alltoall/pairwise") and "WRONG" in lines[-1]
+    assert json.loads(lines[-2])["ranks"] == 2
