@@ -185,8 +185,8 @@ def parse(doc: dict[str, Any], source: str = "spec") -> Spec:
         if not isinstance(sample, bool):
             bad(f"{w}.sample_load", "must be true or false")
         runs.append(Run(app, op if app != "perftest" else "link", tuple(names), nodes,
-                        _ints(r, w, bad, "sizes", 0), _one(r, w, bad, "stages", 1, 10), _one(r, w, bad, "warmup", 0, 1),
-                        transport, bool(sample)))
+                        _ints(r, w, bad, "sizes", 0), _one(r, w, bad, "stages", 1, 10),
+                        _one(r, w, bad, "warmup", 0, 1), transport, bool(sample)))
     if problems:
         raise SpecError(f"{source} is not a valid experiment spec:\n  " + "\n  ".join(problems))
     return Spec(str(name), str(doc.get("description", "")), tuple(runs), source)
