@@ -23,8 +23,16 @@ import time
 LOCAL_NAMES = {"localhost", "127.0.0.1"}
 
 
+def local_addresses() -> set[str]:
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return set(out.split())
+
+
 def is_local(host: str) -> bool:
-    return host in LOCAL_NAMES or host == socket.gethostname()
+    return host in LOCAL_NAMES or host == socket.gethostname() or host in local_addresses()
 
 
 def rank_argv(host: str, env: dict[str, str], command: list[str]) -> list[str]:

@@ -1,0 +1,107 @@
+"""rxelab experiments over SSH (Fabric 3). Reads the lab's inventory (or INVENTORY=/--inventory
+for machines you already have); the logic lives in experiments/, these tasks are its doors.
+
+    fab deploy                         # lib/ and apps/ on every node; says what a node lacks
+    fab run-experiment [--spec smoke]  # deploy if needed, run a spec, collect results/
+    fab report [--results DIR]         # HTML + Markdown report of the newest (or given) run
+    fab status                         # the nodes, their RDMA port state
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fabric import task
+from invoke.exceptions import Exit
+
+from experiments import fleet, runner
+from experiments import report as report_mod
+from experiments import spec as spec_mod
+from infra import inventory as inventory_mod
+from infra import status as status_mod
+from infra.config import REPO, default_state_dir
+from infra.errors import LabError
+
+RESULTS = REPO / "results"
+
+
+def _inventory(path: str | None) -> tuple[inventory_mod.Inventory, Path | None]:
+    chosen = path or os.environ.get("INVENTORY")
+    lab_state = None if chosen else default_state_dir()
+    try:
+        inv = inventory_mod.load(Path(chosen) if chosen else lab_state / "inventory.json")
+    except LabError as err:
+        raise Exit(f"error: {err}", code=1) from None
+    return inv, lab_state
+
+
+def _deploy(inv: inventory_mod.Inventory, hosts: list | None = None) -> None:
+    try:
+        checks = fleet.deploy(inv, hosts)
+    except fleet.FleetError as err:
+        raise Exit(f"error: {err}", code=1) from None
+    for c in checks:
+        print(f"{c.host}: {'deployed' if c.deployed else 'up to date'}, ready")
+
+
+@task(help={"inventory": "inventory file (default: the lab's)"})
+def deploy(c, inventory=None):
+    """Put lib/ and apps/ on every node (idempotent) and check Python, numpy, pyverbs, RDMA."""
+    inv, _ = _inventory(inventory)
+    _deploy(inv)
+
+
+@task(help={"spec": "a shipped spec (smoke, seed, sweep, memory-and-load) or a .toml path",
+            "inventory": "inventory file (default: the lab's)",
+            "results": "where result directories go (default: results/)"})
+def run_experiment(c, spec="smoke", inventory=None, results=None):
+    """Run an experiment spec on the nodes (deploys first) and keep its results."""
+    try:
+        chosen = spec_mod.load(spec)
+    except spec_mod.SpecError as err:
+        raise Exit(f"error: {err}", code=1) from None
+    inv, lab_state = _inventory(inventory)
+    if chosen.max_nodes > len(inv.hosts):
+        raise Exit(f"error: spec {chosen.name} needs {chosen.max_nodes} nodes, the inventory has "
+                   f"{len(inv.hosts)}", code=1)
+    _deploy(inv, list(inv.hosts[:chosen.max_nodes]))
+    try:
+        env = runner.environment(inv, lab_state)
+        run = runner.Runner(chosen, inv, Path(results) if results else RESULTS)
+        print(f"{chosen.name}: {len(chosen.cases())} cases -> {run.dir}")
+        out = run.run(env)
+    except KeyboardInterrupt:
+        raise Exit("interrupted: partial results kept (marked incomplete); nothing left running",
+                   code=130) from None
+    except fleet.FleetError as err:
+        raise Exit(f"error: {err}", code=1) from None
+    records = [r for r in report_mod.load(out)[1]]
+    bad = [r for r in records if r["status"] != "ok"]
+    print(f"results: {out} ({len(records) - len(bad)}/{len(records)} cases ok)")
+    if bad:
+        raise Exit(f"{len(bad)} cases did not verify: " + ", ".join(
+            f"{r['app']} {r['op']}/{r['algorithm']} ({r['status']})" for r in bad), code=1)
+
+
+@task(help={"results": "a results directory (default: the newest in results/)"})
+def report(c, results=None):
+    """Write report.html and report.md (with plots) for a run."""
+    if results:
+        chosen = Path(results)
+    else:
+        runs = sorted(p for p in RESULTS.glob("*") if (p / "records.jsonl").exists())
+        if not runs:
+            raise Exit("error: no results yet: run `fab run-experiment` first", code=1)
+        chosen = runs[-1]
+    if not (chosen / "records.jsonl").exists():
+        raise Exit(f"error: {chosen} is not a results directory", code=1)
+    html_path, md_path = report_mod.write(chosen)
+    print(f"report: {html_path}\n        {md_path}")
+
+
+@task(help={"inventory": "inventory file (default: the lab's)"})
+def status(c, inventory=None):
+    """The nodes of the inventory and their RDMA port state."""
+    inv, _ = _inventory(inventory)
+    status_mod.show(status_mod.collect(inv))
