@@ -1,0 +1,70 @@
+"""The commands the runner sends to the nodes, and the parsing of what comes back."""
+
+import pytest
+
+from experiments import runner
+from experiments.report import bandwidth, peak_to_mean
+from infra.inventory import Host, RdmaEndpoint, SSHEndpoint
+
+HOSTS = [Host(f"node{i}", SSHEndpoint("127.0.0.1", 2220 + i), f"10.10.0.{10 + i}", RdmaEndpoint())
+         for i in (1, 2, 3)]
+CASE = {"app": "rxelab", "op": "alltoall", "algorithm": "sequential", "nodes": 3, "size": 4096,
+        "stages": 5, "warmup": 1, "transport": "tcp", "sample_load": False}
+
+
+def test_rxelab_case_runs_our_launcher_on_the_data_network():
+    cmd = runner.rxelab_command(CASE, HOSTS, 29701)
+    assert "python3 -m rxelab.launch --hosts 10.10.0.11,10.10.0.12,10.10.0.13 --port 29701" in cmd
+    assert "server_client.py --op alltoall --algorithm sequential --size 4096 --stages 5" in cmd
+    assert cmd.startswith("PYTHONPATH=$HOME/rxelab/lib ")
+
+
+def test_mpi_case_uses_tcp_on_data0_and_forces_coll_tuned_algorithms():
+    case = {**CASE, "app": "mpi", "algorithm": "mpi-pairwise"}
+    cmd = runner.mpi_command(case, HOSTS, "data0")
+    assert "mpirun -np 3 --host 10.10.0.11,10.10.0.12,10.10.0.13" in cmd
+    assert "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include data0" in cmd
+    assert "--mca oob_tcp_if_include data0" in cmd
+    assert "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_alltoall_algorithm 2" in cmd
+    assert "$HOME/rxelab/apps/mpi_compare.py" in cmd and cmd.startswith("timeout ")
+    default = runner.mpi_command({**case, "algorithm": "mpi-default"}, HOSTS, "data0")
+    assert "coll_tuned" not in default
+    ucx = runner.mpi_command({**case, "transport": "ucx"}, HOSTS, "data0")
+    assert "--mca pml ucx" in ucx and "UCX_NET_DEVICES=rxe0:1" in ucx
+
+
+def test_perftest_argv_and_parsing():
+    case = {**CASE, "app": "perftest", "algorithm": "ib_write_bw", "size": 65536, "stages": 200}
+    argv = runner.perftest_argv(case, HOSTS[1])
+    assert argv[:7] == ["ib_write_bw", "-d", "rxe0", "-i", "1", "-x", "1"]
+    assert "--report_gbits" in argv and argv[argv.index("-s") + 1] == "65536"
+    bw = """ #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]
+ 65536      200              0.08               0.07                 0.000138
+"""
+    rec = runner.parse_perftest("ib_write_bw", bw, 65536)
+    assert rec["bw_MBps"] == pytest.approx(0.07e9 / 8 / 1e6) and rec["iterations"] == 200
+    lat = """ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]
+ 2       1000          180.51         6500.10      310.20             350.00
+"""
+    assert runner.parse_perftest("ib_send_lat", lat, 2)["lat_us"] == pytest.approx(310.2)
+    assert runner.parse_perftest("ib_write_bw", "Couldn't connect", 1) is None
+
+
+def test_timeouts_grow_with_the_work():
+    small = runner.case_timeout(CASE)
+    big = runner.case_timeout({**CASE, "size": 4 << 20, "stages": 1000})
+    assert 180 < small < big
+
+
+def test_bus_bandwidth_model():
+    algbw, busbw = bandwidth(size=1_000_000, ranks=4, seconds=2.0)
+    assert algbw == pytest.approx(2.0) and busbw == pytest.approx(1.5)
+    assert bandwidth(10, 1, 1.0)[1] == 0.0 and bandwidth(10, 3, 0) == (0.0, 0.0)
+
+
+def test_peak_to_mean_of_load_samples():
+    samples = [{"t": t, "tx_bytes": b, "rx_bytes": 0} for t, b in
+               [(0, 0), (1, 1_000_000), (2, 2_000_000), (3, 6_000_000), (4, 6_000_000)]]
+    ts, rates, ratio = peak_to_mean(samples)
+    assert rates == [1.0, 1.0, 4.0, 0.0]
+    assert ratio == pytest.approx(4.0 / 2.0), "idle samples do not count in the mean"
