@@ -7,6 +7,7 @@ failures are reported per host.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import tarfile
@@ -42,7 +43,9 @@ def connect(host: Host) -> Connection:
 def bundle() -> tuple[bytes, str]:
     """lib/rxelab and apps/ as one tarball, and its hash (stable: sorted, no mtimes)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+    # gzip with mtime 0: the same files give the same bytes, so the hash says "up to date"
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for root, arcroot in ((REPO / "lib" / "rxelab", "lib/rxelab"), (REPO / "apps", "apps")):
             for path in sorted(root.rglob("*")):
                 if "__pycache__" in path.parts or not path.is_file():
