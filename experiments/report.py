@@ -58,18 +58,26 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def peak_to_mean(samples: list[dict[str, Any]]) -> tuple[list[float], list[float], float]:
-    """Throughput over time (MB/s, tx+rx) from cumulative byte counters, and its peak/mean."""
+    """Throughput over time (MB/s, tx+rx; times are the samples' wall clock) from cumulative
+    byte counters, and its peak/mean over the busy samples."""
     ts, rates = [], []
     for a, b in zip(samples, samples[1:], strict=False):
         dt = b["t"] - a["t"]
         if dt <= 0 or a.get("tx_bytes") is None or b.get("tx_bytes") is None:
             continue
         moved = (b["tx_bytes"] - a["tx_bytes"]) + (b["rx_bytes"] - a["rx_bytes"])
-        ts.append(b["t"] - samples[0]["t"])
+        ts.append(b["t"])  # wall-clock: nodes' curves line up (as far as their clocks agree)
         rates.append(moved / dt / 1e6)
-    busy = [x for x in rates if x > 0.01]
+    busy = busy_samples(rates)
     ratio = max(busy) / (sum(busy) / len(busy)) if busy else 0.0
     return ts, rates, ratio
+
+
+def busy_samples(rates: list[float]) -> list[float]:
+    """The samples of the collective itself: above a tenth of the peak (the launch's own
+    small TCP traffic on the data NIC stays below it)."""
+    peak = max(rates, default=0.0)
+    return [x for x in rates if peak > 0 and x > 0.1 * peak]
 
 
 def _png(fig: Any) -> bytes:
@@ -121,16 +129,36 @@ def plots(flat: list[dict[str, Any]], records: list[dict[str, Any]],
         ax.legend(fontsize=7)
         out["memory.png"] = _png(fig)
     if loads:
-        fig, ax = plt.subplots(figsize=(6.5, 3.5))
-        case_label = {r["case"]: f"{r['op']}/{r['algorithm']}" for r in records}
+        by_case: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for entry in loads:
-            ts, rates, _ = peak_to_mean(entry["samples"])
-            ax.plot(ts, rates, label=f"{case_label.get(entry['case'], entry['case'])} {entry['node']}",
-                    linewidth=0.8)
-        ax.set_xlabel("seconds")
-        ax.set_ylabel("data NIC MB/s (tx+rx)")
-        ax.set_title("network load over time")
-        ax.legend(fontsize=6)
+            by_case[entry["case"]].append(entry)
+        shown = sorted(by_case)[:8]
+        fig, axes = plt.subplots(len(shown), 1, figsize=(6.5, 1.6 * len(shown) + 0.6), sharey=True,
+                                 squeeze=False)
+        case_of = {r["case"]: r for r in records}
+        for ax, case in zip(axes[:, 0], shown, strict=True):
+            worst, curves, starts, ends = 0.0, [], [], []
+            for entry in by_case[case]:
+                ts, rates, ratio = peak_to_mean(entry["samples"])
+                peak = max(rates, default=0.0)
+                busy_t = [t for t, x in zip(ts, rates, strict=True) if peak and x > 0.1 * peak]
+                if busy_t:
+                    starts.append(busy_t[0])
+                    ends.append(busy_t[-1])
+                curves.append((entry["node"], ts, rates))
+                worst = max(worst, ratio)
+            t0 = min(starts) - 1 if starts else 0.0
+            for node, ts, rates in curves:
+                ax.plot([t - t0 for t in ts], rates, label=node, linewidth=0.8)
+            if ends:
+                ax.set_xlim(0, max(ends) - t0 + 1)
+            r = case_of.get(case, {})
+            ax.set_title(f"{r.get('op')}/{r.get('algorithm')}, {r.get('size')} B per peer: "
+                         f"peak/mean {worst:.2f}", fontsize=8)
+            ax.legend(fontsize=6, loc="upper right")
+        axes[-1, 0].set_xlabel("seconds (from the first busy sample, minus 1)")
+        axes[len(shown) // 2, 0].set_ylabel("data NIC MB/s (tx+rx)")
+        fig.tight_layout()
         out["load.png"] = _png(fig)
     return out
 
@@ -172,7 +200,7 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
     return lines
 
 
-TABLE_COLS = [("app", "app"), ("algorithm", "algorithm"), ("nodes", "nodes"), ("size", "Size"),
+TABLE_COLS = [("app", "app"), ("op", "op"), ("algorithm", "algorithm"), ("nodes", "nodes"), ("size", "Size"),
               ("stages", "stages"), ("avg_us", "Avg Latency(us)"), ("min_us", "Min Latency(us)"),
               ("max_us", "Max Latency(us)"), ("algbw", "algbw(MB/s)"), ("busbw", "busbw(MB/s)"),
               ("wrong", "#wrong")]

@@ -66,5 +66,5 @@ def test_peak_to_mean_of_load_samples():
     samples = [{"t": t, "tx_bytes": b, "rx_bytes": 0} for t, b in
                [(0, 0), (1, 1_000_000), (2, 2_000_000), (3, 6_000_000), (4, 6_000_000)]]
     ts, rates, ratio = peak_to_mean(samples)
-    assert rates == [1.0, 1.0, 4.0, 0.0]
+    assert ts == [1, 2, 3, 4] and rates == [1.0, 1.0, 4.0, 0.0]
     assert ratio == pytest.approx(4.0 / 2.0), "idle samples do not count in the mean"
