@@ -19,6 +19,18 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+MPI_RDMA_NOTE = (
+    'MPI over RDMA on rxe: none of the ways tried makes this Open MPI use rxe0, so the MPI '
+    'comparison runs over TCP. Open MPI 4.1.4 with UCX 1.13.1 (Debian 12), tried on the lab: (1) '
+    '`--mca pml ucx -x UCX_NET_DEVICES=rxe0:1` picks ud_verbs, which aborts in the first MPI_Barrier'
+    ' with "UD endpoint ... unhandled timeout error" (signal 6), also with UCX_IB_GID_INDEX=1; (2) '
+    '`-x UCX_TLS=rc_verbs,self,sm` (or `rc_verbs,tcp,...`) fails in MPI_Init with "no auxiliary '
+    'transport ... Destination is unreachable": RC wire-up needs UD as its auxiliary transport; (3) '
+    '`--mca btl openib` with `btl_openib_cpc_include rdmacm` is refused: this build has only the '
+    'udcm connection manager ("valid names: udcm"), and RoCE needs rdmacm; (4) `--mca pml cm --mca '
+    'mtl ofi` with the verbs;ofi_rxm provider: "PML cm cannot be selected". MPICH with libfabric\'s '
+    'verbs provider is not in the image and was not tried.'
+)
 EMULATION_NOTE = ("Absolute numbers here come from VMs under emulation (TCG) and are not hardware "
                   "numbers; the ratios between algorithms measured in the same run are what carry over.")
 
@@ -227,7 +239,7 @@ def write(results: Path) -> tuple[Path, Path]:
         (results / name).write_bytes(data)
     # Markdown
     md = [f"# {title}", "", f"> {EMULATION_NOTE}", "", *[f"- {f}" for f in facts], "", "## Summary", "",
-          *[f"- {x}" for x in summary], "", "## Collectives", "",
+          *[f"- {x}" for x in summary], "", "## Collectives", "", MPI_RDMA_NOTE, "",
           "| " + " | ".join(h for _, h in TABLE_COLS) + " |",
           "|" + "---|" * len(TABLE_COLS)]
     md += ["| " + " | ".join(_fmt(r[k]) for k, _ in TABLE_COLS) + " |" for r in flat]
@@ -247,7 +259,8 @@ def write(results: Path) -> tuple[Path, Path]:
              ".note{background:#fff4d6;padding:.5em}</style></head><body>",
              f"<h1>{esc(title)}</h1><p class='note'>{esc(EMULATION_NOTE)}</p><ul>",
              *[f"<li>{esc(f)}</li>" for f in facts], "</ul><h2>Summary</h2><ul>",
-             *[f"<li>{esc(x)}</li>" for x in summary], "</ul><h2>Collectives</h2><table><tr>",
+             *[f"<li>{esc(x)}</li>" for x in summary], "</ul><h2>Collectives</h2>",
+             f"<p>{esc(MPI_RDMA_NOTE)}</p><table><tr>",
              *[f"<th>{esc(h)}</th>" for _, h in TABLE_COLS], "</tr>"]
     parts += ["<tr>" + "".join(f"<td>{esc(_fmt(r[k]))}</td>" for k, _ in TABLE_COLS) + "</tr>"
               for r in flat]
