@@ -68,4 +68,16 @@ def test_report_renders_tables_and_plots(lab, smoke):
     for algo in ("star", "ring", "sequential", "pairwise", "parallel", "mpi-default"):
         assert f"<td>{algo}</td>" in page, algo
     md = (smoke / "report.md").read_text()
-    assert "| app | algorithm |" in md and (smoke / "memory.png").exists()
+    assert "| app | op | algorithm |" in md and (smoke / "memory.png").exists()
+
+
+def test_a_node_without_the_rdma_device_is_named_before_anything_runs(lab, tmp_path):
+    doc = json.loads(lab.state.inventory_file.read_text())
+    doc["nodes"][1]["rdma"]["device"] = "mlx5_7"
+    inv = tmp_path / "inventory.json"
+    inv.write_text(json.dumps(doc))
+    r = fab(lab, "run-experiment", "--inventory", str(inv), "--results", str(tmp_path / "res"),
+            timeout=300)
+    assert r.returncode == 1
+    assert "node2: no RDMA device mlx5_7" in r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "res").exists()

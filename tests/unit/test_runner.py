@@ -68,3 +68,13 @@ def test_peak_to_mean_of_load_samples():
     ts, rates, ratio = peak_to_mean(samples)
     assert ts == [1, 2, 3, 4] and rates == [1.0, 1.0, 4.0, 0.0]
     assert ratio == pytest.approx(4.0 / 2.0), "idle samples do not count in the mean"
+
+
+def test_unreachable_hosts_are_named_not_a_traceback():
+    from experiments import fleet
+    from infra.inventory import Inventory
+
+    dead = Host("ghost", SSHEndpoint("127.0.0.1", 1, "lab"), "10.10.0.99", RdmaEndpoint())
+    with pytest.raises(fleet.FleetError) as e:
+        fleet.deploy(Inventory("t", (dead,)))
+    assert "ghost: unreachable over SSH" in str(e.value)
