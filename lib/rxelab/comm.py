@@ -57,6 +57,7 @@ class Communicator:
         self.job = job
         self.timeout = timeout
         self.closed = False
+        self.failed: str | None = None  # set when a collective failed part-way
         self.conns: dict[int, verbs.Connection] = {}
         self.control = ControlPlane(job, timeout)
         self.dev: verbs.Device | None = None
@@ -108,6 +109,10 @@ class Communicator:
     def _check_open(self) -> None:
         if self.closed:
             raise ClosedError("the communicator is closed")
+        if self.failed is not None:
+            # Peers may be anywhere in the failed operation: nothing after it can be trusted.
+            raise ClosedError(f"the communicator failed earlier ({self.failed}); close it and "
+                              f"start a new one")
 
     # ---- helpers --------------------------------------------------------------------
     def _peer(self, peer: int) -> int:
@@ -141,7 +146,8 @@ class Communicator:
                     layout, send_mr, recv_mr)
         try:
             table[algorithm](call)
-        except RdmaError:
+        except RdmaError as err:
+            self.failed = f"{operation}/{algorithm}: {err}"
             self.engine.abort_all(call.tag(DATA))
             raise
         stats = Stats(operation, algorithm, counters.bytes_sent - sent0,

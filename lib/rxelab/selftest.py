@@ -130,7 +130,13 @@ def fault(comm: rxelab.comm.Communicator, victim: int, how: str) -> list[dict]:
     except PeerError as err:
         took = time.monotonic() - started
         named = f"rank {victim}" in str(err)
-        return [{"check": f"fault/{how}", "ok": named, "error": str(err), "seconds": round(took, 1)}]
+        try:  # after a failed collective the communicator refuses further work, clearly
+            comm.alltoall(np.zeros(p, np.uint8), np.zeros(p, np.uint8))
+            refused = False
+        except rxelab.ClosedError:
+            refused = True
+        return [{"check": f"fault/{how}", "ok": named and refused, "error": str(err),
+                 "seconds": round(took, 1)}]
 
 
 def main(argv: list[str] | None = None) -> int:
