@@ -212,6 +212,19 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
     return lines
 
 
+def seed_table(flat: list[dict[str, Any]]) -> tuple[list[int], list[tuple[str, list[str]]]]:
+    """The seed's table: total seconds per (app algorithm) and number of stages, where a run
+    has more than one stage count (the seed spec: 100, 1000, 10000)."""
+    stage_counts = sorted({r["stages"] for r in flat})
+    if len(stage_counts) < 2:
+        return [], []
+    cells: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in flat:
+        cells[f"{r['app']} {r['op']}/{r['algorithm']} {r['size']} B"][r["stages"]] = r["total_s"]
+    return stage_counts, [(name, [f"{by[n]:.2f}" if n in by else "-" for n in stage_counts])
+                          for name, by in sorted(cells.items())]
+
+
 TABLE_COLS = [("app", "app"), ("op", "op"), ("algorithm", "algorithm"), ("nodes", "nodes"), ("size", "Size"),
               ("stages", "stages"), ("avg_us", "Avg Latency(us)"), ("min_us", "Min Latency(us)"),
               ("max_us", "Max Latency(us)"), ("algbw", "algbw(MB/s)"), ("busbw", "busbw(MB/s)"),
@@ -243,6 +256,12 @@ def write(results: Path) -> tuple[Path, Path]:
           "| " + " | ".join(h for _, h in TABLE_COLS) + " |",
           "|" + "---|" * len(TABLE_COLS)]
     md += ["| " + " | ".join(_fmt(r[k]) for k, _ in TABLE_COLS) + " |" for r in flat]
+    counts, seed_rows = seed_table(flat)
+    if seed_rows:
+        md += ["", "## Stages (total seconds)", "",
+               "| run | " + " | ".join(f"{n} stages" for n in counts) + " |",
+               "|---|" + "---|" * len(counts)]
+        md += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in seed_rows]
     if perf:
         md += ["", "## Link limit (perftest)", "", "| tool | size | result |", "|---|---|---|"]
         md += [f"| {r['algorithm']} | {r['size']} | "
@@ -265,6 +284,12 @@ def write(results: Path) -> tuple[Path, Path]:
     parts += ["<tr>" + "".join(f"<td>{esc(_fmt(r[k]))}</td>" for k, _ in TABLE_COLS) + "</tr>"
               for r in flat]
     parts.append("</table>")
+    if seed_rows:
+        parts.append("<h2>Stages (total seconds)</h2><table><tr><th>run</th>"
+                     + "".join(f"<th>{n} stages</th>" for n in counts) + "</tr>")
+        parts += ["<tr><th>" + esc(name) + "</th>" + "".join(f"<td>{c}</td>" for c in cells)
+                  + "</tr>" for name, cells in seed_rows]
+        parts.append("</table>")
     if perf:
         parts.append("<h2>Link limit (perftest)</h2><table><tr><th>tool</th><th>size</th>"
                      "<th>result</th></tr>")

@@ -57,3 +57,19 @@ def test_an_incomplete_run_says_so(results):
     (results / "environment.json").write_text(json.dumps({**env, "complete": False}))
     html_path, _ = report.write(results)
     assert "INCOMPLETE" in html_path.read_text()
+
+
+def test_the_seed_stages_table_appears_when_runs_differ_in_stages(results):
+    lines = (results / "records.jsonl").read_text().splitlines()
+    extra = []
+    for line in lines:
+        r = json.loads(line)
+        if r["app"] == "rxelab" and r.get("summary"):
+            r = {**r, "stages": 100, "summary": {**r["summary"], "stages": 100,
+                                                 "total_seconds": r["summary"]["total_seconds"] * 30}}
+            extra.append(json.dumps(r))
+    (results / "records.jsonl").write_text("\n".join(lines + extra) + "\n")
+    _, md_path = report.write(results)
+    md = md_path.read_text()
+    assert "## Stages (total seconds)" in md and "| run | 3 stages | 100 stages |" in md
+    assert "| rxelab alltoall/sequential 1024 B |" in md
