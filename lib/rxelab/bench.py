@@ -31,12 +31,9 @@ import numpy as np
 
 import rxelab
 from rxelab.errors import RdmaError
+from rxelab.selftest import pattern
 
 MB = 1e6
-
-
-def pattern(src: int, dst: int, n: int) -> np.ndarray:
-    return ((np.arange(n, dtype=np.uint32) * 7 + src * 31 + dst * 17) & 0xFF).astype(np.uint8)
 
 
 def buffers(op: str, rank: int, p: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
