@@ -4,7 +4,6 @@ removes it whole."""
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -21,10 +20,6 @@ class LabState:
     @property
     def config_file(self) -> Path:
         return self.root / "lab.json"
-
-    @property
-    def image_file(self) -> Path:
-        return self.root / "image.json"
 
     @property
     def inventory_file(self) -> Path:
@@ -94,15 +89,6 @@ class LabState:
 
     def save_config(self, config: LabConfig) -> None:
         write_atomic(self.config_file, config.to_json())
-
-    def load_json(self, path: Path) -> dict:  # type: ignore[type-arg]
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise LabError(f"{path} does not exist", hint="run `make provision` first") from None
-        if not isinstance(data, dict):
-            raise LabError(f"{path} does not hold a JSON object")
-        return data
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:

@@ -120,8 +120,3 @@ def destroy(state: LabState) -> None:
     _terraform(state, "destroy", "-input=false", "-auto-approve", "-no-color",
                f"-var-file={vars_file(state)}", timeout=900)
 
-
-def output_inventory(state: LabState) -> dict[str, object]:
-    r = runner.run(["terraform", f"-chdir={TF_DIR}", "output", "-json", "inventory"],
-                   env=_env(state), timeout=120)
-    return json.loads(r.stdout)  # type: ignore[no-any-return]
