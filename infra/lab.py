@@ -12,6 +12,7 @@ import time
 
 from infra import accel as accel_mod
 from infra import images, inventory, network, readiness, seed, vm
+from infra import run as runner
 from infra.config import Accel, LabConfig
 from infra.errors import LabError
 from infra.images import BaseImage
@@ -98,7 +99,7 @@ def teardown(state: LabState, keep_logs: bool = False) -> list[str]:
     for pidfile in sorted(state.run.glob("*.pid")) if state.run.exists() else []:
         name = pidfile.stem
         program = "vde_switch" if name == "vde_switch" else vm.QEMU
-        if network.stop_pidfile(pidfile, program):
+        if runner.stop_pidfile(pidfile, program):
             removed.append(f"{program} {name}")
     if config is not None:
         ns_present = config.netns in network.namespaces() if os.geteuid() == 0 else False

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import time
 from pathlib import Path
 
 from infra import run as runner
@@ -61,7 +59,7 @@ def down(config: LabConfig, state: LabState) -> None:
             runner.run(["ip", "link", "del", tap], check=False)
         if config.netns in namespaces():
             runner.run(["ip", "netns", "del", config.netns])
-    stop_pidfile(state.pidfile("vde_switch"), "vde_switch")
+    runner.stop_pidfile(state.pidfile("vde_switch"), "vde_switch")
     shutil.rmtree(vde_socket(state), ignore_errors=True)  # vde_switch -s makes a directory
 
 
@@ -107,34 +105,3 @@ def remove_tap(config: LabConfig, node: Node) -> None:
         runner.run(["ip", "link", "del", node.tap], check=False)
         if config.netns in namespaces():
             runner.run(["ip", "-n", config.netns, "link", "del", node.tap], check=False)
-
-
-def stop_pidfile(pidfile: Path, expected: str, grace_s: float = 5.0) -> bool:
-    """Stop the process a pidfile names, but only if it still is the program we started."""
-    try:
-        pid = int(pidfile.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        pidfile.unlink(missing_ok=True)
-        return False
-    stopped = False
-    if process_is(pid, expected):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while process_is(pid, expected) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if process_is(pid, expected):
-            os.kill(pid, signal.SIGKILL)
-        stopped = True
-    pidfile.unlink(missing_ok=True)
-    return stopped
-
-
-def process_is(pid: int, expected: str) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        status = Path(f"/proc/{pid}/status").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    if "State:\tZ" in status:
-        return False
-    return bool(cmdline) and Path(cmdline[0].decode(errors="replace")).name == expected

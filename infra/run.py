@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,3 +191,34 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def stop_pidfile(pidfile: Path, expected: str, grace_s: float = 5.0) -> bool:
+    """Stop the process a pidfile names, but only if it still is the program we started."""
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        pidfile.unlink(missing_ok=True)
+        return False
+    stopped = False
+    if process_is(pid, expected):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while process_is(pid, expected) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if process_is(pid, expected):
+            os.kill(pid, signal.SIGKILL)
+        stopped = True
+    pidfile.unlink(missing_ok=True)
+    return stopped
+
+
+def process_is(pid: int, expected: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    if "State:\tZ" in status:
+        return False
+    return bool(cmdline) and Path(cmdline[0].decode(errors="replace")).name == expected

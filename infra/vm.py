@@ -84,7 +84,7 @@ def pid(state: LabState, node: Node) -> int | None:
         value = int(state.pidfile(node.name).read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
-    return value if network.process_is(value, QEMU) else None
+    return value if runner.process_is(value, QEMU) else None
 
 
 def is_running(state: LabState, node: Node) -> bool:
@@ -101,7 +101,7 @@ def stop(config: LabConfig, state: LabState, node: Node, timeout: float = 10.0) 
         deadline = time.monotonic() + timeout
         while is_running(state, node) and time.monotonic() < deadline:
             time.sleep(0.1)
-    network.stop_pidfile(state.pidfile(node.name), QEMU)
+    runner.stop_pidfile(state.pidfile(node.name), QEMU)
     network.remove_tap(config, node)
     for path in (state.overlay(node.name), state.qmp_socket(node.name)):
         path.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ import pytest
 
 from infra import inventory as inventory_mod
 from infra import lab as lab_mod
-from infra import network
+from infra import run as runner
 from infra.config import REPO, LabConfig
 from infra.inventory import Host, Inventory
 from infra.ssh import ssh_argv
@@ -109,7 +109,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         if state.root.exists():
             handle.make("destroy", DESTROY_TIMEOUT_S, root / "destroy-finally.log")
         for pid in handle.qemu_pids.values():  # last resort: stop our own VMs by pid
-            if network.process_is(pid, "qemu-system-x86_64"):
+            if runner.process_is(pid, "qemu-system-x86_64"):
                 os.kill(pid, 9)
         if handle.config is not None and state.root.exists():
             lab_mod.teardown(state)

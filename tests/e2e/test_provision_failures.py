@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from infra import network
+from infra import run as runner
 from infra.config import REPO
 
 pytestmark = pytest.mark.vm
@@ -29,7 +30,7 @@ def qemu_of_lab(lab: str) -> list[int]:
     """Pids of qemu processes named after this lab (vm.py names them `<lab>-nodeN`)."""
     pids = []
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and network.process_is(int(proc.name), "qemu-system-x86_64"):
+        if proc.name.isdigit() and runner.process_is(int(proc.name), "qemu-system-x86_64"):
             try:
                 cmdline = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:

@@ -12,6 +12,7 @@ import pytest
 
 from infra import lab as lab_mod
 from infra import network
+from infra import run as runner
 from infra.config import REPO
 from infra.inventory import Host
 from infra.ssh import ssh_argv
@@ -107,12 +108,12 @@ def test_rxe_survives_a_reboot(lab):
 def test_destroy_leaves_nothing_behind(lab, tmp_path):
     if lab.borrowed:
         pytest.skip("RXELAB_TEST_STATE names a developer's lab, which the tests do not destroy")
-    assert all(network.process_is(pid, "qemu-system-x86_64") for pid in lab.qemu_pids.values())
+    assert all(runner.process_is(pid, "qemu-system-x86_64") for pid in lab.qemu_pids.values())
     r = lab.make("destroy", 600, tmp_path / "destroy.log")
     assert r.returncode == 0, r.stdout
     assert "lab destroyed" in r.stdout
     for name, pid in lab.qemu_pids.items():
-        assert not network.process_is(pid, "qemu-system-x86_64"), f"{name} (pid {pid}) still runs"
+        assert not runner.process_is(pid, "qemu-system-x86_64"), f"{name} (pid {pid}) still runs"
     assert lab_mod.leftovers(lab.state, lab.config) == []
     if os.geteuid() == 0:
         assert lab.config.netns not in network.namespaces()
