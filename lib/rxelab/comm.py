@@ -65,7 +65,8 @@ class Communicator:
         self.seq = 0
         self.p2p_sent: dict[int, int] = {}
         self.p2p_recv: dict[int, int] = {}
-        self.user_seq: dict[int, int] = {}
+        self.exposed: dict[int, int] = {}  # buffers exposed to each peer
+        self.remotes: dict[int, int] = {}  # buffers each peer exposed to us
         self.last_stats: Stats | None = None
         try:
             self.dev = verbs.Device(device, port, gid_index,
@@ -78,7 +79,7 @@ class Communicator:
             remote = self.control.exchange({p: c.endpoint().to_dict() for p, c in self.conns.items()})
             for peer, ep in remote.items():
                 self.conns[peer].connect(verbs.Endpoint.from_dict(ep))
-            self.engine = Engine(self.dev, self.registry, self.conns, timeout=timeout,
+            self.engine = Engine(self.dev, self.conns, timeout=timeout,
                                  window=window, chunk=chunk, send_depth=send_depth)
             self.control.barrier()  # every QP is ready to receive before anyone sends
         except BaseException:
@@ -240,8 +241,8 @@ class Communicator:
         peer = self._peer(peer)
         b = as_buffer(buf, "exposed buffer", writable=True)
         mr = self._mr(b, remote=True)
-        n = self.user_seq.get(-peer - 1, 0)
-        self.user_seq[-peer - 1] = n + 1
+        n = self.exposed.get(peer, 0)
+        self.exposed[peer] = n + 1
         self.engine.send_ctrl(peer, RTR, USER_BIT | (n & 0xFFFFFF), mr.rkey if mr else 0,
                               b.address, b.nbytes)
 
@@ -249,8 +250,8 @@ class Communicator:
         """The next buffer `peer` exposed to us."""
         self._check_open()
         peer = self._peer(peer)
-        n = self.user_seq.get(peer, 0)
-        self.user_seq[peer] = n + 1
+        n = self.remotes.get(peer, 0)
+        self.remotes[peer] = n + 1
         addr, rkey, length = self.engine.wait_rtr(peer, USER_BIT | (n & 0xFFFFFF), "remote()")
         return RemoteBuffer(peer, addr, rkey, length)
 

@@ -23,7 +23,7 @@ from typing import Any
 import pyverbs.enums as e
 
 from rxelab.errors import PeerError, ProtocolError
-from rxelab.verbs import SLOT_BYTES, Connection, Device, Registry, status_str
+from rxelab.verbs import SLOT_BYTES, Connection, Device, status_str
 
 CTRL = struct.Struct("!BBHIIIQQ")  # kind, version, reserved, tag, rkey, pad, addr, length
 CTRL_VERSION = 1
@@ -79,10 +79,9 @@ class Mailbox:
 
 
 class Engine:
-    def __init__(self, dev: Device, registry: Registry, conns: dict[int, Connection], *,
+    def __init__(self, dev: Device, conns: dict[int, Connection], *,
                  timeout: float, window: int, chunk: int, send_depth: int) -> None:
         self.dev = dev
-        self.registry = registry
         self.conns = conns
         self.timeout = timeout
         self.window = window
