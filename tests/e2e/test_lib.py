@@ -9,31 +9,23 @@ import shlex
 
 import pytest
 
-from infra.config import REPO
-
 pytestmark = pytest.mark.vm
-REMOTE_LIB = "rxelab-lib"  # under the VM user's home
+REMOTE_LIB = "rxelab/lib"  # where fab deploy puts it, under the VM user's home
 SIZES = "0,1,7,4096,1048576"
 
 
 @pytest.fixture(scope="session")
 def deployed(lab):
-    """lib/rxelab on every node; skips with the reason if a node has no RDMA device."""
-    import subprocess
+    """lib/ and apps/ on every node, the way `fab deploy` puts them; skips with the reason if a
+    node lacks an RDMA device or pyverbs (an unreachable node is a failure)."""
+    from experiments import fleet
 
-    from infra.ssh import ssh_argv
-
-    for host in lab.hosts:
-        probe = lab.ssh(host, f"ls /sys/class/infiniband/{host.rdma.device} >/dev/null && "
-                              "python3 -c 'import pyverbs'")
-        if probe.returncode != 0:
-            pytest.skip(f"{host.name} has no usable RDMA device or pyverbs: {probe.stderr.strip()}")
-        tar = subprocess.run(["tar", "-C", str(REPO / "lib"), "--exclude=__pycache__", "-cf", "-",
-                              "rxelab"], capture_output=True, check=True)
-        put = subprocess.run(ssh_argv(host, f"rm -rf {REMOTE_LIB} && mkdir -p {REMOTE_LIB} && "
-                                            f"tar -x -C {REMOTE_LIB}"),
-                             input=tar.stdout, capture_output=True, timeout=120)
-        assert put.returncode == 0, put.stderr
+    try:
+        fleet.deploy(lab.inventory)
+    except fleet.FleetError as err:
+        if "unreachable" in str(err):
+            raise
+        pytest.skip(str(err))
     return lab
 
 
