@@ -76,7 +76,7 @@ def run_experiment(c, spec="smoke", inventory=None, results=None):
                    code=130) from None
     except fleet.FleetError as err:
         raise Exit(f"error: {err}", code=1) from None
-    records = [r for r in report_mod.load(out)[1]]
+    records = report_mod.load(out)[1]
     bad = [r for r in records if r["status"] != "ok"]
     print(f"results: {out} ({len(records) - len(bad)}/{len(records)} cases ok)")
     if bad:

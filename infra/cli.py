@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from infra import images, inventory, lab, network, status, terraform, vm
+from infra import run as runner
 from infra.config import DataNet, Image, LabConfig, default_state_dir
 from infra.errors import LabError
 from infra.ssh import ssh_argv
@@ -78,8 +79,6 @@ def _inventory(args: argparse.Namespace, state: LabState) -> inventory.Inventory
 def cmd_provision(args: argparse.Namespace) -> None:
     config = _config(args)
     state = LabState(config.state_dir)
-    from infra import run as runner
-
     runner.require("terraform", vm.QEMU, "qemu-img", "ssh", "ssh-keygen")
     kind, _ = images.resolve(config.image)
     if kind is Image.DEBIAN and not images.cached_debian():

@@ -112,7 +112,10 @@ def teardown(state: LabState, keep_logs: bool = False) -> list[str]:
         for child in state.root.iterdir():
             if keep_logs and child.name == "logs":
                 continue
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+            if child.is_dir():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
         if not any(state.root.iterdir()):
             state.root.rmdir()
     return removed
