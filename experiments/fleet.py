@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import paramiko
-from fabric import Connection
+from fabric import Config, Connection
 
 from infra.config import REPO
 from infra.inventory import Host, Inventory
@@ -32,7 +32,9 @@ def connect(host: Host) -> Connection:
     kwargs: dict[str, object] = {"look_for_keys": host.ssh.key is None, "allow_agent": host.ssh.key is None}
     if host.ssh.key:
         kwargs["key_filename"] = host.ssh.key
-    c = Connection(host.ssh.host, user=host.ssh.user, port=host.ssh.port,
+    # Never forward our stdin: runs are unattended (CI, pytest, a pipe) and nothing remote reads it.
+    config = Config(overrides={"run": {"in_stream": False}})
+    c = Connection(host.ssh.host, user=host.ssh.user, port=host.ssh.port, config=config,
                    connect_timeout=CONNECT_TIMEOUT, connect_kwargs=kwargs)
     if host.ssh.known_hosts:  # the lab pins its nodes' host keys: accept nothing else
         c.client.load_host_keys(host.ssh.known_hosts)
