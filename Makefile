@@ -1,11 +1,12 @@
-# rxelab: the testbed's entry points. Settings: NODES=2..8 IMAGE=auto|ubuntu-24.04|debian-12
-# ACCEL=auto|kvm|tcg MEM_MB=... DATA_NET=auto|bridge|vde; state in $(RXELAB_STATE) or .lab/
+# rxelab: the testbed's entry points. Settings (declared in infra/settings.py, listed in the
+# README): NODES IMAGE ACCEL MEM_MB DATA_NET MTU LAB SSH_PORT_BASE and the RXELAB_* ones.
 PY := .venv/bin/python
-export NODES IMAGE ACCEL MEM_MB DATA_NET LAB SSH_PORT_BASE INVENTORY RXELAB_STATE
+export NODES IMAGE ACCEL MEM_MB DATA_NET MTU LAB SSH_PORT_BASE INVENTORY
+export RXELAB_STATE RXELAB_CACHE RXELAB_BOOT_TIMEOUT RXELAB_UBUNTU_URL RXELAB_APT_SOURCES
 
 .PHONY: help deps provision status ssh destroy test test-unit
 help:
-	@echo "make provision   # boot the lab (NODES=3 IMAGE=auto ACCEL=auto MEM_MB=1024)"
+	@echo "make provision   # boot the lab (NODES=3 IMAGE=auto ACCEL=auto MEM_MB=1024 MTU=9000)"
 	@echo "make status      # node, state, SSH endpoint, data IP, RDMA port state"
 	@echo "make ssh NODE=node1"
 	@echo "make destroy     # remove VMs, network, overlays and state"

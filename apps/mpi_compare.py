@@ -1,5 +1,6 @@
-"""The same demo with MPI (mpi4py): S stages of MPI_Allgather (or --op alltoall:
-MPI_Alltoall) of M bytes, verified every stage, reported in the same JSON lines as
+"""The same demo with MPI (mpi4py): S stages of MPI_Allgather (or --op alltoall, allreduce,
+reduce_scatter, bcast: MPI_Alltoall, MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Bcast) of M
+bytes, verified every stage, reported in the same JSON lines as
 apps/server_client.py. Which MPI algorithm runs is the MPI's business (force one with
 Open MPI's coll_tuned MCA parameters); --algorithm only labels the output.
 
@@ -21,30 +22,39 @@ import stages  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     ap = stages.arguments(__doc__.split("\n\n")[0], ["mpi-default", "mpi-linear", "mpi-pairwise",
-                                                    "mpi-ring", "mpi-bruck"], "mpi-default")
+                                                    "mpi-ring", "mpi-bruck", "mpi-recursive-doubling",
+                                                    "mpi-binomial"], "mpi-default")
     args = ap.parse_args(argv)
     stages.check_args(ap, args)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     r, p, m = comm.Get_rank(), comm.Get_size(), args.size
-    recv = np.zeros(p * m, np.uint8)
     mine = np.zeros(args.stages * 2, np.float64)
-    collective = comm.Allgather if args.op == "allgather" else comm.Alltoall
+    collective = {"allgather": comm.Allgather, "alltoall": comm.Alltoall,
+                  "allreduce": lambda s, d: comm.Allreduce(s, d, op=MPI.SUM),
+                  "reduce_scatter": lambda s, d: comm.Reduce_scatter_block(s, d, op=MPI.SUM),
+                  "bcast": lambda s, d: comm.Bcast(s, root=0)}[args.op]
     comm.Barrier()  # the "start signal"
+    progress = stages.Progress("mpi") if r == 0 else None
+    send, want = stages.buffers(args.op, 0, r, p, m)
+    recv = np.zeros_like(want)
+    got = send if args.op == "bcast" else recv
     for s in range(-args.warmup, args.stages):
-        send = stages.send_buffer(args.op, max(s, 0), r, p, m)
-        want = stages.expected(args.op, max(s, 0), r, p, m)
+        data, want = stages.buffers(args.op, max(s, 0), r, p, m)
+        np.copyto(send, data)  # the same buffers every stage
         t0 = time.perf_counter()
         collective(send, recv)
         took = time.perf_counter() - t0
         if s >= 0:
             mine[2 * s] = took
-            mine[2 * s + 1] = np.count_nonzero(recv != want)
+            mine[2 * s + 1] = np.count_nonzero(got != want)
+            if progress:
+                progress.stage(took)
     table = np.zeros(p * mine.size, np.float64)
     comm.Allgather(mine, table)
     if r == 0:
-        extra = {"mpi": MPI.Get_library_version().splitlines()[0].strip()}
+        extra = {"mpi": MPI.Get_library_version().splitlines()[0].strip("\x00 \t")}
         for line in stages.report("mpi", args, p, table, extra):
             print(line, flush=True)
     return 0 if table.reshape(p, args.stages, 2)[:, :, 1].sum() == 0 else 1

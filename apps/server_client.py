@@ -21,21 +21,32 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rxelab  # noqa: E402
 import stages  # noqa: E402
+from rxelab import ops  # noqa: E402
 from rxelab.errors import RdmaError  # noqa: E402
 
-ALGORITHMS = sorted(set(rxelab.ALLGATHER_ALGORITHMS) | set(rxelab.ALLTOALL_ALGORITHMS))
+ALGORITHMS = sorted({a for c in ops.COLLECTIVES.values() for a in c.algorithms})
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = stages.arguments(__doc__.split("\n\n")[0], ALGORITHMS, "star")
     ap.add_argument("--timeout", type=float, default=60, help="seconds any wait may take")
+    ap.add_argument("--qp-timeout", type=int, default=None,
+                    help="RC ACK timeout exponent: 4.096 us * 2^n before a retransmission (1..31)")
+    ap.add_argument("--retry-cnt", type=int, default=None,
+                    help="RC retransmissions before the QP fails (0..7)")
+    ap.add_argument("--eager-limit", type=int, default=None,
+                    help="blocks up to this many bytes go eagerly (0: always rendezvous)")
+    ap.add_argument("--pairs", type=int, default=1,
+                    help="sequential: at most this many pairs exchange at once (default 1)")
     args = ap.parse_args(argv)
     stages.check_args(ap, args)
-    valid = rxelab.ALLGATHER_ALGORITHMS if args.op == "allgather" else rxelab.ALLTOALL_ALGORITHMS
+    valid = ops.COLLECTIVES[args.op].algorithms
     if args.algorithm not in valid:
         ap.error(f"--algorithm {args.algorithm} is not an {args.op} algorithm: {', '.join(valid)}")
     try:
-        with rxelab.init(timeout=args.timeout) as comm:
+        options = {k: v for k, v in (("qp_timeout", args.qp_timeout), ("retry_cnt", args.retry_cnt),
+                                     ("eager_limit", args.eager_limit)) if v is not None}
+        with rxelab.init(timeout=args.timeout, **options) as comm:
             r, p, m = comm.rank, comm.size, args.size
             start = np.zeros(1, np.uint8)
             if r == 0:
@@ -44,21 +55,26 @@ def main(argv: list[str] | None = None) -> int:
                     comm.send(np.ones(1, np.uint8), client)
             else:
                 comm.recv(start, 0)  # wait for the server's start signal
-            collective = comm.allgather if args.op == "allgather" else comm.alltoall
-            recv = np.zeros(p * m, np.uint8)
+            send, want = stages.buffers(args.op, 0, r, p, m)
+            recv = np.zeros_like(want)
+            got = send if args.op == "bcast" else recv  # bcast works in place
             mine = np.zeros(args.stages * 2, np.float64)
             peak_pinned = peak_inflight = 0
+            progress = stages.Progress("rxelab") if r == 0 else None
             for s in range(-args.warmup, args.stages):
-                send = stages.send_buffer(args.op, max(s, 0), r, p, m)
-                want = stages.expected(args.op, max(s, 0), r, p, m)
+                # the same buffers every stage, as a training loop has them; new data in them
+                data, want = stages.buffers(args.op, max(s, 0), r, p, m)
+                np.copyto(send, data)
                 t0 = time.perf_counter()
-                st = collective(send, recv, algorithm=args.algorithm)
+                st = ops.run(comm, args.op, args.algorithm, send, recv, pairs=args.pairs)
                 took = time.perf_counter() - t0
                 if s >= 0:
                     mine[2 * s] = took
-                    mine[2 * s + 1] = np.count_nonzero(recv != want)
+                    mine[2 * s + 1] = np.count_nonzero(got != want)
                     peak_pinned = max(peak_pinned, st.peak_pinned)
                     peak_inflight = max(peak_inflight, st.peak_inflight)
+                    if progress:
+                        progress.stage(took)
             table = np.zeros(p * mine.size, np.float64)
             comm.allgather(mine, table, algorithm="ring")
             peaks = np.zeros(2 * p, np.float64)

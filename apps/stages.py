@@ -2,45 +2,39 @@
 stage sends, the check of what arrived, and the output format (JSON lines; `#` lines are for
 people). One parser (parse_output) reads the output of either app.
 
-Runs on the nodes with the system Python and numpy; no rxelab or MPI import here.
+Runs on the nodes with the system Python and numpy; of rxelab only its pure-Python
+description of the collectives (rxelab.ops), no RDMA and no MPI import here.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+from rxelab import ops
 
-OPS = ("allgather", "alltoall")
+OPS = tuple(ops.COLLECTIVES)
 DEFAULT_STAGES = 10
 DEFAULT_SIZE = 4096
 
 
-def stage_block(stage: int, src: int, dst: int, m: int) -> np.ndarray:
-    """The m bytes rank src sends rank dst in a stage (allgather: dst is ignored)."""
-    return ((np.arange(m, dtype=np.uint32) * 13 + stage * 101 + src * 7 + dst * 3) & 0xFF).astype(np.uint8)
-
-
-def send_buffer(op: str, stage: int, rank: int, p: int, m: int) -> np.ndarray:
-    if op == "allgather":
-        return stage_block(stage, rank, 0, m)
-    parts = [stage_block(stage, rank, d, m) for d in range(p)]
-    return np.concatenate(parts) if m else np.zeros(0, np.uint8)
-
-
-def expected(op: str, stage: int, rank: int, p: int, m: int) -> np.ndarray:
-    dst = 0 if op == "allgather" else rank
-    parts = [stage_block(stage, s, dst, m) for s in range(p)]
-    return np.concatenate(parts) if m else np.zeros(0, np.uint8)
+def buffers(op: str, stage: int, rank: int, p: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """What a rank sends in a stage and what it must end up with (rxelab.ops' test data, the
+    stage number as salt). size: bytes per peer (alltoall, allgather), of the vector
+    (allreduce, bcast) or of each rank's result block (reduce_scatter)."""
+    dtype = ops.dtype_for(op)
+    return ops.COLLECTIVES[op].data(rank, p, size // np.dtype(dtype).itemsize, dtype, stage, "sum")
 
 
 def arguments(description: str, algorithms: Iterable[str], default_algorithm: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--op", choices=OPS, default="allgather",
-                    help="allgather (the seed's all-to-all broadcast, default) or alltoall")
+                    help="allgather (the seed's all-to-all broadcast, default), alltoall, "
+                         "allreduce, reduce_scatter or bcast (reductions move float32 sums)")
     ap.add_argument("--stages", type=int, default=DEFAULT_STAGES,
                     help=f"how many times the collective runs (the seed used 100, 1000, 10000; "
                          f"default {DEFAULT_STAGES})")
@@ -57,6 +51,9 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         ap.error("--stages must be at least 1")
     if args.size < 0:
         ap.error("--size must be 0 or more")
+    item = np.dtype(ops.dtype_for(args.op)).itemsize
+    if args.size % item:
+        ap.error(f"--size of {args.op} must be a multiple of {item} (float32 elements)")
     if args.warmup < 0:
         ap.error("--warmup must be 0 or more")
 
@@ -86,6 +83,24 @@ def report(app: str, args: argparse.Namespace, p: int, table: np.ndarray, extra:
     return lines
 
 
+class Progress:
+    """Rank 0 says how far it got, at most once a second, so a run stopped at its deadline
+    still leaves figures: stages done and the time they took (rank 0's own clock)."""
+
+    def __init__(self, app: str, every: float = 1.0) -> None:
+        self.app, self.every = app, every
+        self.done, self.seconds, self.last = 0, 0.0, time.monotonic()
+
+    def stage(self, seconds: float) -> None:
+        self.done += 1
+        self.seconds += seconds
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            print(json.dumps({"record": "progress", "app": self.app, "stages_done": self.done,
+                              "seconds": self.seconds}), flush=True)
+
+
 def parse_output(text: str) -> list[dict[str, Any]]:
     """Records from either app's output (launcher prefixes like `[0] ` are allowed)."""
     records = []
@@ -97,6 +112,6 @@ def parse_output(text: str) -> list[dict[str, Any]]:
                 rec = json.loads(body)
             except json.JSONDecodeError:
                 continue
-            if isinstance(rec, dict) and rec.get("record") in ("stage", "summary"):
+            if isinstance(rec, dict) and rec.get("record") in ("stage", "summary", "progress"):
                 records.append(rec)
     return records

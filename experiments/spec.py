@@ -4,7 +4,7 @@
     description = "..."
     [[runs]]
     app = "rxelab"            # rxelab | mpi | perftest
-    op = "allgather"          # allgather | alltoall            (rxelab, mpi)
+    op = "allgather"          # allgather | alltoall | allreduce | reduce_scatter | bcast
     algorithms = ["star"]     # rxelab: the library's; mpi: mpi-default|mpi-linear|mpi-pairwise|
                               #   mpi-ring|mpi-bruck (forced through Open MPI's coll_tuned)
     tools = ["ib_write_bw"]   # perftest: ib_write_bw | ib_send_bw | ib_send_lat
@@ -12,10 +12,19 @@
     sizes = [1024, 65536]     # bytes per peer
     stages = 10               # repetitions (perftest: iterations)
     warmup = 1
-    transport = "tcp"         # mpi: tcp | ucx
+    transport = ["ucx", "tcp"]  # mpi: Open MPI over UCX on the RDMA device, and/or over TCP
     sample_load = false       # sample each node's data NIC counters during the run
+    netem = [{}, {loss = 1}]  # impairments of the data NICs, one case each (experiments/netem.py)
+    mtu = [1500, 9000]        # data NIC MTU for the case (default: as provisioned)
+    timeout_s = 300           # a case's deadline (default: grows with the work)
+    qp_timeout = 14           # rxelab: RC ACK timeout exponent (4.096 us * 2^n), 1..31
+    retry_cnt = 7             # rxelab: RC retransmissions before an error, 0..7
+    eager_limit = 0           # rxelab: blocks up to this many bytes go eagerly (0: never)
+    ranks_per_node = 2        # rxelab: ranks on each node (default 1)
+    pairs = [1, 2, 15]        # rxelab sequential: at most this many pairs at once, a case each
 
-An unknown key or an impossible value is an error that names the file, the run and the key.
+A list-valued key (transport, netem, mtu) makes one case per value. An unknown key or an
+impossible value is an error that names the file, the run and the key.
 """
 
 from __future__ import annotations
@@ -26,20 +35,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rxelab import ops
+
+from experiments import netem
+
 SPECS = Path(__file__).resolve().parent / "specs"
 APPS = ("rxelab", "mpi", "perftest")
-OPS = ("allgather", "alltoall")
-RXELAB_ALGORITHMS = {"allgather": ("star", "ring", "sequential"),
-                     "alltoall": ("sequential", "pairwise", "parallel")}
+OPS = tuple(ops.COLLECTIVES)
+RXELAB_ALGORITHMS = {name: c.algorithms for name, c in ops.COLLECTIVES.items()}
 # Open MPI coll_tuned algorithm numbers (ompi/mca/coll/tuned): what each label forces.
 MPI_ALGORITHMS = {
     "allgather": {"mpi-default": None, "mpi-linear": 1, "mpi-bruck": 2, "mpi-ring": 4},
     "alltoall": {"mpi-default": None, "mpi-linear": 1, "mpi-pairwise": 2, "mpi-bruck": 3},
+    "allreduce": {"mpi-default": None, "mpi-recursive-doubling": 3, "mpi-ring": 4},
+    "reduce_scatter": {"mpi-default": None},
+    "bcast": {"mpi-default": None, "mpi-binomial": 6},
 }
 TOOLS = ("ib_write_bw", "ib_send_bw", "ib_send_lat")
-TRANSPORTS = ("tcp", "ucx")
+TRANSPORTS = ("ucx", "tcp")
 KEYS = {"app", "op", "algorithms", "tools", "nodes", "sizes", "stages", "warmup", "transport",
-        "sample_load"}
+        "sample_load", "netem", "mtu", "timeout_s", "qp_timeout", "retry_cnt", "eager_limit",
+        "ranks_per_node", "pairs"}
+RXELAB_ONLY = {"qp_timeout": (1, 31), "retry_cnt": (0, 7), "eager_limit": (0, 65536),
+               "ranks_per_node": (1, 8)}
+MTU_RANGE = (1280, 9000)
 
 
 class SpecError(Exception):
@@ -55,15 +74,25 @@ class Run:
     sizes: tuple[int, ...]
     stages: int
     warmup: int
-    transport: str
+    transports: tuple[str | None, ...]
     sample_load: bool
+    netem: tuple[dict[str, Any], ...] = ({},)
+    mtus: tuple[int | None, ...] = (None,)
+    timeout_s: int | None = None
+    options: tuple[tuple[str, int], ...] = ()  # rxelab: qp_timeout, retry_cnt, ...
+    pairs: tuple[int | None, ...] = (None,)
 
     def cases(self) -> list[dict[str, Any]]:
-        """One case per (nodes, algorithm or tool, size), in a stable order."""
+        """One case per (nodes, mtu, impairment, transport, algorithm or tool, size), in a
+        stable order."""
         return [{"app": self.app, "op": self.op, "algorithm": a, "nodes": n, "size": s,
-                 "stages": self.stages, "warmup": self.warmup, "transport": self.transport,
-                 "sample_load": self.sample_load}
-                for n in self.nodes for a in self.algorithms for s in self.sizes]
+                 "stages": self.stages, "warmup": self.warmup, "transport": t,
+                 "sample_load": self.sample_load, "netem": dict(imp), "mtu": mtu,
+                 "timeout_s": self.timeout_s, **dict(self.options),
+                 **({"pairs": k} if k is not None else {})}
+                for n in self.nodes for mtu in self.mtus for imp in self.netem
+                for t in self.transports for a in self.algorithms for k in self.pairs
+                for s in self.sizes]
 
 
 @dataclass(frozen=True)
@@ -79,6 +108,20 @@ class Spec:
     @property
     def max_nodes(self) -> int:
         return max(n for r in self.runs for n in r.nodes)
+
+
+def contender(case: dict[str, Any]) -> str:
+    """Who ran a case: rxelab, mpi-ucx, mpi-tcp or perftest (what a reader compares); an
+    rxelab run with its own eager limit says so (rxelab-eager0: rendezvous only)."""
+    if case["app"] == "mpi":
+        return f"mpi-{case['transport']}"
+    if case["app"] == "rxelab" and case.get("eager_limit") is not None:
+        return f"rxelab-eager{case['eager_limit']}"
+    return str(case["app"])
+
+
+def ranks(case: dict[str, Any]) -> int:
+    return int(case["nodes"]) * int(case.get("ranks_per_node") or 1)
 
 
 def find(name_or_path: str) -> Path:
@@ -176,17 +219,54 @@ def parse(doc: dict[str, Any], source: str = "spec") -> Spec:
         nodes = _ints(r, w, bad, "nodes", 1, [2])
         if app == "perftest" and any(n != 2 for n in nodes):
             bad(f"{w}.nodes", "perftest measures one link: nodes = [2]")
-        transport = r.get("transport", "tcp")
-        if transport not in TRANSPORTS:
-            bad(f"{w}.transport", f"must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
-        if app != "mpi" and "transport" in r:
+        transports: tuple[str | None, ...] = (None,)
+        if app == "mpi":
+            value = r.get("transport", list(TRANSPORTS))
+            value = [value] if isinstance(value, str) else value
+            if not isinstance(value, list) or not value or any(t not in TRANSPORTS for t in value):
+                bad(f"{w}.transport", f"must be one of {', '.join(TRANSPORTS)} or a list of them, "
+                                      f"not {r.get('transport')!r}")
+            else:
+                transports = tuple(value)
+        elif "transport" in r:
             bad(f"{w}.transport", "only mpi runs choose a transport")
         sample = r.get("sample_load", False)
         if not isinstance(sample, bool):
             bad(f"{w}.sample_load", "must be true or false")
+        impairments = r.get("netem", [{}])
+        if not isinstance(impairments, list) or not impairments:
+            bad(f"{w}.netem", "must be a non-empty list of tables, e.g. [{}, {loss = 1.0}]")
+            impairments = [{}]
+        for k, imp in enumerate(impairments):
+            for problem in netem.problems(imp):
+                bad(f"{w}.netem[{k}]", problem)
+        mtus: tuple[int | None, ...] = (None,)
+        if "mtu" in r:
+            mtus = _ints(r, w, bad, "mtu", MTU_RANGE[0])
+            if any(m > MTU_RANGE[1] for m in mtus):
+                bad(f"{w}.mtu", f"must be from {MTU_RANGE[0]} to {MTU_RANGE[1]}")
+        timeout = _one(r, w, bad, "timeout_s", 10, 0) if "timeout_s" in r else None
+        options = []
+        for key, (low, high) in RXELAB_ONLY.items():
+            if key in r:
+                if app != "rxelab":
+                    bad(f"{w}.{key}", "only rxelab runs take it")
+                elif _one(r, w, bad, key, low, low) > high:
+                    bad(f"{w}.{key}", f"must be from {low} to {high}")
+                else:
+                    options.append((key, r[key]))
+        pairs: tuple[int | None, ...] = (None,)
+        if "pairs" in r:
+            if app != "rxelab" or any(a != "sequential" for a in names) \
+                    or op not in ("alltoall", "allgather"):
+                bad(f"{w}.pairs", "only rxelab's sequential alltoall and allgather take pairs")
+            else:
+                pairs = _ints(r, w, bad, "pairs", 1)
         runs.append(Run(app, op if app != "perftest" else "link", tuple(names), nodes,
                         _ints(r, w, bad, "sizes", 0), _one(r, w, bad, "stages", 1, 10),
-                        _one(r, w, bad, "warmup", 0, 1), transport, bool(sample)))
+                        _one(r, w, bad, "warmup", 0, 1), transports, bool(sample),
+                        tuple(dict(i) for i in impairments if isinstance(i, dict)) or ({},),
+                        mtus or (None,), timeout, tuple(options), pairs or (None,)))
     if problems:
         raise SpecError(f"{source} is not a valid experiment spec:\n  " + "\n  ".join(problems))
     return Spec(str(name), str(doc.get("description", "")), tuple(runs), source)

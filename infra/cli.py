@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from infra import images, inventory, lab, network, status, terraform, vm
+from infra import images, inventory, lab, network, settings, status, terraform, vm
 from infra import run as runner
 from infra.config import DataNet, Image, LabConfig, default_state_dir
 from infra.errors import LabError
@@ -23,24 +23,14 @@ from infra.state import LabState
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", default=os.environ.get("NODES") or "3")
-    p.add_argument("--image", default=os.environ.get("IMAGE") or "auto")
-    p.add_argument("--accel", default=os.environ.get("ACCEL") or "auto")
-    p.add_argument("--mem-mb", default=os.environ.get("MEM_MB") or "1024")
-    p.add_argument("--data-net", default=os.environ.get("DATA_NET") or "auto")
-    p.add_argument("--lab", default=os.environ.get("LAB") or "rxelab")
-    p.add_argument("--ssh-port-base", default=os.environ.get("SSH_PORT_BASE") or "2220")
+    for s in settings.LAB_SETTINGS:
+        p.add_argument(s.flag, dest=s.field, default=s.from_env(), metavar=s.name,
+                       help=f"{s.help} (default {s.default}; or {s.name}=...)")
 
 
 def _config(args: argparse.Namespace) -> LabConfig:
-    try:
-        port_base = int(args.ssh_port_base)
-    except ValueError:
-        raise LabError(f"SSH_PORT_BASE={args.ssh_port_base!r} is not a whole number") from None
     return LabConfig.from_strings(
-        nodes=args.nodes, image=args.image, accel=args.accel, mem_mb=args.mem_mb,
-        data_net=args.data_net, lab=args.lab, ssh_port_base=port_base, state_dir=args.state_dir,
-    )
+        state_dir=args.state_dir, **{s.field: getattr(args, s.field) for s in settings.LAB_SETTINGS})
 
 
 def parser() -> argparse.ArgumentParser:

@@ -6,62 +6,37 @@ nowhere else, so Terraform, the VM launcher, cloud-init and the inventory cannot
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
 import re
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
+from infra import settings
 from infra.errors import LabError
+from infra.settings import Accel, DataNet, Image
+
+__all__ = ["Accel", "DataNet", "Image", "LabConfig", "Node", "REPO"]
 
 REPO = Path(__file__).resolve().parent.parent
-MIN_NODES, MAX_NODES = 2, 8
-MIN_MEM_MB, MAX_MEM_MB = 384, 16384
 VM_USER = "lab"  # not "rdma": rdma-core owns that group and useradd would fail
 RDMA_DEVICE = "rxe0"
 RDMA_PORT = 1
 GID_INDEX = 1  # the IPv4-mapped RoCEv2 GID; index 0 is the link-local one
-
-
-class Image(StrEnum):
-    AUTO = "auto"
-    UBUNTU = "ubuntu-24.04"
-    DEBIAN = "debian-12"
-
-
-class Accel(StrEnum):
-    AUTO = "auto"
-    KVM = "kvm"
-    TCG = "tcg"
-
-
-class DataNet(StrEnum):
-    """How the isolated data segment is made: a bridge in our own netns (root) or vde_switch."""
-
-    AUTO = "auto"
-    BRIDGE = "bridge"
-    VDE = "vde"
-
-
-def _choice(enum: type[StrEnum], value: str, what: str) -> StrEnum:
-    try:
-        return enum(value)
-    except ValueError:
-        allowed = "|".join(e.value for e in enum)
-        raise LabError(f"unknown {what} {value!r}", hint=f"use one of {allowed}") from None
+VDE_MAX_MTU = 1500  # vde_switch's packet buffer (VDE_MTU 1504) holds no bigger frame
 
 
 def default_state_dir() -> Path:
-    return Path(os.environ.get("RXELAB_STATE") or REPO / ".lab").resolve()
+    return Path(str(settings.value("RXELAB_STATE") or REPO / ".lab")).resolve()
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("RXELAB_CACHE") or os.path.join(
+    base = settings.value("RXELAB_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "rxelab"
     )
-    return Path(base).resolve()
+    return Path(str(base)).resolve()
 
 
 @dataclass(frozen=True)
@@ -79,64 +54,42 @@ class Node:
 
 @dataclass(frozen=True)
 class LabConfig:
+    """One lab. Its fields and their ranges are declared in infra/settings.py."""
+
     nodes: int = 3
     image: Image = Image.AUTO
     accel: Accel = Accel.AUTO
     mem_mb: int = 1024
     data_net: DataNet = DataNet.AUTO
+    mtu: int = 9000
     lab: str = "rxelab"
     ssh_port_base: int = 2220
     subnet: str = "10.10.0.0/24"
     state_dir: Path = field(default_factory=default_state_dir)
 
     def __post_init__(self) -> None:
-        if not MIN_NODES <= self.nodes <= MAX_NODES:
-            raise LabError(
-                f"NODES={self.nodes} is out of range", hint=f"use {MIN_NODES}..{MAX_NODES}"
-            )
-        if not MIN_MEM_MB <= self.mem_mb <= MAX_MEM_MB:
-            raise LabError(
-                f"MEM_MB={self.mem_mb} is out of range", hint=f"use {MIN_MEM_MB}..{MAX_MEM_MB}"
-            )
+        for s in settings.LAB_SETTINGS:
+            if s.kind is int:
+                s.parse(getattr(self, s.field))  # raises naming the setting and its range
         if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", self.lab):
             raise LabError(
                 f"lab name {self.lab!r} is not usable",
                 hint="1-8 lower-case letters or digits, starting with a letter",
             )
-        if not 1024 <= self.ssh_port_base <= 65535 - MAX_NODES:
-            raise LabError(f"SSH port base {self.ssh_port_base} is out of range")
         net = ipaddress.ip_network(self.subnet, strict=True)
         if net.num_addresses < 32:
             raise LabError(f"data subnet {self.subnet} is too small", hint="use a /27 or larger")
 
     @classmethod
-    def from_strings(
-        cls,
-        *,
-        nodes: str | int = 3,
-        image: str = "auto",
-        accel: str = "auto",
-        mem_mb: str | int = 1024,
-        data_net: str = "auto",
-        **rest: object,
-    ) -> LabConfig:
-        """Build from user-typed values (Make variables, CLI flags) with clear errors."""
-
-        def integer(value: str | int, what: str) -> int:
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                raise LabError(f"{what}={value!r} is not a whole number",
-                               hint=f"give {what} as digits only") from None
-
-        return cls(
-            nodes=integer(nodes, "NODES"),
-            image=Image(_choice(Image, image, "IMAGE")),
-            accel=Accel(_choice(Accel, accel, "ACCEL")),
-            mem_mb=integer(mem_mb, "MEM_MB"),
-            data_net=DataNet(_choice(DataNet, data_net, "DATA_NET")),
-            **rest,  # type: ignore[arg-type]
-        )
+    def from_strings(cls, *, state_dir: Path | None = None, **typed: str | int) -> LabConfig:
+        """Build from user-typed values (Make variables, CLI flags), keyed by field name, with
+        clear errors; missing ones take the table's defaults."""
+        by_field = {s.field: s for s in settings.LAB_SETTINGS}
+        unknown = sorted(typed.keys() - by_field.keys())
+        if unknown:
+            raise LabError(f"unknown lab settings {unknown}")
+        values = {f: s.parse(typed.get(f, s.default)) for f, s in by_field.items()}
+        return cls(**values, **({"state_dir": state_dir} if state_dir else {}))  # type: ignore[arg-type]
 
     # ---- derived names -------------------------------------------------------------
     @property
@@ -186,6 +139,4 @@ class LabConfig:
 
 def _lab_byte(lab: str) -> int:
     """A stable byte per lab name so two labs on one host never share MAC addresses."""
-    import hashlib
-
     return hashlib.sha256(lab.encode()).digest()[0]

@@ -21,16 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra import run as runner
+from infra import settings
 from infra.config import Image, cache_dir
 from infra.errors import LabError
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_DISK_SIZE = "3G"
-DEBIAN_SOURCES = Path(os.environ.get("RXELAB_APT_SOURCES", "/etc/apt/sources.list.d/debian.sources"))
-UBUNTU_URL = os.environ.get(
-    "RXELAB_UBUNTU_URL", "https://cloud-images.ubuntu.com/releases/noble/release/"
-)
 UBUNTU_FILE = "ubuntu-24.04-server-cloudimg-amd64.img"
 # What cloud-init installs on first boot of the Ubuntu image (Debian has them baked in).
 UBUNTU_PACKAGES = [
@@ -158,9 +155,10 @@ def ensure_debian() -> BaseImage:
         print(f"image: debian-12 found in cache ({dest})", flush=True)
         return cached
     runner.require("mmdebstrap", "mkfs.ext4")
-    if not DEBIAN_SOURCES.exists():
+    sources = Path(str(settings.value("RXELAB_APT_SOURCES")))
+    if not sources.exists():
         raise LabError(
-            f"no apt sources file at {DEBIAN_SOURCES} to take the Debian mirror from",
+            f"no apt sources file at {sources} to take the Debian mirror from",
             hint="set RXELAB_APT_SOURCES to a deb822 .sources file naming a Debian mirror",
         )
     debs = cache_dir() / "debs"
@@ -181,7 +179,7 @@ def ensure_debian() -> BaseImage:
                 f'--customize-hook={RECIPES / "debian-12" / "customize.sh"} "$1"',
                 DEBIAN_SUITE,
                 tar,
-                DEBIAN_SOURCES,
+                sources,
             ],
             prefix="image: ",
             timeout=1800,
@@ -251,7 +249,8 @@ def _fresh_build_dir(name: str) -> Path:
 
 
 # ---- Ubuntu, downloaded on request --------------------------------------------------------
-def ensure_ubuntu(base_url: str = UBUNTU_URL) -> BaseImage:
+def ensure_ubuntu(base_url: str | None = None) -> BaseImage:
+    base_url = base_url or str(settings.value("RXELAB_UBUNTU_URL"))
     cached = cached_ubuntu()
     if cached is not None:
         print(f"image: ubuntu-24.04 found in cache ({cached.disk})", flush=True)

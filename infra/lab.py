@@ -11,7 +11,7 @@ import shutil
 import time
 
 from infra import accel as accel_mod
-from infra import images, inventory, network, readiness, seed, vm
+from infra import images, inventory, network, readiness, seed, settings, vm
 from infra import run as runner
 from infra.config import Accel, LabConfig
 from infra.errors import LabError
@@ -23,8 +23,10 @@ def configure(config: LabConfig, state: LabState) -> LabConfig:
     """Validate, resolve IMAGE=auto, record the config and make keys and seeds."""
     kind, why = images.resolve(config.image)
     print(why, flush=True)
-    resolved = LabConfig(**{**vars(config), "image": kind,
-                            "data_net": network.resolve(config.data_net)})
+    data_net = network.resolve(config.data_net)
+    mtu, why_mtu = network.resolve_mtu(data_net, config.mtu)
+    print(why_mtu, flush=True)
+    resolved = LabConfig(**{**vars(config), "image": kind, "data_net": data_net, "mtu": mtu})
     state.root.mkdir(parents=True, exist_ok=True)
     state.save_config(resolved)
     seed.make_seeds(resolved, state, instance_tag=f"{int(time.time())}")
@@ -64,8 +66,8 @@ def node_down(state: LabState, index: int) -> None:
 
 
 def boot_timeout(config: LabConfig, accel: Accel) -> float:
-    if env := os.environ.get("RXELAB_BOOT_TIMEOUT"):
-        return float(env)
+    if (chosen := settings.value("RXELAB_BOOT_TIMEOUT")) is not None:
+        return float(chosen)  # type: ignore[arg-type]
     # Measured under TCG on 2 cores: 3 nodes are ready in ~150 s, and boots share the cores.
     return 240 + 90 * config.nodes if accel is Accel.TCG else 300
 

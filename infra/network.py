@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from infra import run as runner
-from infra.config import DataNet, LabConfig, Node
+from infra.config import VDE_MAX_MTU, DataNet, LabConfig, Node
 from infra.errors import LabError
 from infra.state import LabState
 
@@ -26,6 +26,21 @@ def resolve(requested: DataNet) -> DataNet:
         raise LabError("DATA_NET=bridge needs root (taps and a network namespace)",
                        hint="run as root, or use DATA_NET=vde (no root needed)")
     return requested
+
+
+def resolve_mtu(kind: DataNet, mtu: int) -> tuple[int, str]:
+    """The MTU the segment can carry, and a line that says what rxe gets from it."""
+    if kind is DataNet.VDE and mtu > VDE_MAX_MTU:
+        return VDE_MAX_MTU, (f"MTU: {VDE_MAX_MTU}, not {mtu}: vde_switch forwards frames of at most "
+                             f"{VDE_MAX_MTU} bytes of payload (use DATA_NET=bridge, as root, for "
+                             f"jumbo frames); rxe path MTU {rxe_path_mtu(VDE_MAX_MTU)}")
+    return mtu, f"MTU: {mtu} on the data network; rxe path MTU {rxe_path_mtu(mtu)}"
+
+
+def rxe_path_mtu(mtu: int) -> int:
+    """The largest InfiniBand MTU whose RoCEv2 packet (payload + IPv4/UDP/BTH/ICRC headers,
+    at most 96 bytes with the extended headers) fits the netdev's MTU, as rxe picks it."""
+    return max((m for m in (256, 512, 1024, 2048, 4096) if m + 96 <= mtu), default=256)
 
 
 def vde_socket(state: LabState) -> Path:
@@ -40,7 +55,7 @@ def up(config: LabConfig, state: LabState) -> None:
         ns, br = config.netns, config.bridge
         runner.run(["ip", "netns", "add", ns])
         runner.run(["ip", "-n", ns, "link", "set", "lo", "up"])
-        runner.run(["ip", "-n", ns, "link", "add", br, "type", "bridge",
+        runner.run(["ip", "-n", ns, "link", "add", br, "mtu", str(config.mtu), "type", "bridge",
                     "stp_state", "0", "forward_delay", "0", "mcast_snooping", "0"])
         runner.run(["ip", "-n", ns, "link", "set", br, "up"])
         print(f"network: bridge {br} in namespace {ns}", flush=True)
@@ -90,14 +105,15 @@ def before_vm(config: LabConfig, node: Node) -> None:
     if resolve(config.data_net) is DataNet.BRIDGE:
         runner.run(["ip", "link", "del", node.tap], check=False)
         runner.run(["ip", "tuntap", "add", "dev", node.tap, "mode", "tap"])
+        runner.run(["ip", "link", "set", node.tap, "mtu", str(config.mtu)])
 
 
 def after_vm(config: LabConfig, node: Node) -> None:
     """qemu holds the tap open now: move it into the lab's namespace, onto the bridge."""
     if resolve(config.data_net) is DataNet.BRIDGE:
         runner.run(["ip", "link", "set", node.tap, "netns", config.netns])
-        runner.run(["ip", "-n", config.netns, "link", "set", node.tap, "master", config.bridge,
-                    "up"])
+        runner.run(["ip", "-n", config.netns, "link", "set", node.tap, "mtu", str(config.mtu),
+                    "master", config.bridge, "up"])
 
 
 def remove_tap(config: LabConfig, node: Node) -> None:

@@ -72,6 +72,7 @@ def render(
         "node": node,
         "nodes": [NodeView(n.name, n.data_ip, host_keys[n.name].public) for n in config.all_nodes()],
         "prefixlen": config.prefixlen,
+        "mtu": config.mtu,
         "user": VM_USER,
         "rdma_device": RDMA_DEVICE,
         "gid_index": GID_INDEX,

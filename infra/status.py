@@ -14,7 +14,11 @@ from infra.ssh import ssh_run
 
 PROBE = (
     "cat /sys/class/infiniband/{dev}/ports/{port}/state 2>/dev/null || echo missing; "
-    "ip -4 -br addr show 2>/dev/null | grep -q ' {ip}/' && echo has-ip || echo no-ip"
+    "ip -4 -br addr show 2>/dev/null | grep -q ' {ip}/' && echo has-ip || echo no-ip; "
+    # the netdev under the GID, its MTU, and the RDMA port's active MTU
+    "nd=$(cat /sys/class/infiniband/{dev}/ports/{port}/gid_attrs/ndevs/{gid} 2>/dev/null); "
+    "echo \"mtu ${{nd:-?}} $(cat /sys/class/net/$nd/mtu 2>/dev/null || echo ?) "
+    "$(ibv_devinfo -d {dev} -i {port} 2>/dev/null | sed -n 's/.*active_mtu:[^0-9]*\\([0-9]*\\).*/\\1/p')\""
 )
 
 
@@ -24,19 +28,29 @@ class NodeStatus:
     state: str  # running | unreachable | stopped
     rdma: str
     data_ip_ok: bool
+    mtu: str = "-"  # "data0 9000 / rxe 4096"
 
 
 def probe(host: Host, running: bool | None) -> NodeStatus:
     if running is False:
         return NodeStatus(host, "stopped", "-", False)
-    r = ssh_run(host, PROBE.format(dev=host.rdma.device, port=host.rdma.port, ip=host.data_ip),
-                timeout=20, check=False)
+    r = ssh_run(host, PROBE.format(dev=host.rdma.device, port=host.rdma.port, ip=host.data_ip,
+                                   gid=host.rdma.gid_index), timeout=20, check=False)
     if r.returncode != 0:
         return NodeStatus(host, "unreachable", "?", False)
     lines = r.stdout.split("\n")
     port_state = lines[0].strip()  # e.g. "4: ACTIVE"
     rdma = "missing" if port_state == "missing" else port_state.split(":")[-1].strip()
-    return NodeStatus(host, "running", rdma, "has-ip" in r.stdout)
+    return NodeStatus(host, "running", rdma, "has-ip" in r.stdout, parse_mtu(r.stdout))
+
+
+def parse_mtu(text: str) -> str:
+    """The probe's `mtu NETDEV MTU ACTIVE_MTU` line, as the status table shows it."""
+    for line in text.splitlines():
+        f = line.split()
+        if f[:1] == ["mtu"] and len(f) >= 3:
+            return f"{f[1]} {f[2]} / rdma {f[3] if len(f) > 3 else '?'}"
+    return "?"
 
 
 def collect(inv: Inventory, running: dict[str, bool] | None = None) -> list[NodeStatus]:
@@ -47,7 +61,7 @@ def collect(inv: Inventory, running: dict[str, bool] | None = None) -> list[Node
 
 def show(rows: list[NodeStatus], console: Console | None = None) -> None:
     table = Table(title="rxelab nodes")
-    for col in ("node", "state", "SSH endpoint", "data IP", "RDMA device", "port state"):
+    for col in ("node", "state", "SSH endpoint", "data IP", "RDMA device", "port state", "MTU"):
         table.add_column(col)
     for s in rows:
         h = s.host
@@ -59,6 +73,7 @@ def show(rows: list[NodeStatus], console: Console | None = None) -> None:
             h.data_ip + ("" if s.data_ip_ok or s.state != "running" else " (not set!)"),
             f"{h.rdma.device}/{h.rdma.port} gid {h.rdma.gid_index}",
             f"[{style}]{s.rdma}[/{style}]",
+            s.mtu,
         )
     # Not a terminal (CI, Terraform, a pipe): rich would squeeze the table into 80 columns.
     (console or Console(width=None if sys.stdout.isatty() else 120)).print(table)

@@ -12,9 +12,11 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 
 from infra import run as runner
+from infra import settings
 from infra.config import REPO, LabConfig
 from infra.state import LabState, write_atomic
 
@@ -25,17 +27,10 @@ PREFIX = re.compile(r"^terraform_data\.[\w\[\]\d]+ \(local-exec\): ")
 
 
 def variables(config: LabConfig) -> dict[str, object]:
-    return {
-        "nodes": config.nodes,
-        "image": config.image.value,
-        "accel": config.accel.value,
-        "mem_mb": config.mem_mb,
-        "data_net": config.data_net.value,
-        "lab": config.lab,
-        "ssh_port_base": config.ssh_port_base,
-        "state_dir": str(config.state_dir),
-        "python": sys.executable,
-    }
+    """The lab settings (infra/settings.py), plus where state lives and which Python runs."""
+    values = {s.field: getattr(config, s.field) for s in settings.LAB_SETTINGS}
+    return {**{k: v.value if isinstance(v, StrEnum) else v for k, v in values.items()},
+            "state_dir": str(config.state_dir), "python": sys.executable}
 
 
 def _env(state: LabState) -> dict[str, str]:

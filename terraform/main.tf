@@ -12,6 +12,7 @@ locals {
     accel         = var.accel
     mem_mb        = var.mem_mb
     data_net      = var.data_net
+    mtu           = var.mtu
     lab           = var.lab
     ssh_port_base = var.ssh_port_base
   }
@@ -27,7 +28,7 @@ resource "terraform_data" "lab" {
     command = join(" ", [
       self.input.infra, "configure",
       "--nodes", var.nodes, "--image", var.image, "--accel", var.accel,
-      "--mem-mb", var.mem_mb, "--data-net", var.data_net, "--lab", var.lab,
+      "--mem-mb", var.mem_mb, "--data-net", var.data_net, "--mtu", var.mtu, "--lab", var.lab,
       "--ssh-port-base", var.ssh_port_base,
     ])
   }

@@ -48,6 +48,16 @@ variable "data_net" {
   }
 }
 
+variable "mtu" {
+  description = "Data network MTU (rxe path MTU 4096 at 9000, 1024 at 1500; vde carries 1500 at most)."
+  type        = number
+  default     = 9000
+  validation {
+    condition     = var.mtu >= 1280 && var.mtu <= 9000 && floor(var.mtu) == var.mtu
+    error_message = "The mtu variable must be a whole number from 1280 to 9000."
+  }
+}
+
 variable "lab" {
   description = "Lab name: names the namespace, taps and MAC addresses, so labs do not clash."
   type        = string
@@ -58,6 +68,10 @@ variable "ssh_port_base" {
   description = "Node i's SSH is forwarded from 127.0.0.1:(ssh_port_base + i)."
   type        = number
   default     = 2220
+  validation {
+    condition     = var.ssh_port_base >= 1024 && var.ssh_port_base <= 65527
+    error_message = "The ssh_port_base variable must be from 1024 to 65527."
+  }
 }
 
 variable "state_dir" {

@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rxelab.errors import ClosedError, ConfigError, PeerError, ProtocolError, RdmaError
+from rxelab.ops import COLLECTIVES
 
-ALLTOALL_ALGORITHMS = ("sequential", "pairwise", "parallel")
-ALLGATHER_ALGORITHMS = ("star", "ring", "sequential")
+ALLTOALL_ALGORITHMS = COLLECTIVES["alltoall"].algorithms
+ALLGATHER_ALGORITHMS = COLLECTIVES["allgather"].algorithms
 
 if TYPE_CHECKING:
     from rxelab.comm import Communicator

@@ -30,38 +30,34 @@ from typing import Any
 import numpy as np
 
 import rxelab
+from rxelab import ops
 from rxelab.errors import RdmaError
-from rxelab.selftest import pattern
 
 MB = 1e6
 
 
-def buffers(op: str, rank: int, p: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    empty = np.zeros(0, np.uint8)
-    if op == "alltoall":
-        send = np.concatenate([pattern(rank, d, m) for d in range(p)]) if m else empty
-        want = np.concatenate([pattern(s, rank, m) for s in range(p)]) if m else empty
-    else:
-        send = pattern(rank, rank, m)
-        want = np.concatenate([pattern(s, s, m) for s in range(p)]) if m else empty
-    return send, np.zeros(p * m, np.uint8), want
-
-
-def measure(comm: Any, op: str, algo: str, m: int, iters: int, warmup: int) -> dict[str, Any]:
+def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int) -> dict[str, Any]:
+    """size: bytes as the collective's description counts them (per peer for alltoall and
+    allgather, of the vector for allreduce and bcast, of each result block for reduce_scatter)."""
     p, r = comm.size, comm.rank
-    send, recv, want = buffers(op, r, p, m)
-    call = getattr(comm, op)
+    coll = ops.COLLECTIVES[op]
+    dtype = ops.dtype_for(op)
+    send, want = coll.data(r, p, size // np.dtype(dtype).itemsize, dtype, 0, "sum")
+    recv = np.zeros_like(want)
     times, peak_inflight, peak_pinned = [], 0, 0
     for i in range(warmup + iters):
+        if op == "bcast":  # in place: the root's data again, the others' buffer cleared
+            np.copyto(send, coll.data(r, p, send.size, dtype, 0, "sum")[0])
         recv.fill(0)
         comm.barrier()
         t0 = time.perf_counter()
-        stats = call(send, recv, algorithm=algo)
+        stats = ops.run(comm, op, algo, send, recv)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
             peak_inflight = max(peak_inflight, stats.peak_inflight)
             peak_pinned = max(peak_pinned, stats.peak_pinned)
-    wrong = int(np.count_nonzero(recv != want))
+    got = send if op == "bcast" else recv
+    wrong = int(np.count_nonzero(got != want))
     mine = np.array([float(np.mean(times)), float(np.min(times)), float(np.max(times)),
                      wrong, peak_inflight, peak_pinned], np.float64)
     every = np.zeros(p * mine.size, np.float64)
@@ -69,14 +65,54 @@ def measure(comm: Any, op: str, algo: str, m: int, iters: int, warmup: int) -> d
     rows = every.reshape(p, mine.size)
     avg_per_rank = rows[:, 0]
     t = float(avg_per_rank.max())  # the collective ends when its slowest rank does
-    algbw = (p * m) / t / MB if t > 0 else 0.0
+    algbw = coll.algbw_bytes(size, p) / t / MB if t > 0 else 0.0
     return {
-        "op": op, "algorithm": algo, "size": m, "ranks": p, "iterations": iters, "warmup": warmup,
+        "op": op, "algorithm": algo, "size": size, "ranks": p, "iterations": iters, "warmup": warmup,
         "avg_us": float(avg_per_rank.mean()) * 1e6, "min_us": float(avg_per_rank.min()) * 1e6,
         "max_us": float(avg_per_rank.max()) * 1e6, "algbw_MBps": algbw,
-        "busbw_MBps": algbw * (p - 1) / p if p > 1 else 0.0, "wrong": int(rows[:, 3].sum()),
+        "busbw_MBps": algbw * coll.busbw(p), "wrong": int(rows[:, 3].sum()),
         "peak_inflight": int(rows[:, 4].max()), "peak_pinned": int(rows[:, 5].max()),
     }
+
+
+def compute(seconds: float) -> float:
+    """Work for about `seconds` in numpy (which lets the progress thread run); its duration."""
+    a = np.ones((96, 96))
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a = np.dot(a, a) * 1e-3
+    return time.perf_counter() - t0
+
+
+def overlap(comm: Any, op: str, algo: str, size: int, iters: int) -> dict[str, Any]:
+    """OSU's nonblocking measure: t_pure (the collective alone), t_cpu (compute alone, about
+    t_pure long), t_total (start it, compute, wait); overlap = 100 * (1 - (t_total - t_cpu) /
+    t_pure), how much of the communication the computation hid."""
+    p, r = comm.size, comm.rank
+    coll = ops.COLLECTIVES[op]
+    dtype = ops.dtype_for(op)
+    send, want = coll.data(r, p, size // np.dtype(dtype).itemsize, dtype, 0, "sum")
+    recv = np.zeros_like(want)
+    start = getattr(comm, "i" + op)
+    pure, cpu, total = [], [], []
+    for _ in range(iters):
+        comm.barrier()
+        t0 = time.perf_counter()
+        ops.run(comm, op, algo, send, recv)
+        pure.append(time.perf_counter() - t0)
+    t_pure = float(np.mean(pure))
+    for _ in range(iters):
+        comm.barrier()
+        t0 = time.perf_counter()
+        req = start(send, 0, algorithm=algo) if op == "bcast" else start(send, recv, algorithm=algo)
+        cpu.append(compute(t_pure))
+        req.wait()
+        total.append(time.perf_counter() - t0)
+    t_cpu, t_total = float(np.mean(cpu)), float(np.mean(total))
+    hidden = 100.0 * (1 - (t_total - t_cpu) / t_pure) if t_pure > 0 else 0.0
+    return {"op": op, "algorithm": algo, "size": size, "ranks": p, "iterations": iters,
+            "pure_us": t_pure * 1e6, "cpu_us": t_cpu * 1e6, "total_us": t_total * 1e6,
+            "overlap_pct": max(0.0, min(100.0, hidden))}
 
 
 HEADER = (f"{'# Size':<10}{'Avg Latency(us)':>17}{'Min Latency(us)':>17}{'Max Latency(us)':>17}"
@@ -146,14 +182,15 @@ def preamble(comm: Any, args: argparse.Namespace) -> list[str]:
         f"ranks {comm.size}",
         f"# iterations {args.iterations} (sizes > 64 KiB: {max(2, args.iterations // 4)}), "
         f"warm-up {args.warmup}, window {args.window}, chunk {args.chunk}",
-        "# size = bytes per peer; latency = per-rank average over iterations; "
-        "algbw = size*ranks/time(slowest rank); busbw = algbw*(n-1)/n",
+        "# size = bytes per peer (alltoall, allgather), of the vector (allreduce, bcast), of a "
+        "result block (reduce_scatter); latency = per-rank average over iterations; algbw and "
+        "busbw as nccl-tests define them (busbw = algbw*(n-1)/n; allreduce 2(n-1)/n; bcast 1)",
     ]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--op", choices=["alltoall", "allgather"], default="alltoall")
+    ap.add_argument("--op", choices=list(ops.COLLECTIVES), default="alltoall")
     ap.add_argument("--algorithms", default=None, help="comma-separated (default: all)")
     ap.add_argument("--sizes", default="1,16,1024,16384,65536,262144,1048576")
     ap.add_argument("--iterations", type=int, default=10)
@@ -162,9 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=1 << 20)
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--perftest", action="store_true", help="add ib_write_bw/ib_send_bw rows")
+    ap.add_argument("--overlap", action="store_true",
+                    help="also the nonblocking variant: how much computation hides it (OSU's "
+                         "overlap %%)")
     ap.add_argument("--json", default=None, help="also write JSON lines here (never overwrites)")
     args = ap.parse_args(argv)
-    known = rxelab.ALLTOALL_ALGORITHMS if args.op == "alltoall" else rxelab.ALLGATHER_ALGORITHMS
+    known = ops.COLLECTIVES[args.op].algorithms
     algos = args.algorithms.split(",") if args.algorithms else list(known)
     bad = [a for a in algos if a not in known]
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -187,6 +227,17 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(r)
                     if comm.rank == 0:
                         print(row(r), flush=True)
+            if args.overlap:
+                for algo in algos:
+                    if comm.rank == 0:
+                        print(f"# i{args.op}/{algo}: overlap with computation\n"
+                              f"{'# Size':<10}{'Pure(us)':>14}{'Compute(us)':>14}{'Total(us)':>14}"
+                              f"{'Overlap(%)':>12}", flush=True)
+                    for m in sizes:
+                        o = overlap(comm, args.op, algo, m, max(2, args.iterations // 2))
+                        if comm.rank == 0:
+                            print(f"{m:<10}{o['pure_us']:>14.1f}{o['cpu_us']:>14.1f}"
+                                  f"{o['total_us']:>14.1f}{o['overlap_pct']:>12.1f}", flush=True)
             if args.perftest and comm.size >= 2:
                 for tool in PERFTESTS:
                     if comm.rank == 0:

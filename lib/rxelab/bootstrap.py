@@ -30,6 +30,7 @@ class JobInfo:
     master_addr: str
     master_port: int
     source: str  # which launcher's variables (or "arguments") said so
+    token: str = ""  # the job's secret (our launcher sets RXELAB_JOB_TOKEN): strangers stay out
 
 
 def _int(value: object, name: str) -> int:
@@ -62,18 +63,24 @@ def discover(
             raise ConfigError("rank and world size must be given together",
                               hint="pass both, or set RANK and WORLD_SIZE")
     addr = master_addr or env.get("MASTER_ADDR") or env.get("RXELAB_MASTER_ADDR")
-    port_text = master_port if master_port is not None else (
-        env.get("MASTER_PORT") or env.get("RXELAB_MASTER_PORT") or DEFAULT_PORT)
-    port = _int(port_text, "MASTER_PORT")
+    if master_port is not None:
+        port = _int(master_port, "master_port")
+    elif env.get("RXELAB_MASTER_PORT"):
+        port = _int(env["RXELAB_MASTER_PORT"], "RXELAB_MASTER_PORT")
+    elif env.get("TORCHELASTIC_RUN_ID") and env.get("MASTER_PORT"):
+        # under torchrun MASTER_PORT is torch's own store, listening already: use the next one
+        port = _int(env["MASTER_PORT"], "MASTER_PORT") + 1
+    else:
+        port = _int(env.get("MASTER_PORT") or DEFAULT_PORT, "MASTER_PORT")
     if world_size < 1:
         raise ConfigError(f"world size {world_size} must be at least 1")
     if not 0 <= rank < world_size:
         raise ConfigError(f"rank {rank} is outside 0..{world_size - 1}")
     if not 1 <= port <= 65535:
-        raise ConfigError(f"MASTER_PORT={port} is outside 1..65535")
+        raise ConfigError(f"rendezvous port {port} is outside 1..65535")
     if addr is None:
         if world_size > 1:
             raise ConfigError("no rendezvous address for a job of several ranks",
                               hint="set MASTER_ADDR (rank 0's host) or pass master_addr=")
         addr = "127.0.0.1"
-    return JobInfo(rank, world_size, addr, port, source)
+    return JobInfo(rank, world_size, addr, port, source, env.get("RXELAB_JOB_TOKEN", "")[:64])

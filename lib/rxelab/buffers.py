@@ -44,6 +44,9 @@ def as_buffer(obj: Any, what: str, *, writable: bool = False) -> Buffer:
         arr = np.frombuffer(view, dtype=np.uint8) if view.nbytes else np.zeros(0, np.uint8)
     if not arr.flags.c_contiguous:
         raise ConfigError(f"{what} is not contiguous", hint="pass numpy.ascontiguousarray(x)")
+    if arr.dtype.hasobject:
+        raise ConfigError(f"{what} holds Python objects ({arr.dtype}): only their addresses "
+                          f"would travel", hint="use a numeric dtype")
     if writable and not arr.flags.writeable:
         raise ConfigError(f"{what} is read-only; data cannot be received into it")
     dtype = str(obj.dtype) if isinstance(obj, np.ndarray) else "uint8"
@@ -52,10 +55,15 @@ def as_buffer(obj: Any, what: str, *, writable: bool = False) -> Buffer:
                   bool(arr.flags.writeable))
 
 
-def check_pair(send: Buffer, recv: Buffer, send_bytes: int, recv_bytes: int) -> None:
+def check_pair(send: Buffer, recv: Buffer, send_bytes: int, recv_bytes: int,
+               in_place: bool = False) -> None:
     if isinstance(send.owner, np.ndarray) and isinstance(recv.owner, np.ndarray) \
             and send.dtype != recv.dtype:
         raise ConfigError(f"send buffer is {send.dtype} but receive buffer is {recv.dtype}")
+    if not in_place and send.nbytes and recv.nbytes and send.address < recv.address + recv.nbytes \
+            and recv.address < send.address + send.nbytes:
+        raise ConfigError("the send and receive buffers overlap: peers would write into data "
+                          "not yet sent", hint="pass separate buffers (in place is not supported)")
     if send.nbytes != send_bytes:
         raise ConfigError(f"send buffer has {send.nbytes} bytes, the call needs {send_bytes}")
     if recv.nbytes != recv_bytes:

@@ -9,24 +9,38 @@ experiments need: bytes sent and received, peak pinned memory, peak bytes in fli
 
 from __future__ import annotations
 
+import operator
+import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from rxelab import bootstrap, verbs
+from rxelab import engine as engine_mod
+from rxelab import ops as ops_mod
 from rxelab.buffers import Buffer, as_buffer, check_pair, split_even
-from rxelab.collectives import ALLGATHER, ALLTOALL
+from rxelab.collectives import ALLGATHER, ALLREDUCE, ALLTOALL, BCAST, REDUCE_SCATTER
 from rxelab.collectives.common import DATA, Call, Layout
 from rxelab.engine import RTR, Engine
-from rxelab.errors import ClosedError, ConfigError, RdmaError
+from rxelab.errors import ClosedError, ConfigError, PeerError, ProtocolError, RdmaError
+from rxelab.registry import Registry
 from rxelab.rendezvous import ControlPlane
+from rxelab.requests import ProgressThread, Request
 
 P2P_BIT = 1 << 31
 USER_BIT = 1 << 30
+EAGER_LIMIT = 4096  # bytes; blocks up to this size go eagerly (see engine.py)
+MAX_EAGER = 1 << 16
 
 
-@dataclass(frozen=True)
-class Stats:
+class Stats(NamedTuple):
+    """What one collective did (a NamedTuple: made on every call, so cheap to make)."""
+
     operation: str
     algorithm: str
     bytes_sent: int
@@ -46,13 +60,50 @@ class RemoteBuffer:
     length: int
 
 
+MAX_PLANS = 8
+
+
+class Plan:
+    """A collective call made ready: its checked layout and the algorithm that runs it."""
+
+    __slots__ = ("operation", "algorithm", "name", "run", "layout", "exports")
+
+    def __init__(self, operation: str, algorithm: str, run: Callable[[Call], None],
+                 layout: Layout) -> None:
+        self.operation, self.algorithm, self.run, self.layout = operation, algorithm, run, layout
+        self.name = f"{operation}/{algorithm}"
+        # numpy arrays cannot be resized while referenced; anything else is held by an export
+        self.exports = [memoryview(b.owner) for b in (layout.send, layout.recv)
+                        if not isinstance(b.owner, np.ndarray) and b.nbytes]
+
+    def usable(self) -> bool:
+        recv = self.layout.recv.owner
+        return not isinstance(recv, np.ndarray) or bool(recv.flags.writeable)
+
+
+class _Deferred(Exception):
+    """Carries a checked plan out of a collective method called by its i-variant."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+
+
 class Communicator:
     def __init__(self, job: bootstrap.JobInfo, *, device: str | None = None,
                  port: int | None = None, gid_index: int | None = None, timeout: float = 60.0,
                  window: int = 4 << 20, chunk: int = 1 << 20, pin_limit: int = 1 << 30,
-                 slots: int = 64, send_depth: int = 128) -> None:
+                 slots: int = 64, send_depth: int = 128, qp_timeout: int = verbs.QP_TIMEOUT,
+                 retry_cnt: int = verbs.RETRY_CNT, eager_limit: int = EAGER_LIMIT) -> None:
         if timeout <= 0 or window <= 0 or chunk <= 0:
             raise ConfigError("timeout, window and chunk must be positive")
+        if not (isinstance(qp_timeout, int) and 1 <= qp_timeout <= 31):
+            raise ConfigError(f"qp_timeout={qp_timeout!r}: the RC ACK timeout exponent is 1..31 "
+                              f"(4.096 us * 2^n)")
+        if not (isinstance(eager_limit, int) and 0 <= eager_limit <= MAX_EAGER):
+            raise ConfigError(f"eager_limit={eager_limit!r}: blocks up to this many bytes go "
+                              f"eagerly; 0..{MAX_EAGER} (0: always rendezvous)")
+        if not (isinstance(retry_cnt, int) and 0 <= retry_cnt <= 7):
+            raise ConfigError(f"retry_cnt={retry_cnt!r}: RC retransmissions are 0..7")
         self.rank, self.size = job.rank, job.world_size
         self.job = job
         self.timeout = timeout
@@ -61,26 +112,33 @@ class Communicator:
         self.conns: dict[int, verbs.Connection] = {}
         self.control = ControlPlane(job, timeout)
         self.dev: verbs.Device | None = None
-        self.registry: verbs.Registry | None = None
+        self.registry: Registry | None = None
         self.seq = 0
         self.p2p_sent: dict[int, int] = {}
         self.p2p_recv: dict[int, int] = {}
         self.exposed: dict[int, int] = {}  # buffers exposed to each peer
         self.remotes: dict[int, int] = {}  # buffers each peer exposed to us
         self.last_stats: Stats | None = None
+        self._plans: dict[tuple[Any, ...], Plan] = {}
+        self._progress = ProgressThread()
+        self._deferred = threading.local()  # set while an i-collective builds its plan
+        self._lock = threading.RLock()  # plans and registrations: caller and progress thread
         try:
             self.dev = verbs.Device(device, port, gid_index,
                                     cq_depth=max(1024, 2 * self.size * (slots + send_depth)))
-            self.registry = verbs.Registry(self.dev.pd, pin_limit)
+            pd = self.dev.pd
+            self.registry = Registry(lambda a, n, acc: verbs.register_mr(pd, a, n, acc), pin_limit)
             for peer in range(self.size):
                 if peer != self.rank:
-                    self.conns[peer] = verbs.Connection(self.dev, self.registry, peer, slots,
-                                                        send_depth)
+                    self.conns[peer] = verbs.Connection(
+                        self.dev, self.registry, peer, slots, send_depth,
+                        slot_size=max(verbs.CTRL_SLOT, eager_limit))
             remote = self.control.exchange({p: c.endpoint().to_dict() for p, c in self.conns.items()})
             for peer, ep in remote.items():
-                self.conns[peer].connect(verbs.Endpoint.from_dict(ep))
+                self.conns[peer].connect(verbs.Endpoint.from_dict(ep), qp_timeout, retry_cnt)
             self.engine = Engine(self.dev, self.conns, timeout=timeout,
-                                 window=window, chunk=chunk, send_depth=send_depth)
+                                 window=window, chunk=chunk, send_depth=send_depth,
+                                 eager_limit=eager_limit, watch=self.control.watch)
             self.control.barrier()  # every QP is ready to receive before anyone sends
         except BaseException:
             self.close()
@@ -97,7 +155,18 @@ class Communicator:
         """Release QPs, registrations, CQ, PD, context and sockets, children first."""
         if self.closed:
             return
+        self._progress.stop()
         self.closed = True
+        engine = getattr(self, "engine", None)
+        if engine is not None and self.failed is None:
+            try:  # what we sent last (a token, a write) must arrive before our QPs go
+                engine.drain(min(self.timeout, 10.0))
+            except RdmaError:
+                pass
+        for plan in self._plans.values():
+            for view in plan.exports:
+                view.release()
+        self._plans.clear()
         for conn in self.conns.values():
             conn.close()
         self.conns.clear()
@@ -121,89 +190,284 @@ class Communicator:
             raise ConfigError(f"peer {peer!r} is not another rank of 0..{self.size - 1}")
         return peer
 
-    def _mr(self, buf: Buffer, remote: bool) -> Any:
+    def _mr(self, buf: Buffer, remote: bool, hold: bool = False) -> Any:
         if buf.nbytes == 0:
             return None
         assert self.registry is not None
         access = verbs.ACCESS_REMOTE if remote else (
             verbs.e.IBV_ACCESS_LOCAL_WRITE if buf.writable else 0)
-        return self.registry.register(buf, access)
+        with self._lock:
+            return self.registry.register(buf, access, hold)
 
-    def _run(self, operation: str, algorithm: str, table: dict[str, Any], layout: Layout) -> Stats:
+    @contextmanager
+    def _communicating(self, what: str, tag: int) -> Iterator[None]:
+        """Around everything that talks to peers: any exception on the way (a peer's error, a
+        pyverbs error, KeyboardInterrupt, MemoryError) leaves peers mid-operation and work
+        queued, so the communicator is marked failed and the peers are told to stop waiting.
+        Started nonblocking requests go first: the engine serves one caller at a time."""
+        assert self.registry is not None
+        self._progress.quiesce()
+        try:
+            yield
+        except BaseException as err:
+            self.failed = f"{what}: {type(err).__name__}: {err}"
+            why, blamed = engine_mod.FAILED, getattr(err, "peer", None)
+            if isinstance(err, ProtocolError | ConfigError):
+                why = engine_mod.MISMATCH
+            elif isinstance(err, PeerError):
+                why = engine_mod.DIED if "is gone" in str(err) else \
+                    engine_mod.STALLED if "no progress" in str(err) else engine_mod.FAILED
+            try:
+                self.engine.abort_all(tag, why, blamed)
+                self.control.abort(f"rank {self.rank} failed in {what}: {err}",
+                                   self.rank if blamed is None else blamed)
+            except BaseException:  # noqa: BLE001 - telling peers is best effort
+                pass
+            raise
+        finally:
+            self.registry.end_call()
+
+    def _run(self, plan: Plan) -> Stats:
+        if getattr(self._deferred, "on", False):  # an i-collective: checked, now to the thread
+            self._deferred.on = False
+            raise _Deferred(plan)
         self._check_open()
-        if algorithm not in table:
-            raise ConfigError(f"unknown {operation} algorithm {algorithm!r}",
-                              hint=f"use one of {', '.join(table)}")
         assert self.registry is not None
         counters = self.engine.counters
         sent0, recv0 = counters.bytes_sent, counters.bytes_received
         counters.peak_inflight = counters.inflight
         self.registry.peak = self.registry.pinned
         started = time.perf_counter()
-        send_mr = self._mr(layout.send, remote=False)
-        recv_mr = self._mr(layout.recv, remote=True)
         self.seq = (self.seq + 1) & 0x3FFF
-        call = Call(self.engine, self.rank, self.size, self.seq, f"{operation}/{algorithm}",
-                    layout, send_mr, recv_mr)
-        try:
-            table[algorithm](call)
-        except RdmaError as err:
-            self.failed = f"{operation}/{algorithm}: {err}"
-            self.engine.abort_all(call.tag(DATA))
-            raise
-        stats = Stats(operation, algorithm, counters.bytes_sent - sent0,
+        call = Call(self.engine, self.rank, self.size, self.seq, plan.name, plan.layout, self._mr)
+        with self._communicating(plan.name, call.tag(DATA)):
+            plan.run(call)
+        stats = Stats(plan.operation, plan.algorithm, counters.bytes_sent - sent0,
                       counters.bytes_received - recv0, self.registry.peak,
                       counters.peak_inflight, time.perf_counter() - started)
         self.last_stats = stats
         return stats
 
+    def _plan(self, key: tuple[Any, ...], make: Callable[[], Plan]) -> Plan:
+        """The checked layout of a call, kept for the next call with the same buffers: a
+        training loop calls the same collective on the same buffers thousands of times, and
+        checking them again each time costs more than a small collective. The plan holds the
+        buffers (and an export of any that is not a numpy array) so they cannot move or
+        resize while it is kept."""
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None and plan.usable():
+                return plan
+            self._let_go_of_dropped_plans()
+            plan = make()
+            assert self.registry is not None
+            self.registry.check_fits(plan.layout.send, plan.layout.recv)
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = plan
+            return plan
+
+    def _let_go_of_dropped_plans(self) -> None:
+        """Plans whose buffers only we still refer to (the application dropped them) go, so a
+        loop that makes fresh buffers every call does not keep them alive."""
+        assert self.registry is not None
+        holders: dict[int, int] = {}  # id(object) -> references we hold to it
+        objects: dict[int, Any] = {}
+        for plan in self._plans.values():
+            for b in (plan.layout.send, plan.layout.recv):
+                holders[id(b.owner)] = holders.get(id(b.owner), 0) + 1
+                objects[id(b.owner)] = b.owner
+            for view in plan.exports:
+                holders[id(view.obj)] = holders.get(id(view.obj), 0) + 1
+        for entry in self.registry.entries.values():
+            if id(entry.view.obj) in holders:
+                holders[id(entry.view.obj)] += 1
+        # references besides ours: `objects` and getrefcount's argument
+        dropped = {i for i in objects if sys.getrefcount(objects[i]) - 2 <= holders[i]}
+        for key, plan in list(self._plans.items()):
+            if {id(plan.layout.send.owner), id(plan.layout.recv.owner)} <= dropped:
+                for view in plan.exports:
+                    view.release()
+                del self._plans[key]
+
+    def _window(self, algorithm: str, pairs: Any) -> int:
+        if not isinstance(pairs, int) or isinstance(pairs, bool) or pairs < 1:
+            raise ConfigError(f"pairs={pairs!r}: at least one pair must be able to exchange")
+        if pairs != 1 and algorithm != "sequential":
+            raise ConfigError(f"pairs= sets the sequential schedule's window, not {algorithm}'s")
+        return min(pairs, max(1, self.size * (self.size - 1) // 2))
+
+    def _algorithm(self, operation: str, algorithm: str, table: dict[str, Any]) -> Any:
+        try:
+            return table[algorithm]
+        except (KeyError, TypeError):
+            raise ConfigError(f"unknown {operation} algorithm {algorithm!r}",
+                              hint=f"use one of {', '.join(table)}") from None
+
     # ---- collectives ----------------------------------------------------------------
-    def alltoall(self, sendbuf: Any, recvbuf: Any, algorithm: str = "pairwise") -> Stats:
-        """MPI_Alltoall: block j of sendbuf goes to rank j; block i of recvbuf comes from rank i."""
-        send = as_buffer(sendbuf, "send buffer")
-        recv = as_buffer(recvbuf, "receive buffer", writable=True)
-        check_pair(send, recv, send.nbytes, send.nbytes)
-        m = split_even(send.nbytes, self.size, send.itemsize, "send buffer")
-        offs = [i * m for i in range(self.size)]
-        lens = [m] * self.size
-        return self._run("alltoall", algorithm, ALLTOALL, Layout(send, recv, offs, lens, offs, lens))
+    def alltoall(self, sendbuf: Any, recvbuf: Any, algorithm: str = "pairwise",
+                 pairs: int = 1) -> Stats:
+        """MPI_Alltoall: block j of sendbuf goes to rank j; block i of recvbuf comes from rank i.
+        With algorithm="sequential", `pairs` pairs at most exchange at once (1: strictly
+        sequential; p(p-1)/2: all at once), in the same fixed order."""
+        window = self._window(algorithm, pairs)
+
+        def make() -> Plan:
+            run = self._algorithm("alltoall", algorithm, ALLTOALL)
+            send = as_buffer(sendbuf, "send buffer")
+            recv = as_buffer(recvbuf, "receive buffer", writable=True)
+            check_pair(send, recv, send.nbytes, send.nbytes)
+            m = split_even(send.nbytes, self.size, send.itemsize, "send buffer")
+            offs = [i * m for i in range(self.size)]
+            lens = [m] * self.size
+            return Plan("alltoall", algorithm, run, Layout(send, recv, offs, lens, offs, lens,
+                                                          window=window))
+        return self._run(self._plan(("alltoall", algorithm, window, id(sendbuf), id(recvbuf)),
+                                    make))
 
     def alltoallv(self, sendbuf: Any, send_counts: list[int], recvbuf: Any,
-                  recv_counts: list[int], algorithm: str = "pairwise") -> Stats:
+                  recv_counts: list[int], algorithm: str = "pairwise", pairs: int = 1) -> Stats:
         """MPI_Alltoallv with contiguous blocks: counts are in elements of the buffers."""
-        send = as_buffer(sendbuf, "send buffer")
+        window = self._window(algorithm, pairs)
+        sc, rc = (whole_numbers(c, self.size, name) for c, name in
+                  ((send_counts, "send_counts"), (recv_counts, "recv_counts")))
+
+        def make() -> Plan:
+            run = self._algorithm("alltoallv", algorithm, ALLTOALL)
+            send = as_buffer(sendbuf, "send buffer")
+            recv = as_buffer(recvbuf, "receive buffer", writable=True)
+            item = send.itemsize
+            check_pair(send, recv, sum(sc) * item, sum(rc) * item)
+            if sc[self.rank] != rc[self.rank]:
+                raise ConfigError("send_counts and recv_counts disagree on this rank's own block")
+
+            def layout(counts: list[int]) -> tuple[list[int], list[int]]:
+                offs, pos = [], 0
+                for c in counts:
+                    offs.append(pos)
+                    pos += c * item
+                return offs, [c * item for c in counts]
+
+            so, sl = layout(sc)
+            ro, rl = layout(rc)
+            return Plan("alltoallv", algorithm, run, Layout(send, recv, so, sl, ro, rl, vector=True,
+                                                           window=window))
+        key = ("alltoallv", algorithm, window, id(sendbuf), id(recvbuf), tuple(sc), tuple(rc))
+        return self._run(self._plan(key, make))
+
+    def allgather(self, sendbuf: Any, recvbuf: Any, algorithm: str = "ring",
+                  pairs: int = 1) -> Stats:
+        """MPI_Allgather: every rank's sendbuf lands at block `rank` of every recvbuf (pairs:
+        as in alltoall, for algorithm="sequential")."""
+        window = self._window(algorithm, pairs)
+
+        def make() -> Plan:
+            run = self._algorithm("allgather", algorithm, ALLGATHER)
+            send = as_buffer(sendbuf, "send buffer")
+            recv = as_buffer(recvbuf, "receive buffer", writable=True)
+            check_pair(send, recv, send.nbytes, send.nbytes * self.size)
+            m = send.nbytes
+            offs = [i * m for i in range(self.size)]
+            return Plan("allgather", algorithm, run, Layout(send, recv, [0] * self.size,
+                                                           [m] * self.size, offs, [m] * self.size,
+                                                           window=window))
+        return self._run(self._plan(("allgather", algorithm, window, id(sendbuf), id(recvbuf)),
+                                    make))
+
+    def allreduce(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
+                  algorithm: str = "ring") -> Stats:
+        """MPI_Allreduce: recvbuf = op over every rank's sendbuf, element by element (sum, prod,
+        min, max on numpy integer and float arrays). allreduce(x, x) works in place."""
+        def make() -> Plan:
+            run = self._algorithm("allreduce", algorithm, ALLREDUCE)
+            send, recv, ufunc = self._reduction_buffers(sendbuf, recvbuf, op, in_place=True)
+            check_pair(send, recv, recv.nbytes, recv.nbytes, in_place=send is recv)
+            tmp = np.empty_like(recvbuf)
+            return Plan("allreduce", algorithm, run, Layout(
+                send, recv, [], [], [], [], reduce=ufunc, acc=recvbuf.reshape(-1),
+                scratch=as_buffer(tmp, "scratch", writable=True), tmp=tmp.reshape(-1)))
+        return self._run(self._plan(("allreduce", algorithm, op, id(sendbuf), id(recvbuf)), make))
+
+    def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
+                       algorithm: str = "ring") -> Stats:
+        """MPI_Reduce_scatter_block: block r (len(recvbuf) elements) of op over every rank's
+        sendbuf (size * len(recvbuf) elements) lands at rank r."""
+        def make() -> Plan:
+            run = self._algorithm("reduce_scatter", algorithm, REDUCE_SCATTER)
+            send, recv, ufunc = self._reduction_buffers(sendbuf, recvbuf, op, in_place=False)
+            check_pair(send, recv, recv.nbytes * self.size, recv.nbytes)
+            tmp = np.empty(2 * sendbuf.size, sendbuf.dtype)
+            return Plan("reduce_scatter", algorithm, run, Layout(
+                send, recv, [], [], [], [], reduce=ufunc, acc=recvbuf.reshape(-1),
+                scratch=as_buffer(tmp, "scratch", writable=True), tmp=tmp,
+                send_view=sendbuf.reshape(-1)))
+        return self._run(self._plan(("reduce_scatter", algorithm, op, id(sendbuf), id(recvbuf)),
+                                    make))
+
+    def bcast(self, buf: Any, root: int = 0, algorithm: str = "binomial") -> Stats:
+        """MPI_Bcast: root's buf lands in every rank's buf (same size everywhere)."""
+        if not isinstance(root, int) or not 0 <= root < self.size:
+            raise ConfigError(f"root {root!r} is not a rank of 0..{self.size - 1}")
+
+        def make() -> Plan:
+            run = self._algorithm("bcast", algorithm, BCAST)
+            b = as_buffer(buf, "buffer", writable=True)
+            return Plan("bcast", algorithm, run, Layout(b, b, [], [], [], [], root=root))
+        return self._run(self._plan(("bcast", algorithm, root, id(buf)), make))
+
+    # ---- nonblocking --------------------------------------------------------------------
+    def _start(self, method: Callable[..., Stats], *args: Any, **kwargs: Any) -> Request:
+        """Check the arguments here (errors are raised now, as the blocking call raises them),
+        then run the collective on the progress thread (rxelab.requests)."""
+        self._check_open()
+        self._deferred.on = True
+        try:
+            method(*args, **kwargs)
+        except _Deferred as ready:
+            plan = ready.plan
+        finally:
+            self._deferred.on = False
+        return self._progress.submit(plan.name, lambda: self._run(plan))
+
+    def ialltoall(self, *args: Any, **kwargs: Any) -> Request:
+        """alltoall, started: returns a Request at once (req.test(), req.wait())."""
+        return self._start(self.alltoall, *args, **kwargs)
+
+    def ialltoallv(self, *args: Any, **kwargs: Any) -> Request:
+        return self._start(self.alltoallv, *args, **kwargs)
+
+    def iallgather(self, *args: Any, **kwargs: Any) -> Request:
+        return self._start(self.allgather, *args, **kwargs)
+
+    def iallreduce(self, *args: Any, **kwargs: Any) -> Request:
+        return self._start(self.allreduce, *args, **kwargs)
+
+    def ireduce_scatter(self, *args: Any, **kwargs: Any) -> Request:
+        return self._start(self.reduce_scatter, *args, **kwargs)
+
+    def ibcast(self, *args: Any, **kwargs: Any) -> Request:
+        return self._start(self.bcast, *args, **kwargs)
+
+    def _reduction_buffers(self, sendbuf: Any, recvbuf: Any, op: str,
+                           in_place: bool) -> tuple[Buffer, Buffer, Any]:
+        if op not in ops_mod.REDUCTIONS:
+            raise ConfigError(f"unknown reduction {op!r}",
+                              hint=f"use one of {', '.join(ops_mod.REDUCTIONS)}")
+        for name, arr in (("send buffer", sendbuf), ("receive buffer", recvbuf)):
+            if not isinstance(arr, np.ndarray):
+                raise ConfigError(f"{name} of a reduction must be a numpy array, not "
+                                  f"{type(arr).__name__}")
+        kind = recvbuf.dtype.kind
+        if kind not in "iufc" or (kind == "c" and op in ("min", "max")):
+            raise ConfigError(f"{op} is not defined on {recvbuf.dtype}",
+                              hint="use integer or float arrays (complex: sum and prod only)")
         recv = as_buffer(recvbuf, "receive buffer", writable=True)
-        for name, counts in (("send_counts", send_counts), ("recv_counts", recv_counts)):
-            if len(counts) != self.size or any(not isinstance(c, int) or c < 0 for c in counts):
-                raise ConfigError(f"{name} must hold {self.size} whole numbers >= 0")
-        item = send.itemsize
-        check_pair(send, recv, sum(send_counts) * item, sum(recv_counts) * item)
-        if send_counts[self.rank] != recv_counts[self.rank]:
-            raise ConfigError("send_counts and recv_counts disagree on this rank's own block")
-
-        def layout(counts: list[int]) -> tuple[list[int], list[int]]:
-            offs, pos = [], 0
-            for c in counts:
-                offs.append(pos)
-                pos += c * item
-            return offs, [c * item for c in counts]
-
-        so, sl = layout(send_counts)
-        ro, rl = layout(recv_counts)
-        return self._run("alltoallv", algorithm, ALLTOALL, Layout(send, recv, so, sl, ro, rl))
-
-    def allgather(self, sendbuf: Any, recvbuf: Any, algorithm: str = "ring") -> Stats:
-        """MPI_Allgather: every rank's sendbuf lands at block `rank` of every recvbuf."""
-        send = as_buffer(sendbuf, "send buffer")
-        recv = as_buffer(recvbuf, "receive buffer", writable=True)
-        check_pair(send, recv, send.nbytes, send.nbytes * self.size)
-        m = send.nbytes
-        offs = [i * m for i in range(self.size)]
-        return self._run("allgather", algorithm, ALLGATHER,
-                         Layout(send, recv, [0] * self.size, [m] * self.size, offs, [m] * self.size))
+        send = recv if (in_place and sendbuf is recvbuf) else as_buffer(sendbuf, "send buffer")
+        return send, recv, ops_mod.REDUCTIONS[op]
 
     def barrier(self) -> None:
         self._check_open()
+        self._progress.quiesce()
         self.control.barrier()
 
     # ---- point to point -------------------------------------------------------------
@@ -213,14 +477,16 @@ class Communicator:
         peer = self._peer(peer)
         b = as_buffer(buf, "send buffer")
         n = self.p2p_sent.get(peer, 0)
-        self.p2p_sent[peer] = n + 1
         tag = P2P_BIT | (n & 0x3FFFFFFF)
-        addr, rkey, room = self.engine.wait_rtr(peer, tag, f"send #{n}")
-        if room != b.nbytes:
-            raise ConfigError(f"rank {peer} receives {room} bytes, this send has {b.nbytes}")
-        mr = self._mr(b, remote=False)
-        op = self.engine.write(peer, b.address, mr.lkey if mr else 0, b.nbytes, addr, rkey, tag)
-        self.engine.wait_ops([op], f"send #{n}")
+        with self._communicating(f"send #{n} to rank {peer}", tag):
+            self.p2p_sent[peer] = n + 1
+            addr, rkey, room = self.engine.wait_rtr(peer, tag, f"send #{n}")
+            if room != b.nbytes:
+                raise ConfigError(f"rank {peer} receives {room} bytes, this send has {b.nbytes}")
+            mr = self._mr(b, remote=False)
+            op = self.engine.write(peer, b.address, mr.lkey if mr else 0, b.nbytes, addr, rkey,
+                                   tag)
+            self.engine.wait_ops([op], f"send #{n}")
 
     def recv(self, buf: Any, peer: int) -> None:
         """Two-sided receive of exactly len(buf) bytes from `peer`, into buf in place."""
@@ -228,11 +494,12 @@ class Communicator:
         peer = self._peer(peer)
         b = as_buffer(buf, "receive buffer", writable=True)
         n = self.p2p_recv.get(peer, 0)
-        self.p2p_recv[peer] = n + 1
         tag = P2P_BIT | (n & 0x3FFFFFFF)
-        mr = self._mr(b, remote=True)
-        self.engine.send_ctrl(peer, RTR, tag, mr.rkey if mr else 0, b.address, b.nbytes)
-        self.engine.wait_data(peer, tag, b.nbytes, f"recv #{n}")
+        with self._communicating(f"recv #{n} from rank {peer}", tag):
+            self.p2p_recv[peer] = n + 1
+            mr = self._mr(b, remote=True)
+            self.engine.send_ctrl(peer, RTR, tag, mr.rkey if mr else 0, b.address, b.nbytes)
+            self.engine.wait_data(peer, tag, b.nbytes, f"recv #{n}")
 
     # ---- one-sided ------------------------------------------------------------------
     def expose(self, buf: Any, peer: int) -> None:
@@ -240,19 +507,22 @@ class Communicator:
         self._check_open()
         peer = self._peer(peer)
         b = as_buffer(buf, "exposed buffer", writable=True)
-        mr = self._mr(b, remote=True)
         n = self.exposed.get(peer, 0)
-        self.exposed[peer] = n + 1
-        self.engine.send_ctrl(peer, RTR, USER_BIT | (n & 0xFFFFFF), mr.rkey if mr else 0,
-                              b.address, b.nbytes)
+        tag = USER_BIT | (n & 0xFFFFFF)
+        with self._communicating(f"expose #{n} to rank {peer}", tag):
+            self.exposed[peer] = n + 1
+            mr = self._mr(b, remote=True, hold=True)  # the peer may write until we close
+            self.engine.send_ctrl(peer, RTR, tag, mr.rkey if mr else 0, b.address, b.nbytes)
 
     def remote(self, peer: int) -> RemoteBuffer:
         """The next buffer `peer` exposed to us."""
         self._check_open()
         peer = self._peer(peer)
         n = self.remotes.get(peer, 0)
-        self.remotes[peer] = n + 1
-        addr, rkey, length = self.engine.wait_rtr(peer, USER_BIT | (n & 0xFFFFFF), "remote()")
+        tag = USER_BIT | (n & 0xFFFFFF)
+        with self._communicating(f"remote #{n} of rank {peer}", tag):
+            self.remotes[peer] = n + 1
+            addr, rkey, length = self.engine.wait_rtr(peer, tag, "remote()")
         return RemoteBuffer(peer, addr, rkey, length)
 
     def write(self, buf: Any, target: RemoteBuffer, offset: int = 0, imm: int | None = None) -> None:
@@ -265,16 +535,31 @@ class Communicator:
                               f"buffer of {target.length} bytes")
         if imm is not None and not 0 <= imm < 1 << 24:
             raise ConfigError(f"imm {imm} is outside 0..2^24-1")
-        mr = self._mr(b, remote=False)
         tag = USER_BIT | (1 << 29) | (imm or 0)
-        op = self.engine.write(target.peer, b.address, mr.lkey if mr else 0, b.nbytes,
-                               target.addr + offset, target.rkey, tag, imm=imm is not None)
-        self.engine.wait_ops([op], "write")
+        with self._communicating(f"write to rank {target.peer}", tag):
+            mr = self._mr(b, remote=False)
+            op = self.engine.write(target.peer, b.address, mr.lkey if mr else 0, b.nbytes,
+                                   target.addr + offset, target.rkey, tag, imm=imm is not None)
+            self.engine.wait_ops([op], "write")
 
     def wait_imm(self, peer: int, imm: int, nbytes: int) -> None:
         """Wait for a write-with-immediate of nbytes from peer carrying imm."""
         self._check_open()
-        self.engine.wait_data(self._peer(peer), USER_BIT | (1 << 29) | imm, nbytes, "write_imm")
+        peer = self._peer(peer)
+        tag = USER_BIT | (1 << 29) | imm
+        with self._communicating(f"wait_imm from rank {peer}", tag):
+            self.engine.wait_data(peer, tag, nbytes, "write_imm")
+
+
+def whole_numbers(counts: Any, size: int, name: str) -> list[int]:
+    """Counts as Python ints: lists, tuples or numpy arrays of integers (np.bincount's too)."""
+    try:
+        values = [operator.index(c) for c in counts]
+    except TypeError:
+        values = []
+    if len(values) != size or any(c < 0 for c in values):
+        raise ConfigError(f"{name} must hold {size} whole numbers >= 0")
+    return values
 
 
 def init(rank: int | None = None, world_size: int | None = None, master_addr: str | None = None,

@@ -2,16 +2,23 @@
 into a mailbox that the operations wait on, each wait with a deadline that names what it
 waited for.
 
-Data moves by RDMA WRITE WITH IMMEDIATE into buffers the receiver advertised (a
-ready-to-receive control message carrying address, rkey and length), in chunks of at most
-`chunk` bytes, with at most `window` bytes of one message in flight. The immediate value is
-the operation's tag, so the receiver learns of each arrival without any copy. Control
-messages (ready-to-receive, tokens, aborts) are small SENDs into generic receive slots.
+Two protocols, chosen by block size as MPI's eager limit and UCX's rendezvous threshold do:
+- eager (blocks up to `eager_limit` bytes): the sender copies the block into one of its
+  registered send slots and SENDs it WITH IMMEDIATE (the tag) into a receive slot the
+  receiver posted in advance; the receiver copies it out. One message, no handshake, no
+  registration of the caller's buffers, and the sender need not wait for the
+  acknowledgement (its buffer is free once copied).
+- rendezvous (larger blocks): RDMA WRITE WITH IMMEDIATE into the buffer the receiver
+  advertised (a ready-to-receive control message with address, rkey and length), in chunks of
+  at most `chunk` bytes with at most `window` bytes of one message in flight: zero copies.
+Control messages (ready-to-receive, tokens, aborts) are small SENDs into the same slots.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
+import select
 import socket
 import struct
 import time
@@ -23,15 +30,22 @@ from typing import Any
 import pyverbs.enums as e
 
 from rxelab.errors import PeerError, ProtocolError
-from rxelab.verbs import SLOT_BYTES, Connection, Device, status_str
+from rxelab.verbs import Connection, Device, status_str
 
 CTRL = struct.Struct("!BBHIIIQQ")  # kind, version, reserved, tag, rkey, pad, addr, length
 CTRL_VERSION = 1
-RTR, TOKEN, ABORT = 1, 2, 3
-KIND_NAMES = {RTR: "ready-to-receive", TOKEN: "token", ABORT: "abort"}
+RTR, TOKEN, ABORT, RTS = 1, 2, 3, 4
+FAILED, STALLED, DIED, MISMATCH = 0, 1, 2, 3  # why a rank aborted
+ABORT_REASONS = {FAILED: "it failed", STALLED: "no progress from", DIED: "it found dead",
+                 MISMATCH: "counts disagree with"}
+KIND_NAMES = {RTR: "ready-to-receive", TOKEN: "token", ABORT: "abort", RTS: "ready-to-send"}
 SEND_BIT = 1 << 63
 DATA_BIT = 1 << 62
 POLL_BATCH = 32
+WATCH_EVERY = 0.25  # seconds between looks at the control connections while waiting
+SIGNAL_EVERY = 8  # at most this many slot sends per completion
+SPINS = 20  # empty polls before sleeping until a completion comes
+BACKOFF = 0.0002  # the sleep instead, where there is no completion channel
 
 
 @dataclass
@@ -66,22 +80,36 @@ class Counters:
 
 @dataclass
 class Arrival:
-    count: int = 0
-    nbytes: int = 0
+    count: int = 0  # messages whose last chunk's notice came and nobody took yet
+
+
+@dataclass
+class SendOp:
+    """An eager block or control message on its way; done once the peer acknowledged it."""
+
+    peer: int
+    done: bool = False
+    complete = property(lambda self: self.done)
 
 
 @dataclass
 class Mailbox:
     rtr: dict[tuple[int, int], tuple[int, int, int]] = field(default_factory=dict)
+    rts: dict[tuple[int, int], int] = field(default_factory=dict)  # -> the sender's byte count
     tokens: set[tuple[int, int]] = field(default_factory=set)
     arrivals: dict[tuple[int, int], Arrival] = field(default_factory=dict)
+    eager: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # -> slot, bytes
     aborts: dict[int, str] = field(default_factory=dict)
 
 
 class Engine:
     def __init__(self, dev: Device, conns: dict[int, Connection], *,
-                 timeout: float, window: int, chunk: int, send_depth: int) -> None:
+                 timeout: float, window: int, chunk: int, send_depth: int,
+                 eager_limit: int = 0, watch: Callable[[], None] | None = None) -> None:
         self.dev = dev
+        self.watch = watch
+        self.armed = False  # an event is requested on the completion channel
+        self.eager_limit = eager_limit
         self.conns = conns
         self.timeout = timeout
         self.window = window
@@ -95,18 +123,57 @@ class Engine:
         self.ids = itertools.count(1)
 
     # ---- posting ----------------------------------------------------------------------
-    def send_ctrl(self, peer: int, kind: int, tag: int, rkey: int = 0, addr: int = 0,
-                  length: int = 0) -> None:
+    def _send_slot(self, peer: int) -> tuple[Connection, int]:
         conn = self.conns[peer]
-        deadline = time.monotonic() + self.timeout
-        while not conn.free_send_slots or self.outstanding[peer] >= self.send_depth:
-            self._wait_step(deadline, f"a free send slot towards rank {peer}", peer)
-        slot = conn.free_send_slots.pop()
+        if not conn.free_send_slots or self.outstanding[peer] >= self.send_depth:
+            self.wait(lambda: bool(conn.free_send_slots) and self.outstanding[peer] < self.send_depth,
+                      f"a free send slot towards rank {peer}", peer)
+        return conn, conn.free_send_slots.pop()
+
+    def send_ctrl(self, peer: int, kind: int, tag: int, rkey: int = 0, addr: int = 0,
+                  length: int = 0, acked: bool = False) -> SendOp:
+        conn, slot = self._send_slot(peer)
         conn.send_mr.write(CTRL.pack(kind, CTRL_VERSION, 0, tag, rkey, 0, addr, length),
-                           CTRL.size, slot * SLOT_BYTES)
-        self.outstanding[peer] += 1
-        conn.post(SEND_BIT | (peer << 32) | slot, e.IBV_WR_SEND,
-                  conn.send_mr.buf + slot * SLOT_BYTES, CTRL.size, conn.send_mr.lkey)
+                           CTRL.size, slot * conn.slot_size)
+        return self._post_slot(conn, slot, e.IBV_WR_SEND, CTRL.size, 0, acked)
+
+    def send_eager(self, peer: int, addr: int, length: int, tag: int,
+                   acked: bool = False) -> SendOp:
+        """Copy `length` bytes at addr into a send slot and SEND them with the tag; the
+        caller's buffer is free again as soon as this returns. With acked, the SendOp
+        completes when the peer acknowledged it (else only when a later one is)."""
+        conn, slot = self._send_slot(peer)
+        if length:
+            ctypes.memmove(conn.send_base + slot * conn.slot_size, addr, length)
+        self.counters.bytes_sent += length
+        return self._post_slot(conn, slot, e.IBV_WR_SEND_WITH_IMM, length, socket.htonl(tag),
+                               acked)
+
+    def _post_slot(self, conn: Connection, slot: int, opcode: int, length: int, imm: int,
+                   signaled: bool = False) -> SendOp:
+        """Post from a send slot. Most go unsignaled (no completion of their own: less work
+        for the device and for us); every SIGNAL_EVERY-th, or when slots run short, is
+        signaled, and its completion gives back the slots of those before it (RC completes a
+        queue's work in order)."""
+        op = SendOp(conn.peer)
+        if signaled or len(conn.unsignaled) >= SIGNAL_EVERY - 1 \
+                or len(conn.free_send_slots) < SIGNAL_EVERY:
+            conn.slot_ops[slot] = (op, conn.unsignaled)
+            conn.unsignaled = []
+            signaled = True
+        else:
+            conn.unsignaled.append((slot, op))
+        self.outstanding[conn.peer] += 1
+        conn.post(SEND_BIT | (conn.peer << 32) | slot, opcode,
+                  conn.send_base + slot * conn.slot_size, length, conn.send_mr.lkey, imm=imm,
+                  signaled=signaled)
+        return op
+
+    def flush(self, peer: int) -> SendOp:
+        """A signaled zero-length RDMA write (it touches no memory and no receive): when it
+        completes, everything posted to `peer` before it has."""
+        conn, slot = self._send_slot(peer)
+        return self._post_slot(conn, slot, e.IBV_WR_RDMA_WRITE, 0, 0, signaled=True)
 
     def write(self, peer: int, addr: int, lkey: int, length: int, remote_addr: int, rkey: int,
               tag: int, imm: bool = True) -> WriteOp:
@@ -128,7 +195,11 @@ class Engine:
                     and self.outstanding[op.peer] < self.send_depth:
                 n = min(self.chunk, op.length - op.posted)
                 wr_id = SEND_BIT | DATA_BIT | (op.peer << 40) | (next(self.ids) & ((1 << 40) - 1))
-                opcode = e.IBV_WR_RDMA_WRITE_WITH_IMM if op.imm else e.IBV_WR_RDMA_WRITE
+                # Only the last chunk carries the immediate: one notice per message (two
+                # writes with the same tag stay two), and RC's order puts every earlier chunk
+                # in place before it.
+                last = op.posted + n == op.length
+                opcode = e.IBV_WR_RDMA_WRITE_WITH_IMM if op.imm and last else e.IBV_WR_RDMA_WRITE
                 conn.post(wr_id, opcode, op.addr + op.posted, n, op.lkey,
                           op.remote_addr + op.posted, op.rkey, socket.htonl(op.tag))
                 self.in_flight_chunks[wr_id] = (op, n)
@@ -144,8 +215,18 @@ class Engine:
     # ---- completions --------------------------------------------------------------------
     def progress(self) -> bool:
         n, wcs = self.dev.cq.poll(POLL_BATCH)
+        failure = None
         for wc in wcs:
-            self._complete(wc)
+            try:
+                self._complete(wc)
+            except PeerError as err:  # file the rest first: an abort among them says why
+                failure = failure or err
+        if failure is not None:
+            if self.box.aborts:
+                who, why = next(iter(self.box.aborts.items()))
+                raise PeerError(f"rank {who} stopped the operation ({why}); then: {failure}",
+                                peer=who)
+            raise failure
         if n:
             self._post_pending()
         return bool(n)
@@ -167,7 +248,15 @@ class Engine:
                 self.counters.inflight -= n
                 self.counters.bytes_sent += n
             else:
-                self.conns[peer].free_send_slots.append(wr_id & 0xFFFFFFFF)
+                conn = self.conns[peer]
+                slot = wr_id & 0xFFFFFFFF
+                op, before = conn.slot_ops.pop(slot)
+                for s, earlier in before:
+                    earlier.done = True
+                    conn.free_send_slots.append(s)
+                self.outstanding[peer] -= len(before)
+                op.done = True
+                conn.free_send_slots.append(slot)
             return
         peer, slot = (wr_id >> 32) & 0xFFFFF, wr_id & 0xFFFFFFFF
         if wc.status != e.IBV_WC_SUCCESS:
@@ -177,8 +266,13 @@ class Engine:
             tag = socket.ntohl(wc.imm_data)
             arrival = self.box.arrivals.setdefault((peer, tag), Arrival())
             arrival.count += 1
-            arrival.nbytes += wc.byte_len
-            self.counters.bytes_received += wc.byte_len
+        elif wc.wc_flags & e.IBV_WC_WITH_IMM:  # eager data: the slot is held until consumed
+            key = (peer, socket.ntohl(wc.imm_data))
+            if key in self.box.eager:
+                raise ProtocolError(f"rank {peer} sent a second eager block with tag "
+                                    f"{key[1]:#x} before the first was taken")
+            self.box.eager[key] = (slot, wc.byte_len)
+            return
         else:
             self._file_ctrl(peer, conn.slot_bytes(slot, CTRL.size), wc.byte_len)
         conn.repost(slot)
@@ -192,35 +286,59 @@ class Engine:
             raise ProtocolError(f"control message version {version} from rank {peer}")
         if kind == RTR:
             self.box.rtr[(peer, tag)] = (addr, rkey, nbytes)
+        elif kind == RTS:
+            self.box.rts[(peer, tag)] = nbytes
         elif kind == TOKEN:
             self.box.tokens.add((peer, tag))
         elif kind == ABORT:
-            self.box.aborts[peer] = f"tag {tag:#x}"
+            reason = ABORT_REASONS.get(rkey, "it failed")
+            self.box.aborts[peer] = reason if rkey == FAILED or not addr else f"{reason} rank {addr - 1}"
         else:
             raise ProtocolError(f"unknown control message kind {kind} from rank {peer}")
 
     # ---- waiting ------------------------------------------------------------------------
-    def _wait_step(self, deadline: float, what: str, peer: int | None,
-                   spins: list[int] | None = None) -> None:
-        if self.box.aborts:
-            who, why = next(iter(self.box.aborts.items()))
-            raise PeerError(f"rank {who} aborted the operation ({why}) while this rank waited "
-                            f"for {what}", peer=who)
-        if self.progress():
-            return
-        if time.monotonic() > deadline:
-            raise PeerError(f"timed out after {self.timeout:g} s waiting for {what}", peer=peer,
-                            hint="a peer may have died, hung, or called a different operation")
-        # Back off instead of spinning: ranks share cores (several per VM, VMs per core).
-        time.sleep(0 if spins is None or spins[0] < 50 else 0.0002)
-        if spins is not None:
-            spins[0] += 1
-
     def wait(self, cond: Callable[[], bool], what: str, peer: int | None = None) -> None:
-        deadline = time.monotonic() + self.timeout
-        spins = [0]
+        """Until cond() holds. The deadline is one of no progress: `timeout` seconds in which
+        not one completion arrived (a slow transfer that moves is not cut off; a stalled one
+        is, naming what it waited for). A peer whose process died is noticed sooner, by its
+        control connection (watch)."""
+        last = time.monotonic()
+        next_watch = last + WATCH_EVERY
+        spins = 0
+        box = self.box
         while not cond():
-            self._wait_step(deadline, what, peer, spins)
+            if box.aborts:
+                who, why = next(iter(box.aborts.items()))
+                raise PeerError(f"rank {who} stopped the operation ({why}) while this rank "
+                                f"waited for {what}", peer=who)
+            if self.progress():
+                last = time.monotonic()
+                spins = 0
+                continue
+            now = time.monotonic()
+            if now - last > self.timeout:
+                raise PeerError(f"no progress for {self.timeout:g} s while waiting for {what}",
+                                peer=peer, hint="a peer may have died, hung, or called a "
+                                                "different operation")
+            if now > next_watch and self.watch is not None:
+                next_watch = now + WATCH_EVERY
+                self.watch()
+            # Poll a little, then sleep until the next completion: ranks share cores (several
+            # per VM, VMs per core), and a sleeping rank leaves them to the others and to rxe.
+            spins += 1
+            if spins >= SPINS:
+                self._block(min(WATCH_EVERY, self.timeout - (now - last)))
+
+    def _block(self, seconds: float) -> None:
+        dev = self.dev
+        if dev.channel_fd is None:
+            time.sleep(BACKOFF)
+        elif not self.armed:  # arm, then poll once more before sleeping (no lost wake-up)
+            dev.arm()
+            self.armed = True
+        elif select.select([dev.channel_fd], [], [], max(0.0, seconds))[0]:
+            dev.take_event()
+            self.armed = False
 
     def wait_rtr(self, peer: int, tag: int, what: str) -> tuple[int, int, int]:
         key = (peer, tag)
@@ -233,31 +351,87 @@ class Engine:
         self.box.tokens.discard(key)
 
     def wait_data(self, peer: int, tag: int, length: int, what: str) -> None:
+        """Wait for one message written with immediate `tag` (its last chunk's notice)."""
         key = (peer, tag)
+        box = self.box
 
         def arrived() -> bool:
-            a = self.box.arrivals.get(key)
-            return a is not None and a.count > 0 and a.nbytes >= length
+            if key in box.eager:  # the peer sent this block eagerly: its size differs from ours
+                self._mismatch(peer, box.eager[key][1], length, what)
+            if key in box.rts:  # the peer said how much it sends (vector collectives)
+                sent = box.rts.pop(key)
+                if sent != length:
+                    self._mismatch(peer, sent, length, what)
+            return key in box.arrivals
 
-        self.wait(arrived, f"{length} bytes from rank {peer} ({what})", peer)
-        a = self.box.arrivals.pop(key)
-        if a.nbytes != length:
-            raise ProtocolError(f"rank {peer} wrote {a.nbytes} bytes for {what}, expected {length}")
+        if key not in box.arrivals:
+            self.wait(arrived, f"{length} bytes from rank {peer} ({what})", peer)
+        a = box.arrivals[key]
+        a.count -= 1
+        if a.count == 0:
+            del box.arrivals[key]
+        self.counters.bytes_received += length
+
+    def recv_eager(self, peer: int, tag: int, dest: int, length: int, what: str) -> None:
+        """Wait for the eager block `tag` from peer, copy it to dest, give the slot back."""
+        key = (peer, tag)
+        box = self.box.eager
+        rts = self.box.rts
+
+        def arrived() -> bool:
+            if key in rts:  # the peer is sending more than an eager block: ours is smaller
+                self._mismatch(peer, rts[key], length, what)
+            return key in box
+
+        if key not in box:
+            self.wait(arrived, f"{length} bytes from rank {peer} ({what})", peer)
+        slot, nbytes = box.pop(key)
+        conn = self.conns[peer]
+        if nbytes != length:
+            conn.repost(slot)
+            self._mismatch(peer, nbytes, length, what)
+        if length:
+            ctypes.memmove(dest, conn.recv_base + slot * conn.slot_size, length)
+        self.counters.bytes_received += length
+        conn.repost(slot)
+
+    def _mismatch(self, peer: int, sent: int, expected: int, what: str) -> None:
+        raise ProtocolError(f"{what}: rank {peer} sends {sent} bytes to this rank, which expects "
+                            f"{expected}", hint="send and receive counts must match pairwise")
 
     def wait_ops(self, ops: list[WriteOp], what: str) -> None:
         for op in ops:
             self.wait(lambda op=op: op.complete, f"rank {op.peer} to acknowledge {what}", op.peer)
 
-    def abort_all(self, tag: int) -> None:
-        """Best effort: tell every peer to stop waiting for this rank."""
+    def drain(self, seconds: float) -> bool:
+        """Wait (bounded) until every work request we posted has completed, so the last token
+        or write of a collective reaches its peer before our QPs go. True when drained."""
+        end = time.monotonic() + seconds
+        for peer, conn in self.conns.items():
+            if conn.unsignaled:
+                self.flush(peer)
+        while any(self.outstanding.values()) or self.pending:
+            if time.monotonic() > end:
+                return False
+            if not self.progress():
+                time.sleep(0.0001)
+        return True
+
+    def abort_all(self, tag: int, why: int = FAILED, blamed: int | None = None) -> None:
+        """Best effort: tell every peer to stop waiting for this rank, and why (one of
+        ABORT_REASONS, and the rank this one blames, if any); wait up to a second for the
+        notices to be acknowledged, whatever else fails meanwhile."""
+        notices = []
         for peer in self.conns:
             try:
-                self.send_ctrl(peer, ABORT, tag)
+                notices.append(self.send_ctrl(peer, ABORT, tag, rkey=why,
+                                              addr=0 if blamed is None else blamed + 1, acked=True))
             except Exception:  # noqa: BLE001 - the peer may be the one that is gone
                 pass
         end = time.monotonic() + 1.0
-        while time.monotonic() < end and any(self.outstanding.values()):
+        while time.monotonic() < end and not all(n.done for n in notices):
             try:
-                self.progress()
-            except Exception:  # noqa: BLE001
-                break
+                if not self.progress():
+                    time.sleep(0.0005)
+            except Exception:  # noqa: BLE001 - a failed completion of a dead peer's work
+                pass

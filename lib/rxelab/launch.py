@@ -1,17 +1,24 @@
 """Our own launcher, for clusters without mpirun or srun: starts a job's ranks over SSH with
-the environment init() reads (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), prefixes their
-output with the rank, and ends with the first failure's status.
+the environment init() reads (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and a job token
+so no stray process can join), prefixes their output with the rank, and ends with the first
+failure's status.
 
     python3 -m rxelab.launch --hosts node1,node2,node3 [--per-host 2] -- python3 app.py ...
 
 Ranks are placed host by host; rank 0 runs on the first host, which is also the rendezvous.
 A host that is this machine runs its ranks directly, without SSH.
+
+No rank outlives its launcher. Each rank runs under a small shell guard that reads a pipe from
+the launcher on its standard input: when the launcher ends - normally, on SIGTERM, SIGHUP or
+SIGINT, at its --timeout, or killed outright - or the SSH connection drops, the pipe closes
+and the guard ends the rank's whole process group (TERM, then KILL after a grace period).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -19,8 +26,31 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 LOCAL_NAMES = {"localhost", "127.0.0.1"}
+GRACE = 5  # seconds between TERM and KILL
+# "$@" is the rank's command. setsid gives the rank, and the watcher, a process group of its
+# own, so each can be signalled whole. The watcher's `cat` reads the launcher's pipe: it
+# returns when the launcher (or the SSH connection) is gone, and the watcher ends the rank.
+# (`kill -TERM -PID` signals a process group in dash and bash alike; the pipe is kept as fd 3
+# and handed to the watcher explicitly, because a background job's input is /dev/null.)
+WATCHER = ("cat >/dev/null; kill -TERM -$0 2>/dev/null; "
+           f"for i in $(seq {GRACE * 10}); do kill -0 $0 2>/dev/null || exit 0; sleep 0.1; done; "
+           "kill -KILL -$0 2>/dev/null")
+GUARD = (
+    "exec 3<&0; "
+    'setsid "$@" </dev/null 3<&- & rank=$!; '
+    f"setsid sh -c {shlex.quote(WATCHER)} $rank <&3 >/dev/null 2>&1 3<&- & watcher=$!; "
+    "exec 3<&-; "
+    "trap 'kill -TERM -$rank 2>/dev/null' TERM HUP INT; "
+    "while :; do wait $rank; rc=$?; kill -0 $rank 2>/dev/null || break; done; "
+    "kill -TERM -$watcher 2>/dev/null; exit $rc"
+)
+
+
+class Stop(Exception):
+    """The launcher was told to stop (SIGTERM, SIGHUP)."""
 
 
 def local_addresses() -> set[str]:
@@ -36,9 +66,8 @@ def is_local(host: str) -> bool:
 
 
 def rank_argv(host: str, env: dict[str, str], command: list[str]) -> list[str]:
-    assignments = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
-    remote = f"cd {shlex.quote(os.getcwd())} 2>/dev/null; exec env {' '.join(assignments)} " + \
-        shlex.join(command)
+    guarded = ["sh", "-c", GUARD, "guard", "env", *[f"{k}={v}" for k, v in env.items()], *command]
+    remote = f"cd {shlex.quote(os.getcwd())} 2>/dev/null; exec {shlex.join(guarded)}"
     if is_local(host):
         return ["sh", "-c", remote]
     return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
@@ -57,30 +86,43 @@ def main(argv: list[str] | None = None) -> int:
     hosts = [h for h in args.hosts.split(",") if h]
     if not command or not hosts or args.per_host < 1:
         ap.error("give --hosts, --per-host >= 1 and a command after --")
+    if not 1 <= args.port <= 65535:
+        ap.error(f"--port {args.port} is outside 1..65535")
     world = len(hosts) * args.per_host
+    token = secrets.token_hex(8)
     pythonpath = os.environ.get("PYTHONPATH", "")
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stop(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
     procs: list[subprocess.Popen[str]] = []
-    for rank in range(world):
-        env = {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": hosts[0],
-               "MASTER_PORT": str(args.port), "LOCAL_RANK": str(rank % args.per_host)}
-        if pythonpath:
-            env["PYTHONPATH"] = pythonpath
-        procs.append(subprocess.Popen(rank_argv(hosts[rank // args.per_host], env, command),
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
-
-    def pump(rank: int, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(f"[{rank}] {line}")
-            sys.stdout.flush()
-
-    pumps = [threading.Thread(target=pump, args=(r, p), daemon=True) for r, p in enumerate(procs)]
-    for t in pumps:
-        t.start()
-    deadline = time.monotonic() + args.timeout
+    pumps: list[threading.Thread] = []
     status = 0
     try:
+        for rank in range(world):
+            env = {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": hosts[0],
+                   "MASTER_PORT": str(args.port), "LOCAL_RANK": str(rank % args.per_host),
+                   "RXELAB_JOB_TOKEN": token}
+            if pythonpath:
+                env["PYTHONPATH"] = pythonpath
+            # stdin: a pipe nobody writes to; its end is the guard's signal to stop the rank
+            procs.append(subprocess.Popen(rank_argv(hosts[rank // args.per_host], env, command),
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True,
+                                          start_new_session=True))
+
+        def pump(rank: int, proc: subprocess.Popen[str]) -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(f"[{rank}] {line}")
+                sys.stdout.flush()
+
+        pumps = [threading.Thread(target=pump, args=(r, p), daemon=True) for r, p in enumerate(procs)]
+        for t in pumps:
+            t.start()
+        deadline = time.monotonic() + args.timeout
         while any(p.poll() is None for p in procs):
             failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
             if failed and status == 0:
@@ -92,22 +134,44 @@ def main(argv: list[str] | None = None) -> int:
                 break
             time.sleep(0.2)
     except KeyboardInterrupt:
+        print("launch: interrupted; stopping every rank", file=sys.stderr)
         status = 130
+    except Stop as why:
+        print(f"launch: {why}; stopping every rank", file=sys.stderr)
+        status = 143
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the clean-up undisturbed
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        _stop_all(procs)
         for t in pumps:
             t.join(timeout=5)
     if status == 0:
         status = next((p.returncode for p in procs if p.returncode), 0)
     return status
+
+
+def _stop_all(procs: list[subprocess.Popen[str]]) -> None:
+    """Close every guard's pipe (each guard then stops its rank, on whatever host), wait for
+    them, and only then take the SSH clients down."""
+    for p in procs:
+        if p.stdin is not None:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+    end = time.monotonic() + GRACE + 10
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
 
 
 if __name__ == "__main__":

@@ -5,13 +5,25 @@ life of the communicator, so a rank that dies is noticed (its socket closes).
 
 from __future__ import annotations
 
+import contextlib
+import select
+import selectors
 import socket
 import time
 from typing import Any
 
 from rxelab import wire
 from rxelab.bootstrap import JobInfo
-from rxelab.errors import PeerError, ProtocolError
+from rxelab.errors import ConfigError, PeerError, ProtocolError
+
+
+def listen(port: int) -> socket.socket:
+    try:
+        return socket.create_server(("", port), reuse_port=False)
+    except OSError as err:
+        raise ConfigError(f"rank 0 cannot listen on port {port}: {err.strerror or err}",
+                          hint="another job (or torchrun's store) holds it: choose another "
+                               "MASTER_PORT, or set RXELAB_MASTER_PORT") from None
 
 
 class ControlPlane:
@@ -21,6 +33,8 @@ class ControlPlane:
         self.peers: dict[int, socket.socket] = {}  # rank 0: every other rank
         self.root: socket.socket | None = None  # other ranks: rank 0
         self.barrier_seq = 0
+        self.early: dict[int, list[dict[str, Any]]] = {}  # messages read while watching
+        self.left: set[int] = set()  # ranks that said bye: their closed socket is no news
 
     def exchange(self, endpoints: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         """Give our endpoint for each peer; get each peer's endpoint for us."""
@@ -31,47 +45,102 @@ class ControlPlane:
         return self._join(endpoints)
 
     def _serve(self, mine: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """Rank 0: hear every rank's hello, all at once (one slow or idle connection holds
+        up nobody), dropping what is not ours - another program, another job's process, a
+        malformed or oversized message - and keep serving; then send each rank its table."""
         job = self.job
         deadline = time.monotonic() + self.timeout
-        listener = socket.create_server(("", job.master_port), reuse_port=False)
+        listener = listen(job.master_port)
         hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
+        pending: dict[socket.socket, bytearray] = {}
+        dropped: list[str] = []
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ)
+
+        def drop(sock: socket.socket, why: str) -> None:
+            with contextlib.suppress(OSError):
+                dropped.append(f"{sock.getpeername()[0]}: {why}")
+            sel.unregister(sock)
+            pending.pop(sock, None)
+            sock.close()
+
         try:
             while len(hellos) < job.world_size:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     missing = sorted(set(range(job.world_size)) - set(hellos))
-                    raise PeerError(f"ranks {missing} did not join within {self.timeout:g} s",
-                                    peer=missing[0],
+                    raise PeerError(f"ranks {missing} did not join within {self.timeout:g} s"
+                                    + (f" (connections dropped: {'; '.join(dropped[-3:])})"
+                                       if dropped else ""), peer=missing[0],
                                     hint=f"are they started, with MASTER_ADDR={job.master_addr} "
                                          f"and MASTER_PORT={job.master_port}?")
-                listener.settimeout(remaining)
-                try:
-                    sock, addr = listener.accept()
-                except TimeoutError:
-                    continue
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                hello = wire.recv(sock, deadline=deadline, peer=f"a joining rank at {addr[0]}",
-                                  expect="hello")
-                r = hello["rank"]
-                if hello["world_size"] != job.world_size:
-                    raise ProtocolError(f"rank {r} thinks the world has {hello['world_size']} "
-                                        f"ranks, rank 0 thinks {job.world_size}")
-                if r in hellos or r == 0:
-                    raise ProtocolError(f"two processes claim rank {r}")
-                expected = {str(p) for p in range(job.world_size) if p != r}
-                if set(hello["endpoints"]) != expected:
-                    raise ProtocolError(f"rank {r} sent endpoints for {sorted(hello['endpoints'])}")
-                hellos[r] = hello
-                self.peers[r] = sock
+                for key, _ in sel.select(timeout=min(remaining, 1.0)):
+                    if key.fileobj is listener:
+                        try:
+                            sock, _ = listener.accept()
+                        except OSError:
+                            continue
+                        sock.setblocking(False)
+                        pending[sock] = bytearray()
+                        sel.register(sock, selectors.EVENT_READ)
+                        continue
+                    sock = key.fileobj  # type: ignore[assignment]
+                    try:
+                        data = sock.recv(1 << 16)
+                    except BlockingIOError:
+                        continue
+                    except OSError as err:
+                        drop(sock, str(err))
+                        continue
+                    if not data:
+                        drop(sock, "closed before saying hello")
+                        continue
+                    buf = pending[sock]
+                    buf += data
+                    try:
+                        got = wire.split_frame(buf)
+                        if got is not None:
+                            self._accept_hello(got[0], hellos)
+                    except ProtocolError as err:
+                        drop(sock, str(err))
+                        continue
+                    if got is not None:
+                        sel.unregister(sock)
+                        del pending[sock]
+                        sock.setblocking(True)
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        self.peers[got[0]["rank"]] = sock
         except BaseException:
             self.close()
             raise
         finally:
+            for sock in pending:
+                sock.close()
+            sel.close()
             listener.close()
         for r, sock in self.peers.items():
             table = {str(p): hellos[p]["endpoints"][str(r)] for p in hellos if p != r}
             wire.send(sock, {"type": "table", "endpoints": table})
         return {p: hellos[p]["endpoints"]["0"] for p in hellos if p != 0}
+
+    def _accept_hello(self, hello: dict[str, Any], hellos: dict[int, dict[str, Any]]) -> None:
+        """A ProtocolError drops the connection (not ours); a real rank that disagrees about
+        the job is an error of the job (raised as PeerError, which ends the rendezvous)."""
+        job = self.job
+        if hello["type"] != "hello":
+            raise ProtocolError(f"a {hello['type']} message where a hello belongs")
+        if hello["token"] != job.token:
+            raise ProtocolError("a hello with another job's token (a stray or stale process?)")
+        r = hello["rank"]
+        if hello["world_size"] != job.world_size:
+            raise PeerError(f"rank {r} thinks the world has {hello['world_size']} ranks, rank 0 "
+                            f"thinks {job.world_size}", peer=r)
+        if r in hellos or r == 0:
+            raise PeerError(f"two processes claim rank {r}", peer=r)
+        expected = {str(p) for p in range(job.world_size) if p != r}
+        if set(hello["endpoints"]) != expected:
+            raise ProtocolError(f"rank {r} sent endpoints for {sorted(hello['endpoints'])}")
+        hellos[r] = hello
 
     def _join(self, mine: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         job = self.job
@@ -88,13 +157,71 @@ class ControlPlane:
                 time.sleep(0.2)
         self.root.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         wire.send(self.root, {"type": "hello", "rank": job.rank, "world_size": job.world_size,
-                              "host": socket.gethostname()[:200] or "?",
+                              "host": socket.gethostname()[:200] or "?", "token": job.token,
                               "endpoints": {str(k): v for k, v in mine.items()}})
         table = wire.recv(self.root, deadline=deadline, peer="rank 0", expect="table")
         got = {int(k): v for k, v in table["endpoints"].items()}
         if set(got) != set(range(job.world_size)) - {job.rank}:
             raise ProtocolError(f"rank 0 sent endpoints for ranks {sorted(got)}")
         return got
+
+    def watch(self) -> None:
+        """Called while waiting on RDMA: a peer whose control connection closed without a
+        goodbye has died (its process is gone) - say so now rather than at the timeout.
+        Rank 0 watches every rank and tells the others; the others watch rank 0."""
+        socks = self.peers if self.job.rank == 0 else ({0: self.root} if self.root else {})
+        for r, sock in socks.items():
+            if r in self.left:
+                continue
+            readable, _, _ = select.select([sock], [], [], 0)
+            if not readable:
+                continue
+            try:
+                alive = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except OSError:
+                alive = b""
+            if not alive:
+                self._dead(r)
+            # a message: an abort (relayed by rank 0 to the others) raises here; others wait
+            # for their reader
+            try:
+                msg = wire.recv(sock, deadline=time.monotonic() + self.timeout,
+                                peer=f"rank {r}" if r else "rank 0")
+            except PeerError as err:
+                if self.job.rank == 0:
+                    self.abort(str(err), err.peer if err.peer is not None else r, skip=r)
+                raise
+            if msg["type"] == "bye":
+                self.left.add(r)
+            else:
+                self.early.setdefault(r, []).append(msg)
+
+    def _dead(self, r: int) -> None:
+        why = f"rank {r}'s process is gone (its control connection closed)"
+        self.abort(why, r, skip=r)
+        raise PeerError(why, peer=r, hint="see that rank's own output for why it stopped")
+
+    def abort(self, reason: str, blamed: int, skip: int | None = None) -> None:
+        """Tell the job over TCP too (the RDMA path to a peer may be what broke): rank 0
+        tells every other rank, the others tell rank 0, which passes it on."""
+        socks = self.peers if self.job.rank == 0 else ({0: self.root} if self.root else {})
+        for other, sock in socks.items():
+            if other != skip and other not in self.left:
+                try:
+                    wire.send(sock, {"type": "abort", "rank": blamed, "reason": reason[:1000]})
+                except OSError:
+                    pass
+
+    def _next(self, r: int, sock: socket.socket, deadline: float, expect: str) -> dict[str, Any]:
+        queued = self.early.get(r)
+        if queued:
+            msg = queued.pop(0)
+            if msg["type"] != expect:
+                raise ProtocolError(f"expected a {expect} message from rank {r}, got {msg['type']}")
+            return msg
+        return wire.recv(sock, deadline=deadline, peer=f"rank {r}", expect=expect)
 
     def barrier(self) -> None:
         if self.job.world_size == 1:
@@ -104,7 +231,7 @@ class ControlPlane:
         deadline = time.monotonic() + self.timeout
         if self.job.rank == 0:
             for r, sock in sorted(self.peers.items()):
-                msg = wire.recv(sock, deadline=deadline, peer=f"rank {r}", expect="barrier")
+                msg = self._next(r, sock, deadline, "barrier")
                 if msg["seq"] != seq or msg["rank"] != r:
                     raise ProtocolError(f"rank {r} is at barrier {msg['seq']}, rank 0 at {seq}")
             for sock in self.peers.values():
@@ -115,12 +242,17 @@ class ControlPlane:
                 wire.send(self.root, {"type": "barrier", "rank": self.job.rank, "seq": seq})
             except OSError as err:
                 raise PeerError(f"rank 0 is gone: {err}", peer=0) from None
-            msg = wire.recv(self.root, deadline=deadline, peer="rank 0", expect="release")
+            msg = self._next(0, self.root, deadline, "release")
             if msg["seq"] != seq:
                 raise ProtocolError(f"rank 0 released barrier {msg['seq']}, this rank is at {seq}")
 
     def close(self) -> None:
+        """Say goodbye (a closed connection without one means a dead rank), then close."""
         for sock in [*self.peers.values(), *([self.root] if self.root else [])]:
+            try:
+                wire.send(sock, {"type": "bye", "rank": self.job.rank})
+            except OSError:
+                pass
             try:
                 sock.close()
             except OSError:

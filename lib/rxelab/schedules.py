@@ -1,5 +1,9 @@
 """Who talks to whom, and when: the schedules of the collectives, as plain data.
 
+The sequential schedule also takes a window (`pairs=k` in the API): at most k pairs exchange
+at once, in the same fixed order - a dial from strictly sequential (k = 1) to all pairs at
+once (k = p(p-1)/2): the seed's trade-off of time against memory and network load.
+
 Kept apart from the verbs code so they can be checked exhaustively on any machine: every
 ordered pair exactly once, and the strictly sequential schedule never has two pairs active.
 
@@ -32,17 +36,19 @@ def sequential_steps(p: int) -> list[SeqStep]:
     return [SeqStep(k, pair, pair[0]) for k, pair in enumerate(sequential_pairs(p))]
 
 
-def needs_token(steps: list[SeqStep], k: int, rank: int) -> bool:
-    """Must `rank` (a member of step k) wait for a token before step k? Only if it was not in
-    step k-1, and so cannot know from its own completions that step k-1 is over."""
-    return k > 0 and rank in steps[k].pair and rank not in steps[k - 1].pair
+def needs_token(steps: list[SeqStep], k: int, rank: int, window: int = 1) -> bool:
+    """Must `rank` (a member of step k) wait for a token before step k? Step k may start when
+    step k - window is over; a member of that step knows from its own completions, any other
+    member waits for a token from its leader. window = 1 is the strictly sequential schedule;
+    a window of w keeps at most w pairs active (one per chain k, k + w, k + 2w, ...)."""
+    return k >= window and rank in steps[k].pair and rank not in steps[k - window].pair
 
 
-def token_receivers(steps: list[SeqStep], k: int) -> list[int]:
+def token_receivers(steps: list[SeqStep], k: int, window: int = 1) -> list[int]:
     """Ranks that step k's leader must hand the turn to when step k completes."""
-    if k + 1 >= len(steps):
+    if k + window >= len(steps):
         return []
-    return [r for r in steps[k + 1].pair if needs_token(steps, k + 1, r)]
+    return [r for r in steps[k + window].pair if needs_token(steps, k + window, r, window)]
 
 
 def pairwise(p: int, rank: int) -> list[tuple[int, int]]:

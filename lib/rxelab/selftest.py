@@ -2,8 +2,9 @@
 
     RANK=r WORLD_SIZE=p MASTER_ADDR=a MASTER_PORT=n python3 -m rxelab.selftest --sizes 0,1,7,4096
 
-Fills buffers with a pattern that names (source rank, destination rank, byte index), runs
-every algorithm at every size, checks every byte, and prints one JSON line per check.
+Fills buffers with the test data of each collective's description (rxelab.ops), runs every
+algorithm at every size, checks every element against the numpy reference, and prints one
+JSON line per check.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import time
 import numpy as np
 
 import rxelab
+from rxelab import ops
 from rxelab.errors import RdmaError
 
 
 def pattern(src: int, dst: int, n: int) -> np.ndarray:
-    return ((np.arange(n, dtype=np.uint32) * 7 + src * 31 + dst * 17) & 0xFF).astype(np.uint8)
+    return ops.block(src, dst, n)
 
 
 def check(name: str, got: np.ndarray, want: np.ndarray) -> dict[str, object]:
@@ -29,30 +31,29 @@ def check(name: str, got: np.ndarray, want: np.ndarray) -> dict[str, object]:
 
 
 def run(comm: rxelab.comm.Communicator, sizes: list[int], algorithms: dict[str, list[str]]) -> list[dict]:
+    """Every described collective and algorithm at every size (elements of uint8, or of
+    float64 for reductions), checked against its numpy reference; then alltoallv, point to
+    point and one-sided writes."""
     r, p = comm.rank, comm.size
     results = []
     for m in sizes:
-        send = np.concatenate([pattern(r, d, m) for d in range(p)]) if p * m else np.zeros(0, np.uint8)
-        want = np.concatenate([pattern(s, r, m) for s in range(p)]) if p * m else np.zeros(0, np.uint8)
-        for algo in algorithms["alltoall"]:
-            recv = np.full(p * m, 0xEE, np.uint8)
-            stats = comm.alltoall(send, recv, algorithm=algo)
-            results.append({**check(f"alltoall/{algo}/{m}", recv, want),
-                            "peak_inflight": stats.peak_inflight, "seconds": stats.seconds})
+        for name, c in ops.COLLECTIVES.items():
+            dtype = "float64" if c.reduces else "uint8"
+            for algo in algorithms.get(name, c.algorithms):
+                send, want = c.data(r, p, m, dtype, 0, "sum")
+                recv = np.full_like(want, 0xEE)
+                stats = ops.run(comm, name, algo, send, recv)
+                got = send if name == "bcast" else recv
+                results.append({**check(f"{name}/{algo}/{m}", got, want),
+                                "peak_inflight": stats.peak_inflight, "seconds": stats.seconds})
         counts = [(m + d) % (m + 3) for d in range(p)]  # uneven: v-variant
         rcounts = [(m + r) % (m + 3) for _ in range(p)]
         vsend = np.concatenate([pattern(r, d, c) for d, c in enumerate(counts)] or [np.zeros(0, np.uint8)])
         vwant = np.concatenate([pattern(s, r, c) for s, c in enumerate(rcounts)] or [np.zeros(0, np.uint8)])
-        for algo in algorithms["alltoall"]:
+        for algo in algorithms.get("alltoall", ops.COLLECTIVES["alltoall"].algorithms):
             vrecv = np.full(vwant.nbytes, 0xEE, np.uint8)
             comm.alltoallv(vsend, counts, vrecv, rcounts, algorithm=algo)
             results.append(check(f"alltoallv/{algo}/{m}", vrecv, vwant))
-        mine = pattern(r, r, m)
-        gwant = np.concatenate([pattern(s, s, m) for s in range(p)]) if p * m else np.zeros(0, np.uint8)
-        for algo in algorithms["allgather"]:
-            grecv = np.full(p * m, 0xEE, np.uint8)
-            comm.allgather(mine, grecv, algorithm=algo)
-            results.append(check(f"allgather/{algo}/{m}", grecv, gwant))
         if p > 1:  # point to point around the ring, both directions
             right, left = (r + 1) % p, (r - 1) % p
             out = pattern(r, right, m)
@@ -142,8 +143,9 @@ def fault(comm: rxelab.comm.Communicator, victim: int, how: str) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="0,1,7,4096,1048576", help="bytes per peer, comma-separated")
-    ap.add_argument("--alltoall", default=",".join(rxelab.ALLTOALL_ALGORITHMS))
-    ap.add_argument("--allgather", default=",".join(rxelab.ALLGATHER_ALGORITHMS))
+    for name, c in ops.COLLECTIVES.items():
+        ap.add_argument(f"--{name.replace('_', '-')}", default=",".join(c.algorithms),
+                        help=f"{name} algorithms to check (default: all)")
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--window", type=int, default=4 << 20)
     ap.add_argument("--chunk", type=int, default=1 << 20)
@@ -151,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--victim", type=int, default=1, help="the rank that dies or hangs")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",") if x]
-    algos = {"alltoall": [a for a in args.alltoall.split(",") if a],
-             "allgather": [a for a in args.allgather.split(",") if a]}
+    algos = {name: [a for a in getattr(args, name).split(",") if a] for name in ops.COLLECTIVES}
     started = time.monotonic()
     try:
         with rxelab.init(timeout=args.timeout, window=args.window, chunk=args.chunk) as comm:

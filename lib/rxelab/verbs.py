@@ -9,14 +9,14 @@ posted (rxe rejects post_recv in RESET).
 
 from __future__ import annotations
 
+import os
 import random
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import pyverbs.enums as e
 from pyverbs.addr import GID, AHAttr, GlobalRoute
-from pyverbs.cq import CQ, cqe_status_to_str
+from pyverbs.cq import CQ, CompChannel, cqe_status_to_str
 from pyverbs.device import Context, get_device_list
 from pyverbs.mr import MR
 from pyverbs.pd import PD
@@ -24,15 +24,15 @@ from pyverbs.pyverbs_error import PyverbsError
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
-from rxelab.buffers import Buffer
 from rxelab.errors import ConfigError, RdmaError
 
-TIMEOUT = 16  # 4.096 us * 2^16 = 268 ms per ack timeout: generous under emulation
-RETRY_CNT = 7
+QP_TIMEOUT = 16  # 4.096 us * 2^16 = 268 ms per ack timeout: generous under emulation
+RETRY_CNT = 7  # retransmissions (go-back-N) before the QP goes to error
 RNR_RETRY = 7  # 7 = retry forever on receiver-not-ready
 MIN_RNR_TIMER = 12
 ACCESS_REMOTE = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
-SLOT_BYTES = 64  # one control message
+CTRL_SLOT = 64  # a control message; slots grow to the eager limit
+WR_CACHE = 256  # send WRs kept per connection
 
 
 def status_str(status: int) -> str:
@@ -59,12 +59,24 @@ class Endpoint:
         return cls(int(d["qpn"]), int(d["psn"]), str(d["gid"]), int(d["lid"]))
 
 
+def _fds() -> dict[int, str]:
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            pass
+    return out
+
+
 def _is_ipv4_mapped(gid: str) -> bool:
     return gid.startswith("0000:0000:0000:0000:0000:ffff:")
 
 
 class Device:
-    """Context + PD + one CQ, on the first ACTIVE port unless told otherwise."""
+    """Context + PD + one CQ, on the first ACTIVE port unless told otherwise. The CQ has a
+    completion channel, so a waiting rank can sleep in the kernel until a completion comes
+    (see Engine.wait) instead of spinning on a vCPU that the peers' VMs need."""
 
     def __init__(self, name: str | None = None, port: int | None = None,
                  gid_index: int | None = None, cq_depth: int = 8192) -> None:
@@ -79,10 +91,38 @@ class Device:
             self.gid = str(self.ctx.query_gid(self.port, self.gid_index))
             self.max_cqe = int(self.ctx.query_device().max_cqe)
             self.pd = PD(self.ctx)
-            self.cq = CQ(self.ctx, min(cq_depth, self.max_cqe))
+            self.channel, self.channel_fd = self._open_channel()
+            depth = min(cq_depth, self.max_cqe)
+            self.cq = CQ(self.ctx, depth, None, self.channel, 0) if self.channel else \
+                CQ(self.ctx, depth)
         except PyverbsError as err:
             self.close()
             raise RdmaError(f"cannot open RDMA device {name or '(auto)'}: {err}") from None
+
+    def _open_channel(self) -> tuple[Any, int | None]:
+        """A completion channel and its file descriptor (pyverbs does not expose it: it is
+        the new 'infinibandevent' descriptor), or (None, None) to poll without sleeping."""
+        before = _fds()
+        try:
+            channel = CompChannel(self.ctx)
+        except PyverbsError:
+            return None, None
+        fd = getattr(channel, "fd", None)
+        if fd is None:
+            new = [f for f, target in _fds().items() if f not in before and "infinibandevent" in target]
+            fd = new[0] if len(new) == 1 else None
+        if fd is None:
+            channel.close()
+            return None, None
+        return channel, fd
+
+    def arm(self) -> None:
+        """Ask for an event on the channel at the next completion."""
+        self.cq.req_notify()
+
+    def take_event(self) -> None:
+        self.channel.get_cq_event(self.cq)
+        self.cq.ack_events(1)
 
     def _choose(self, name: str | None, port: int | None) -> tuple[str, int]:
         names = [d.name.decode() if isinstance(d.name, bytes) else str(d.name)
@@ -118,96 +158,64 @@ class Device:
         return 0  # InfiniBand, or RoCE without an IPv4 address: the first GID
 
     def close(self) -> None:
-        for name in ("cq", "pd", "ctx"):
+        for name in ("cq", "channel", "pd", "ctx"):
             res = getattr(self, name, None)
             if res is not None:
                 res.close()
                 setattr(self, name, None)
 
 
-class Registry:
-    """Memory registration cache, keyed by (address, length, access).
-
-    Holding the owner object keeps its memory from being freed and reused under a stale
-    registration. Least recently used entries are dropped above `limit` pinned bytes.
-    """
-
-    def __init__(self, pd: Any, limit: int) -> None:
-        self.pd = pd
-        self.limit = limit
-        self.entries: OrderedDict[tuple[int, int, int], tuple[Any, Any]] = OrderedDict()
-        self.pinned = 0
-        self.peak = 0
-        self.registrations = 0
-
-    def register(self, buf: Buffer, access: int) -> Any:
-        key = (buf.address, buf.nbytes, access)
-        hit = self.entries.get(key)
-        if hit is not None:
-            self.entries.move_to_end(key)
-            return hit[0]
-        try:
-            mr = MR(self.pd, buf.nbytes, access, address=buf.address)
-        except PyverbsError as err:
-            raise RdmaError(f"registering {buf.nbytes} bytes failed: {err}",
-                            hint="memlock limit? (ulimit -l)") from None
-        self.registrations += 1
-        self.entries[key] = (mr, buf.owner)
-        self.pinned += buf.nbytes
-        self.peak = max(self.peak, self.pinned)
-        while self.pinned > self.limit and len(self.entries) > 1:
-            (_, size, _), (old, _) = self.entries.popitem(last=False)
-            old.close()
-            self.pinned -= size
-        return mr
-
-    def add_fixed(self, nbytes: int) -> None:
-        """Memory the library pins for itself (control slabs) counts too."""
-        self.pinned += nbytes
-        self.peak = max(self.peak, self.pinned)
-
-    def close(self) -> None:
-        for mr, _ in self.entries.values():
-            mr.close()
-        self.entries.clear()
+def register_mr(pd: Any, address: int, nbytes: int, access: int) -> Any:
+    """Register a caller's memory in place (rxelab.registry caches these)."""
+    try:
+        return MR(pd, nbytes, access, address=address)
+    except PyverbsError as err:
+        raise RdmaError(f"registering {nbytes} bytes failed: {err}",
+                        hint="memlock limit? (ulimit -l)") from None
 
 
 class Connection:
-    """One RC QP to one peer, with a slab of receive slots for control messages and
-    write-with-immediate notices, and a slab of send slots for outgoing control messages."""
+    """One RC QP to one peer, with a slab of receive slots (control messages, eager data,
+    write-with-immediate notices) and a slab of send slots (control messages and the bounce
+    copies of eager data), slot_size bytes each."""
 
-    def __init__(self, dev: Device, registry: Registry, peer: int, slots: int, send_depth: int) -> None:
+    def __init__(self, dev: Device, registry: Any, peer: int, slots: int, send_depth: int,
+                 slot_size: int = CTRL_SLOT) -> None:
         self.peer = peer
         self.dev = dev
         self.slots = slots
+        self.slot_size = slot_size
         self.qp: Any = None
-        self.recv_mr = MR(dev.pd, slots * SLOT_BYTES, e.IBV_ACCESS_LOCAL_WRITE)
-        self.send_mr = MR(dev.pd, slots * SLOT_BYTES, e.IBV_ACCESS_LOCAL_WRITE)
-        registry.add_fixed(2 * slots * SLOT_BYTES)
+        self.recv_mr = MR(dev.pd, slots * slot_size, e.IBV_ACCESS_LOCAL_WRITE)
+        self.send_mr = MR(dev.pd, slots * slot_size, e.IBV_ACCESS_LOCAL_WRITE)
+        self.recv_base, self.send_base = self.recv_mr.buf, self.send_mr.buf
+        registry.add_fixed(2 * slots * slot_size)
         cap = QPCap(max_send_wr=send_depth, max_recv_wr=slots, max_send_sge=1, max_recv_sge=1)
         self.qp = QP(dev.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=dev.cq, rcq=dev.cq, cap=cap,
-                                         sq_sig_all=1))
+                                         sq_sig_all=0))
         self.psn = random.getrandbits(24)
         attr = QPAttr(port_num=dev.port)
         attr.qp_access_flags = ACCESS_REMOTE
         self.qp.to_init(attr)
-        # pyverbs' WR and SGE objects leak their C memory (rdma-core <= 50): make them once.
+        # One receive WR per slot, made once: each owns a copy of its SGE.
         self.recv_wrs = [
             RecvWR(wr_id=(peer << 32) | i, num_sge=1,
-                   sg=[SGE(self.recv_mr.buf + i * SLOT_BYTES, SLOT_BYTES, self.recv_mr.lkey)])
+                   sg=[SGE(self.recv_base + i * slot_size, slot_size, self.recv_mr.lkey)])
             for i in range(slots)
         ]
         for wr in self.recv_wrs:
             self.qp.post_recv(wr)
-        self.sge = SGE(0, 0, 0)
-        self.wr = SendWR(num_sge=1, sg=[self.sge])
-        self.wr.sg_list = self.sge  # from now on the WR reads this SGE: mutate, post, repeat
         self.free_send_slots = list(range(slots))
+        # send slot -> (its SendOp, the unsignaled (slot, SendOp)s posted before it)
+        self.slot_ops: dict[int, tuple[Any, list[tuple[int, Any]]]] = {}
+        self.unsignaled: list[tuple[int, Any]] = []  # posted without a completion of their own
+        self.wrs: dict[tuple[int, int, int], Any] = {}
 
     def endpoint(self) -> Endpoint:
         return Endpoint(self.qp.qp_num, self.psn, self.dev.gid, self.dev.lid)
 
-    def connect(self, remote: Endpoint) -> None:
+    def connect(self, remote: Endpoint, qp_timeout: int = QP_TIMEOUT,
+                retry_cnt: int = RETRY_CNT) -> None:
         self.remote = remote
         attr = QPAttr(port_num=self.dev.port)
         attr.qp_access_flags = ACCESS_REMOTE
@@ -218,8 +226,8 @@ class Connection:
         attr.max_dest_rd_atomic = 1
         attr.max_rd_atomic = 1
         attr.min_rnr_timer = MIN_RNR_TIMER
-        attr.timeout = TIMEOUT
-        attr.retry_cnt = RETRY_CNT
+        attr.timeout = qp_timeout
+        attr.retry_cnt = retry_cnt
         attr.rnr_retry = RNR_RETRY
         gr = GlobalRoute(dgid=GID(remote.gid), sgid_index=self.dev.gid_index, hop_limit=64)
         attr.ah_attr = AHAttr(port_num=self.dev.port, is_global=1, gr=gr, dlid=remote.lid)
@@ -232,18 +240,27 @@ class Connection:
         self.qp.post_recv(self.recv_wrs[slot])
 
     def slot_bytes(self, slot: int, length: int) -> bytes:
-        return bytes(self.recv_mr.read(length, slot * SLOT_BYTES))
+        return bytes(self.recv_mr.read(length, slot * self.slot_size))
 
     def post(self, wr_id: int, opcode: int, addr: int, length: int, lkey: int,
-             remote_addr: int = 0, rkey: int = 0, imm: int = 0) -> None:
-        self.sge.addr, self.sge.length, self.sge.lkey = addr, length, lkey
-        self.wr.wr_id = wr_id
-        self.wr.opcode = opcode
-        self.wr.imm_data = imm
-        self.wr.send_flags = e.IBV_SEND_SIGNALED
-        if opcode in (e.IBV_WR_RDMA_WRITE, e.IBV_WR_RDMA_WRITE_WITH_IMM):
-            self.wr.set_wr_rdma(rkey, remote_addr)
-        self.qp.post_send(self.wr)
+             remote_addr: int = 0, rkey: int = 0, imm: int = 0, signaled: bool = True) -> None:
+        # A WR per (address, length, key), kept for the next post of the same memory (a
+        # repeated collective posts the same slots and blocks again). Each WR made its own
+        # copy of its SGE: pointing a reused WR at a reused SGE (wr.sg_list = sge) would make
+        # both free one pointer on rdma-core versions whose objects have destructors.
+        key = (addr, length, lkey)
+        wr = self.wrs.get(key)
+        if wr is None:
+            if len(self.wrs) >= WR_CACHE:
+                self.wrs.clear()
+            wr = self.wrs[key] = SendWR(num_sge=1, sg=[SGE(addr, length, lkey)])
+        wr.wr_id = wr_id
+        wr.opcode = opcode
+        wr.imm_data = imm
+        wr.send_flags = e.IBV_SEND_SIGNALED if signaled else 0
+        if opcode == e.IBV_WR_RDMA_WRITE or opcode == e.IBV_WR_RDMA_WRITE_WITH_IMM:
+            wr.set_wr_rdma(rkey, remote_addr)
+        self.qp.post_send(wr)
 
     def close(self) -> None:
         for res in (self.qp, self.recv_mr, self.send_mr):

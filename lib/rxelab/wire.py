@@ -18,18 +18,20 @@ from typing import Any
 from rxelab.errors import PeerError, ProtocolError
 
 MAGIC = b"RXLB"
-VERSION = 1
+VERSION = 2  # 2: hellos carry the job token
 HEADER = struct.Struct("!4sHI")
 MAX_BODY = 1 << 20  # a table for thousands of ranks fits; a stray stream does not
 
 # type -> {field: (python type, check)}
 _U24 = (int, lambda v: 0 <= v < 1 << 24)
 _RANK = (int, lambda v: 0 <= v < 1 << 20)
-_GID = (str, lambda v: len(v) == 39 and v.count(":") == 7)
+_HEX = set("0123456789abcdefABCDEF")
+_GID = (str, lambda v: len(v) == 39 and all(len(g) == 4 and set(g) <= _HEX for g in v.split(":"))
+        and v.count(":") == 7)
 _ENDPOINT = {"qpn": _U24, "psn": _U24, "gid": _GID, "lid": (int, lambda v: 0 <= v < 1 << 16)}
 SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
     "hello": {"rank": _RANK, "world_size": _RANK, "host": (str, lambda v: 0 < len(v) < 256),
-              "endpoints": (dict, None)},
+              "token": (str, lambda v: len(v) <= 64), "endpoints": (dict, None)},
     "table": {"endpoints": (dict, None)},
     "barrier": {"rank": _RANK, "seq": (int, lambda v: v >= 0)},
     "release": {"seq": (int, lambda v: v >= 0)},
@@ -74,6 +76,10 @@ def _parse_body(body: bytes) -> dict[str, Any]:
         message = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ProtocolError(f"message body is not JSON: {e}") from None
+    except RecursionError:
+        raise ProtocolError("message body is nested too deeply") from None
+    except ValueError as e:  # e.g. an integer of thousands of digits
+        raise ProtocolError(f"message body has an impossible value: {str(e)[:80]}") from None
     validate(message)
     return message  # type: ignore[no-any-return]
 
@@ -101,9 +107,9 @@ def validate(message: Any) -> None:
 def validate_endpoints(endpoints: Any, kind: str) -> None:
     """{peer rank (as str): {qpn, psn, gid, lid}} — JSON keys are strings."""
     for key, ep in endpoints.items():
-        if not key.isdigit():
+        if not key.isdigit() or len(key) > 7:
             raise ProtocolError(f"{kind} message: endpoint key {key!r} is not a rank")
-        if isinstance(ep, dict) and "qpn" not in ep and all(k.isdigit() for k in ep):
+        if isinstance(ep, dict) and ep and "qpn" not in ep and all(k.isdigit() for k in ep):
             validate_endpoints(ep, kind)  # the table nests one level: {to: {from: endpoint}}
             continue
         if not isinstance(ep, dict) or set(ep) != set(_ENDPOINT):
@@ -116,6 +122,20 @@ def validate_endpoints(endpoints: Any, kind: str) -> None:
 
 def send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(encode(message))
+
+
+def split_frame(data: bytes | bytearray) -> tuple[dict[str, Any], int] | None:
+    """The first whole frame in data, as (message, bytes used), or None while it is still
+    incomplete; anything malformed is a ProtocolError at once (even before the whole body
+    came, so nobody can make rank 0 buffer a stray stream)."""
+    if len(data) < HEADER.size:
+        if not MAGIC.startswith(bytes(data[:len(MAGIC)])):
+            raise ProtocolError(f"not an rxelab message (starts with {bytes(data[:4])!r})")
+        return None
+    length = _check_header(bytes(data[:HEADER.size]))
+    if len(data) < HEADER.size + length:
+        return None
+    return _parse_body(bytes(data[HEADER.size:HEADER.size + length])), HEADER.size + length
 
 
 def recv(sock: socket.socket, *, deadline: float, peer: str, expect: str | None = None) -> dict[str, Any]:

@@ -42,11 +42,15 @@ def test_deploy_is_idempotent_and_checks_the_nodes(lab):
 def test_smoke_verifies_every_algorithm_and_runs_mpi_on_the_same_nodes(smoke):
     records = [json.loads(x) for x in (smoke / "records.jsonl").read_text().splitlines()]
     assert [r["status"] for r in records] == ["ok"] * len(records)
-    ran = {(r["app"], r["op"], r["algorithm"]) for r in records}
+    ran = {(r["app"], r["op"], r["algorithm"], r["transport"]) for r in records}
     for op, algos in (("allgather", ("star", "ring", "sequential")),
                       ("alltoall", ("sequential", "pairwise", "parallel"))):
-        assert {("rxelab", op, a) for a in algos} <= ran
-        assert ("mpi", op, "mpi-default") in ran
+        assert {("rxelab", op, a, None) for a in algos} <= ran
+        assert {("mpi", op, "mpi-default", t) for t in ("ucx", "tcp")} <= ran
+    for r in records:  # proven by rxe's own counters on every node, not claimed
+        sent = sum(d.get("sent_pkts", 0) for d in r["rxe"].values())
+        assert (sent == 0) == (r.get("transport") == "tcp"), (r["app"], r.get("transport"), sent)
+        assert r["active_mtu"] == 4096
     assert any(r["app"] == "perftest" and r["summary"]["bw_MBps"] > 0 for r in records)
     rx = next(r["summary"] for r in records if r["app"] == "rxelab")
     mpi = next(r["summary"] for r in records if r["app"] == "mpi")
@@ -57,6 +61,8 @@ def test_smoke_verifies_every_algorithm_and_runs_mpi_on_the_same_nodes(smoke):
     env = json.loads((smoke / "environment.json").read_text())
     assert env["complete"] is True and env["kernel"] and env["accel"] in ("tcg", "kvm")
     assert "rdma-core" in env["packages"] and "openmpi-bin" in env["packages"]
+    assert "libucx0" in env["packages"] and env["ucx_settings"]["UCX_UD_ETH_DGID_CHECK"] == "n"
+    assert env["mtu"] == 4096 and env["netdev_mtu"] == 9000
     assert (smoke / "spec.toml").read_text().startswith('name = "smoke"')
 
 
@@ -67,8 +73,10 @@ def test_report_renders_tables_and_plots(lab, smoke):
     assert "not hardware numbers" in page and "data:image/png;base64," in page
     for algo in ("star", "ring", "sequential", "pairwise", "parallel", "mpi-default"):
         assert f"<td>{algo}</td>" in page, algo
+    assert "<td>mpi-ucx</td>" in page and "<td>mpi-tcp</td>" in page
+    assert "UCX_UD_ETH_DGID_CHECK=n" in page
     md = (smoke / "report.md").read_text()
-    assert "| app | op | algorithm |" in md and (smoke / "memory.png").exists()
+    assert "| contender | op | algorithm |" in md and (smoke / "memory.png").exists()
 
 
 def test_a_node_without_the_rdma_device_is_named_before_anything_runs(lab, tmp_path):
@@ -81,3 +89,41 @@ def test_a_node_without_the_rdma_device_is_named_before_anything_runs(lab, tmp_p
     assert r.returncode == 1
     assert "node2: no RDMA device mlx5_7" in r.stderr, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "res").exists()
+
+
+def test_ctrl_c_during_a_run_keeps_results_and_leaves_nothing_running_or_impaired(lab, tmp_path):
+    """A real SIGINT to `fab run-experiment` while a case runs under netem on every node."""
+    import os
+    import signal
+    import time
+
+    spec = tmp_path / "long.toml"
+    spec.write_text('name = "long"\n[[runs]]\napp = "rxelab"\nop = "alltoall"\n'
+                    'algorithms = ["pairwise"]\nnodes = [3]\nsizes = [1024]\nstages = 100000\n'
+                    'netem = [{delay_ms = 1}]\n')
+    results = tmp_path / "res"
+    proc = subprocess.Popen([FAB, "run-experiment", "--spec", str(spec), "--results", str(results)],
+                            cwd=REPO, env=lab.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 300
+        while "server_client" not in (lab.try_ssh(lab.hosts[2], "pgrep -af server_client") or ""):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the case never started"
+            time.sleep(2)
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, out[-2000:]
+    assert "interrupted: partial results kept" in out and "Traceback" not in out, out[-2000:]
+    (run,) = list(results.iterdir())
+    assert json.loads((run / "environment.json").read_text())["complete"] is False
+    for h in lab.hosts:
+        left = lab.ssh(h, "pgrep -af 'server_client|rxelab.launch' || true; /sbin/tc qdisc show "
+                          "dev data0 | grep netem || true").stdout.strip()
+        assert left == "", f"{h.name}: {left}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 
 import pytest
 
@@ -157,3 +158,35 @@ def test_benchmark_prints_osu_rows_with_bandwidth_and_the_perftest_limit(deploye
         assert fields[-1] in ("0", "-"), f"#wrong must be 0: {fields}"
     big = [f for f in rows if f[0] == "65536"]
     assert all(float(f[5]) > 0 for f in big), "bandwidth measured"
+
+
+def pgrep_everywhere(lab, pattern: str) -> dict[str, str]:
+    out = {}
+    for h in lab.hosts:
+        r = lab.ssh(h, f"pgrep -u lab -f {shlex.quote(pattern)} || true", timeout=60)
+        out[h.name] = r.stdout.strip()
+    return out
+
+
+@pytest.mark.parametrize("sig", ["TERM", "KILL"])
+def test_no_rank_outlives_the_launcher_on_any_node(deployed, sig):
+    """SIGTERM (or SIGKILL) to the launcher on node1: the ranks on node1, node2 and node3 end."""
+    marker = f"sleep 7{len(sig)}7"
+    names = ",".join(h.name for h in deployed.hosts)
+    r = deployed.ssh(deployed.hosts[0], f"cd {REMOTE_LIB} && PYTHONPATH=$HOME/{REMOTE_LIB} nohup "
+                     f"python3 -m rxelab.launch --hosts {names} -- {marker} >/tmp/launch.out 2>&1 "
+                     f"</dev/null & echo $!")
+    launcher = int(r.stdout.strip())
+    try:
+        deadline = time.monotonic() + 60
+        while not all(pgrep_everywhere(deployed, marker).values()):
+            assert time.monotonic() < deadline, "the ranks did not start on every node"
+            time.sleep(1)
+        deployed.ssh(deployed.hosts[0], f"kill -{sig} {launcher}")
+        deadline = time.monotonic() + 30
+        while any((left := pgrep_everywhere(deployed, marker)).values()):
+            assert time.monotonic() < deadline, f"ranks still running 30 s after {sig}: {left}"
+            time.sleep(1)
+    finally:
+        for h in deployed.hosts:
+            deployed.ssh(h, f"pkill -u lab -f {shlex.quote(marker)} || true")

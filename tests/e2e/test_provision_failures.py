@@ -70,32 +70,44 @@ def test_a_node_that_is_not_ready_in_time_is_named_with_its_serial_log(tmp_path)
     assert d.returncode == 0 and not (tmp_path / "state").exists()
 
 
+def default_sigint() -> None:
+    """In the child: Ctrl-C does what it does at a terminal, even when this test process was
+    started with SIGINT ignored (a background job of a non-interactive shell, many CI
+    runners), which the child would otherwise inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_provision_stops_and_removes_everything(tmp_path):
     env = lab_env(tmp_path, "rxeint", 2440)
     run_dir = tmp_path / "state" / "run"
-    proc = subprocess.Popen(["make", "provision"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 600
-        while not (run_dir.exists() and list(run_dir.glob("node*.pid"))):
-            assert proc.poll() is None, f"provision ended early: {proc.stdout.read()}"
-            assert time.monotonic() < deadline, "no VM was started within 10 minutes"
-            time.sleep(0.5)
-        time.sleep(3)
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
-        out, _ = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode != 0
-    assert "interrupted" in out and "nothing is left running" in out, out[-3000:]
-    assert "Traceback" not in out
-    assert_nothing_left("rxeint", tmp_path / "state")
-    d = make("destroy", env, timeout=300)
-    assert d.returncode == 0
-    again = make("provision", {**env, "RXELAB_BOOT_TIMEOUT": "1"}, timeout=600)
-    assert "node1: started" in again.stdout + again.stderr, "the next provision is not tripped"
-    assert "already exists" not in again.stdout + again.stderr
-    make("destroy", env, timeout=300)
+        proc = subprocess.Popen(["make", "provision"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                preexec_fn=default_sigint)
+        try:
+            deadline = time.monotonic() + 600
+            while not (run_dir.exists() and list(run_dir.glob("node*.pid"))):
+                assert proc.poll() is None, f"provision ended early: {proc.stdout.read()}"
+                assert time.monotonic() < deadline, "no VM was started within 10 minutes"
+                time.sleep(0.5)
+            time.sleep(3)
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+            out, _ = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert proc.returncode != 0
+        assert "interrupted" in out and "nothing is left running" in out, out[-3000:]
+        assert "Traceback" not in out
+        assert_nothing_left("rxeint", tmp_path / "state")
+        d = make("destroy", env, timeout=300)
+        assert d.returncode == 0
+        again = make("provision", {**env, "RXELAB_BOOT_TIMEOUT": "10"}, timeout=600)
+        assert "node1: started" in again.stdout + again.stderr, "the next provision is not tripped"
+        assert "already exists" not in again.stdout + again.stderr
+    finally:  # whatever failed above, this test's lab is gone afterwards
+        make("destroy", env, timeout=300)
+        for pid in qemu_of_lab("rxeint"):
+            os.kill(pid, signal.SIGKILL)
     assert_nothing_left("rxeint", tmp_path / "state")

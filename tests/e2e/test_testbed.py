@@ -28,6 +28,7 @@ def test_make_status_shows_every_node_running_with_rxe_active(lab):
     assert len(rows) == 3, r.stdout
     for row in rows:
         assert "running" in row and "ACTIVE" in row, row
+        assert "data0 9000 / rdma 4096" in row, "jumbo frames by default: rxe path MTU 4096"
 
 
 @pytest.mark.parametrize("index", [0, 1, 2])
@@ -37,6 +38,8 @@ def test_rxe0_is_active_on_data0(lab, index):
     assert r.returncode == 0, r.stderr
     assert "state ACTIVE" in r.stdout and "netdev data0" in r.stdout, r.stdout
     assert f"{host.data_ip}/24" in r.stdout
+    r = lab.ssh(host, "ibv_devinfo -d rxe0 | grep active_mtu; cat /sys/class/net/data0/mtu")
+    assert "4096" in r.stdout.split("\n")[0] and r.stdout.split()[-1] == "9000", r.stdout
 
 
 @pytest.mark.parametrize("index", [0, 1, 2])

@@ -12,6 +12,6 @@ from infra.config import REPO
 @pytest.mark.skipif(shutil.which("ruff") is None and not (REPO / ".venv/bin/ruff").exists(),
                     reason="ruff not installed (make deps installs it)")
 def test_ruff_is_clean():
-    r = subprocess.run([sys.executable, "-m", "ruff", "check", "infra", "lib", "tests"], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -73,3 +73,79 @@ def test_the_seed_stages_table_appears_when_runs_differ_in_stages(results):
     md = md_path.read_text()
     assert "## Stages (total seconds)" in md and "| run | 3 stages | 100 stages |" in md
     assert "| rxelab alltoall/sequential 1024 B |" in md
+
+
+def synthetic(results, transform):
+    """Rewrite the fixture's records with transform(record) -> list of records."""
+    records = [json.loads(x) for x in (results / "records.jsonl").read_text().splitlines()]
+    out = [new for r in records for new in transform(r)]
+    for i, r in enumerate(out):
+        r["case"] = i
+    (results / "records.jsonl").write_text("\n".join(json.dumps(r) for r in out) + "\n")
+    return out
+
+
+def test_mpi_rows_are_labelled_by_transport_and_compared_with_rxelab(results):
+    def both(r):
+        if r["app"] != "mpi":
+            return [r]
+        return [{**r, "transport": t, "rxe": {"node1": {"sent_pkts": 0 if t == "tcp" else 500}}}
+                for t in ("ucx", "tcp")]
+    synthetic(results, both)
+    _, md_path = report.write(results)
+    md = md_path.read_text()
+    assert "| mpi-ucx | alltoall |" in md and "| mpi-tcp | alltoall |" in md
+    assert "mpi-ucx 500-500" in md and "mpi-tcp 0-0" in md
+    assert "best rxelab takes" in md and "x mpi-ucx's time and" in md
+    assert "UCX_UD_ETH_DGID_CHECK=n" in md, "how MPI runs over rxe, and why"
+
+
+def test_loss_study_plot_and_words(results):
+    def lossy(r):
+        if r["app"] == "perftest" or r["size"] != 1024:
+            return [r]
+        out = []
+        for loss, factor in ((0, 1), (1.0, 3), (5.0, 20)):
+            s = dict(r["summary"])
+            s["avg_stage_us"] *= factor
+            out.append({**r, "netem": {"loss": loss} if loss else {}, "summary": s,
+                        "rxe": {"node1": {"sent_pkts": 9, "completer_retry_err": int(loss * 10)}}})
+        out.append({**r, "netem": {"loss": 1.0, "delay_ms": 1, "jitter_ms": 2, "reorder": 5},
+                    "status": "timeout", "summary": None, "error": "passed its deadline",
+                    "partial": {"stages_done": 2, "seconds": 4.0}})
+        return out
+    synthetic(results, lossy)
+    _, md_path = report.write(results)
+    md = md_path.read_text()
+    assert (results / "loss.png").stat().st_size > 5000
+    assert "At 5 % loss, time per call as a multiple of the clean network's" in md
+    assert "loss 1%: 3.0x its clean time, 10 retransmission timeouts" in md
+    assert "ran out of time (2 of 3 stages done)" in md
+    assert "| timeout |" in md and "| 2000000 |" in md, "a timed-out case shows its partial average"
+
+
+def test_long_runs_get_the_stages_figure_and_call_distributions(results):
+    def stages(r):
+        if r["app"] == "perftest" or r["size"] != 1024:
+            return [r]
+        out = []
+        for n in (100, 1000):
+            s = {**r["summary"], "stages": n, "total_seconds": r["summary"]["total_seconds"] * n}
+            out.append({**r, "stages": n, "summary": s, "stage_seconds": [0.01 + i * 1e-5
+                                                                          for i in range(n)]})
+        return out
+    synthetic(results, stages)
+    html_path, _ = report.write(results)
+    for name in ("stages.png", "distribution.png"):
+        assert (results / name).stat().st_size > 5000, name
+    page = html_path.read_text()
+    assert page.index("alt='stages.png'") < page.index("<h2>Collectives</h2>"), "the answer first"
+
+
+@pytest.mark.parametrize("op, factor", [("alltoall", 2 / 3), ("allgather", 2 / 3),
+                                        ("reduce_scatter", 2 / 3), ("allreduce", 4 / 3),
+                                        ("bcast", 1.0)])
+def test_bus_bandwidth_follows_each_collectives_model(op, factor):
+    algbw, busbw = report.bandwidth(size=3_000_000, ranks=3, seconds=1.0, op=op)
+    per_rank = 3_000_000 * (3 if op in ("alltoall", "allgather", "reduce_scatter") else 1)
+    assert algbw == pytest.approx(per_rank / 1e6) and busbw == pytest.approx(algbw * factor)

@@ -2,58 +2,93 @@
 
 import pytest
 
-from experiments import runner
+from experiments import commands
 from experiments.report import bandwidth, peak_to_mean
 from infra.inventory import Host, RdmaEndpoint, SSHEndpoint
 
 HOSTS = [Host(f"node{i}", SSHEndpoint("127.0.0.1", 2220 + i), f"10.10.0.{10 + i}", RdmaEndpoint())
          for i in (1, 2, 3)]
 CASE = {"app": "rxelab", "op": "alltoall", "algorithm": "sequential", "nodes": 3, "size": 4096,
-        "stages": 5, "warmup": 1, "transport": "tcp", "sample_load": False}
+        "stages": 5, "warmup": 1, "transport": None, "sample_load": False, "netem": {},
+        "mtu": None, "timeout_s": None}
 
 
 def test_rxelab_case_runs_our_launcher_on_the_data_network():
-    cmd = runner.rxelab_command(CASE, HOSTS, 29701)
-    assert "python3 -m rxelab.launch --hosts 10.10.0.11,10.10.0.12,10.10.0.13 --port 29701" in cmd
+    cmd = commands.rxelab_command(CASE, HOSTS, 29701)
+    assert "python3 -m rxelab.launch --hosts 10.10.0.11,10.10.0.12,10.10.0.13 --per-host 1 " \
+        "--port 29701" in cmd
     assert "server_client.py --op alltoall --algorithm sequential --size 4096 --stages 5" in cmd
     assert cmd.startswith("PYTHONPATH=$HOME/rxelab/lib ")
 
 
+def test_rxelab_case_passes_the_rc_retry_settings():
+    cmd = commands.rxelab_command({**CASE, "qp_timeout": 12, "retry_cnt": 3}, HOSTS, 29701)
+    assert "--qp-timeout 12 --retry-cnt 3" in cmd
+
+
 def test_mpi_case_uses_tcp_on_data0_and_forces_coll_tuned_algorithms():
-    case = {**CASE, "app": "mpi", "algorithm": "mpi-pairwise"}
-    cmd = runner.mpi_command(case, HOSTS, "data0")
+    case = {**CASE, "app": "mpi", "algorithm": "mpi-pairwise", "transport": "tcp"}
+    cmd = commands.mpi_command(case, HOSTS, "data0")
     assert "mpirun -np 3 --host 10.10.0.11,10.10.0.12,10.10.0.13" in cmd
     assert "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include data0" in cmd
     assert "--mca oob_tcp_if_include data0" in cmd
     assert "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_alltoall_algorithm 2" in cmd
     assert "$HOME/rxelab/apps/mpi_compare.py" in cmd and cmd.startswith("timeout ")
-    default = runner.mpi_command({**case, "algorithm": "mpi-default"}, HOSTS, "data0")
+    default = commands.mpi_command({**case, "algorithm": "mpi-default"}, HOSTS, "data0")
     assert "coll_tuned" not in default
-    ucx = runner.mpi_command({**case, "transport": "ucx"}, HOSTS, "data0")
-    assert "--mca pml ucx" in ucx and "UCX_NET_DEVICES=rxe0:1" in ucx
+    assert "--mca pml ucx" not in cmd and "UCX" not in cmd
+
+
+def test_mpi_over_ucx_is_the_recipe_that_runs_on_rxe():
+    case = {**CASE, "app": "mpi", "algorithm": "mpi-pairwise", "transport": "ucx"}
+    ucx = commands.mpi_command(case, HOSTS, "data0")
+    assert "--mca pml ucx --mca btl '^openib,uct'" in ucx
+    for setting in ("UCX_NET_DEVICES=rxe0:1", "UCX_TLS=rc_v,self", "UCX_UD_ETH_DGID_CHECK=n",
+                    "UCX_IB_GID_INDEX=1"):
+        assert f"-x {setting}" in ucx, setting
+    assert "--mca coll_tuned_alltoall_algorithm 2" in ucx, "forced algorithms work with pml ucx"
+    assert "--mca oob_tcp_if_include data0" in ucx
+    assert commands.ucx_settings(HOSTS[0], ranks_per_host=2)["UCX_TLS"] == "rc_v,self,sm"
+
+
+def test_node_set_up_applies_mtu_and_netem_then_reads_counters():
+    case = {**CASE, "mtu": 1500, "netem": {"loss": 1}}
+    cmd = commands.prepare_command(HOSTS[0], case)
+    assert "nd=$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/1)" in cmd
+    assert 'sudo -n ip link set dev "$nd" mtu 1500' in cmd
+    assert 'sudo -n tc qdisc replace dev "$nd" root netem loss 1%' in cmd
+    assert cmd.index("mtu 1500") < cmd.index("netem") < cmd.index("|| exit 3") < \
+        cmd.index("hw_counters")
+    restore = commands.restore_command(HOSTS[0], 9000)
+    assert "tc qdisc del" in restore and 'mtu 9000' in restore and "hw_counters" in restore
+    out = "netdev_mtu 1500\nactive_mtu 1024\nsent_pkts:10\nrcvd_pkts:7\n"
+    assert commands.parse_readings(out) == {"netdev_mtu": 1500, "active_mtu": 1024,
+                                             "counters": {"sent_pkts": 10, "rcvd_pkts": 7}}
 
 
 def test_perftest_argv_and_parsing():
     case = {**CASE, "app": "perftest", "algorithm": "ib_write_bw", "size": 65536, "stages": 200}
-    argv = runner.perftest_argv(case, HOSTS[1])
+    argv = commands.perftest_argv(case, HOSTS[1])
     assert argv[:7] == ["ib_write_bw", "-d", "rxe0", "-i", "1", "-x", "1"]
     assert "--report_gbits" in argv and argv[argv.index("-s") + 1] == "65536"
     bw = """ #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]
  65536      200              0.08               0.07                 0.000138
 """
-    rec = runner.parse_perftest("ib_write_bw", bw, 65536)
+    rec = commands.parse_perftest("ib_write_bw", bw, 65536)
     assert rec["bw_MBps"] == pytest.approx(0.07e9 / 8 / 1e6) and rec["iterations"] == 200
     lat = """ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]
  2       1000          180.51         6500.10      310.20             350.00
 """
-    assert runner.parse_perftest("ib_send_lat", lat, 2)["lat_us"] == pytest.approx(310.2)
-    assert runner.parse_perftest("ib_write_bw", "Couldn't connect", 1) is None
+    assert commands.parse_perftest("ib_send_lat", lat, 2)["lat_us"] == pytest.approx(310.2)
+    assert commands.parse_perftest("ib_write_bw", "Couldn't connect", 1) is None
 
 
-def test_timeouts_grow_with_the_work():
-    small = runner.case_timeout(CASE)
-    big = runner.case_timeout({**CASE, "size": 4 << 20, "stages": 1000})
-    assert 180 < small < big
+def test_timeouts_grow_with_the_work_and_a_spec_can_set_them():
+    small = commands.case_timeout(CASE)
+    big = commands.case_timeout({**CASE, "size": 4 << 20, "stages": 1000})
+    lossy = commands.case_timeout({**CASE, "size": 4 << 20, "stages": 1000, "netem": {"loss": 5}})
+    assert 180 < small < big < lossy
+    assert commands.case_timeout({**CASE, "timeout_s": 42}) == 42
 
 
 def test_bus_bandwidth_model():

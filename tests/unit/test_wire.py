@@ -14,7 +14,7 @@ EP = {"qpn": 17, "psn": 123456, "gid": GID, "lid": 0}
 
 
 def hello(**over):
-    msg = {"type": "hello", "rank": 1, "world_size": 3, "host": "node2",
+    msg = {"type": "hello", "rank": 1, "world_size": 3, "host": "node2", "token": "t0k",
            "endpoints": {"0": EP, "2": EP}}
     msg.update(over)
     return msg
@@ -35,7 +35,7 @@ def frame(body: bytes, version=wire.VERSION, magic=wire.MAGIC, length=None):
     [
         (b"RXL", "truncated message"),
         (frame(b'{"type": "bye", "rank": 1}')[:-3], "truncated message: header says"),
-        (frame(b'{"type": "bye", "rank": 1}', version=2), "message version 2"),
+        (frame(b'{"type": "bye", "rank": 1}', version=1), "message version 1"),
         (frame(b'{"type": "bye", "rank": 1}', magic=b"HTTP"), "not an rxelab message"),
         (frame(b"", length=wire.MAX_BODY + 1), "exceeds the limit"),
         (frame(b"\x80\x81"), "not JSON"),
@@ -45,6 +45,13 @@ def frame(body: bytes, version=wire.VERSION, magic=wire.MAGIC, length=None):
         (frame(b'{"type": "bye", "rank": "1"}'), "bad 'rank'"),
         (frame(b'{"type": "bye", "rank": true}'), "bad 'rank'"),
         (frame(b'{"type": "bye", "rank": 1, "extra": 0}'), "unknown fields"),
+        (frame(b"[" * 100000 + b"]" * 100000), "nested too deeply"),
+        (frame(b'{"type": "bye", "rank": ' + b"9" * 5000 + b"}"), "impossible value"),
+        (frame(json.dumps(hello(endpoints={"0": {}, "2": EP})).encode()), "endpoint 0 must have"),
+        (frame(json.dumps(hello(endpoints={"0": {**EP, "gid": "zzzz" + GID[4:]}, "2": EP}))
+               .encode()), "bad 'gid'"),
+        (frame(json.dumps(hello(token=7)).encode()), "bad 'token'"),
+        (frame(json.dumps(hello(endpoints={"12345678901": EP})).encode()), "is not a rank"),
     ],
 )
 def test_bad_frames_are_protocol_errors(data, problem):
@@ -117,5 +124,15 @@ def test_wrong_message_type_is_named():
 def test_header_is_network_byte_order():
     data = wire.encode({"type": "bye", "rank": 1})
     magic, version, length = struct.unpack("!4sHI", data[:10])
-    assert (magic, version, length) == (b"RXLB", 1, len(data) - 10)
+    assert (magic, version, length) == (b"RXLB", 2, len(data) - 10)
     assert json.loads(data[10:]) == {"type": "bye", "rank": 1}
+
+
+def test_frames_are_split_as_bytes_arrive_and_strangers_are_refused_at_once():
+    data = wire.encode(hello()) + wire.encode({"type": "bye", "rank": 1})
+    assert wire.split_frame(data[:5]) is None and wire.split_frame(data[:40]) is None
+    message, used = wire.split_frame(data)
+    assert message == hello() and wire.split_frame(data[used:])[0]["type"] == "bye"
+    for stranger in (b"GET / HTTP/1.1\r\n", b"SSH-2.0-OpenSSH", b"R\x00"):
+        with pytest.raises(ProtocolError, match="not an rxelab message"):
+            wire.split_frame(stranger[:3])

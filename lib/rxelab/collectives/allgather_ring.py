@@ -14,13 +14,19 @@ def run(c: Call) -> None:
     c.copy_own_block(0, c.rank * m, m)
     if c.size == 1:
         return
+    steps = schedules.ring_allgather(c.size, c.rank)
+    if c.eager(m):  # each step's block travels on its own, tagged with the step
+        for s, (send_block, recv_block) in enumerate(steps):
+            c.send_block(right, STEP0 + s, send_block * m, m, from_recv=True)
+            c.recv_block(left, STEP0 + s, recv_block * m, m)
+        return
     c.advertise(left, DATA, 0, c.layout.recv.nbytes)  # the left neighbour writes everything
     addr, rkey, room = c.engine.wait_rtr(right, c.tag(DATA), c.name)
     if room != c.layout.recv.nbytes:
         raise ConfigError(f"{c.name}: rank {right} has a {room}-byte receive buffer, "
                           f"this rank {c.layout.recv.nbytes}")
     ops = []
-    for s, (send_block, _) in enumerate(schedules.ring_allgather(c.size, c.rank)):
+    for s, (send_block, _) in enumerate(steps):
         ops.append(c.engine.write(right, c.layout.recv.address + send_block * m,
                                   c.recv_mr.lkey if c.recv_mr else 0, m,
                                   addr + send_block * m, rkey, c.tag(STEP0 + s)))

@@ -3,19 +3,15 @@ and with the same turn-passing; a pair exchanges their own blocks."""
 
 from __future__ import annotations
 
-from rxelab.collectives.common import DATA, Call, WriteOp, sequential_walk
+from rxelab.collectives.common import DATA, Call, sequential_walk
 
 
 def run(c: Call) -> None:
     m = c.layout.send.nbytes
     for peer in range(c.size):
         if peer != c.rank:
-            c.advertise(peer, DATA, peer * m, m)  # where `peer`'s block lands here
+            c.expect(peer, DATA, peer * m, m)  # where `peer`'s block lands here
     c.copy_own_block(0, c.rank * m, m)
 
-    def exchange(partner: int) -> WriteOp:
-        op = c.write_to(partner, DATA, 0, m)
-        c.receive(partner, DATA, m)
-        return op
-
-    sequential_walk(c, exchange)
+    sequential_walk(c, lambda peer: c.send_block(peer, DATA, 0, m, acked=True),
+                    lambda peer: c.recv_block(peer, DATA, peer * m, m))

@@ -15,13 +15,13 @@ def run(c: Call) -> None:
     if c.rank == root:
         others = [p for p in range(c.size) if p != root]
         for peer in others:  # gather: each rank's block lands at its place
-            c.advertise(peer, DATA, peer * m, m)
+            c.expect(peer, DATA, peer * m, m)
         for peer in others:
-            c.receive(peer, DATA, m)
-        ops = [c.write_to(peer, BCAST, 0, total, from_recv=True) for peer in others]
+            c.recv_block(peer, DATA, peer * m, m)
+        ops = [c.send_block(peer, BCAST, 0, total, from_recv=True) for peer in others]
         c.finish(ops)
     else:
-        c.advertise(root, BCAST, 0, total)
-        op = c.write_to(root, DATA, 0, m)
-        c.receive(root, BCAST, total)
+        c.expect(root, BCAST, 0, total)
+        op = c.send_block(root, DATA, 0, m)
+        c.recv_block(root, BCAST, 0, total)
         c.finish([op])

@@ -11,9 +11,9 @@ def run(c: Call) -> None:
     lay = c.layout
     for peer in range(c.size):
         if peer != c.rank:
-            c.advertise(peer, DATA, lay.recv_off[peer], lay.recv_len[peer])
+            c.expect(peer, DATA, lay.recv_off[peer], lay.recv_len[peer])
     c.copy_own_block(lay.send_off[c.rank], lay.recv_off[c.rank], lay.send_len[c.rank])
     for dst, src in schedules.pairwise(c.size, c.rank):
-        op = c.write_to(dst, DATA, lay.send_off[dst], lay.send_len[dst])
-        c.receive(src, DATA, lay.recv_len[src])
-        c.finish([op])
+        op = c.send_block(dst, DATA, lay.send_off[dst], lay.send_len[dst])
+        c.recv_block(src, DATA, lay.recv_off[src], lay.recv_len[src])
+        c.finish([op])  # a written block is acknowledged before the next step's goes out

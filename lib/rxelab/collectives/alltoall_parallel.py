@@ -10,9 +10,9 @@ def run(c: Call) -> None:
     lay = c.layout
     peers = [p for p in range(c.size) if p != c.rank]
     for peer in peers:
-        c.advertise(peer, DATA, lay.recv_off[peer], lay.recv_len[peer])
+        c.expect(peer, DATA, lay.recv_off[peer], lay.recv_len[peer])
     c.copy_own_block(lay.send_off[c.rank], lay.recv_off[c.rank], lay.send_len[c.rank])
-    ops = [c.write_to(peer, DATA, lay.send_off[peer], lay.send_len[peer]) for peer in peers]
+    ops = [c.send_block(peer, DATA, lay.send_off[peer], lay.send_len[peer]) for peer in peers]
     for peer in peers:
-        c.receive(peer, DATA, lay.recv_len[peer])
+        c.recv_block(peer, DATA, lay.recv_off[peer], lay.recv_len[peer])
     c.finish(ops)

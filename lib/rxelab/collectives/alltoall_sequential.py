@@ -3,19 +3,16 @@ in the fixed lexicographic order of schedules.sequential_steps (see there for th
 
 from __future__ import annotations
 
-from rxelab.collectives.common import DATA, Call, WriteOp, sequential_walk
+from rxelab.collectives.common import DATA, Call, sequential_walk
 
 
 def run(c: Call) -> None:
     lay = c.layout
     for peer in range(c.size):  # control only: where each peer may write, sent up front
         if peer != c.rank:
-            c.advertise(peer, DATA, lay.recv_off[peer], lay.recv_len[peer])
+            c.expect(peer, DATA, lay.recv_off[peer], lay.recv_len[peer])
     c.copy_own_block(lay.send_off[c.rank], lay.recv_off[c.rank], lay.send_len[c.rank])
 
-    def exchange(partner: int) -> WriteOp:
-        op = c.write_to(partner, DATA, lay.send_off[partner], lay.send_len[partner])
-        c.receive(partner, DATA, lay.recv_len[partner])
-        return op
-
-    sequential_walk(c, exchange)
+    sequential_walk(
+        c, lambda peer: c.send_block(peer, DATA, lay.send_off[peer], lay.send_len[peer], acked=True),
+        lambda peer: c.recv_block(peer, DATA, lay.recv_off[peer], lay.recv_len[peer]))

@@ -1,6 +1,8 @@
-"""What every collective shares: the call's context (engine, layout, tags) and the three
-moves they are made of: advertise where a peer may write, write a block where a peer said,
-copy one's own block locally.
+"""What every collective shares: the call's context (engine, layout, tags) and the moves they
+are made of: expect a block from a peer, send a block to a peer, receive it, copy one's own
+block locally. A block travels eager (copied through slots, no handshake) when it is at most
+the engine's eager limit, else by rendezvous (the receiver advertises where the sender may
+write; the sender writes there). Both sides know the block's size, so both pick the same.
 
 Tags: a 32-bit tag names (call sequence, sub-tag); the sub-tag separates the data of a call
 from its tokens and steps, so waits never confuse two messages from the same peer.
@@ -15,7 +17,7 @@ from typing import Any
 
 from rxelab import schedules
 from rxelab.buffers import Buffer
-from rxelab.engine import RTR, TOKEN, Engine, WriteOp
+from rxelab.engine import RTR, RTS, TOKEN, Engine, SendOp, WriteOp
 from rxelab.errors import ConfigError
 
 DATA = 1
@@ -34,18 +36,43 @@ class Layout:
     send_len: list[int]
     recv_off: list[int]
     recv_len: list[int]
+    vector: bool = False  # counts chosen per pair by the caller (alltoallv): may disagree
+    reduce: Any = None  # reductions: the numpy ufunc, and typed views of the buffers
+    acc: Any = None  # the receive buffer as numpy elements
+    scratch: Buffer | None = None  # where peers' contributions land before they are reduced
+    tmp: Any = None  # scratch as numpy elements
+    root: int = 0  # bcast
+    window: int = 1  # sequential: pairs active at once
+    send_view: Any = None  # reduce_scatter: the send buffer as numpy elements
 
 
-@dataclass
 class Call:
-    engine: Engine
-    rank: int
-    size: int
-    seq: int  # this call's sequence number (15 bits), equal on every rank
-    name: str
-    layout: Layout
-    send_mr: Any
-    recv_mr: Any
+    """One collective call: engine, ranks, this call's tags, and the buffers' layout.
+    (A plain class with slots: one is made per call.)"""
+
+    __slots__ = ("engine", "rank", "size", "seq", "name", "layout", "register", "_mrs")
+
+    def __init__(self, engine: Engine, rank: int, size: int, seq: int, name: str, layout: Layout,
+                 register: Callable[[Buffer, bool], Any]) -> None:
+        self.engine, self.rank, self.size, self.seq = engine, rank, size, seq  # seq: 15 bits
+        self.name, self.layout = name, layout
+        self.register = register  # (buffer, remote access) -> MR or None
+        self._mrs: dict[tuple[int, bool], Any] = {}
+
+    def mr(self, buf: Buffer, remote: bool) -> Any:
+        """Registered on first use: eager blocks never need the caller's buffers registered."""
+        key = (id(buf), remote)
+        if key not in self._mrs:
+            self._mrs[key] = self.register(buf, remote)
+        return self._mrs[key]
+
+    @property
+    def send_mr(self) -> Any:
+        return self.mr(self.layout.send, False)
+
+    @property
+    def recv_mr(self) -> Any:
+        return self.mr(self.layout.recv, True)
 
     def tag(self, sub: int) -> int:
         if sub > MAX_SUB:
@@ -53,24 +80,59 @@ class Call:
         return (self.seq << 16) | sub
 
     # ---- moves --------------------------------------------------------------------
-    def advertise(self, peer: int, sub: int, offset: int, length: int) -> None:
-        """Tell `peer` it may write `length` bytes at `offset` of our receive buffer."""
-        base = self.layout.recv.address
-        rkey = self.recv_mr.rkey if self.recv_mr is not None else 0
-        self.engine.send_ctrl(peer, RTR, self.tag(sub), rkey, base + offset, length)
+    def eager(self, length: int) -> bool:
+        return length <= self.engine.eager_limit
 
-    def write_to(self, peer: int, sub: int, offset: int, length: int, remote_offset: int = 0,
-                 from_recv: bool = False) -> WriteOp:
-        """Wait for `peer`'s advertisement, then write our bytes there (at remote_offset)."""
+    def expect(self, peer: int, sub: int, offset: int, length: int,
+               into: Buffer | None = None) -> None:
+        """Get ready for `peer`'s block at `offset` of our receive buffer (or of `into`): for a
+        rendezvous block, tell the peer where to write it; an eager one needs nothing."""
+        if not self.eager(length):
+            self.advertise(peer, sub, offset, length, into)
+
+    def send_block(self, peer: int, sub: int, offset: int, length: int,
+                   from_recv: bool = False, acked: bool = False,
+                   source: Buffer | None = None) -> WriteOp | SendOp:
+        """Start sending a block of the send buffer (or the receive buffer, or `source`);
+        with acked, its op completes when the peer has it."""
+        buf = source or (self.layout.recv if from_recv else self.layout.send)
+        if self.eager(length):
+            return self.engine.send_eager(peer, buf.address + offset, length, self.tag(sub),
+                                          acked)
+        if self.layout.vector:  # the receiver may expect another size: tell it ours first
+            self.engine.send_ctrl(peer, RTS, self.tag(sub), length=length)
+        return self.write_to(peer, sub, offset, length, source=buf)
+
+    def recv_block(self, peer: int, sub: int, offset: int, length: int,
+                   into: Buffer | None = None) -> None:
+        if self.eager(length):
+            buf = into or self.layout.recv
+            self.engine.recv_eager(peer, self.tag(sub), buf.address + offset, length, self.name)
+        else:
+            self.receive(peer, sub, length)
+
+    def advertise(self, peer: int, sub: int, offset: int, length: int,
+                  into: Buffer | None = None) -> None:
+        """Tell `peer` it may write `length` bytes at `offset` of our receive buffer (or of
+        `into`)."""
+        buf = into or self.layout.recv
+        mr = self.mr(buf, True)
+        self.engine.send_ctrl(peer, RTR, self.tag(sub), mr.rkey if mr is not None else 0,
+                              buf.address + offset, length)
+
+    def write_to(self, peer: int, sub: int, offset: int, length: int,
+                 from_recv: bool = False, source: Buffer | None = None) -> WriteOp:
+        """Wait for `peer`'s advertisement, then write our bytes there."""
         addr, rkey, room = self.engine.wait_rtr(peer, self.tag(sub), self.name)
-        if remote_offset + length > room:
+        if length != room:
             raise ConfigError(f"{self.name}: rank {peer} expects {room} bytes from rank "
                               f"{self.rank}, which has {length} for it",
                               hint="send and receive counts must match pairwise")
-        buf, mr = (self.layout.recv, self.recv_mr) if from_recv else (self.layout.send, self.send_mr)
+        buf = source or (self.layout.recv if from_recv else self.layout.send)
+        mr = self.mr(buf, buf is self.layout.recv)
         lkey = mr.lkey if mr is not None else 0
-        return self.engine.write(peer, buf.address + offset, lkey, length, addr + remote_offset,
-                                 rkey, self.tag(sub))
+        return self.engine.write(peer, buf.address + offset, lkey, length, addr, rkey,
+                                 self.tag(sub))
 
     def receive(self, peer: int, sub: int, length: int) -> None:
         self.engine.wait_data(peer, self.tag(sub), length, self.name)
@@ -86,23 +148,42 @@ class Call:
     def await_turn(self, leader: int, step: int) -> None:
         self.engine.wait_token(leader, self.tag(STEP0 + step), f"{self.name} step {step}")
 
-    def finish(self, ops: list[WriteOp]) -> None:
-        self.engine.wait_ops(ops, self.name)
+    def finish(self, ops: list[WriteOp | SendOp], strict: bool = False) -> None:
+        """Wait until the peers acknowledged our writes (they read our buffers until then);
+        with strict, our eager blocks too (the sequential schedule's 'exchange complete')."""
+        self.engine.wait_ops([op for op in ops if strict or isinstance(op, WriteOp)], self.name)
 
 
-def sequential_walk(c: Call, exchange: Callable[[int], WriteOp]) -> None:
-    """Take part in the strictly sequential schedule: for each of this rank's pairs, in the
-    global order, wait for the turn, exchange with the partner (exchange(partner) starts our
-    write; the partner's block is awaited here), and hand the turn on if we lead the pair."""
+def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
+                    receive: Callable[[int], None]) -> None:
+    """Take part in the sequential schedule, at most layout.window pairs at once: for each of
+    this rank's pairs, in the global order, wait for its turn (the end of the pair `window`
+    places before: known first-hand if this rank was in it, else from a token), then start
+    the exchange (send(partner)). A pair is over once our block is acknowledged and the
+    partner's arrived (receive(partner)); its leader then hands the turn on. With window 1
+    every pair is over before the next one starts: one pair in the whole job at a time."""
     steps = schedules.sequential_steps(c.size)
+    w = c.layout.window
+    open_pairs: dict[int, tuple[int, WriteOp | SendOp]] = {}  # step -> (partner, our send)
+
+    def close(k: int) -> None:
+        partner, op = open_pairs.pop(k)
+        receive(partner)
+        c.finish([op], strict=True)  # the partner has our block, and we theirs
+        if c.rank == steps[k].leader:
+            for r in schedules.token_receivers(steps, k, w):
+                c.pass_turn(r, k + w)
+
     for k, step in enumerate(steps):
         if c.rank not in step.pair:
             continue
+        if schedules.needs_token(steps, k, c.rank, w):
+            c.await_turn(steps[k - w].leader, k)
+        elif k >= w and k - w in open_pairs:
+            for j in sorted(open_pairs):  # ours: close it, and the ones before it, in order
+                if j <= k - w:
+                    close(j)
         partner = step.pair[1] if step.pair[0] == c.rank else step.pair[0]
-        if schedules.needs_token(steps, k, c.rank):
-            c.await_turn(steps[k - 1].leader, k)
-        op = exchange(partner)
-        c.finish([op])  # acknowledged: the partner has our block (and we theirs, see exchange)
-        if c.rank == step.leader:
-            for r in schedules.token_receivers(steps, k):
-                c.pass_turn(r, k + 1)
+        open_pairs[k] = (partner, send(partner))
+    for k in sorted(open_pairs):
+        close(k)

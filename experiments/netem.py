@@ -1,0 +1,93 @@
+"""Impairments of the data network (loss, delay, jitter, reorder, duplicate, rate), as Linux
+netem applies them on each node's data NIC. The host kernel has no netem, the guests do: the
+runner applies an impairment inside every node of a case before it starts and removes it
+after, also when the case fails or is interrupted.
+
+An impairment is a small table in a spec: {loss = 1.0, delay_ms = 1, jitter_ms = 2,
+reorder = 5}. Percentages are of packets; an empty table is the unimpaired network.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+# key -> (netem word, unit, lowest, highest)
+KEYS: dict[str, tuple[str, str, float, float]] = {
+    "loss": ("loss", "%", 0, 100),
+    "delay_ms": ("delay", "ms", 0, 60_000),
+    "jitter_ms": ("", "ms", 0, 60_000),  # netem: the second value after delay
+    "reorder": ("reorder", "%", 0, 100),
+    "duplicate": ("duplicate", "%", 0, 100),
+    "rate_mbit": ("rate", "mbit", 0.001, 100_000),
+}
+
+
+def problems(imp: Any) -> list[str]:
+    """What is wrong with one impairment table; empty when it is usable."""
+    if not isinstance(imp, dict):
+        return [f"must be a table like {{loss = 1.0}}, not {imp!r}"]
+    out = [f"unknown key {k!r} (known: {', '.join(KEYS)})" for k in sorted(imp.keys() - KEYS.keys())]
+    for key, value in imp.items():
+        if key not in KEYS:
+            continue
+        _, _, low, high = KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+            out.append(f"{key} must be a number from {low:g} to {high:g}, not {value!r}")
+    if not imp.get("delay_ms") and (imp.get("jitter_ms") or imp.get("reorder")):
+        out.append("jitter_ms and reorder need a delay_ms (netem reorders by delaying the others)")
+    return out
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def netem_args(imp: dict[str, Any]) -> list[str]:
+    """The arguments after `tc qdisc replace dev X root`; [] for the unimpaired network."""
+    if not any(imp.values()):
+        return []
+    args = ["netem"]
+    if imp.get("delay_ms"):
+        args += ["delay", f"{_num(imp['delay_ms'])}ms"]
+        if imp.get("jitter_ms"):
+            args.append(f"{_num(imp['jitter_ms'])}ms")
+    for key in ("loss", "reorder", "duplicate"):
+        if imp.get(key):
+            args += [KEYS[key][0], f"{_num(imp[key])}%"]
+    if imp.get("rate_mbit"):
+        args += ["rate", f"{_num(imp['rate_mbit'])}mbit"]
+    return args
+
+
+def label(imp: dict[str, Any]) -> str:
+    """A short human name: 'none', 'loss 1%', 'loss 1%, delay 1±2 ms, reorder 5%'."""
+    if not any(imp.values()):
+        return "none"
+    parts = []
+    if imp.get("loss"):
+        parts.append(f"loss {_num(imp['loss'])}%")
+    if imp.get("delay_ms"):
+        jitter = f"±{_num(imp['jitter_ms'])}" if imp.get("jitter_ms") else ""
+        parts.append(f"delay {_num(imp['delay_ms'])}{jitter} ms")
+    for key in ("reorder", "duplicate"):
+        if imp.get(key):
+            parts.append(f"{key} {_num(imp[key])}%")
+    if imp.get("rate_mbit"):
+        parts.append(f"rate {_num(imp['rate_mbit'])} Mbit/s")
+    return ", ".join(parts)
+
+
+def apply_command(netdev: str, imp: dict[str, Any]) -> str:
+    """Shell for one node: install the impairment on `netdev` (a word or a $(...) expression),
+    replacing whatever qdisc was there; for the unimpaired network, remove ours."""
+    args = netem_args(imp)
+    if not args:
+        return clear_command(netdev)
+    return f"sudo -n tc qdisc replace dev {netdev} root {shlex.join(args)}"
+
+
+def clear_command(netdev: str) -> str:
+    """Shell for one node: back to the kernel's default qdisc; fine when nothing was set."""
+    return (f"sudo -n tc qdisc del dev {netdev} root 2>/dev/null; "
+            f"! /sbin/tc qdisc show dev {netdev} | grep -q netem")

@@ -1,0 +1,234 @@
+"""The report's figures, from its flat rows (experiments/report.py) and the raw records: each
+function returns PNG bytes, or nothing when the run has no data for that figure.
+
+A reader looks at pictures first, so each answers one question: how latency and bandwidth
+scale with size; how the seed's repeated collective adds up over stages, and how its calls
+spread; how much memory each algorithm pins; how steady the network load is; how each
+contender degrades under loss.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+Row = dict[str, Any]
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def series_name(r: Row) -> str:
+    return f"{r['contender']} {r['algorithm']}"
+
+
+def _style(r: Row) -> dict[str, Any]:
+    return {"linestyle": "-" if r["contender"] == "rxelab" else
+            "--" if r["contender"] == "mpi-ucx" else ":", "marker": "o"}
+
+
+def _by(rows: list[Row], *keys: str) -> dict[tuple, list[Row]]:
+    out: dict[tuple, list[Row]] = defaultdict(list)
+    for r in rows:
+        out[tuple(r[k] for k in keys)].append(r)
+    return out
+
+
+def size_scaling(flat: list[Row], link_MBps: float | None) -> dict[str, bytes]:
+    """Latency and busbw against size, one figure per (op, nodes, network, MTU)."""
+    out: dict[str, bytes] = {}
+    for (op, nodes, net, mtu), rs in sorted(_by(flat, "op", "nodes", "network", "mtu").items(),
+                                            key=lambda kv: str(kv[0])):
+        if len({r["size"] for r in rs}) < 2:
+            continue
+        suffix = f"{op}-{nodes}n" + ("" if net == "none" else f"-{_slug(net)}") + \
+            (f"-mtu{mtu}" if len({r['mtu'] for r in flat}) > 1 else "")
+        for metric, ylabel, name in (("avg_us", "latency per call (us)", "latency"),
+                                     ("busbw", "busbw (MB/s)", "busbw")):
+            fig, ax = plt.subplots(figsize=(6.5, 4))
+            for label, series in sorted(_by(rs, "contender", "algorithm").items()):
+                series.sort(key=lambda r: r["size"])
+                ax.plot([r["size"] for r in series], [r[metric] for r in series],
+                        label=" ".join(label), **_style(series[0]))
+            if name == "busbw" and link_MBps:
+                ax.axhline(link_MBps, color="grey", linestyle=":", label="perftest ib_write_bw")
+            ax.set_xscale("log", base=2)
+            if name == "latency":
+                ax.set_yscale("log")
+            ax.set_xlabel("bytes per peer")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{op}, {nodes} nodes, network: {net}, RoCE MTU {mtu}")
+            ax.legend(fontsize=7)
+            out[f"{name}-{suffix}.png"] = _png(fig)
+    return out
+
+
+def memory(flat: list[Row]) -> bytes | None:
+    """Peak pinned memory and peak bytes in flight, grouped by algorithm, one bar colour per
+    size (or stage count where sizes are equal)."""
+    rows = [r for r in flat if r.get("peak_inflight") is not None]
+    if not rows:
+        return None
+    variant = "size" if len({r["size"] for r in rows}) > 1 else "stages"
+    algos = sorted({f"{r['op']}/{r['algorithm']}" for r in rows})
+    variants = sorted({r[variant] for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=False)
+    width = 0.8 / len(variants)
+    for ax, metric, title in ((axes[0], "peak_pinned", "peak pinned memory"),
+                              (axes[1], "peak_inflight", "peak bytes in flight")):
+        for k, v in enumerate(variants):
+            heights = []
+            for a in algos:
+                match = [r[metric] for r in rows if f"{r['op']}/{r['algorithm']}" == a
+                         and r[variant] == v]
+                heights.append(max(match) / 1e6 if match else 0)
+            ax.bar([i - 0.4 + width * (k + 0.5) for i in range(len(algos))], heights, width,
+                   label=f"{v} B per peer" if variant == "size" else f"{v} stages")
+        ax.set_xticks(range(len(algos)), algos, rotation=25, ha="right", fontsize=8)
+        ax.set_ylabel("MB")
+        ax.set_title(title)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def stages(flat: list[Row]) -> bytes | None:
+    """The seed's table as a picture: total time against the number of stages, per contender."""
+    counts = sorted({r["stages"] for r in flat})
+    if len(counts) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for label, series in sorted(_by(flat, "contender", "algorithm", "size", "op").items()):
+        series.sort(key=lambda r: r["stages"])
+        ax.plot([r["stages"] for r in series], [r["total_s"] for r in series],
+                label=f"{label[0]} {label[3]}/{label[1]} {label[2]} B", **_style(series[0]))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("stages (collectives in a row)")
+    ax.set_ylabel("total seconds")
+    ax.set_title("total time against stages (lower is better)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return _png(fig)
+
+
+def distributions(flat: list[Row], min_stages: int = 100) -> bytes | None:
+    """How the calls of long runs spread: a box per contender, one panel per stage count."""
+    long_runs = [r for r in flat if r.get("stage_seconds") and r["stages"] >= min_stages]
+    if not long_runs:
+        return None
+    groups = sorted(_by(long_runs, "op", "size", "stages").items())[:3]
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
+    for ax, ((op, size, n), rs) in zip(axes[0], groups, strict=True):
+        rs.sort(key=series_name)
+        ax.boxplot([[s * 1e3 for s in r["stage_seconds"]] for r in rs], showfliers=True,
+                   flierprops={"markersize": 2})
+        ax.set_xticks(range(1, len(rs) + 1), [series_name(r) for r in rs], rotation=30,
+                      ha="right", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms per call")
+        ax.set_title(f"{op} {size} B per peer, {n} stages", fontsize=9)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def loss(flat: list[Row]) -> bytes | None:
+    """Time per call against packet loss, one line per contender; a case that ran out of time
+    is drawn at the time its finished stages took, with an x."""
+    rows = [r for r in flat if r["loss_only"]]
+    if len({r["loss"] for r in rows}) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for label, series in sorted(_by(rows, "contender", "algorithm", "op", "size").items()):
+        series.sort(key=lambda r: r["loss"])
+        line = ax.plot([r["loss"] for r in series], [r["avg_us"] / 1e3 for r in series],
+                       label=f"{label[0]} {label[2]}/{label[1]} {label[3]} B", **_style(series[0]))
+        late = [r for r in series if r["status"] == "timeout"]
+        ax.scatter([r["loss"] for r in late], [r["avg_us"] / 1e3 for r in late], marker="x", s=80,
+                   color=line[0].get_color())
+    ax.set_xscale("symlog", linthresh=0.1)
+    losses = sorted({r["loss"] for r in rows})
+    ax.set_xticks(losses, [f"{x:g}" for x in losses])
+    ax.set_yscale("log")
+    ax.set_xlabel("packet loss on every data NIC (%)")
+    ax.set_ylabel("ms per call")
+    ax.set_title("time per call against loss (x: ran out of time)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return _png(fig)
+
+
+def pairs_dial(flat: list[Row], load_ratio: dict[int, float]) -> bytes | None:
+    """The seed's trade-off as a curve: the sequential schedule with at most k pairs at once,
+    against k: time per call, peak pinned memory, peak bytes in flight, and the data NICs'
+    peak-to-mean load (where it was sampled)."""
+    rows = [r for r in flat if r.get("pairs")]
+    if len({r["pairs"] for r in rows}) < 2:
+        return None
+    panels = [("avg_us", "ms per call", 1e3), ("peak_pinned", "peak pinned (MB)", 1e6),
+              ("peak_inflight", "peak in flight (MB)", 1e6)]
+    if any(r["case"] in load_ratio for r in rows):
+        panels.append(("load", "NIC peak-to-mean", 1.0))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), squeeze=False)
+    for ax, (key, label, scale) in zip(axes[0], panels, strict=True):
+        for (op, size, n), series in sorted(_by(rows, "op", "size", "ranks").items()):
+            series.sort(key=lambda r: r["pairs"])
+            ys = [(load_ratio.get(r["case"], 0.0) if key == "load" else (r[key] or 0) / scale)
+                  for r in series]
+            ax.plot([r["pairs"] for r in series], ys, marker="o", label=f"{op} {size} B, {n} ranks")
+        ax.set_xlabel("pairs at once (k)")
+        ax.set_ylabel(label)
+        ax.set_xscale("log", base=2)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("sequential schedule, at most k pairs at once (k = 1: strictly sequential)")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def load_over_time(records: list[Row], loads: list[Row],
+                   peak_to_mean: Any) -> bytes | None:
+    if not loads:
+        return None
+    by_case: dict[int, list[Row]] = defaultdict(list)
+    for entry in loads:
+        by_case[entry["case"]].append(entry)
+    shown = sorted(by_case)[:8]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(6.5, 1.6 * len(shown) + 0.6), sharey=True,
+                             squeeze=False)
+    case_of = {r["case"]: r for r in records}
+    for ax, case in zip(axes[:, 0], shown, strict=True):
+        worst, curves, starts, ends = 0.0, [], [], []
+        for entry in by_case[case]:
+            ts, rates, ratio = peak_to_mean(entry["samples"])
+            peak = max(rates, default=0.0)
+            busy_t = [t for t, x in zip(ts, rates, strict=True) if peak and x > 0.1 * peak]
+            if busy_t:
+                starts.append(busy_t[0])
+                ends.append(busy_t[-1])
+            curves.append((entry["node"], ts, rates))
+            worst = max(worst, ratio)
+        t0 = min(starts) - 1 if starts else 0.0
+        for node, ts, rates in curves:
+            ax.plot([t - t0 for t in ts], rates, label=node, linewidth=0.8)
+        if ends:
+            ax.set_xlim(0, max(ends) - t0 + 1)
+        r = case_of.get(case, {})
+        ax.set_title(f"{r.get('op')}/{r.get('algorithm')}, {r.get('size')} B per peer: "
+                     f"peak/mean {worst:.2f}", fontsize=8)
+        ax.legend(fontsize=6, loc="upper right")
+    axes[-1, 0].set_xlabel("seconds (from the first busy sample, minus 1)")
+    axes[len(shown) // 2, 0].set_ylabel("data NIC MB/s (tx+rx)")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text).strip("-").replace("--", "-")

@@ -1,0 +1,130 @@
+"""Every setting of the testbed, declared once.
+
+A user sets them as Make variables or environment variables (`make provision MTU=1500`,
+`RXELAB_CACHE=/big/disk make provision`). From this table come the CLI flags and their
+defaults (infra/cli.py), the parsing and range checks (LabConfig.from_strings), the values
+handed to Terraform (infra/terraform.py) and the help text. terraform/variables.tf, the
+Makefile's export line and the README's settings table are written by hand and checked
+against this table by tests/unit/test_settings.py, so none of them can drift.
+
+Lab settings (with a `field`) shape a lab and travel through Terraform; host settings (no
+field) are read where they are used, through value().
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import StrEnum
+
+from infra.errors import LabError
+
+
+class Image(StrEnum):
+    AUTO = "auto"
+    UBUNTU = "ubuntu-24.04"
+    DEBIAN = "debian-12"
+
+
+class Accel(StrEnum):
+    AUTO = "auto"
+    KVM = "kvm"
+    TCG = "tcg"
+
+
+class DataNet(StrEnum):
+    """How the isolated data segment is made: a bridge in our own netns (root) or vde_switch."""
+
+    AUTO = "auto"
+    BRIDGE = "bridge"
+    VDE = "vde"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the Make / environment variable
+    default: str  # as a user would type it; "" = none
+    help: str
+    field: str = ""  # LabConfig field and Terraform variable; "" for host settings
+    kind: type = str  # int, str, or a StrEnum
+    low: int | None = None
+    high: int | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+    @property
+    def choices(self) -> list[str]:
+        return [e.value for e in self.kind] if issubclass(self.kind, StrEnum) else []
+
+    def parse(self, text: str | int) -> object:
+        """A user-typed value to its type, or a LabError that names the setting and says
+        what to use instead."""
+        if self.choices:
+            try:
+                return self.kind(str(text))
+            except ValueError:
+                raise LabError(f"unknown {self.name} {str(text)!r}",
+                               hint=f"use one of {'|'.join(self.choices)}") from None
+        if self.kind is int:
+            try:
+                value = int(str(text).strip())
+            except ValueError:
+                raise LabError(f"{self.name}={text!r} is not a whole number",
+                               hint=f"give {self.name} as digits only") from None
+            if (self.low is not None and value < self.low) or \
+                    (self.high is not None and value > self.high):
+                raise LabError(f"{self.name}={value} is out of range",
+                               hint=f"use {self.low}..{self.high}")
+            return value
+        return str(text)
+
+    def from_env(self) -> str:
+        return os.environ.get(self.name) or self.default
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("NODES", "3", "how many VMs", "nodes", int, 2, 8),
+    Setting("IMAGE", "auto", "base image; auto: Ubuntu if its cloud image is cached, else Debian",
+            "image", Image),
+    Setting("ACCEL", "auto", "accelerator; auto: KVM only if it really boots the guest",
+            "accel", Accel),
+    Setting("MEM_MB", "1024", "guest memory per VM, MiB", "mem_mb", int, 384, 16384),
+    Setting("DATA_NET", "auto", "data network; auto: bridge as root, else vde",
+            "data_net", DataNet),
+    Setting("MTU", "9000", "data network MTU (rxe path MTU 4096 at 9000, 1024 at 1500; "
+            "vde carries 1500 at most)", "mtu", int, 1280, 9000),
+    Setting("LAB", "rxelab", "lab name: names the namespace, taps and MACs, so labs do not clash",
+            "lab"),
+    Setting("SSH_PORT_BASE", "2220", "node i's SSH is forwarded from 127.0.0.1:(base + i)",
+            "ssh_port_base", int, 1024, 65527),
+    Setting("RXELAB_STATE", "", "the lab's state directory (default .lab/)"),
+    Setting("RXELAB_CACHE", "", "image cache (default ~/.cache/rxelab)"),
+    Setting("RXELAB_BOOT_TIMEOUT", "", "seconds to wait for nodes to be ready "
+            "(default 240 + 90 per node under TCG, 300 under KVM)", kind=int, low=10, high=86400),
+    Setting("RXELAB_UBUNTU_URL", "https://cloud-images.ubuntu.com/releases/noble/release/",
+            "where IMAGE=ubuntu-24.04 is downloaded from (a mirror of that folder)"),
+    Setting("RXELAB_APT_SOURCES", "/etc/apt/sources.list.d/debian.sources",
+            "the apt sources file whose mirror builds the Debian image"),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+LAB_SETTINGS = tuple(s for s in SETTINGS if s.field)
+
+
+def value(name: str) -> object:
+    """A host setting's current value (environment or default), parsed; None when unset and
+    without a default."""
+    setting = BY_NAME[name]
+    text = setting.from_env()
+    return setting.parse(text) if text != "" else None
+
+
+def markdown_table() -> str:
+    """The README's settings table, exactly (a test keeps the README equal to it)."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for s in SETTINGS:
+        allowed = ("; " + ", ".join(f"`{c}`" for c in s.choices)) if s.choices else (
+            f"; {s.low}..{s.high}" if s.low is not None and s.field else "")
+        rows.append(f"| `{s.name}` | {s.default or '-'} | {s.help}{allowed} |")
+    return "\n".join(rows)

@@ -1,0 +1,55 @@
+"""Runs a job of p ranks as threads on the in-memory fabric: each rank gets a Communicator
+from rxelab.init (the real control plane on 127.0.0.1, the fake verbs underneath) and calls
+fn(comm). Every rank's result or exception comes back; a rank still running after the
+deadline is reported by name."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import rxelab
+from pyverbs import _fabric
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RankFailed(Exception):
+    def __init__(self, errors: dict[int, BaseException]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(errors.items())))
+
+
+def run_ranks(p: int, fn: Callable[[Any], Any], *, deadline: float = 60, seed: int = 0,
+              max_delay: float = 0.0002, keep_errors: bool = False, **options: Any) -> list[Any]:
+    _fabric.FABRIC.reset(seed=seed, max_delay=max_delay)
+    port = free_port()
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+    options.setdefault("timeout", 20)
+
+    def rank(r: int) -> None:
+        try:
+            with rxelab.init(r, p, "127.0.0.1", port, device="fake0", **options) as comm:
+                results[r] = fn(comm)
+        except BaseException as err:  # noqa: BLE001 - reported per rank
+            errors[r] = err
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True, name=f"rank{r}")
+               for r in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(deadline)
+    hung = [t.name for t in threads if t.is_alive()]
+    if hung:
+        raise AssertionError(f"{', '.join(hung)} still running after {deadline} s")
+    if errors and not keep_errors:
+        raise RankFailed(errors)
+    return [results.get(r, errors.get(r)) for r in range(p)]

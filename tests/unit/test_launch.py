@@ -1,0 +1,96 @@
+"""Our launcher on this machine (ranks on 'localhost' run without SSH, under the same guard
+as remote ones): output and status, and no rank outliving the launcher however it ends."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.config import REPO
+
+RANK = "echo $$ > {dir}/$RANK.pid; exec sleep 300"
+
+
+def launcher(tmp_path: Path, *args: str, command: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "lib")}
+    return subprocess.Popen([sys.executable, "-m", "rxelab.launch", *args, "--", "sh", "-c",
+                             command.format(dir=tmp_path)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def rank_pids(tmp_path: Path, n: int, timeout: float = 20) -> list[int]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        files = sorted(tmp_path.glob("*.pid"))
+        if len(files) == n and all(f.read_text().strip() for f in files):
+            return [int(f.read_text()) for f in files]
+        time.sleep(0.1)
+    raise AssertionError(f"{n} ranks did not start within {timeout} s")
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie is not running
+            return f.read().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+@pytest.fixture
+def cleanup():
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:  # whatever a failed test left: stop it by its own pid
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_output_is_prefixed_status_is_the_first_failure_and_ranks_share_a_token(tmp_path, cleanup):
+    p = launcher(tmp_path, "--hosts", "localhost,127.0.0.1",
+                 command="echo rank=$RANK of $WORLD_SIZE token=$RXELAB_JOB_TOKEN; exit $RANK")
+    cleanup.append(p)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 1, out
+    lines = sorted(x for x in out.splitlines() if "rank=" in x)
+    assert lines[0].startswith("[0] rank=0 of 2") and lines[1].startswith("[1] rank=1 of 2")
+    tokens = {x.split("token=")[1] for x in lines}
+    assert len(tokens) == 1 and len(tokens.pop()) == 16
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGKILL])
+def test_no_rank_outlives_its_launcher(tmp_path, cleanup, sig):
+    p = launcher(tmp_path, "--hosts", "localhost,127.0.0.1", "--per-host", "2", command=RANK)
+    cleanup.append(p)
+    pids = rank_pids(tmp_path, 4)
+    os.kill(p.pid, sig)
+    p.wait(timeout=30)
+    assert wait_gone(pids) == [], f"ranks still running after {sig.name} to the launcher"
+    if sig != signal.SIGKILL:
+        assert p.returncode in (130, 143), p.returncode
+
+
+def test_the_timeout_ends_every_rank(tmp_path, cleanup):
+    p = launcher(tmp_path, "--hosts", "localhost", "--per-host", "2", "--timeout", "3",
+                 command=RANK)
+    cleanup.append(p)
+    pids = rank_pids(tmp_path, 2)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 124 and "stopping the job after 3 s" in out
+    assert wait_gone(pids) == []

@@ -1,0 +1,213 @@
+"""What goes wrong around the edges, on the in-memory fabric: every fault ends in a clear
+error naming who and what, at once or within the no-progress deadline; nothing hangs,
+nothing is silently corrupted, a communicator that failed refuses further work."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import rxelab
+from pyverbs import _fabric
+from rxelab.errors import ClosedError, ConfigError, PeerError, ProtocolError
+
+from tests.unit.fakejob import run_ranks
+
+
+def die(comm) -> None:
+    """This rank's process vanishes: sockets closed without a goodbye, QPs gone."""
+    for sock in [*comm.control.peers.values(), *([comm.control.root] if comm.control.root else [])]:
+        sock.close()
+    for conn in comm.conns.values():
+        conn.qp.close()
+    comm.closed = True
+
+
+def test_a_dead_peer_is_named_by_its_closed_connection_long_before_the_timeout():
+    def job(comm):
+        comm.barrier()
+        if comm.rank == 2:
+            die(comm)
+            return None
+        started = time.monotonic()
+        with pytest.raises(PeerError) as err:
+            for _ in range(50):
+                comm.alltoall(np.zeros(3 * 8192, np.uint8), np.zeros(3 * 8192, np.uint8))
+        return str(err.value), time.monotonic() - started
+    out = run_ranks(3, job, timeout=30)
+    for message, took in out[:2]:
+        assert "rank 2" in message, message
+        assert took < 5, f"found after {took:.1f} s, the timeout is 30 s"
+
+
+def test_a_hung_peer_ends_in_a_no_progress_error_naming_what_was_awaited():
+    def job(comm):
+        comm.barrier()
+        if comm.rank == 1:
+            time.sleep(4)  # alive (socket open) but silent
+            return None
+        with pytest.raises(PeerError) as err:
+            comm.alltoall(np.zeros(3 * 64, np.uint8), np.zeros(3 * 64, np.uint8), "parallel")
+        return str(err.value)
+    out = run_ranks(3, job, timeout=1.5, keep_errors=True)
+    for message in (out[0], out[2]):  # found by itself, or told by the other that found it
+        assert "no progress for 1.5 s" in message or "no progress from rank 1" in message, message
+        assert "rank 1" in message, message
+
+
+def test_a_slow_transfer_that_moves_is_not_cut_off():
+    """64 one-KiB chunks, one in flight at a time, ~30 ms each: ~2 s in all, with a 1 s
+    no-progress deadline (a total-wait deadline killed this)."""
+    def job(comm):
+        send = np.arange(2 * 65536, dtype=np.uint32).astype(np.uint8)
+        recv = np.zeros_like(send)
+        comm.alltoall(send, recv, algorithm="parallel")
+        return int(recv.sum())
+    out = run_ranks(2, job, timeout=1.0, max_delay=0.06, chunk=1024, window=1024)
+    assert out[0] > 0 and out[1] > 0
+
+
+@pytest.mark.parametrize("sent, expected", [(5, 9), (9, 5), (5000, 9000), (9000, 5000),
+                                            (100, 5000), (5000, 100)],
+                         ids=["eager<", "eager>", "rdv<", "rdv>", "mixed<", "mixed>"])
+def test_alltoallv_count_mismatch_names_both_ranks_and_counts_at_once(sent, expected):
+    """The receiver knows at once (the eager block's size, or the sender's ready-to-send
+    notice); the sender either fails too or, if its part was done, its next call does."""
+    def job(comm):
+        r = comm.rank
+        sc = [4, sent] if r == 0 else [4, 4]  # rank 0 sends `sent` bytes to rank 1 ...
+        rc = [expected, 4] if r == 1 else [4, 4]  # ... which expects `expected`
+        started = time.monotonic()
+        try:
+            comm.alltoallv(np.zeros(sum(sc), np.uint8), sc, np.zeros(sum(rc), np.uint8), rc,
+                           algorithm="pairwise")
+            comm.barrier()
+            comm.alltoall(np.zeros(2, np.uint8), np.zeros(2, np.uint8))
+        except rxelab.RdmaError as err:
+            return str(err), time.monotonic() - started
+        return "no error", 0
+    (m0, t0), (m1, t1) = run_ranks(2, job, timeout=20)
+    assert f"rank 0 sends {sent} bytes to this rank, which expects {expected}" in m1 or \
+        f"rank 1 expects {expected} bytes from rank 0, which has {sent}" in m1, m1
+    assert "rank 1" in m0, m0
+    assert max(t0, t1) < 5, "detected at once, not at the 20 s timeout"
+
+
+def test_an_exception_mid_collective_fails_the_communicator_and_tells_the_peers():
+    def job(comm):
+        if comm.rank == 1:
+            real = comm.engine.send_eager
+
+            def interrupted(*a, **k):
+                comm.engine.send_eager = real
+                raise KeyboardInterrupt
+            comm.engine.send_eager = interrupted
+        send = np.zeros(3 * 16, np.uint8)
+        recv = np.zeros_like(send)
+        started = time.monotonic()
+        try:
+            comm.alltoall(send, recv, algorithm="parallel")
+            first = "no error"
+        except (KeyboardInterrupt, PeerError) as err:
+            first = type(err).__name__ + ": " + str(err)
+        with pytest.raises(ClosedError, match="failed earlier"):
+            comm.alltoall(send, recv)
+        return first, time.monotonic() - started
+    out = run_ranks(3, job, timeout=20)
+    assert out[1][0].startswith("KeyboardInterrupt")
+    for first, took in (out[0], out[2]):
+        assert first.startswith("PeerError") and "rank 1 stopped" in first, first
+        assert took < 5
+
+
+def test_overlapping_buffers_are_refused_and_the_communicator_stays_usable():
+    def job(comm):
+        x = np.zeros(comm.size * 8, np.uint8)
+        with pytest.raises(ConfigError, match="overlap"):
+            comm.alltoall(x, x)
+        with pytest.raises(ConfigError, match="overlap"):
+            comm.alltoall(x[:comm.size * 4], x[comm.size * 2:comm.size * 6])
+        y = np.zeros_like(x)
+        comm.alltoall(np.full_like(x, comm.rank + 1), y)
+        return y.tolist()
+    out = run_ranks(2, job)
+    assert out[0] == [1] * 8 + [2] * 8
+
+
+def test_pin_limit_refuses_a_call_too_big_and_never_evicts_what_a_call_uses():
+    def job(comm):
+        p = comm.size
+        with pytest.raises(ConfigError, match="pin_limit=200000"):
+            comm.alltoall(np.zeros(p * 80000, np.uint8), np.zeros(p * 80000, np.uint8))
+        bad = 0
+        for k in range(6):  # fresh 40 KiB rendezvous buffers: together far beyond the limit
+            send = np.full(p * 20000, k + comm.rank, np.uint8)
+            recv = np.zeros_like(send)
+            comm.alltoall(send, recv, algorithm="parallel")
+            want = np.concatenate([np.full(20000, k + s, np.uint8) for s in range(p)])
+            bad += int(np.count_nonzero(recv != want))
+        return bad, comm.registry.pinned
+    out = run_ranks(2, job, pin_limit=200_000, eager_limit=1024, slots=8)
+    for bad, pinned in out:
+        assert bad == 0 and pinned <= 200_000
+
+
+def test_buffers_dropped_by_the_application_are_let_go():
+    def job(comm):
+        for _ in range(20):  # a fresh buffer every call, like the seed's demo did
+            send = np.ones(2 * 10000, np.uint8)
+            comm.alltoall(send, np.zeros_like(send), algorithm="parallel")
+        return len(comm.registry.entries), comm.registry.registrations
+    for entries, registrations in run_ranks(2, job, eager_limit=1024):
+        assert registrations >= 20 and entries <= 4, (entries, registrations)
+
+
+def test_close_right_after_a_sequential_collective_delivers_its_last_token():
+    def job(comm):
+        recv = np.zeros(comm.size * 16, np.uint8)
+        comm.allgather(np.full(16, comm.rank, np.uint8), recv, algorithm="sequential")
+        return recv.tolist()  # and the with-block closes at once
+    out = run_ranks(4, job, max_delay=0.01, timeout=10)
+    assert all(r == sum(([k] * 16 for k in range(4)), []) for r in out)
+
+
+def test_numpy_counts_object_dtypes_and_repeated_immediates():
+    def job(comm):
+        r, p = comm.rank, comm.size
+        counts = np.bincount([0, 1, 1], minlength=p)  # numpy integers
+        send = np.arange(int(counts.sum()), dtype=np.uint8)
+        recv = np.zeros(int(counts[r]) * p, np.uint8)
+        comm.alltoallv(send, counts, recv, [int(counts[r])] * p)
+        with pytest.raises(ConfigError, match="Python objects"):
+            comm.alltoall(np.array([None] * p, dtype=object), np.zeros(p, np.uint8))
+        target = np.zeros(16, np.uint8)
+        comm.expose(target, 1 - r)
+        remote = comm.remote(1 - r)
+        comm.write(np.full(8, 1, np.uint8), remote, offset=0, imm=5)
+        comm.write(np.full(8, 2, np.uint8), remote, offset=8, imm=5)
+        comm.wait_imm(1 - r, 5, 8)
+        comm.wait_imm(1 - r, 5, 8)  # the second write with the same immediate is its own
+        comm.barrier()
+        return target.tolist()
+    assert run_ranks(2, job) == [[1] * 8 + [2] * 8] * 2
+
+
+def test_work_requests_never_share_an_sge_with_pyverbs():
+    run_ranks(3, lambda comm: comm.alltoall(np.zeros(3 * 9000, np.uint8),
+                                            np.zeros(3 * 9000, np.uint8)))
+    assert _fabric.FABRIC.stats.aliased_sges == 0
+
+
+def test_control_messages_are_checked(monkeypatch):
+    def job(comm):
+        if comm.rank == 0:  # a control message of another version
+            from rxelab import engine
+            monkeypatch.setattr(engine, "CTRL_VERSION", 9)
+            comm.engine.send_ctrl(1, engine.TOKEN, 1)
+            monkeypatch.setattr(engine, "CTRL_VERSION", 1)
+            return None
+        with pytest.raises(ProtocolError, match="version 9 from rank 0"):
+            comm.engine.wait(lambda: False, "anything")
+        return "refused"
+    assert run_ranks(2, job, keep_errors=True)[1] == "refused"
