@@ -14,8 +14,10 @@ from experiments import counters, fleet, netem
 from experiments.spec import MPI_ALGORITHMS
 from infra.inventory import Host
 
-CLEANUP = ("pkill -u \"$(id -un)\" -f 'server_client.py|mpi_compare.py|rxelab.launch|"
-           "load_sampler.py|ib_write_bw|ib_send_bw|ib_send_lat|orted|mpirun' || true")
+# Each name starts with a bracket so the pattern does not match the shell running pkill,
+# whose own command line holds it (that shell would be killed before the commands after it).
+CLEANUP = ("pkill -u \"$(id -un)\" -f '[s]erver_client.py|[m]pi_compare.py|[r]xelab.launch|"
+           "[l]oad_sampler.py|[i]b_write_bw|[i]b_send_bw|[i]b_send_lat|[o]rted|[m]pirun' || true")
 PERFTEST_PORT = 18515
 TIMED_OUT = 124  # what `timeout` and our launcher exit with when the deadline passed
 

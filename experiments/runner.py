@@ -177,7 +177,7 @@ class Runner:
             cmd = (commands.rxelab_command(case, hosts, 29700 + index % 200)
                    if case["app"] == "rxelab" else commands.mpi_command(case, hosts, self.netdev))
             try:
-                r = head.run(cmd, hide=True, warn=True, timeout=deadline + 60)
+                r = run_interruptibly(head, cmd, timeout=deadline + 60)
                 stdout, text, exit_code = r.stdout, r.stdout + r.stderr, r.exited
             except CommandTimedOut as err:  # the remote deadline did not end it: ours did
                 stdout = text = err.result.stdout or ""
@@ -206,9 +206,8 @@ class Runner:
                   ">/dev/null 2>&1 &", hide=True, timeout=30, pty=False)
             time.sleep(2)
             with fleet.connect(client) as c:
-                r = c.run(f"timeout {timeout:.0f} "
-                          f"{' '.join([*commands.perftest_argv(case, client), server.data_ip])}",
-                          hide=True, warn=True, timeout=timeout + 30)
+                r = run_interruptibly(c, f"timeout {timeout:.0f} " + " ".join(
+                    [*commands.perftest_argv(case, client), server.data_ip]), timeout=timeout + 30)
         return r.stdout + r.stderr
 
     def _start_samplers(self, hosts: list[Host], index: int) -> list[Host]:
@@ -225,7 +224,7 @@ class Runner:
         out = []
         for h in hosts:
             c = self._connection(h)
-            c.run("pkill -u \"$(id -un)\" -f load_sampler.py || true", hide=True, warn=True,
+            c.run("pkill -u \"$(id -un)\" -f '[l]oad_sampler.py' || true", hide=True, warn=True,
                   timeout=30)
             r = c.run(f"cat /tmp/rxelab-load-{index}.jsonl; rm -f /tmp/rxelab-load-{index}.jsonl",
                       hide=True, warn=True, timeout=60)
@@ -236,6 +235,24 @@ class Runner:
 
 class CaseSetupError(Exception):
     pass
+
+
+def run_interruptibly(connection: Any, command: str, timeout: float) -> Any:
+    """A long remote command that Ctrl-C can stop. Fabric's own run, given Ctrl-C without a
+    pty, re-raises it and then waits for the remote command to end (its output readers join
+    with no timeout), so a run of 100000 stages would hold Ctrl-C for hours. Here we wait,
+    and on Ctrl-C we close the channel and cancel the timeout's (non-daemon) timer thread,
+    which would otherwise keep the process alive; the caller's clean-up ends the remote ranks."""
+    promise = connection.run(command, hide=True, warn=True, timeout=timeout, asynchronous=True)
+    runner = promise.runner
+    try:
+        while not (runner.process_is_finished or runner.has_dead_threads):
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        runner.stop()  # closes the channel and cancels the timeout's timer thread
+        connection.close()
+        raise
+    return promise.join()
 
 
 def case_label(case: dict[str, Any]) -> str:

@@ -108,7 +108,7 @@ def test_ctrl_c_during_a_run_keeps_results_and_leaves_nothing_running_or_impaire
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
-        while "server_client" not in (lab.try_ssh(lab.hosts[2], "pgrep -af server_client") or ""):
+        while "server_client" not in (lab.try_ssh(lab.hosts[2], "pgrep -af '[s]erver_client'") or ""):
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline, "the case never started"
             time.sleep(2)
@@ -124,6 +124,6 @@ def test_ctrl_c_during_a_run_keeps_results_and_leaves_nothing_running_or_impaire
     (run,) = list(results.iterdir())
     assert json.loads((run / "environment.json").read_text())["complete"] is False
     for h in lab.hosts:
-        left = lab.ssh(h, "pgrep -af 'server_client|rxelab.launch' || true; /sbin/tc qdisc show "
+        left = lab.ssh(h, "pgrep -af '[s]erver_client|[r]xelab.launch' || true; /sbin/tc qdisc show "
                           "dev data0 | grep netem || true").stdout.strip()
         assert left == "", f"{h.name}: {left}"

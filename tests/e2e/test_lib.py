@@ -163,7 +163,8 @@ def test_benchmark_prints_osu_rows_with_bandwidth_and_the_perftest_limit(deploye
 def pgrep_everywhere(lab, pattern: str) -> dict[str, str]:
     out = {}
     for h in lab.hosts:
-        r = lab.ssh(h, f"pgrep -u lab -f {shlex.quote(pattern)} || true", timeout=60)
+        # anchored: the remote shell running pgrep has the pattern in its own command line
+        r = lab.ssh(h, f"pgrep -u lab -f {shlex.quote('^' + pattern + '$')} || true", timeout=60)
         out[h.name] = r.stdout.strip()
     return out
 
@@ -173,7 +174,7 @@ def test_no_rank_outlives_the_launcher_on_any_node(deployed, sig):
     """SIGTERM (or SIGKILL) to the launcher on node1: the ranks on node1, node2 and node3 end."""
     marker = f"sleep 7{len(sig)}7"
     names = ",".join(h.name for h in deployed.hosts)
-    r = deployed.ssh(deployed.hosts[0], f"cd {REMOTE_LIB} && PYTHONPATH=$HOME/{REMOTE_LIB} nohup "
+    r = deployed.ssh(deployed.hosts[0], f"cd {REMOTE_LIB} || exit 1; PYTHONPATH=$HOME/{REMOTE_LIB} nohup "
                      f"python3 -m rxelab.launch --hosts {names} -- {marker} >/tmp/launch.out 2>&1 "
                      f"</dev/null & echo $!")
     launcher = int(r.stdout.strip())
@@ -188,5 +189,6 @@ def test_no_rank_outlives_the_launcher_on_any_node(deployed, sig):
             assert time.monotonic() < deadline, f"ranks still running 30 s after {sig}: {left}"
             time.sleep(1)
     finally:
+        deployed.ssh(deployed.hosts[0], f"kill -KILL {launcher} 2>/dev/null || true")
         for h in deployed.hosts:
-            deployed.ssh(h, f"pkill -u lab -f {shlex.quote(marker)} || true")
+            deployed.ssh(h, f"pkill -u lab -f {shlex.quote('^' + marker + '$')} || true")

@@ -1,5 +1,8 @@
 """The commands the runner sends to the nodes, and the parsing of what comes back."""
 
+import re
+import shlex
+
 import pytest
 
 from experiments import commands
@@ -113,3 +116,14 @@ def test_unreachable_hosts_are_named_not_a_traceback():
     with pytest.raises(fleet.FleetError) as e:
         fleet.deploy(Inventory("t", (dead,)))
     assert "ghost: unreachable over SSH" in str(e.value)
+
+
+def test_the_cleanup_does_not_kill_its_own_shell():
+    """pkill -f matches full command lines, and the shell running the clean-up holds the
+    pattern in its own: a pattern that matched itself would kill that shell before the
+    commands after it (the impairment and MTU restore) ran."""
+    pattern = shlex.split(commands.CLEANUP.split(" -f ", 1)[1])[0]
+    assert not re.search(pattern, f"bash -c {commands.CLEANUP}; tc qdisc del dev data0 root")
+    for name in ("python3 /home/lab/rxelab/apps/server_client.py --op alltoall",
+                 "python3 -m rxelab.launch --hosts node1", "mpirun -np 3", "ib_send_lat -d rxe0"):
+        assert re.search(pattern, name), name

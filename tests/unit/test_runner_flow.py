@@ -41,10 +41,8 @@ class FakeConnection:
     def run(self, cmd, **kwargs):
         self.nodes.log.append((self.host.name, cmd))
         if "rxelab.launch --hosts" in cmd or "mpirun -np" in cmd:
-            out = self.nodes.outputs.pop(0)
-            if isinstance(out, BaseException):
-                raise out
-            return SimpleNamespace(stdout=out, stderr="", exited=0)
+            assert kwargs.get("asynchronous"), "a case command must be interruptible"
+            return FakePromise(self.nodes, self.nodes.outputs.pop(0))
         if "hw_counters" in cmd:
             self.nodes.sent += self.nodes.per_case
             return SimpleNamespace(stdout=f"netdev_mtu 9000\nactive_mtu 4096\n"
@@ -52,13 +50,36 @@ class FakeConnection:
         return SimpleNamespace(stdout="", stderr="", exited=0)
 
     def close(self):
-        pass
+        self.nodes.log.append((self.host.name, "close"))
 
     def __enter__(self):
         return self
 
     def __exit__(self, *a):
         return False
+
+
+class FakePromise:
+    """Fabric's asynchronous run: `out` is the output, an exception join() raises, or a
+    KeyboardInterrupt that arrives while the runner waits (Ctrl-C during the case)."""
+
+    def __init__(self, nodes, out):
+        self.nodes, self.out, self.runner = nodes, out, self
+        self.has_dead_threads = False
+
+    @property
+    def process_is_finished(self):
+        if isinstance(self.out, KeyboardInterrupt):
+            raise self.out
+        return True
+
+    def stop(self):
+        self.nodes.log.append(("-", "channel stopped"))
+
+    def join(self):
+        if isinstance(self.out, BaseException):
+            raise self.out
+        return SimpleNamespace(stdout=self.out, stderr="", exited=0)
 
 
 def make_runner(tmp_path, monkeypatch, toml_runs: str):
@@ -110,6 +131,10 @@ def test_an_interrupted_run_keeps_its_records_and_removes_impairments(tmp_path, 
     cleared = {h for h, c in nodes.log[last_apply:] if "tc qdisc del" in c}
     assert cleared == {"node1", "node2", "node3"}, "and removed from every node after the interrupt"
     assert (r.dir / "spec.toml").exists()
+    stopped = [i for i, (_, c) in enumerate(nodes.log) if c == "channel stopped"]
+    first_clear = min(i for i, (_, c) in enumerate(nodes.log) if i > last_apply and "tc qdisc del" in c)
+    assert len(stopped) == 1 and last_apply < stopped[0] < first_clear, \
+        "the running case's channel is closed at once, before the clean-up"
 
 
 def test_mpi_over_ucx_that_moved_no_rdma_packets_is_a_failed_case(tmp_path, monkeypatch):
