@@ -163,6 +163,8 @@ class Communicator:
                 engine.drain(min(self.timeout, 10.0))
             except RdmaError:
                 pass
+            # and ours stay up until every rank has drained what it sent to us
+            self.control.farewell(min(self.timeout, 30.0))
         for plan in self._plans.values():
             for view in plan.exports:
                 view.release()

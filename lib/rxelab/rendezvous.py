@@ -35,6 +35,7 @@ class ControlPlane:
         self.barrier_seq = 0
         self.early: dict[int, list[dict[str, Any]]] = {}  # messages read while watching
         self.left: set[int] = set()  # ranks that said bye: their closed socket is no news
+        self.said_bye: set[socket.socket] = set()
 
     def exchange(self, endpoints: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         """Give our endpoint for each peer; get each peer's endpoint for us."""
@@ -246,13 +247,46 @@ class ControlPlane:
             if msg["seq"] != seq:
                 raise ProtocolError(f"rank 0 released barrier {msg['seq']}, this rank is at {seq}")
 
+    def farewell(self, seconds: float) -> None:
+        """Leave as a job, then close: no rank takes its QPs down while another may still be
+        draining work towards them (a flush to a destroyed QP never completes, and its
+        sender would wait out its drain bound). Each rank says goodbye to rank 0 and waits
+        for rank 0's goodbye, which rank 0 sends once every rank has said its own; a closed
+        connection, an abort or the deadline ends a wait early."""
+        deadline = time.monotonic() + seconds
+        if self.job.rank == 0:
+            for r, sock in sorted(self.peers.items()):
+                if r not in self.left:
+                    self._await_bye(r, sock, deadline)
+        elif self.root is not None:
+            self._say_bye(self.root)
+            if 0 not in self.left:
+                self._await_bye(0, self.root, deadline)
+        self.close()
+
+    def _await_bye(self, r: int, sock: socket.socket, deadline: float) -> None:
+        if any(m["type"] == "bye" for m in self.early.pop(r, [])):
+            return
+        while True:
+            try:
+                if wire.recv(sock, deadline=deadline, peer=f"rank {r}")["type"] == "bye":
+                    return
+            except (PeerError, ProtocolError):  # gone, aborted, or out of time: stop waiting
+                return
+
+    def _say_bye(self, sock: socket.socket) -> None:
+        if sock in self.said_bye:
+            return
+        self.said_bye.add(sock)
+        try:
+            wire.send(sock, {"type": "bye", "rank": self.job.rank})
+        except OSError:
+            pass
+
     def close(self) -> None:
         """Say goodbye (a closed connection without one means a dead rank), then close."""
         for sock in [*self.peers.values(), *([self.root] if self.root else [])]:
-            try:
-                wire.send(sock, {"type": "bye", "rank": self.job.rank})
-            except OSError:
-                pass
+            self._say_bye(sock)
             try:
                 sock.close()
             except OSError:

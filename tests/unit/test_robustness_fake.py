@@ -172,6 +172,39 @@ def test_close_right_after_a_sequential_collective_delivers_its_last_token():
     assert all(r == sum(([k] * 16 for k in range(4)), []) for r in out)
 
 
+def test_a_rank_that_closes_late_still_drains_into_live_peers(monkeypatch):
+    """Rank 0 lingers after the last collective (it prints results, say) while the others
+    close at once: their QPs must stay up until rank 0 has drained what it sent them, or its
+    flush never completes (on rxe: it waits out its drain bound, 10 s, at every job's end)."""
+    from rxelab import engine
+
+    drained: dict[int, object] = {}
+    real = engine.Engine.drain
+
+    def spy(self, seconds):
+        rank = next(iter(set(range(len(self.conns) + 1)) - set(self.conns)))
+        try:
+            drained[rank] = real(self, seconds)
+        except Exception as err:  # noqa: BLE001 - recorded for the assertion
+            drained[rank] = err
+            raise
+        return drained[rank]
+
+    monkeypatch.setattr(engine.Engine, "drain", spy)
+
+    def job(comm):
+        recv = np.zeros(comm.size * 1024, np.uint8)
+        for _ in range(5):
+            comm.alltoall(np.full(comm.size * 1024, comm.rank, np.uint8), recv,
+                          algorithm="sequential")
+        if comm.rank == 0:
+            time.sleep(0.5)
+        return recv[::1024].tolist()
+    out = run_ranks(3, job, timeout=10)
+    assert out == [[0, 1, 2]] * 3
+    assert drained == {0: True, 1: True, 2: True}, drained
+
+
 def test_numpy_counts_object_dtypes_and_repeated_immediates():
     def job(comm):
         r, p = comm.rank, comm.size
