@@ -233,6 +233,9 @@ class Communicator:
         if getattr(self._deferred, "on", False):  # an i-collective: checked, now to the thread
             self._deferred.on = False
             raise _Deferred(plan)
+        # started requests first (a no-op on the progress thread itself): they took their
+        # call numbers before this one, on every rank in the same order
+        self._progress.quiesce()
         self._check_open()
         assert self.registry is not None
         counters = self.engine.counters
@@ -263,7 +266,9 @@ class Communicator:
             self._let_go_of_dropped_plans()
             plan = make()
             assert self.registry is not None
-            self.registry.check_fits(plan.layout.send, plan.layout.recv)
+            lay = plan.layout  # every buffer the call may register, each once
+            self.registry.check_fits(*{id(b): b for b in (lay.send, lay.recv, lay.scratch)
+                                       if b is not None}.values())
             if len(self._plans) >= MAX_PLANS:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
@@ -276,7 +281,8 @@ class Communicator:
         holders: dict[int, int] = {}  # id(object) -> references we hold to it
         objects: dict[int, Any] = {}
         for plan in self._plans.values():
-            for b in (plan.layout.send, plan.layout.recv):
+            lay = plan.layout  # a Buffer refers to its owner once, even when send is recv
+            for b in {id(lay.send): lay.send, id(lay.recv): lay.recv}.values():
                 holders[id(b.owner)] = holders.get(id(b.owner), 0) + 1
                 objects[id(b.owner)] = b.owner
             for view in plan.exports:

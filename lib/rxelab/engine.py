@@ -154,10 +154,12 @@ class Engine:
         """Post from a send slot. Most go unsignaled (no completion of their own: less work
         for the device and for us); every SIGNAL_EVERY-th, or when slots run short, is
         signaled, and its completion gives back the slots of those before it (RC completes a
-        queue's work in order)."""
+        queue's work in order). The last one before the send depth is full is signaled too,
+        or a small send_depth could fill up with sends that never report back."""
         op = SendOp(conn.peer)
         if signaled or len(conn.unsignaled) >= SIGNAL_EVERY - 1 \
-                or len(conn.free_send_slots) < SIGNAL_EVERY:
+                or len(conn.free_send_slots) < SIGNAL_EVERY \
+                or self.outstanding[conn.peer] + 1 >= self.send_depth:
             conn.slot_ops[slot] = (op, conn.unsignaled)
             conn.unsignaled = []
             signaled = True
@@ -366,6 +368,10 @@ class Engine:
 
         if key not in box.arrivals:
             self.wait(arrived, f"{length} bytes from rank {peer} ({what})", peer)
+        # the notice came before the data (RC keeps order) and may have been filed with it
+        sent = box.rts.pop(key, None)
+        if sent is not None and sent != length:
+            self._mismatch(peer, sent, length, what)
         a = box.arrivals[key]
         a.count -= 1
         if a.count == 0:

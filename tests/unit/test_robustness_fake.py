@@ -244,3 +244,60 @@ def test_control_messages_are_checked(monkeypatch):
             comm.engine.wait(lambda: False, "anything")
         return "refused"
     assert run_ranks(2, job, keep_errors=True)[1] == "refused"
+
+
+def test_a_blocking_call_after_a_request_waits_its_turn_on_every_rank():
+    """The blocking call takes its call number only after started requests finished; a rank
+    that reaches it sooner must not give it the request's number (then both hang)."""
+    def job(comm):
+        x, y = np.ones(64), np.zeros(64)
+        a, b = np.full(64, 2.0), np.zeros(64)
+        req = comm.iallreduce(x, y)
+        if comm.rank == 0:
+            time.sleep(0.2)
+        comm.allreduce(a, b)
+        req.wait(10)
+        return float(y[0]), float(b[0])
+    assert run_ranks(2, job, timeout=3, deadline=30) == [(2.0, 4.0)] * 2
+
+
+def test_alltoallv_notices_are_consumed_so_counts_may_change_when_call_numbers_repeat():
+    """Every ready-to-send notice is taken with its data; a stale one would later be compared
+    with another call's count (call numbers wrap after 16384 calls)."""
+    def job(comm):
+        p = comm.size
+        s, r = np.ones(64 * p, np.uint8), np.zeros(64 * p, np.uint8)
+        for _ in range(10):
+            comm.seq = 0  # as after 16384 calls
+            comm.alltoallv(s, [64] * p, r, [64] * p, algorithm="parallel")
+            comm.barrier()
+            comm.seq = 0
+            comm.alltoallv(s[:8 * p], [8] * p, r[:8 * p], [8] * p, algorithm="parallel")
+            comm.barrier()
+        return len(comm.engine.box.rts)
+    assert run_ranks(4, job, eager_limit=16, max_delay=0.0005) == [0] * 4
+
+
+def test_pin_limit_counts_a_reduction_s_scratch_before_anything_is_sent():
+    def job(comm):
+        with pytest.raises(ConfigError, match="pin_limit"):
+            comm.reduce_scatter(np.ones(2 * 16384, np.float32), np.zeros(16384, np.float32))
+        assert comm.failed is None
+        small = np.zeros(16, np.float32)
+        comm.reduce_scatter(np.ones(32, np.float32), small)  # still usable
+        return float(small[0])
+    assert run_ranks(2, job, eager_limit=0, pin_limit=8192 + 220 * 1024, timeout=5) == [2.0] * 2
+
+
+def test_a_plan_stays_while_the_application_holds_its_buffer_and_a_tiny_send_depth_works():
+    def job(comm):
+        b = np.ones(16, np.uint8)
+        comm.bcast(b)
+        comm.allgather(np.ones(8, np.uint8), np.zeros(8 * comm.size, np.uint8))
+        kept = sorted(k[0] for k in comm._plans)
+        r = np.zeros(4 * comm.size, np.uint8)
+        for _ in range(30):  # many unsignaled sends in a row, two allowed outstanding
+            comm.alltoall(np.full(4 * comm.size, comm.rank, np.uint8), r, algorithm="parallel")
+        return kept, r[::4].tolist()
+    out = run_ranks(3, job, send_depth=2, timeout=5)
+    assert out == [(["allgather", "bcast"], [0, 1, 2])] * 3
