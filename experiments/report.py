@@ -250,7 +250,8 @@ def seed_table(flat: list[dict[str, Any]]) -> tuple[list[int], list[tuple[str, l
 
 
 TABLE_COLS = [("contender", "contender"), ("op", "op"), ("algorithm", "algorithm"),
-              ("nodes", "nodes"), ("size", "Size"), ("stages", "stages"), ("network", "network"),
+              ("nodes", "nodes"), ("ranks", "ranks"), ("pairs", "pairs at once"), ("size", "Size"),
+              ("stages", "stages"), ("network", "network"),
               ("mtu", "RoCE MTU"), ("avg_us", "Avg Latency(us)"), ("min_us", "Min Latency(us)"),
               ("max_us", "Max Latency(us)"), ("algbw", "algbw(MB/s)"), ("busbw", "busbw(MB/s)"),
               ("wrong", "#wrong"), ("rxe_pkts", "rxe pkts"), ("retries", "rxe retries"),
