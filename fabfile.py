@@ -10,6 +10,7 @@ for machines you already have); the logic lives in experiments/, these tasks are
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 from fabric import task
@@ -53,11 +54,19 @@ def deploy(c, inventory=None):
     _deploy(inv)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 @task(help={"spec": "a shipped spec (smoke, seed, sweep, lossy, memory-and-load) or a .toml path",
             "inventory": "inventory file (default: the lab's)",
             "results": "where result directories go (default: results/)"})
 def run_experiment(c, spec="smoke", inventory=None, results=None):
     """Run an experiment spec on the nodes (deploys first) and keep its results."""
+    # `kill` or a closed terminal ends a run as Ctrl-C does: partial results kept, the nodes
+    # cleaned up (otherwise the remote ranks would run on until their own deadline)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     try:
         chosen = spec_mod.load(spec)
     except spec_mod.SpecError as err:

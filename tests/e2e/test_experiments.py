@@ -91,8 +91,10 @@ def test_a_node_without_the_rdma_device_is_named_before_anything_runs(lab, tmp_p
     assert "Traceback" not in r.stderr and not (tmp_path / "res").exists()
 
 
-def test_ctrl_c_during_a_run_keeps_results_and_leaves_nothing_running_or_impaired(lab, tmp_path):
-    """A real SIGINT to `fab run-experiment` while a case runs under netem on every node."""
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_ctrl_c_during_a_run_keeps_results_and_leaves_nothing_running_or_impaired(lab, tmp_path, sig):
+    """A real SIGINT (Ctrl-C) or SIGTERM (kill) to `fab run-experiment` while a case runs
+    under netem on every node."""
     import os
     import signal
     import time
@@ -113,7 +115,7 @@ def test_ctrl_c_during_a_run_keeps_results_and_leaves_nothing_running_or_impaire
             assert time.monotonic() < deadline, "the case never started"
             time.sleep(2)
         time.sleep(3)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, getattr(signal, f"SIG{sig}"))
         out, _ = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
