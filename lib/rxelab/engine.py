@@ -75,7 +75,6 @@ class Counters:
     bytes_received: int = 0
     inflight: int = 0
     peak_inflight: int = 0
-    messages: int = 0
 
 
 @dataclass
