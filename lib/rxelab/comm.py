@@ -212,22 +212,26 @@ class Communicator:
         try:
             yield
         except BaseException as err:
-            self.failed = f"{what}: {type(err).__name__}: {err}"
-            why, blamed = engine_mod.FAILED, getattr(err, "peer", None)
-            if isinstance(err, ProtocolError | ConfigError):
-                why = engine_mod.MISMATCH
-            elif isinstance(err, PeerError):
-                why = engine_mod.DIED if "is gone" in str(err) else \
-                    engine_mod.STALLED if "no progress" in str(err) else engine_mod.FAILED
-            try:
-                self.engine.abort_all(tag, why, blamed)
-                self.control.abort(f"rank {self.rank} failed in {what}: {err}",
-                                   self.rank if blamed is None else blamed)
-            except BaseException:  # noqa: BLE001 - telling peers is best effort
-                pass
+            self._fail(what, tag, err)
             raise
         finally:
             self.registry.end_call()
+
+    def _fail(self, what: str, tag: int, err: BaseException) -> None:
+        """The communicator is failed; peers are told to stop waiting for this rank."""
+        self.failed = f"{what}: {type(err).__name__}: {err}"
+        why, blamed = engine_mod.FAILED, getattr(err, "peer", None)
+        if isinstance(err, ProtocolError | ConfigError):
+            why = engine_mod.MISMATCH
+        elif isinstance(err, PeerError):
+            why = engine_mod.DIED if "is gone" in str(err) else \
+                engine_mod.STALLED if "no progress" in str(err) else engine_mod.FAILED
+        try:
+            self.engine.abort_all(tag, why, blamed)
+            self.control.abort(f"rank {self.rank} failed in {what}: {err}",
+                               self.rank if blamed is None else blamed)
+        except BaseException:  # noqa: BLE001 - telling peers is best effort
+            pass
 
     def _run(self, plan: Plan) -> Stats:
         if getattr(self._deferred, "on", False):  # an i-collective: checked, now to the thread
@@ -245,8 +249,13 @@ class Communicator:
         started = time.perf_counter()
         self.seq = (self.seq + 1) & 0x3FFF
         call = Call(self.engine, self.rank, self.size, self.seq, plan.name, plan.layout, self._mr)
-        with self._communicating(plan.name, call.tag(DATA)):
+        try:  # as _communicating does (spelt out: this is every collective's hot path)
             plan.run(call)
+        except BaseException as err:
+            self._fail(plan.name, call.tag(DATA), err)
+            raise
+        finally:
+            self.registry.end_call()
         stats = Stats(plan.operation, plan.algorithm, counters.bytes_sent - sent0,
                       counters.bytes_received - recv0, self.registry.peak,
                       counters.peak_inflight, time.perf_counter() - started)

@@ -44,7 +44,7 @@ DATA_BIT = 1 << 62
 POLL_BATCH = 32
 WATCH_EVERY = 0.25  # seconds between looks at the control connections while waiting
 SIGNAL_EVERY = 8  # at most this many slot sends per completion
-SPINS = 20  # empty polls before sleeping until a completion comes
+SPINS = 1  # empty polls before sleeping until a completion comes (see Engine.wait)
 BACKOFF = 0.0002  # the sleep instead, where there is no completion channel
 
 
@@ -228,7 +228,7 @@ class Engine:
                 raise PeerError(f"rank {who} stopped the operation ({why}); then: {failure}",
                                 peer=who)
             raise failure
-        if n:
+        if n and self.pending:
             self._post_pending()
         return bool(n)
 
@@ -302,33 +302,41 @@ class Engine:
         """Until cond() holds. The deadline is one of no progress: `timeout` seconds in which
         not one completion arrived (a slow transfer that moves is not cut off; a stalled one
         is, naming what it waited for). A peer whose process died is noticed sooner, by its
-        control connection (watch)."""
-        last = time.monotonic()
-        next_watch = last + WATCH_EVERY
-        spins = 0
+        control connection (watch).
+
+        An empty poll sleeps at once until the next completion (after SPINS empty polls):
+        ranks share cores (several per VM, VMs per core), and a rank that polls takes the CPU
+        from the peers and from rxe, whose packet work runs in the kernel; on the 3-VM lab one
+        spinning rank per VM made a 1 KiB all-to-all 2x slower (measured: bench notes in
+        README). This loop runs once or twice per block on the hot path, so it does little:
+        the clock is read only when a poll came back empty."""
+        progress = self.progress
         box = self.box
+        idle_since = None  # when polls started coming back empty
+        next_watch = 0.0
+        spins = 0
         while not cond():
             if box.aborts:
                 who, why = next(iter(box.aborts.items()))
                 raise PeerError(f"rank {who} stopped the operation ({why}) while this rank "
                                 f"waited for {what}", peer=who)
-            if self.progress():
-                last = time.monotonic()
+            if progress():
+                idle_since = None
                 spins = 0
                 continue
             now = time.monotonic()
-            if now - last > self.timeout:
+            if idle_since is None:
+                idle_since, next_watch = now, now + WATCH_EVERY
+            elif now - idle_since > self.timeout:
                 raise PeerError(f"no progress for {self.timeout:g} s while waiting for {what}",
                                 peer=peer, hint="a peer may have died, hung, or called a "
                                                 "different operation")
             if now > next_watch and self.watch is not None:
                 next_watch = now + WATCH_EVERY
                 self.watch()
-            # Poll a little, then sleep until the next completion: ranks share cores (several
-            # per VM, VMs per core), and a sleeping rank leaves them to the others and to rxe.
             spins += 1
             if spins >= SPINS:
-                self._block(min(WATCH_EVERY, self.timeout - (now - last)))
+                self._block(min(WATCH_EVERY, self.timeout - (now - idle_since)))
 
     def _block(self, seconds: float) -> None:
         dev = self.dev
