@@ -92,7 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     token = secrets.token_hex(8)
     pythonpath = os.environ.get("PYTHONPATH", "")
 
+    stopping: list[int] = []
+
     def stop(signum: int, frame: Any) -> None:
+        if stopping:  # already stopping: a second signal must not cut the clean-up short
+            return
+        stopping.append(signum)
         raise Stop(signal.Signals(signum).name)
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
