@@ -9,11 +9,18 @@ ordered pair exactly once, and the strictly sequential schedule never has two pa
 
 Strictly sequential (all-to-all and allgather) — the seed's core idea. The job walks the
 unordered pairs {i, j}, i < j, in lexicographic order: (0,1), (0,2), ..., (0,p-1), (1,2), ...
-While a pair is active its two ranks exchange their blocks (both directions at once, the link
-is full duplex); no other rank moves data. The turn passes on as follows: a rank of the next
-pair that was also in the finished pair knows from its own completions that the exchange is
-over; a rank that was not gets a token from the finished pair's leader (its lower rank), which
-sends it only after its own send was acknowledged and the partner's block had arrived.
+While a pair is active its two ranks exchange their blocks; no other rank moves data. Step k
+may start once step k-1 is over (k - window, with a window), and the turn passes on so:
+- a rank of step k that was also in step k-1 knows first-hand when that step is over (its
+  own block acknowledged or answered, its partner's arrived). It is the step's *starter*: it
+  sends its block at once, and that block is the turn for its partner (the *follower*), who
+  answers with its own block when it arrives. No message besides the data: two pairs share
+  at most one rank, so a step has at most one starter.
+- when neither rank of step k was in step k-1, both wait for a token from step k-1's leader
+  (its lower rank), which sends it only after its own block was acknowledged and the
+  partner's had arrived; then both send at once, as the first steps do.
+For 3 ranks that is no token at all; for p ranks, tokens only where the walk moves from
+(i, p-1) to (i+1, i+2).
 """
 
 from __future__ import annotations
@@ -36,12 +43,26 @@ def sequential_steps(p: int) -> list[SeqStep]:
     return [SeqStep(k, pair, pair[0]) for k, pair in enumerate(sequential_pairs(p))]
 
 
+def starter(steps: list[SeqStep], k: int, window: int = 1) -> int | None:
+    """The rank of step k that starts it by sending its block (its partner waits for that
+    block: it is the turn): the one that was in step k - window. None when both start
+    together: in the first `window` steps, and when neither was in step k - window."""
+    if k < window:
+        return None
+    before = steps[k - window].pair
+    for r in steps[k].pair:
+        if r in before:
+            return r
+    return None
+
+
 def needs_token(steps: list[SeqStep], k: int, rank: int, window: int = 1) -> bool:
     """Must `rank` (a member of step k) wait for a token before step k? Step k may start when
-    step k - window is over; a member of that step knows from its own completions, any other
-    member waits for a token from its leader. window = 1 is the strictly sequential schedule;
-    a window of w keeps at most w pairs active (one per chain k, k + w, k + 2w, ...)."""
-    return k >= window and rank in steps[k].pair and rank not in steps[k - window].pair
+    step k - window is over; a member of that step knows from its own completions and starts
+    step k, its partner waits for the starter's block; only when neither member was in it do
+    both wait for a token from its leader. window = 1 is the strictly sequential schedule; a
+    window of w keeps at most w pairs active (one per chain k, k + w, k + 2w, ...)."""
+    return k >= window and rank in steps[k].pair and starter(steps, k, window) is None
 
 
 def token_receivers(steps: list[SeqStep], k: int, window: int = 1) -> list[int]:

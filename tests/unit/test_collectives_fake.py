@@ -264,3 +264,45 @@ def test_the_overlap_benchmark_measures_hidden_communication():
                     max_delay=0.002)
     for o in out:
         assert o["pure_us"] > 0 and o["cpu_us"] > 0 and 0 <= o["overlap_pct"] <= 100, o
+
+
+@pytest.mark.parametrize("p", [3, 4, 5])
+@PROTOCOLS
+def test_the_strictly_sequential_schedule_moves_one_pair_at_a_time_on_the_wire(p, eager_limit):
+    """Every block as the fabric delivered it (random delays), mapped to its pair: all of a
+    pair's blocks arrive before any of the next pair's, in the schedule's order. The turn
+    rides with the data where a rank knows first-hand: 3 ranks send no token at all."""
+    from pyverbs import _fabric
+    from rxelab import schedules
+    from rxelab.engine import CTRL
+
+    n = 3000
+
+    def job(comm):
+        r = comm.rank
+        qpns = {c.qp.qp_num: (r, peer) for peer, c in comm.conns.items()}
+        send = np.concatenate([block(r, d, n) for d in range(p)])
+        want = np.concatenate([block(s, r, n) for s in range(p)])
+        recv = np.zeros_like(want)
+        comm.barrier()
+        if r == 0:
+            _fabric.FABRIC.trace = []
+        comm.barrier()
+        comm.alltoall(send, recv, algorithm="sequential")
+        comm.barrier()
+        if r == 0:
+            trace, _fabric.FABRIC.trace = _fabric.FABRIC.trace, None
+            return qpns, int(np.count_nonzero(recv != want)), trace
+        return qpns, int(np.count_nonzero(recv != want)), None
+
+    results = run_ranks(p, job, eager_limit=eager_limit)
+    assert all(wrong == 0 for _, wrong, _ in results)
+    sender = {q: who for qpns, _, _ in results for q, who in qpns.items()}
+    trace = results[0][2]
+    order = {pair: k for k, pair in enumerate(schedules.sequential_pairs(p))}
+    steps = [order[tuple(sorted(sender[q]))] for q, nbytes in trace if nbytes == n]
+    assert len(steps) == p * (p - 1), trace
+    assert steps == sorted(steps), f"pairs overlapped on the wire: {steps}"
+    if eager_limit:  # the only control messages left are tokens
+        tokens = sum(1 for _, nbytes in trace if nbytes == CTRL.size)
+        assert tokens == 2 * max(0, p - 3)

@@ -25,8 +25,9 @@ def simulate_sequential(p):
         for r in step.pair:
             if s.needs_token(steps, k, r):
                 assert (k, r) in tokens, f"rank {r} would start step {k} without a token"
-            elif k > 0:
-                assert k - 1 in done and r in steps[k - 1].pair
+            elif k > 0:  # it was in step k - 1, or its partner was and starts step k
+                assert k - 1 in done and s.starter(steps, k) in steps[k - 1].pair
+                assert r in steps[k - 1].pair or s.starter(steps, k) != r
         timeline.append(set(step.pair))
         done.add(k)
         for r in s.token_receivers(steps, k):
@@ -44,9 +45,24 @@ def test_strict_sequential_never_has_two_pairs_active(p):
 def test_sequential_order_is_the_documented_lexicographic_one():
     assert s.sequential_pairs(4) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
     steps = s.sequential_steps(4)
-    assert s.token_receivers(steps, 0) == [2]  # (0,1) -> (0,2): rank 2 was idle
-    assert s.token_receivers(steps, 2) == [1, 2]  # (0,3) -> (1,2): both were idle
+    assert s.starter(steps, 1) == 0 and s.token_receivers(steps, 0) == []  # (0,1) -> (0,2)
+    assert s.starter(steps, 3) is None  # (0,3) -> (1,2): both were idle
+    assert s.token_receivers(steps, 2) == [1, 2]
+    assert s.starter(steps, 4) == 1 and s.starter(steps, 5) == 3  # (1,2)->(1,3)->(2,3)
     assert s.token_receivers(steps, 5) == []
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_the_turn_rides_with_the_data_wherever_a_rank_knows_first_hand(p):
+    """Tokens only where neither rank of a step was in the one before: none for 3 ranks, and
+    for p ranks only at (i, p-1) -> (i+1, i+2) with i + 2 < p - 1."""
+    steps = s.sequential_steps(p)
+    tokens = [(steps[k].pair, steps[k + 1].pair) for k in range(len(steps) - 1)
+              if s.token_receivers(steps, k)]
+    assert tokens == [((i, p - 1), (i + 1, i + 2)) for i in range(p - 3)]
+    for k in range(1, len(steps)):
+        first = s.starter(steps, k)
+        assert first is None or (first in steps[k].pair and first in steps[k - 1].pair)
 
 
 @pytest.mark.parametrize("p", SIZES)

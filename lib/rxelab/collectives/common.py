@@ -154,36 +154,55 @@ class Call:
         self.engine.wait_ops([op for op in ops if strict or isinstance(op, WriteOp)], self.name)
 
 
+BOTH, STARTED, ANSWERED = 0, 1, 2  # how a rank took part in a step of the sequential walk
+
+
 def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
                     receive: Callable[[int], None]) -> None:
-    """Take part in the sequential schedule, at most layout.window pairs at once: for each of
-    this rank's pairs, in the global order, wait for its turn (the end of the pair `window`
-    places before: known first-hand if this rank was in it, else from a token), then start
-    the exchange (send(partner)). A pair is over once our block is acknowledged and the
-    partner's arrived (receive(partner)); its leader then hands the turn on. With window 1
-    every pair is over before the next one starts: one pair in the whole job at a time."""
+    """Take part in the sequential schedule, at most layout.window pairs at once, by the turn
+    rules of schedules (module docstring): for each of this rank's pairs, in the global order,
+    - starter (was in the step `window` places before): close that step, then send;
+    - follower: the starter's block is the turn: receive it, then send ours;
+    - otherwise: the first steps start at once; later ones wait for a token.
+    A pair is over for a rank once it has the partner's block and knows the partner has its
+    own: acknowledged, or answered (a starter's block was received before the follower sent).
+    The step's leader then hands the turn on by token where the next step needs one. With
+    window 1 every pair is over before the next one starts: one pair in the job at a time.
+    Before waiting for a turn a rank closes every pair it has open, so a token it owes is
+    never held back by its own wait (closing a pair waits only on that pair's two ranks)."""
     steps = schedules.sequential_steps(c.size)
     w = c.layout.window
-    open_pairs: dict[int, tuple[int, WriteOp | SendOp]] = {}  # step -> (partner, our send)
+    open_pairs: dict[int, tuple[int, WriteOp | SendOp, int]] = {}  # step -> partner, send, how
 
     def close(k: int) -> None:
-        partner, op = open_pairs.pop(k)
-        receive(partner)
-        c.finish([op], strict=True)  # the partner has our block, and we theirs
+        partner, op, how = open_pairs.pop(k)
+        if how != ANSWERED:
+            receive(partner)
+        c.finish([op], strict=how != STARTED)  # a starter's block was answered: it arrived
         if c.rank == steps[k].leader:
             for r in schedules.token_receivers(steps, k, w):
                 c.pass_turn(r, k + w)
 
+    def close_all(up_to: int) -> None:
+        for j in sorted(open_pairs):
+            if j <= up_to:
+                close(j)
+
     for k, step in enumerate(steps):
         if c.rank not in step.pair:
             continue
-        if schedules.needs_token(steps, k, c.rank, w):
-            c.await_turn(steps[k - w].leader, k)
-        elif k >= w and k - w in open_pairs:
-            for j in sorted(open_pairs):  # ours: close it, and the ones before it, in order
-                if j <= k - w:
-                    close(j)
         partner = step.pair[1] if step.pair[0] == c.rank else step.pair[0]
-        open_pairs[k] = (partner, send(partner))
-    for k in sorted(open_pairs):
-        close(k)
+        first = schedules.starter(steps, k, w)
+        if first == c.rank:
+            close_all(k - w)
+            open_pairs[k] = (partner, send(partner), STARTED)
+        elif first == partner:
+            close_all(k)
+            receive(partner)
+            open_pairs[k] = (partner, send(partner), ANSWERED)
+        else:
+            if k >= w:
+                close_all(k)
+                c.await_turn(steps[k - w].leader, k)
+            open_pairs[k] = (partner, send(partner), BOTH)
+    close_all(len(steps))

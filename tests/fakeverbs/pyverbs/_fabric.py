@@ -82,6 +82,7 @@ class Fabric:
             self.heap: list[tuple[float, int, int]] = []
             self.seq = itertools.count()
             self.stats = Stats()
+            self.trace: list[tuple[int, int]] | None = None  # (sending qpn, bytes) as delivered
 
     def next_ip(self) -> tuple[int, int, int, int]:
         n = next(self.ips)
@@ -240,6 +241,8 @@ class Fabric:
                        byte_len=len(data), imm=op.imm if with_imm else 0,
                        flags=e.IBV_WC_WITH_IMM if with_imm else 0)
         self.stats.bytes_moved += len(data)
+        if self.trace is not None:
+            self.trace.append((qp.qp_num, len(data)))
         self._complete_send(qp, op, e.IBV_WC_SUCCESS, send_op)
         return True
 
