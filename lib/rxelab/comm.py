@@ -81,6 +81,10 @@ class Plan:
         return not isinstance(recv, np.ndarray) or bool(recv.flags.writeable)
 
 
+class _Deferring(threading.local):
+    on = False  # per thread: an i-collective is building its plan on this one
+
+
 class _Deferred(Exception):
     """Carries a checked plan out of a collective method called by its i-variant."""
 
@@ -121,7 +125,7 @@ class Communicator:
         self.last_stats: Stats | None = None
         self._plans: dict[tuple[Any, ...], Plan] = {}
         self._progress = ProgressThread()
-        self._deferred = threading.local()  # set while an i-collective builds its plan
+        self._deferred = _Deferring()  # set while an i-collective builds its plan
         self._lock = threading.RLock()  # plans and registrations: caller and progress thread
         try:
             self.dev = verbs.Device(device, port, gid_index,
@@ -234,13 +238,14 @@ class Communicator:
             pass
 
     def _run(self, plan: Plan) -> Stats:
-        if getattr(self._deferred, "on", False):  # an i-collective: checked, now to the thread
+        if self._deferred.on:  # an i-collective: checked, now to the thread
             self._deferred.on = False
             raise _Deferred(plan)
         # started requests first (a no-op on the progress thread itself): they took their
         # call numbers before this one, on every rank in the same order
         self._progress.quiesce()
-        self._check_open()
+        if self.closed or self.failed is not None:
+            self._check_open()
         assert self.registry is not None
         counters = self.engine.counters
         sent0, recv0 = counters.bytes_sent, counters.bytes_received
@@ -327,7 +332,11 @@ class Communicator:
         """MPI_Alltoall: block j of sendbuf goes to rank j; block i of recvbuf comes from rank i.
         With algorithm="sequential", `pairs` pairs at most exchange at once (1: strictly
         sequential; p(p-1)/2: all at once), in the same fixed order."""
-        window = self._window(algorithm, pairs)
+        window = 1 if pairs == 1 and type(pairs) is int else self._window(algorithm, pairs)
+        key = ("alltoall", algorithm, window, id(sendbuf), id(recvbuf))
+        plan = self._plans.get(key)  # the hot path: a loop calls this on the same buffers
+        if plan is not None and plan.usable():
+            return self._run(plan)
 
         def make() -> Plan:
             run = self._algorithm("alltoall", algorithm, ALLTOALL)
@@ -339,8 +348,7 @@ class Communicator:
             lens = [m] * self.size
             return Plan("alltoall", algorithm, run, Layout(send, recv, offs, lens, offs, lens,
                                                           window=window))
-        return self._run(self._plan(("alltoall", algorithm, window, id(sendbuf), id(recvbuf)),
-                                    make))
+        return self._run(self._plan(key, make))
 
     def alltoallv(self, sendbuf: Any, send_counts: list[int], recvbuf: Any,
                   recv_counts: list[int], algorithm: str = "pairwise", pairs: int = 1) -> Stats:
@@ -376,7 +384,11 @@ class Communicator:
                   pairs: int = 1) -> Stats:
         """MPI_Allgather: every rank's sendbuf lands at block `rank` of every recvbuf (pairs:
         as in alltoall, for algorithm="sequential")."""
-        window = self._window(algorithm, pairs)
+        window = 1 if pairs == 1 and type(pairs) is int else self._window(algorithm, pairs)
+        key = ("allgather", algorithm, window, id(sendbuf), id(recvbuf))
+        plan = self._plans.get(key)
+        if plan is not None and plan.usable():
+            return self._run(plan)
 
         def make() -> Plan:
             run = self._algorithm("allgather", algorithm, ALLGATHER)
@@ -388,8 +400,7 @@ class Communicator:
             return Plan("allgather", algorithm, run, Layout(send, recv, [0] * self.size,
                                                            [m] * self.size, offs, [m] * self.size,
                                                            window=window))
-        return self._run(self._plan(("allgather", algorithm, window, id(sendbuf), id(recvbuf)),
-                                    make))
+        return self._run(self._plan(key, make))
 
     def allreduce(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
                   algorithm: str = "ring") -> Stats:

@@ -46,6 +46,8 @@ WATCH_EVERY = 0.25  # seconds between looks at the control connections while wai
 SIGNAL_EVERY = 8  # at most this many slot sends per completion
 SPINS = 1  # empty polls before sleeping until a completion comes (see Engine.wait)
 BACKOFF = 0.0002  # the sleep instead, where there is no completion channel
+SEND_WITH_IMM = e.IBV_WR_SEND_WITH_IMM
+memmove, htonl = ctypes.memmove, socket.htonl
 
 
 @dataclass
@@ -82,13 +84,20 @@ class Arrival:
     count: int = 0  # messages whose last chunk's notice came and nobody took yet
 
 
-@dataclass
 class SendOp:
     """An eager block or control message on its way; done once the peer acknowledged it."""
 
-    peer: int
-    done: bool = False
-    complete = property(lambda self: self.done)
+    __slots__ = ("peer", "done")
+
+    def __init__(self, peer: int, done: bool = False) -> None:
+        self.peer, self.done = peer, done
+
+    @property
+    def complete(self) -> bool:
+        return self.done
+
+
+UNTRACKED = SendOp(-1, done=True)  # what an unacknowledged eager send returns: nothing to wait on
 
 
 @dataclass
@@ -140,32 +149,40 @@ class Engine:
                    acked: bool = False) -> SendOp:
         """Copy `length` bytes at addr into a send slot and SEND them with the tag; the
         caller's buffer is free again as soon as this returns. With acked, the SendOp
-        completes when the peer acknowledged it (else only when a later one is)."""
-        conn, slot = self._send_slot(peer)
+        completes when the peer acknowledged it; without, it is complete at once (there is
+        nothing to wait for). The hot path of every small collective: kept short."""
+        conn = self.conns[peer]
+        free = conn.free_send_slots
+        if free and self.outstanding[peer] < self.send_depth:
+            slot = free.pop()
+        else:
+            conn, slot = self._send_slot(peer)
         if length:
-            ctypes.memmove(conn.send_base + slot * conn.slot_size, addr, length)
+            memmove(conn.send_base + slot * conn.slot_size, addr, length)
         self.counters.bytes_sent += length
-        return self._post_slot(conn, slot, e.IBV_WR_SEND_WITH_IMM, length, socket.htonl(tag),
-                               acked)
+        return self._post_slot(conn, slot, SEND_WITH_IMM, length, htonl(tag), acked)
 
     def _post_slot(self, conn: Connection, slot: int, opcode: int, length: int, imm: int,
-                   signaled: bool = False) -> SendOp:
+                   acked: bool = False) -> SendOp:
         """Post from a send slot. Most go unsignaled (no completion of their own: less work
         for the device and for us); every SIGNAL_EVERY-th, or when slots run short, is
         signaled, and its completion gives back the slots of those before it (RC completes a
         queue's work in order). The last one before the send depth is full is signaled too,
-        or a small send_depth could fill up with sends that never report back."""
-        op = SendOp(conn.peer)
-        if signaled or len(conn.unsignaled) >= SIGNAL_EVERY - 1 \
-                or len(conn.free_send_slots) < SIGNAL_EVERY \
-                or self.outstanding[conn.peer] + 1 >= self.send_depth:
+        or a small send_depth could fill up with sends that never report back. Only an acked
+        send (or a signaled one) gets an op of its own to wait on."""
+        peer = conn.peer
+        signaled = acked or len(conn.unsignaled) >= SIGNAL_EVERY - 1 \
+            or len(conn.free_send_slots) < SIGNAL_EVERY \
+            or self.outstanding[peer] + 1 >= self.send_depth
+        if signaled:
+            op = SendOp(peer)
             conn.slot_ops[slot] = (op, conn.unsignaled)
             conn.unsignaled = []
-            signaled = True
         else:
-            conn.unsignaled.append((slot, op))
-        self.outstanding[conn.peer] += 1
-        conn.post(SEND_BIT | (conn.peer << 32) | slot, opcode,
+            op = UNTRACKED
+            conn.unsignaled.append(slot)
+        self.outstanding[peer] += 1
+        conn.post(SEND_BIT | (peer << 32) | slot, opcode,
                   conn.send_base + slot * conn.slot_size, length, conn.send_mr.lkey, imm=imm,
                   signaled=signaled)
         return op
@@ -174,7 +191,7 @@ class Engine:
         """A signaled zero-length RDMA write (it touches no memory and no receive): when it
         completes, everything posted to `peer` before it has."""
         conn, slot = self._send_slot(peer)
-        return self._post_slot(conn, slot, e.IBV_WR_RDMA_WRITE, 0, 0, signaled=True)
+        return self._post_slot(conn, slot, e.IBV_WR_RDMA_WRITE, 0, 0, acked=True)
 
     def write(self, peer: int, addr: int, lkey: int, length: int, remote_addr: int, rkey: int,
               tag: int, imm: bool = True) -> WriteOp:
@@ -252,9 +269,7 @@ class Engine:
                 conn = self.conns[peer]
                 slot = wr_id & 0xFFFFFFFF
                 op, before = conn.slot_ops.pop(slot)
-                for s, earlier in before:
-                    earlier.done = True
-                    conn.free_send_slots.append(s)
+                conn.free_send_slots.extend(before)
                 self.outstanding[peer] -= len(before)
                 op.done = True
                 conn.free_send_slots.append(slot)
@@ -389,22 +404,24 @@ class Engine:
         """Wait for the eager block `tag` from peer, copy it to dest, give the slot back."""
         key = (peer, tag)
         box = self.box.eager
-        rts = self.box.rts
+        got = box.pop(key, None)
+        if got is None:
+            rts = self.box.rts
 
-        def arrived() -> bool:
-            if key in rts:  # the peer is sending more than an eager block: ours is smaller
-                self._mismatch(peer, rts[key], length, what)
-            return key in box
+            def arrived() -> bool:
+                if key in rts:  # the peer is sending more than an eager block: ours is smaller
+                    self._mismatch(peer, rts[key], length, what)
+                return key in box
 
-        if key not in box:
             self.wait(arrived, f"{length} bytes from rank {peer} ({what})", peer)
-        slot, nbytes = box.pop(key)
+            got = box.pop(key)
+        slot, nbytes = got
         conn = self.conns[peer]
         if nbytes != length:
             conn.repost(slot)
             self._mismatch(peer, nbytes, length, what)
         if length:
-            ctypes.memmove(dest, conn.recv_base + slot * conn.slot_size, length)
+            memmove(dest, conn.recv_base + slot * conn.slot_size, length)
         self.counters.bytes_received += length
         conn.repost(slot)
 

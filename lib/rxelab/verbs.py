@@ -206,9 +206,9 @@ class Connection:
         for wr in self.recv_wrs:
             self.qp.post_recv(wr)
         self.free_send_slots = list(range(slots))
-        # send slot -> (its SendOp, the unsignaled (slot, SendOp)s posted before it)
-        self.slot_ops: dict[int, tuple[Any, list[tuple[int, Any]]]] = {}
-        self.unsignaled: list[tuple[int, Any]] = []  # posted without a completion of their own
+        # signaled send slot -> (its SendOp, the unsignaled slots posted before it)
+        self.slot_ops: dict[int, tuple[Any, list[int]]] = {}
+        self.unsignaled: list[int] = []  # slots posted without a completion of their own
         self.wrs: dict[tuple[int, int, int], Any] = {}
 
     def endpoint(self) -> Endpoint:
