@@ -25,6 +25,8 @@ For 3 ranks that is no token at all; for p ranks, tokens only where the walk mov
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -39,11 +41,13 @@ def sequential_pairs(p: int) -> list[tuple[int, int]]:
     return [(i, j) for i in range(p) for j in range(i + 1, p)]
 
 
-def sequential_steps(p: int) -> list[SeqStep]:
-    return [SeqStep(k, pair, pair[0]) for k, pair in enumerate(sequential_pairs(p))]
+@functools.lru_cache(maxsize=64)
+def sequential_steps(p: int) -> tuple[SeqStep, ...]:
+    """Made once per world size (every call of a sequential collective walks it)."""
+    return tuple(SeqStep(k, pair, pair[0]) for k, pair in enumerate(sequential_pairs(p)))
 
 
-def starter(steps: list[SeqStep], k: int, window: int = 1) -> int | None:
+def starter(steps: Sequence[SeqStep], k: int, window: int = 1) -> int | None:
     """The rank of step k that starts it by sending its block (its partner waits for that
     block: it is the turn): the one that was in step k - window. None when both start
     together: in the first `window` steps, and when neither was in step k - window."""
@@ -56,7 +60,7 @@ def starter(steps: list[SeqStep], k: int, window: int = 1) -> int | None:
     return None
 
 
-def needs_token(steps: list[SeqStep], k: int, rank: int, window: int = 1) -> bool:
+def needs_token(steps: Sequence[SeqStep], k: int, rank: int, window: int = 1) -> bool:
     """Must `rank` (a member of step k) wait for a token before step k? Step k may start when
     step k - window is over; a member of that step knows from its own completions and starts
     step k, its partner waits for the starter's block; only when neither member was in it do
@@ -65,22 +69,24 @@ def needs_token(steps: list[SeqStep], k: int, rank: int, window: int = 1) -> boo
     return k >= window and rank in steps[k].pair and starter(steps, k, window) is None
 
 
-def token_receivers(steps: list[SeqStep], k: int, window: int = 1) -> list[int]:
+def token_receivers(steps: Sequence[SeqStep], k: int, window: int = 1) -> list[int]:
     """Ranks that step k's leader must hand the turn to when step k completes."""
     if k + window >= len(steps):
         return []
     return [r for r in steps[k + window].pair if needs_token(steps, k + window, r, window)]
 
 
-def pairwise(p: int, rank: int) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=256)
+def pairwise(p: int, rank: int) -> tuple[tuple[int, int], ...]:
     """Pairwise exchange: step s = 1..p-1 sends to (r+s) mod p, receives from (r-s) mod p."""
-    return [((rank + s) % p, (rank - s) % p) for s in range(1, p)]
+    return tuple(((rank + s) % p, (rank - s) % p) for s in range(1, p))
 
 
-def ring_allgather(p: int, rank: int) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=256)
+def ring_allgather(p: int, rank: int) -> tuple[tuple[int, int], ...]:
     """Ring allgather: step s = 0..p-2 forwards block (r-s) mod p to the right neighbour and
     receives block (r-s-1) mod p from the left one. Returns (send_block, recv_block)."""
-    return [((rank - s) % p, (rank - s - 1) % p) for s in range(p - 1)]
+    return tuple(((rank - s) % p, (rank - s - 1) % p) for s in range(p - 1))
 
 
 STAR_ROOT = 0
