@@ -328,8 +328,8 @@ class Engine:
         progress = self.progress
         box = self.box
         idle_since = None  # when polls started coming back empty
-        next_watch = 0.0
-        spins = 0
+        next_watch = None  # the peers are looked at every WATCH_EVERY s of the wait, even
+        spins = 0  # while other completions keep coming (a dead peer's block never does)
         while not cond():
             if box.aborts:
                 who, why = next(iter(box.aborts.items()))
@@ -340,8 +340,10 @@ class Engine:
                 spins = 0
                 continue
             now = time.monotonic()
+            if next_watch is None:
+                next_watch = now + WATCH_EVERY
             if idle_since is None:
-                idle_since, next_watch = now, now + WATCH_EVERY
+                idle_since = now
             elif now - idle_since > self.timeout:
                 raise PeerError(f"no progress for {self.timeout:g} s while waiting for {what}",
                                 peer=peer, hint="a peer may have died, hung, or called a "

@@ -139,12 +139,14 @@ def main(argv: list[str] | None = None) -> int:
                 break
             time.sleep(0.2)
     except KeyboardInterrupt:
+        stopping.append(signal.SIGINT)  # a SIGTERM now must not cut this clean-up short
         print("launch: interrupted; stopping every rank", file=sys.stderr)
         status = 130
     except Stop as why:
         print(f"launch: {why}; stopping every rank", file=sys.stderr)
         status = 143
     finally:
+        stopping.append(0)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the clean-up undisturbed
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         _stop_all(procs)

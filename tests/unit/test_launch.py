@@ -96,15 +96,18 @@ def test_the_timeout_ends_every_rank(tmp_path, cleanup):
     assert wait_gone(pids) == []
 
 
-def test_a_second_signal_during_the_stop_does_not_interrupt_the_clean_up(tmp_path, cleanup):
+@pytest.mark.parametrize(("signals", "status"), [
+    ((signal.SIGTERM, signal.SIGHUP, signal.SIGTERM), 143), ((signal.SIGINT, signal.SIGTERM), 130)])
+def test_a_second_signal_during_the_stop_does_not_interrupt_the_clean_up(tmp_path, cleanup,
+                                                                          signals, status):
     """`timeout`, a terminal and a user can all signal at once: the first signal stops the
     job, any others are ignored (before, the second one escaped as a traceback mid-clean-up)."""
     p = launcher(tmp_path, "--hosts", "localhost", "--per-host", "2", command=RANK)
     cleanup.append(p)
     pids = rank_pids(tmp_path, 2)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGTERM):
+    for sig in signals:
         os.kill(p.pid, sig)
     out, _ = p.communicate(timeout=30)
-    assert p.returncode == 143, out
+    assert p.returncode == status, out
     assert "Traceback" not in out and "stopping every rank" in out, out
     assert wait_gone(pids) == []

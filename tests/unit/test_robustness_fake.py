@@ -301,3 +301,27 @@ def test_a_plan_stays_while_the_application_holds_its_buffer_and_a_tiny_send_dep
         return kept, r[::4].tolist()
     out = run_ranks(3, job, send_depth=2, timeout=5)
     assert out == [(["allgather", "bcast"], [0, 1, 2])] * 3
+
+
+def test_the_peers_are_watched_while_unrelated_completions_keep_coming():
+    """A rank waiting for a dead peer's block while its other transfers keep completing still
+    looks at the control connections every WATCH_EVERY seconds (that is how a dead process is
+    noticed before the no-progress deadline)."""
+    import itertools
+
+    from rxelab.engine import WATCH_EVERY, Engine
+
+    class Looked(Exception):
+        pass
+
+    def watch():
+        raise Looked
+
+    eng = Engine(None, {}, timeout=30, window=1, chunk=1, send_depth=1, watch=watch)
+    completions = itertools.cycle([True, False])  # something completes every other poll
+    eng.progress = lambda: next(completions)  # type: ignore[method-assign]
+    eng._block = lambda seconds: time.sleep(0.002)  # type: ignore[method-assign]
+    start = time.monotonic()
+    with pytest.raises(Looked):
+        eng.wait(lambda: time.monotonic() - start > 3, "a block from a dead peer")
+    assert time.monotonic() - start < WATCH_EVERY + 1

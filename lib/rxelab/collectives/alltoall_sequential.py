@@ -1,5 +1,7 @@
-"""Strictly sequential all-to-all: one pair of ranks exchanging at a time in the whole job,
-in the fixed lexicographic order of schedules.sequential_steps (see there for the rules)."""
+"""Strictly sequential all-to-all: within a call, one pair of ranks exchanging at a time in
+the whole job, in the fixed lexicographic order of schedules.sequential_steps (see there for
+the rules). Calls back to back may overlap: the first pair of the next call can start while
+the last pair of this one still moves data (as an MPI collective's next call may)."""
 
 from __future__ import annotations
 

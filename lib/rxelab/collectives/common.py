@@ -168,7 +168,8 @@ def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
     A pair is over for a rank once it has the partner's block and knows the partner has its
     own: acknowledged, or answered (a starter's block was received before the follower sent).
     The step's leader then hands the turn on by token where the next step needs one. With
-    window 1 every pair is over before the next one starts: one pair in the job at a time.
+    window 1 every pair is over before the next one starts: one pair in the job at a time
+    (within a call: the next call's first pair may start before this call's last is over).
     Before waiting for a turn a rank closes every pair it has open, so a token it owes is
     never held back by its own wait (closing a pair waits only on that pair's two ranks)."""
     steps = schedules.sequential_steps(c.size)
