@@ -272,11 +272,13 @@ class Communicator:
         training loop calls the same collective on the same buffers thousands of times, and
         checking them again each time costs more than a small collective. The plan holds the
         buffers (and an export of any that is not a numpy array) so they cannot move or
-        resize while it is kept."""
+        resize while it is kept. The first look takes no lock: only the caller's thread
+        changes the plans (an i-collective builds its plan there too), and this is every
+        call's hot path."""
+        plan = self._plans.get(key)
+        if plan is not None and plan.usable():
+            return plan
         with self._lock:
-            plan = self._plans.get(key)
-            if plan is not None and plan.usable():
-                return plan
             self._let_go_of_dropped_plans()
             plan = make()
             assert self.registry is not None
@@ -332,11 +334,8 @@ class Communicator:
         """MPI_Alltoall: block j of sendbuf goes to rank j; block i of recvbuf comes from rank i.
         With algorithm="sequential", `pairs` pairs at most exchange at once (1: strictly
         sequential; p(p-1)/2: all at once), in the same fixed order."""
-        window = 1 if pairs == 1 and type(pairs) is int else self._window(algorithm, pairs)
+        window = self._window(algorithm, pairs)
         key = ("alltoall", algorithm, window, id(sendbuf), id(recvbuf))
-        plan = self._plans.get(key)  # the hot path: a loop calls this on the same buffers
-        if plan is not None and plan.usable():
-            return self._run(plan)
 
         def make() -> Plan:
             run = self._algorithm("alltoall", algorithm, ALLTOALL)
@@ -384,11 +383,8 @@ class Communicator:
                   pairs: int = 1) -> Stats:
         """MPI_Allgather: every rank's sendbuf lands at block `rank` of every recvbuf (pairs:
         as in alltoall, for algorithm="sequential")."""
-        window = 1 if pairs == 1 and type(pairs) is int else self._window(algorithm, pairs)
+        window = self._window(algorithm, pairs)
         key = ("allgather", algorithm, window, id(sendbuf), id(recvbuf))
-        plan = self._plans.get(key)
-        if plan is not None and plan.usable():
-            return self._run(plan)
 
         def make() -> Plan:
             run = self._algorithm("allgather", algorithm, ALLGATHER)

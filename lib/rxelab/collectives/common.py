@@ -87,7 +87,7 @@ class Call:
                into: Buffer | None = None) -> None:
         """Get ready for `peer`'s block at `offset` of our receive buffer (or of `into`): for a
         rendezvous block, tell the peer where to write it; an eager one needs nothing."""
-        if length > self.engine.eager_limit:
+        if not self.eager(length):
             self.advertise(peer, sub, offset, length, into)
 
     def send_block(self, peer: int, sub: int, offset: int, length: int,
@@ -96,19 +96,18 @@ class Call:
         """Start sending a block of the send buffer (or the receive buffer, or `source`);
         with acked, its op completes when the peer has it."""
         buf = source or (self.layout.recv if from_recv else self.layout.send)
-        if length <= self.engine.eager_limit:
-            return self.engine.send_eager(peer, buf.address + offset, length,
-                                          self.tag(sub), acked)
+        if self.eager(length):
+            return self.engine.send_eager(peer, buf.address + offset, length, self.tag(sub),
+                                          acked)
         if self.layout.vector:  # the receiver may expect another size: tell it ours first
             self.engine.send_ctrl(peer, RTS, self.tag(sub), length=length)
         return self.write_to(peer, sub, offset, length, source=buf)
 
     def recv_block(self, peer: int, sub: int, offset: int, length: int,
                    into: Buffer | None = None) -> None:
-        if length <= self.engine.eager_limit:
+        if self.eager(length):
             buf = into or self.layout.recv
-            self.engine.recv_eager(peer, self.tag(sub), buf.address + offset, length,
-                                   self.name)
+            self.engine.recv_eager(peer, self.tag(sub), buf.address + offset, length, self.name)
         else:
             self.receive(peer, sub, length)
 
