@@ -66,7 +66,8 @@ MAX_PLANS = 8
 class Plan:
     """A collective call made ready: its checked layout and the algorithm that runs it."""
 
-    __slots__ = ("operation", "algorithm", "name", "run", "layout", "exports")
+    __slots__ = ("operation", "algorithm", "name", "run", "layout", "exports", "call",
+                 "recv_array")
 
     def __init__(self, operation: str, algorithm: str, run: Callable[[Call], None],
                  layout: Layout) -> None:
@@ -75,10 +76,12 @@ class Plan:
         # numpy arrays cannot be resized while referenced; anything else is held by an export
         self.exports = [memoryview(b.owner) for b in (layout.send, layout.recv)
                         if not isinstance(b.owner, np.ndarray) and b.nbytes]
+        self.call: Call | None = None  # made once the communicator keeps the plan
+        self.recv_array = isinstance(layout.recv.owner, np.ndarray)
 
     def usable(self) -> bool:
-        recv = self.layout.recv.owner
-        return not isinstance(recv, np.ndarray) or bool(recv.flags.writeable)
+        """Still right for the buffers: an array made read-only since may not be written."""
+        return not self.recv_array or bool(self.layout.recv.owner.flags.writeable)
 
 
 class _Deferring(threading.local):
@@ -243,26 +246,34 @@ class Communicator:
             raise _Deferred(plan)
         # started requests first (a no-op on the progress thread itself): they took their
         # call numbers before this one, on every rank in the same order
-        self._progress.quiesce()
+        if self._progress.pending:
+            self._progress.quiesce()
         if self.closed or self.failed is not None:
             self._check_open()
-        assert self.registry is not None
+        registry = self.registry
+        assert registry is not None
         counters = self.engine.counters
         sent0, recv0 = counters.bytes_sent, counters.bytes_received
         counters.peak_inflight = counters.inflight
-        self.registry.peak = self.registry.pinned
+        registry.peak = registry.pinned
         started = time.perf_counter()
-        self.seq = (self.seq + 1) & 0x3FFF
-        call = Call(self.engine, self.rank, self.size, self.seq, plan.name, plan.layout, self._mr)
+        self.seq = seq = (self.seq + 1) & 0x3FFF
+        call = plan.call
+        if call is None:  # a plan not kept (or its first call): a call context of its own
+            call = plan.call = Call(self.engine, self.rank, self.size, seq, plan.name,
+                                    plan.layout, self._mr)
+        else:  # (one call at a time: the engine serves one caller)
+            call.renew(seq)
         try:  # as _communicating does (spelt out: this is every collective's hot path)
             plan.run(call)
         except BaseException as err:
             self._fail(plan.name, call.tag(DATA), err)
             raise
         finally:
-            self.registry.end_call()
+            if registry.busy:
+                registry.end_call()
         stats = Stats(plan.operation, plan.algorithm, counters.bytes_sent - sent0,
-                      counters.bytes_received - recv0, self.registry.peak,
+                      counters.bytes_received - recv0, registry.peak,
                       counters.peak_inflight, time.perf_counter() - started)
         self.last_stats = stats
         return stats
@@ -334,8 +345,11 @@ class Communicator:
         """MPI_Alltoall: block j of sendbuf goes to rank j; block i of recvbuf comes from rank i.
         With algorithm="sequential", `pairs` pairs at most exchange at once (1: strictly
         sequential; p(p-1)/2: all at once), in the same fixed order."""
-        window = self._window(algorithm, pairs)
+        window = 1 if pairs == 1 and type(pairs) is int else self._window(algorithm, pairs)
         key = ("alltoall", algorithm, window, id(sendbuf), id(recvbuf))
+        plan = self._plans.get(key)
+        if plan is not None and plan.usable():
+            return self._run(plan)
 
         def make() -> Plan:
             run = self._algorithm("alltoall", algorithm, ALLTOALL)
@@ -383,8 +397,11 @@ class Communicator:
                   pairs: int = 1) -> Stats:
         """MPI_Allgather: every rank's sendbuf lands at block `rank` of every recvbuf (pairs:
         as in alltoall, for algorithm="sequential")."""
-        window = self._window(algorithm, pairs)
+        window = 1 if pairs == 1 and type(pairs) is int else self._window(algorithm, pairs)
         key = ("allgather", algorithm, window, id(sendbuf), id(recvbuf))
+        plan = self._plans.get(key)
+        if plan is not None and plan.usable():
+            return self._run(plan)
 
         def make() -> Plan:
             run = self._algorithm("allgather", algorithm, ALLGATHER)

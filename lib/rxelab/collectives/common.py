@@ -50,7 +50,8 @@ class Call:
     """One collective call: engine, ranks, this call's tags, and the buffers' layout.
     (A plain class with slots: one is made per call.)"""
 
-    __slots__ = ("engine", "rank", "size", "seq", "name", "layout", "register", "_mrs")
+    __slots__ = ("engine", "rank", "size", "seq", "name", "layout", "register", "_mrs", "peers",
+                 "limit")
 
     def __init__(self, engine: Engine, rank: int, size: int, seq: int, name: str, layout: Layout,
                  register: Callable[[Buffer, bool], Any]) -> None:
@@ -58,6 +59,15 @@ class Call:
         self.name, self.layout = name, layout
         self.register = register  # (buffer, remote access) -> MR or None
         self._mrs: dict[tuple[int, bool], Any] = {}
+        self.peers = tuple(p for p in range(size) if p != rank)
+        self.limit = engine.eager_limit
+
+    def renew(self, seq: int) -> None:
+        """The same plan called again: a new sequence number, and registrations looked up
+        afresh (the registry may have let one go between calls)."""
+        self.seq = seq
+        if self._mrs:
+            self._mrs.clear()
 
     def mr(self, buf: Buffer, remote: bool) -> Any:
         """Registered on first use: eager blocks never need the caller's buffers registered."""
@@ -81,13 +91,13 @@ class Call:
 
     # ---- moves --------------------------------------------------------------------
     def eager(self, length: int) -> bool:
-        return length <= self.engine.eager_limit
+        return length <= self.limit
 
     def expect(self, peer: int, sub: int, offset: int, length: int,
                into: Buffer | None = None) -> None:
         """Get ready for `peer`'s block at `offset` of our receive buffer (or of `into`): for a
         rendezvous block, tell the peer where to write it; an eager one needs nothing."""
-        if not self.eager(length):
+        if length > self.limit:
             self.advertise(peer, sub, offset, length, into)
 
     def send_block(self, peer: int, sub: int, offset: int, length: int,
@@ -96,8 +106,9 @@ class Call:
         """Start sending a block of the send buffer (or the receive buffer, or `source`);
         with acked, its op completes when the peer has it."""
         buf = source or (self.layout.recv if from_recv else self.layout.send)
-        if self.eager(length):
-            return self.engine.send_eager(peer, buf.address + offset, length, self.tag(sub),
+        if length <= self.limit:  # (tag() inlined: DATA and BCAST are in range)
+            return self.engine.send_eager(peer, buf.address + offset, length,
+                                          (self.seq << 16) | sub if sub < STEP0 else self.tag(sub),
                                           acked)
         if self.layout.vector:  # the receiver may expect another size: tell it ours first
             self.engine.send_ctrl(peer, RTS, self.tag(sub), length=length)
@@ -105,9 +116,10 @@ class Call:
 
     def recv_block(self, peer: int, sub: int, offset: int, length: int,
                    into: Buffer | None = None) -> None:
-        if self.eager(length):
+        if length <= self.limit:
             buf = into or self.layout.recv
-            self.engine.recv_eager(peer, self.tag(sub), buf.address + offset, length, self.name)
+            self.engine.recv_eager(peer, (self.seq << 16) | sub if sub < STEP0 else self.tag(sub),
+                                   buf.address + offset, length, self.name)
         else:
             self.receive(peer, sub, length)
 
@@ -151,7 +163,9 @@ class Call:
     def finish(self, ops: list[WriteOp | SendOp], strict: bool = False) -> None:
         """Wait until the peers acknowledged our writes (they read our buffers until then);
         with strict, our eager blocks too (the sequential schedule's 'exchange complete')."""
-        self.engine.wait_ops([op for op in ops if strict or isinstance(op, WriteOp)], self.name)
+        for op in ops:
+            if not op.complete and (strict or isinstance(op, WriteOp)):
+                self.engine.wait_ops([op], self.name)
 
 
 BOTH, STARTED, ANSWERED = 0, 1, 2  # how a rank took part in a step of the sequential walk
