@@ -76,6 +76,38 @@ def token_receivers(steps: Sequence[SeqStep], k: int, window: int = 1) -> list[i
     return [r for r in steps[k + window].pair if needs_token(steps, k + window, r, window)]
 
 
+BOTH, STARTED, ANSWERED = 0, 1, 2  # how a rank takes part in a step of the sequential walk
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One step of the sequential walk as one rank takes part in it."""
+
+    step: int
+    partner: int
+    role: int  # STARTED: sends at once; ANSWERED: sends once the partner's block came; BOTH
+    token_from: int | None  # BOTH after the first window: the leader whose token it waits for
+    hands_to: tuple[int, ...]  # when this rank leads the step: who gets the turn at its end
+
+
+@functools.lru_cache(maxsize=256)
+def sequential_turns(p: int, rank: int, window: int = 1) -> tuple[Turn, ...]:
+    """This rank's steps of the sequential walk, with the turn rules above worked out once
+    (every call of a sequential collective walks them)."""
+    steps = sequential_steps(p)
+    turns = []
+    for k, step in enumerate(steps):
+        if rank not in step.pair:
+            continue
+        partner = step.pair[1] if step.pair[0] == rank else step.pair[0]
+        first = starter(steps, k, window)
+        role = STARTED if first == rank else ANSWERED if first == partner else BOTH
+        token_from = steps[k - window].leader if role == BOTH and k >= window else None
+        hands_to = tuple(token_receivers(steps, k, window)) if rank == step.leader else ()
+        turns.append(Turn(k, partner, role, token_from, hands_to))
+    return tuple(turns)
+
+
 @functools.lru_cache(maxsize=256)
 def pairwise(p: int, rank: int) -> tuple[tuple[int, int], ...]:
     """Pairwise exchange: step s = 1..p-1 sends to (r+s) mod p, receives from (r-s) mod p."""

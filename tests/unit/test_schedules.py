@@ -142,3 +142,32 @@ def test_a_window_of_k_pairs_keeps_at_most_k_active_and_never_deadlocks(p):
     for window in sorted({min(w, total) for w in (1, 2, 3, total // 2 or 1, total)}):
         most = max(simulate_window(p, window, seed) for seed in range(5))
         assert most == window, (p, window, most)  # never more, and the dial really opens
+
+
+@pytest.mark.parametrize("p", range(2, 9))
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_each_ranks_turns_agree_with_its_partners_and_the_tokens_they_wait_for(p, window):
+    turns = {r: s.sequential_turns(p, r, window) for r in range(p)}
+    by_step = {}
+    for r, mine in turns.items():
+        assert [t.step for t in mine] == sorted(t.step for t in mine)  # in the global order
+        for t in mine:
+            by_step.setdefault(t.step, {})[r] = t
+    steps = s.sequential_steps(p)
+    assert sorted(by_step) == list(range(len(steps)))
+    handed = {}  # (step, rank) -> the leader that hands it the turn
+    for k, both in by_step.items():
+        (a, ta), (b, tb) = sorted(both.items())
+        assert (a, b) == steps[k].pair and ta.partner == b and tb.partner == a
+        assert {ta.role, tb.role} in ({s.BOTH}, {s.STARTED, s.ANSWERED})
+        if ta.role == s.BOTH and k >= window:  # neither was in step k - window
+            assert ta.token_from == tb.token_from == steps[k - window].leader
+            assert a not in steps[k - window].pair and b not in steps[k - window].pair
+        else:
+            assert ta.token_from is tb.token_from is None
+        assert tb.hands_to == ()  # only the leader hands the turn on
+        for r in ta.hands_to:
+            handed[(k + window, r)] = a
+    waiting = {(t.step, r): t.token_from for r, mine in turns.items() for t in mine
+               if t.token_from is not None}
+    assert handed == waiting

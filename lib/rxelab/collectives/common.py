@@ -19,6 +19,7 @@ from rxelab import schedules
 from rxelab.buffers import Buffer
 from rxelab.engine import RTR, RTS, TOKEN, Engine, SendOp, WriteOp
 from rxelab.errors import ConfigError
+from rxelab.schedules import ANSWERED, STARTED
 
 DATA = 1
 BCAST = 2
@@ -168,9 +169,6 @@ class Call:
                 self.engine.wait_ops([op], self.name)
 
 
-BOTH, STARTED, ANSWERED = 0, 1, 2  # how a rank took part in a step of the sequential walk
-
-
 def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
                     receive: Callable[[int], None]) -> None:
     """Take part in the sequential schedule, at most layout.window pairs at once, by the turn
@@ -185,39 +183,31 @@ def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
     (within a call: the next call's first pair may start before this call's last is over).
     Before waiting for a turn a rank closes every pair it has open, so a token it owes is
     never held back by its own wait (closing a pair waits only on that pair's two ranks)."""
-    steps = schedules.sequential_steps(c.size)
     w = c.layout.window
-    open_pairs: dict[int, tuple[int, WriteOp | SendOp, int]] = {}  # step -> partner, send, how
+    open_pairs: dict[int, tuple[schedules.Turn, WriteOp | SendOp]] = {}  # step -> its turn, our send
 
     def close(k: int) -> None:
-        partner, op, how = open_pairs.pop(k)
-        if how != ANSWERED:
-            receive(partner)
-        c.finish([op], strict=how != STARTED)  # a starter's block was answered: it arrived
-        if c.rank == steps[k].leader:
-            for r in schedules.token_receivers(steps, k, w):
-                c.pass_turn(r, k + w)
+        turn, op = open_pairs.pop(k)
+        if turn.role != ANSWERED:
+            receive(turn.partner)
+        c.finish([op], strict=turn.role != STARTED)  # a starter's block was answered: it arrived
+        for r in turn.hands_to:
+            c.pass_turn(r, k + w)
 
     def close_all(up_to: int) -> None:
         for j in sorted(open_pairs):
             if j <= up_to:
                 close(j)
 
-    for k, step in enumerate(steps):
-        if c.rank not in step.pair:
-            continue
-        partner = step.pair[1] if step.pair[0] == c.rank else step.pair[0]
-        first = schedules.starter(steps, k, w)
-        if first == c.rank:
+    for turn in schedules.sequential_turns(c.size, c.rank, w):
+        k = turn.step
+        if turn.role == STARTED:
             close_all(k - w)
-            open_pairs[k] = (partner, send(partner), STARTED)
-        elif first == partner:
+        elif turn.role == ANSWERED:
             close_all(k)
-            receive(partner)
-            open_pairs[k] = (partner, send(partner), ANSWERED)
-        else:
-            if k >= w:
-                close_all(k)
-                c.await_turn(steps[k - w].leader, k)
-            open_pairs[k] = (partner, send(partner), BOTH)
-    close_all(len(steps))
+            receive(turn.partner)
+        elif turn.token_from is not None:
+            close_all(k)
+            c.await_turn(turn.token_from, k)
+        open_pairs[k] = (turn, send(turn.partner))
+    close_all(1 << 30)
