@@ -117,14 +117,6 @@ class Device:
             return None, None
         return channel, fd
 
-    def arm(self) -> None:
-        """Ask for an event on the channel at the next completion."""
-        self.cq.req_notify()
-
-    def take_event(self) -> None:
-        self.channel.get_cq_event(self.cq)
-        self.cq.ack_events(1)
-
     def _choose(self, name: str | None, port: int | None) -> tuple[str, int]:
         names = [d.name.decode() if isinstance(d.name, bytes) else str(d.name)
                  for d in get_device_list()]
