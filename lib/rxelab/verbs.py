@@ -259,7 +259,9 @@ class Connection:
     def post_slot(self, wr_id: int, slot: int, opcode: int, length: int, imm: int,
                   signaled: bool) -> None:
         """post() of a send slot's first `length` bytes (a control message or an eager
-        block): the hot path, so its WRs are kept by (slot, length)."""
+        block, or flush's empty RDMA write, which touches no memory: its remote address
+        and key stay 0, as a slot WR never sets them): the hot path, so its WRs are kept by
+        (slot, length)."""
         wr = self.slot_wrs.get((slot, length))
         if wr is None:
             if len(self.slot_wrs) >= WR_CACHE:

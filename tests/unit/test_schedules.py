@@ -160,6 +160,8 @@ def test_each_ranks_turns_agree_with_its_partners_and_the_tokens_they_wait_for(p
         (a, ta), (b, tb) = sorted(both.items())
         assert (a, b) == steps[k].pair and ta.partner == b and tb.partner == a
         assert {ta.role, tb.role} in ({s.BOTH}, {s.STARTED, s.ANSWERED})
+        first = s.starter(steps, k, window)  # the one that was in step k - window starts
+        assert first is None or both[first].role == s.STARTED
         if ta.role == s.BOTH and k >= window:  # neither was in step k - window
             assert ta.token_from == tb.token_from == steps[k - window].leader
             assert a not in steps[k - window].pair and b not in steps[k - window].pair

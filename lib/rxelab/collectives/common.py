@@ -49,7 +49,7 @@ class Layout:
 
 class Call:
     """One collective call: engine, ranks, this call's tags, and the buffers' layout.
-    (A plain class with slots: one is made per call.)"""
+    (A plain class with slots: one is made per plan and renewed for each of its calls.)"""
 
     __slots__ = ("engine", "rank", "size", "seq", "name", "layout", "register", "_mrs", "peers",
                  "limit")
@@ -194,9 +194,9 @@ def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
         for r in turn.hands_to:
             c.pass_turn(r, k + w)
 
-    def close_all(up_to: int) -> None:
+    def close_all(up_to: int | None = None) -> None:
         for j in sorted(open_pairs):
-            if j <= up_to:
+            if up_to is None or j <= up_to:
                 close(j)
 
     for turn in schedules.sequential_turns(c.size, c.rank, w):
@@ -210,4 +210,4 @@ def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
             close_all(k)
             c.await_turn(turn.token_from, k)
         open_pairs[k] = (turn, send(turn.partner))
-    close_all(1 << 30)
+    close_all()
