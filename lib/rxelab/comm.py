@@ -345,11 +345,8 @@ class Communicator:
         """MPI_Alltoall: block j of sendbuf goes to rank j; block i of recvbuf comes from rank i.
         With algorithm="sequential", `pairs` pairs at most exchange at once (1: strictly
         sequential; p(p-1)/2: all at once), in the same fixed order."""
-        window = 1 if pairs == 1 and type(pairs) is int else self._window(algorithm, pairs)
+        window = self._window(algorithm, pairs)
         key = ("alltoall", algorithm, window, id(sendbuf), id(recvbuf))
-        plan = self._plans.get(key)
-        if plan is not None and plan.usable():
-            return self._run(plan)
 
         def make() -> Plan:
             run = self._algorithm("alltoall", algorithm, ALLTOALL)
@@ -397,11 +394,8 @@ class Communicator:
                   pairs: int = 1) -> Stats:
         """MPI_Allgather: every rank's sendbuf lands at block `rank` of every recvbuf (pairs:
         as in alltoall, for algorithm="sequential")."""
-        window = 1 if pairs == 1 and type(pairs) is int else self._window(algorithm, pairs)
+        window = self._window(algorithm, pairs)
         key = ("allgather", algorithm, window, id(sendbuf), id(recvbuf))
-        plan = self._plans.get(key)
-        if plan is not None and plan.usable():
-            return self._run(plan)
 
         def make() -> Plan:
             run = self._algorithm("allgather", algorithm, ALLGATHER)

@@ -46,8 +46,6 @@ WATCH_EVERY = 0.25  # seconds between looks at the control connections while wai
 SIGNAL_EVERY = 8  # at most this many slot sends per completion
 SPINS = 1  # empty polls before sleeping until a completion comes (see Engine.wait)
 BACKOFF = 0.0002  # the sleep instead, where there is no completion channel
-SEND_WITH_IMM = e.IBV_WR_SEND_WITH_IMM
-memmove, htonl = ctypes.memmove, socket.htonl  # (module globals: the hot path looks them up)
 
 
 @dataclass
@@ -151,16 +149,12 @@ class Engine:
         caller's buffer is free again as soon as this returns. With acked, the SendOp
         completes when the peer acknowledged it; without, it is complete at once (there is
         nothing to wait for)."""
-        conn = self.conns[peer]
-        free = conn.free_send_slots
-        if free and self.outstanding[peer] < self.send_depth:  # (_send_slot, inlined)
-            slot = free.pop()
-        else:
-            conn, slot = self._send_slot(peer)
+        conn, slot = self._send_slot(peer)
         if length:
-            memmove(conn.send_base + slot * conn.slot_size, addr, length)
+            ctypes.memmove(conn.send_base + slot * conn.slot_size, addr, length)
         self.counters.bytes_sent += length
-        return self._post_slot(conn, slot, SEND_WITH_IMM, length, htonl(tag), acked)
+        return self._post_slot(conn, slot, e.IBV_WR_SEND_WITH_IMM, length, socket.htonl(tag),
+                               acked)
 
     def _post_slot(self, conn: Connection, slot: int, opcode: int, length: int, imm: int,
                    acked: bool = False) -> SendOp:
@@ -424,9 +418,9 @@ class Engine:
             conn.repost(slot)
             self._mismatch(peer, nbytes, length, what)
         if length:
-            memmove(dest, conn.recv_base + slot * conn.slot_size, length)
+            ctypes.memmove(dest, conn.recv_base + slot * conn.slot_size, length)
         self.counters.bytes_received += length
-        conn.qp.post_recv(conn.recv_wrs[slot])
+        conn.repost(slot)
 
     def _mismatch(self, peer: int, sent: int, expected: int, what: str) -> None:
         raise ProtocolError(f"{what}: rank {peer} sends {sent} bytes to this rank, which expects "

@@ -98,7 +98,7 @@ class Call:
                into: Buffer | None = None) -> None:
         """Get ready for `peer`'s block at `offset` of our receive buffer (or of `into`): for a
         rendezvous block, tell the peer where to write it; an eager one needs nothing."""
-        if length > self.limit:
+        if not self.eager(length):
             self.advertise(peer, sub, offset, length, into)
 
     def send_block(self, peer: int, sub: int, offset: int, length: int,
@@ -107,9 +107,8 @@ class Call:
         """Start sending a block of the send buffer (or the receive buffer, or `source`);
         with acked, its op completes when the peer has it."""
         buf = source or (self.layout.recv if from_recv else self.layout.send)
-        if length <= self.limit:  # (tag() inlined: DATA and BCAST are in range)
-            return self.engine.send_eager(peer, buf.address + offset, length,
-                                          (self.seq << 16) | sub if sub < STEP0 else self.tag(sub),
+        if self.eager(length):
+            return self.engine.send_eager(peer, buf.address + offset, length, self.tag(sub),
                                           acked)
         if self.layout.vector:  # the receiver may expect another size: tell it ours first
             self.engine.send_ctrl(peer, RTS, self.tag(sub), length=length)
@@ -117,10 +116,9 @@ class Call:
 
     def recv_block(self, peer: int, sub: int, offset: int, length: int,
                    into: Buffer | None = None) -> None:
-        if length <= self.limit:
+        if self.eager(length):
             buf = into or self.layout.recv
-            self.engine.recv_eager(peer, (self.seq << 16) | sub if sub < STEP0 else self.tag(sub),
-                                   buf.address + offset, length, self.name)
+            self.engine.recv_eager(peer, self.tag(sub), buf.address + offset, length, self.name)
         else:
             self.receive(peer, sub, length)
 
