@@ -66,8 +66,7 @@ MAX_PLANS = 8
 class Plan:
     """A collective call made ready: its checked layout and the algorithm that runs it."""
 
-    __slots__ = ("operation", "algorithm", "name", "run", "layout", "exports", "call",
-                 "recv_array")
+    __slots__ = ("operation", "algorithm", "name", "run", "layout", "exports")
 
     def __init__(self, operation: str, algorithm: str, run: Callable[[Call], None],
                  layout: Layout) -> None:
@@ -76,12 +75,10 @@ class Plan:
         # numpy arrays cannot be resized while referenced; anything else is held by an export
         self.exports = [memoryview(b.owner) for b in (layout.send, layout.recv)
                         if not isinstance(b.owner, np.ndarray) and b.nbytes]
-        self.call: Call | None = None  # made once the communicator keeps the plan
-        self.recv_array = isinstance(layout.recv.owner, np.ndarray)
 
     def usable(self) -> bool:
-        """Still right for the buffers: an array made read-only since may not be written."""
-        return not self.recv_array or bool(self.layout.recv.owner.flags.writeable)
+        recv = self.layout.recv.owner
+        return not isinstance(recv, np.ndarray) or bool(recv.flags.writeable)
 
 
 class _Deferring(threading.local):
@@ -246,34 +243,26 @@ class Communicator:
             raise _Deferred(plan)
         # started requests first (a no-op on the progress thread itself): they took their
         # call numbers before this one, on every rank in the same order
-        if self._progress.pending:
-            self._progress.quiesce()
+        self._progress.quiesce()
         if self.closed or self.failed is not None:
             self._check_open()
-        registry = self.registry
-        assert registry is not None
+        assert self.registry is not None
         counters = self.engine.counters
         sent0, recv0 = counters.bytes_sent, counters.bytes_received
         counters.peak_inflight = counters.inflight
-        registry.peak = registry.pinned
+        self.registry.peak = self.registry.pinned
         started = time.perf_counter()
-        self.seq = seq = (self.seq + 1) & 0x3FFF
-        call = plan.call
-        if call is None:  # a plan not kept (or its first call): a call context of its own
-            call = plan.call = Call(self.engine, self.rank, self.size, seq, plan.name,
-                                    plan.layout, self._mr)
-        else:  # (one call at a time: the engine serves one caller)
-            call.renew(seq)
+        self.seq = (self.seq + 1) & 0x3FFF
+        call = Call(self.engine, self.rank, self.size, self.seq, plan.name, plan.layout, self._mr)
         try:  # as _communicating does (spelt out: this is every collective's hot path)
             plan.run(call)
         except BaseException as err:
             self._fail(plan.name, call.tag(DATA), err)
             raise
         finally:
-            if registry.busy:
-                registry.end_call()
+            self.registry.end_call()
         stats = Stats(plan.operation, plan.algorithm, counters.bytes_sent - sent0,
-                      counters.bytes_received - recv0, registry.peak,
+                      counters.bytes_received - recv0, self.registry.peak,
                       counters.peak_inflight, time.perf_counter() - started)
         self.last_stats = stats
         return stats

@@ -176,7 +176,9 @@ class Engine:
             op = UNTRACKED
             conn.unsignaled.append(slot)
         self.outstanding[peer] += 1
-        conn.post_slot(SEND_BIT | (peer << 32) | slot, slot, opcode, length, imm, signaled)
+        conn.post(SEND_BIT | (peer << 32) | slot, opcode,
+                  conn.send_base + slot * conn.slot_size, length, conn.send_mr.lkey, imm=imm,
+                  signaled=signaled)
         return op
 
     def flush(self, peer: int) -> SendOp:
@@ -320,8 +322,6 @@ class Engine:
         back empty."""
         progress = self.progress
         box = self.box
-        dev = self.dev
-        fd = dev.channel_fd
         idle_since = None  # when polls started coming back empty
         next_watch = None  # the peers are looked at every WATCH_EVERY s of the wait, even
         spins = 0  # while other completions keep coming (a dead peer's block never does)
@@ -347,19 +347,19 @@ class Engine:
                 next_watch = now + WATCH_EVERY
                 self.watch()
             spins += 1
-            if spins < SPINS:
-                continue
-            # sleep (spelt out here, not in a method: this runs once or twice a block)
-            if fd is None:  # no completion channel
-                time.sleep(BACKOFF)
-            elif not self.armed:  # arm, then poll once more before sleeping (no lost wake-up)
-                dev.cq.req_notify()
-                self.armed = True
-            elif select.select([fd], [], [],
-                               max(0.0, min(WATCH_EVERY, self.timeout - (now - idle_since))))[0]:
-                dev.channel.get_cq_event(dev.cq)  # the event, taken and acknowledged
-                dev.cq.ack_events(1)
-                self.armed = False
+            if spins >= SPINS:
+                self._block(min(WATCH_EVERY, self.timeout - (now - idle_since)))
+
+    def _block(self, seconds: float) -> None:
+        dev = self.dev
+        if dev.channel_fd is None:
+            time.sleep(BACKOFF)
+        elif not self.armed:  # arm, then poll once more before sleeping (no lost wake-up)
+            dev.arm()
+            self.armed = True
+        elif select.select([dev.channel_fd], [], [], max(0.0, seconds))[0]:
+            dev.take_event()
+            self.armed = False
 
     def wait_rtr(self, peer: int, tag: int, what: str) -> tuple[int, int, int]:
         key = (peer, tag)

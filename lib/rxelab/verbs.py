@@ -33,7 +33,6 @@ MIN_RNR_TIMER = 12
 ACCESS_REMOTE = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
 CTRL_SLOT = 64  # a control message; slots grow to the eager limit
 WR_CACHE = 256  # send WRs kept per connection
-SIGNALED = e.IBV_SEND_SIGNALED
 
 
 def status_str(status: int) -> str:
@@ -116,6 +115,14 @@ class Device:
             channel.close()
             return None, None
         return channel, fd
+
+    def arm(self) -> None:
+        """Ask for an event on the channel at the next completion."""
+        self.cq.req_notify()
+
+    def take_event(self) -> None:
+        self.channel.get_cq_event(self.cq)
+        self.cq.ack_events(1)
 
     def _choose(self, name: str | None, port: int | None) -> tuple[str, int]:
         names = [d.name.decode() if isinstance(d.name, bytes) else str(d.name)
@@ -203,7 +210,6 @@ class Connection:
         self.slot_ops: dict[int, tuple[Any, list[int]]] = {}
         self.unsignaled: list[int] = []  # slots posted without a completion of their own
         self.wrs: dict[tuple[int, int, int], Any] = {}
-        self.slot_wrs: dict[tuple[int, int], Any] = {}
 
     def endpoint(self) -> Endpoint:
         return Endpoint(self.qp.qp_num, self.psn, self.dev.gid, self.dev.lid)
@@ -254,25 +260,6 @@ class Connection:
         wr.send_flags = e.IBV_SEND_SIGNALED if signaled else 0
         if opcode == e.IBV_WR_RDMA_WRITE or opcode == e.IBV_WR_RDMA_WRITE_WITH_IMM:
             wr.set_wr_rdma(rkey, remote_addr)
-        self.qp.post_send(wr)
-
-    def post_slot(self, wr_id: int, slot: int, opcode: int, length: int, imm: int,
-                  signaled: bool) -> None:
-        """post() of a send slot's first `length` bytes (a control message or an eager
-        block, or flush's empty RDMA write, which touches no memory: its remote address
-        and key stay 0, as a slot WR never sets them): the hot path, so its WRs are kept by
-        (slot, length)."""
-        wr = self.slot_wrs.get((slot, length))
-        if wr is None:
-            if len(self.slot_wrs) >= WR_CACHE:
-                self.slot_wrs.clear()
-            wr = self.slot_wrs[(slot, length)] = SendWR(
-                num_sge=1, sg=[SGE(self.send_base + slot * self.slot_size, length,
-                                   self.send_mr.lkey)])
-        wr.wr_id = wr_id
-        wr.opcode = opcode
-        wr.imm_data = imm
-        wr.send_flags = SIGNALED if signaled else 0
         self.qp.post_send(wr)
 
     def close(self) -> None:

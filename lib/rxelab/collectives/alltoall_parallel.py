@@ -8,7 +8,7 @@ from rxelab.collectives.common import DATA, Call
 
 def run(c: Call) -> None:
     lay = c.layout
-    peers = c.peers
+    peers = [p for p in range(c.size) if p != c.rank]
     for peer in peers:
         c.expect(peer, DATA, lay.recv_off[peer], lay.recv_len[peer])
     c.copy_own_block(lay.send_off[c.rank], lay.recv_off[c.rank], lay.send_len[c.rank])

@@ -49,10 +49,9 @@ class Layout:
 
 class Call:
     """One collective call: engine, ranks, this call's tags, and the buffers' layout.
-    (A plain class with slots: one is made per plan and renewed for each of its calls.)"""
+    (A plain class with slots: one is made per call.)"""
 
-    __slots__ = ("engine", "rank", "size", "seq", "name", "layout", "register", "_mrs", "peers",
-                 "limit")
+    __slots__ = ("engine", "rank", "size", "seq", "name", "layout", "register", "_mrs")
 
     def __init__(self, engine: Engine, rank: int, size: int, seq: int, name: str, layout: Layout,
                  register: Callable[[Buffer, bool], Any]) -> None:
@@ -60,15 +59,6 @@ class Call:
         self.name, self.layout = name, layout
         self.register = register  # (buffer, remote access) -> MR or None
         self._mrs: dict[tuple[int, bool], Any] = {}
-        self.peers = tuple(p for p in range(size) if p != rank)
-        self.limit = engine.eager_limit
-
-    def renew(self, seq: int) -> None:
-        """The same plan called again: a new sequence number, and registrations looked up
-        afresh (the registry may have let one go between calls)."""
-        self.seq = seq
-        if self._mrs:
-            self._mrs.clear()
 
     def mr(self, buf: Buffer, remote: bool) -> Any:
         """Registered on first use: eager blocks never need the caller's buffers registered."""
@@ -92,7 +82,7 @@ class Call:
 
     # ---- moves --------------------------------------------------------------------
     def eager(self, length: int) -> bool:
-        return length <= self.limit
+        return length <= self.engine.eager_limit
 
     def expect(self, peer: int, sub: int, offset: int, length: int,
                into: Buffer | None = None) -> None:
@@ -162,9 +152,7 @@ class Call:
     def finish(self, ops: list[WriteOp | SendOp], strict: bool = False) -> None:
         """Wait until the peers acknowledged our writes (they read our buffers until then);
         with strict, our eager blocks too (the sequential schedule's 'exchange complete')."""
-        for op in ops:
-            if not op.complete and (strict or isinstance(op, WriteOp)):
-                self.engine.wait_ops([op], self.name)
+        self.engine.wait_ops([op for op in ops if strict or isinstance(op, WriteOp)], self.name)
 
 
 def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
