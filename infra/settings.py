@@ -105,6 +105,9 @@ SETTINGS: tuple[Setting, ...] = (
             "(default 240 + 90 per node under TCG, 300 under KVM)", kind=int, low=10, high=86400),
     Setting("RXELAB_UBUNTU_URL", "https://cloud-images.ubuntu.com/releases/noble/release/",
             "where IMAGE=ubuntu-24.04 is downloaded from (a mirror of that folder)"),
+    Setting("RXELAB_UBUNTU_KEYRING", "/usr/share/keyrings/ubuntu-cloudimage-keyring.gpg",
+            "keyring with Ubuntu's cloud image signing key, which must have signed the "
+            "SHA256SUMS of IMAGE=ubuntu-24.04 (Ubuntu's package ubuntu-keyring ships it)"),
     Setting("RXELAB_APT_SOURCES", "/etc/apt/sources.list.d/debian.sources",
             "the apt sources file whose mirror builds the Debian image"),
 )
