@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -18,19 +19,144 @@ from rxelab import ops
 from experiments import counters, netem, plots
 from experiments.spec import contender, ranks
 
-MPI_RDMA_NOTE = (
-    "MPI over RDMA on rxe: Open MPI (4.1.4, Debian 12) runs over rxe through UCX (1.13.1) with "
-    "`--mca pml ucx --mca btl ^openib,uct -x UCX_NET_DEVICES=rxe0:1 -x UCX_TLS=rc_v,self "
-    "-x UCX_UD_ETH_DGID_CHECK=n -x UCX_IB_GID_INDEX=1` (mpi-ucx rows). UCX up to 1.18 takes a "
-    "RoCE UD packet's IP version from the completion's service level, which rxe leaves unset, so "
-    "with an IPv4 GID it drops every UD packet, and UD is what wires up RC; "
-    "UCX_UD_ETH_DGID_CHECK=n skips that check (fixed upstream in UCX 1.19, openucx/ucx PR "
-    "10209). Each MPI case's rxe packet counters are read before and after it: an mpi-ucx case "
-    "that moved no rxe packet counts as failed. mpi-tcp rows run Open MPI's ob1/TCP on the data "
-    "NIC."
-)
 EMULATION_NOTE = ("Absolute numbers here come from VMs under emulation (TCG) and are not hardware "
                   "numbers; the ratios between algorithms measured in the same run are what carry over.")
+KVM_NOTE = ("Absolute numbers here come from VMs with hardware virtualization (KVM), not bare "
+            "metal; with software RDMA (rxe) in the VMs, as the testbed runs them, they are not "
+            "hardware numbers; the ratios between algorithms measured in the same run are what "
+            "carry over.")
+UNRECORDED_NOTE = ("How the nodes ran (emulated VMs, VMs with hardware virtualization or bare "
+                   "metal) was not recorded for this run: read absolute numbers with that in mind.")
+UNKNOWN = "unknown"
+# Where a version comes from in environment.json: its key under "versions", then the Debian
+# package of older runs (under "packages"), whose upstream part is taken.
+VERSION_SOURCES = (("Open MPI", "open_mpi", "openmpi-bin"), ("UCX", "ucx", "libucx0"),
+                   ("rdma-core", "rdma_core", "rdma-core"))
+DGID_CHECK = "UCX_UD_ETH_DGID_CHECK"
+
+
+def _text(value: Any) -> str | None:
+    """An env value as text, or None where the run did not record it ("?", empty, null).
+    The text is untrusted (it comes from remote hosts): callers escape it for their output."""
+    if value is None or isinstance(value, (dict, list)) and not value:
+        return None
+    text = str(value).strip()
+    return None if text in ("", "?") else text
+
+
+def _mapping(env: dict[str, Any], key: str) -> dict[str, Any]:
+    value = env.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def upstream_version(debian: str) -> str:
+    """The upstream part of a Debian version: no epoch, no Debian revision, no repack suffix
+    ("1:4.1.4-3+b1" -> "4.1.4", "1.13.1+dfsg-1" -> "1.13.1", "44.0-2" -> "44.0")."""
+    v = debian.split(":", 1)[1] if re.match(r"^\d+:", debian) else debian
+    v = v.rsplit("-", 1)[0] if "-" in v else v
+    return re.sub(r"[+~](dfsg|ds)\d*$", "", v) or debian
+
+
+def versions(env: dict[str, Any]) -> dict[str, str]:
+    """Open MPI, UCX, rdma-core and kernel versions of the run, "unknown" where not recorded."""
+    recorded, packages = _mapping(env, "versions"), _mapping(env, "packages")
+    out = {}
+    for name, key, package in VERSION_SOURCES:
+        v = _text(recorded.get(key))
+        if v is None and (p := _text(packages.get(package))) is not None:
+            v = upstream_version(p)
+        out[name] = v or UNKNOWN
+    out["kernel"] = _text(recorded.get("kernel")) or _text(env.get("kernel")) or UNKNOWN
+    return out
+
+
+def how_nodes_ran(env: dict[str, Any]) -> tuple[str, str]:
+    """(what the facts list says, the caveat above the report or "" for bare metal), from
+    "accel" (tcg, kvm, none for bare metal, another hypervisor) and "virtualization"
+    (systemd-detect-virt on the first node: qemu means emulation, kvm hardware virtualization)."""
+    accel = (_text(env.get("accel")) or "").lower()
+    virt = (_text(env.get("virtualization")) or "").lower()
+    if accel == "tcg" or virt == "qemu":
+        return "VMs under emulation (TCG)", EMULATION_NOTE
+    if accel == "kvm" or virt == "kvm":
+        return "VMs with hardware virtualization (KVM)", KVM_NOTE
+    other = next((x for x in (accel, virt) if x and x != "none"), None)
+    if other:
+        return (f"virtualized ({other})",
+                f"Absolute numbers here come from nodes virtualized by {other}, not bare metal; "
+                "the ratios between algorithms measured in the same run are what carry over.")
+    if "none" in (accel, virt):
+        return "bare metal (no virtualization)", ""
+    return "not recorded", UNRECORDED_NOTE
+
+
+def rdma_devices(env: dict[str, Any]) -> list[str]:
+    """The RDMA device names of the run: per node where recorded, else UCX_NET_DEVICES's."""
+    named = [d for d in (_text(v) for v in _mapping(env, "rdma_devices").values()) if d]
+    if named:
+        return sorted(set(named))
+    net = _text(_mapping(env, "ucx_settings").get("UCX_NET_DEVICES"))
+    return sorted({x.split(":", 1)[0] for x in net.split(",") if x}) if net else []
+
+
+def mpi_rdma_note(env: dict[str, Any]) -> str:
+    """How the mpi-ucx rows ran, as recorded: versions, RDMA device and UCX settings, "unknown"
+    where the run did not record them; and why UCX_UD_ETH_DGID_CHECK=n on rxe."""
+    ver = versions(env)
+    settings = {k: t for k, v in _mapping(env, "ucx_settings").items()
+                if (t := _text(v)) is not None}
+    devices = ", ".join(rdma_devices(env)) or UNKNOWN
+    mca = "--mca pml ucx --mca btl ^openib,uct"
+    if settings:
+        how = "with `" + " ".join([mca, *(f"-x {k}={v}" for k, v in settings.items())]) + "`"
+    else:
+        how = f"with `{mca}` and UCX settings that were not recorded for this run ({UNKNOWN})"
+    dgid = settings.get(DGID_CHECK)
+    if not settings:
+        sets = "whether this run set it was not recorded"
+    elif dgid is not None and dgid.lower() in ("n", "no", "0", "off", "false"):
+        sets = "this run sets it"
+    else:
+        sets = f"this run did not set it ({DGID_CHECK}={dgid or UNKNOWN})"
+    return (f"MPI over RDMA: Open MPI ({ver['Open MPI']}) runs over the RDMA device ({devices}) "
+            f"through UCX ({ver['UCX']}) {how} (mpi-ucx rows). On rxe devices, UCX up to 1.18 "
+            "takes a RoCE UD packet's IP version from the completion's service level, which rxe "
+            "leaves unset, so with an IPv4 GID it drops every UD packet, and UD is what wires up "
+            f"RC; {DGID_CHECK}=n skips that check (fixed upstream in UCX 1.19, openucx/ucx PR "
+            f"10209); {sets}. Each MPI case's RDMA device packet counters are read before and "
+            "after it: an mpi-ucx case that moved no packet counts as failed (devices without "
+            "such counters give no reading). mpi-tcp rows run Open MPI's ob1/TCP on the data NIC.")
+
+
+def facts(env: dict[str, Any], results: Path) -> list[str]:
+    """The run's facts, each read from environment.json ("unknown" where not recorded)."""
+    def known(key: str) -> str:
+        return _text(env.get(key)) or UNKNOWN
+    status = "complete" if env.get("complete") else "INCOMPLETE (interrupted or failed: partial results)"
+    ver = versions(env)
+    ran = how_nodes_ran(env)[0]
+    out = [f"results: {results.name} ({status})", f"nodes: {known('nodes')}",
+           f"nodes ran as: {ran}; accel: {known('accel')}, systemd-detect-virt: "
+           f"{known('virtualization')}, image: {known('image')}",
+           "versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
+           f"RoCE path MTU: {known('mtu')} (data NIC MTU {known('netdev_mtu')})"]
+    devices = {k: t for k, v in _mapping(env, "rdma_devices").items() if (t := _text(v))}
+    netdevs = {k: t for k, v in _mapping(env, "netdevs").items() if (t := _text(v))}
+    if devices or netdevs:
+        out.append("RDMA devices: " + (", ".join(f"{k} {v}" for k, v in devices.items()) or UNKNOWN)
+                   + "; data NICs: " + (", ".join(f"{k} {v}" for k, v in netdevs.items()) or UNKNOWN))
+    packages = _mapping(env, "packages")
+    if packages:
+        out.append("packages: " + ", ".join(f"{k} {v}" for k, v in packages.items()))
+    settings = _mapping(env, "ucx_settings")
+    out.append("UCX settings of mpi-ucx cases: " + (
+        " ".join(f"{k}={v}" for k, v in settings.items()) if settings else UNKNOWN))
+    return out
+
+
+def _md(text: str) -> str:
+    """Text with env values in it, for Markdown: no raw HTML gets through."""
+    return html.escape(text, quote=False)
 
 
 def load(results: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -270,23 +396,18 @@ def write(results: Path) -> tuple[Path, Path]:
     images = figures(flat, records, loads)
     summary = summary_lines(flat, records, loads)
     perf = [r for r in records if r["app"] == "perftest" and r.get("summary")]
-    title = f"rxelab report: {env.get('spec', results.name)}"
-    status = "complete" if env.get("complete") else "INCOMPLETE (interrupted or failed: partial results)"
-    facts = [f"results: {results.name} ({status})", f"nodes: {env.get('nodes')}",
-             f"kernel: {env.get('kernel')}",
-             f"accel: {env.get('accel', '?')}, image: {env.get('image', '?')}",
-             f"RoCE path MTU: {env.get('mtu')} (data NIC MTU {env.get('netdev_mtu', '?')})",
-             "packages: " + ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items())]
-    if env.get("ucx_settings"):
-        facts.append("UCX settings of mpi-ucx cases: " + " ".join(
-            f"{k}={v}" for k, v in env["ucx_settings"].items()))
+    title = f"rxelab report: {_text(env.get('spec')) or results.name}"
+    fact_lines = facts(env, results)
+    note = how_nodes_ran(env)[1]
+    mpi_note = mpi_rdma_note(env)
     for name, data in images.items():
         (results / name).write_bytes(data)
     counts, seed_rows = seed_table(flat)
     # Markdown
-    md = [f"# {title}", "", f"> {EMULATION_NOTE}", "", *[f"- {f}" for f in facts], "",
+    md = [f"# {_md(title)}", "", *([f"> {_md(note)}", ""] if note else []),
+          *[f"- {_md(f)}" for f in fact_lines], "",
           "## Summary", "", *[f"- {x}" for x in summary], "", "## Collectives", "",
-          MPI_RDMA_NOTE, "",
+          _md(mpi_note), "",
           "| " + " | ".join(h for _, h in TABLE_COLS) + " |",
           "|" + "---|" * len(TABLE_COLS)]
     md += ["| " + " | ".join(_fmt(r[k]) for k, _ in TABLE_COLS) + " |" for r in flat]
@@ -308,12 +429,12 @@ def write(results: Path) -> tuple[Path, Path]:
              "collapse;font-size:.75em}td,th{border:1px solid #ccc;padding:2px 4px;text-align:right}"
              ".wide{overflow-x:auto}"
              ".note{background:#fff4d6;padding:.5em}img{max-width:100%}</style></head><body>",
-             f"<h1>{esc(title)}</h1><p class='note'>{esc(EMULATION_NOTE)}</p><ul>",
-             *[f"<li>{esc(f)}</li>" for f in facts], "</ul><h2>Summary</h2><ul>",
+             f"<h1>{esc(title)}</h1>" + (f"<p class='note'>{esc(note)}</p>" if note else "") + "<ul>",
+             *[f"<li>{esc(f)}</li>" for f in fact_lines], "</ul><h2>Summary</h2><ul>",
              *[f"<li>{esc(x)}</li>" for x in summary], "</ul>"]
     first = [n for n in ("stages.png", "loss.png", "pairs.png") if n in images]
     parts += [_img(n, images[n]) for n in first]  # the answer first, as a picture
-    parts += ["<h2>Collectives</h2>", f"<p>{esc(MPI_RDMA_NOTE)}</p><div class='wide'><table><tr>",
+    parts += ["<h2>Collectives</h2>", f"<p>{esc(mpi_note)}</p><div class='wide'><table><tr>",
               *[f"<th>{esc(h)}</th>" for _, h in TABLE_COLS], "</tr>"]
     parts += ["<tr>" + "".join(f"<td>{esc(_fmt(r[k]))}</td>" for k, _ in TABLE_COLS) + "</tr>"
               for r in flat]
