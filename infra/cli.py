@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -75,11 +76,19 @@ def cmd_provision(args: argparse.Namespace) -> None:
         runner.require("mmdebstrap", "mkfs.ext4")
     if network.resolve(config.data_net) is DataNet.BRIDGE:
         runner.require("ip")
+    lab.preflight(config, state)
+    state.claim()
     _replace_stale_lab(state)
     started = time.monotonic()
+    # `kill` or a closed terminal ends a provision as Ctrl-C does: Terraform is interrupted
+    # and waited for, and everything it started is removed (it would be orphaned otherwise)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     try:
         terraform.apply(config, state)
     except KeyboardInterrupt:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the clean-up short
         print("\ninterrupted: removing everything this provision started ...", flush=True)
         _teardown_after_failure(state)
         raise LabError("provisioning was interrupted; nothing is left running") from None
@@ -93,6 +102,10 @@ def cmd_provision(args: argparse.Namespace) -> None:
     status.show(status.collect(inv, _running(state)))
     print(f"lab ready in {elapsed:.0f} s. Next: `make ssh NODE={inv.hosts[0].name}`, "
           f"`make status`, `make destroy`. Inventory: {state.inventory_file}")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _replace_stale_lab(state: LabState) -> None:
@@ -124,6 +137,8 @@ def _running(state: LabState) -> dict[str, bool]:
 
 def cmd_destroy_state(state: LabState) -> None:
     had_state = state.root.exists()
+    if had_state and not state.is_lab():
+        lab.teardown(state)  # refuses, naming why, before Terraform is asked anything
     if terraform.has_state(state):
         try:
             terraform.destroy(state)
@@ -137,6 +152,9 @@ def cmd_destroy_state(state: LabState) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # A lab's files hold the keys its nodes trust: private from their first byte. The image
+    # build keeps the usual mask: it makes a root file system for every user of the guest.
+    os.umask(0o022 if args.command == "image" else 0o077)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(message)s")
     state = LabState(args.state_dir)

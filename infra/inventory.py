@@ -2,7 +2,9 @@
 
 The same format names the lab's VMs or machines that already exist (real RoCE or InfiniBand
 hosts, cloud VMs), so a user outgrows one machine by writing a file, not by changing code.
-It is strict: an unknown key or a bad value is an error that names where it is.
+Its values reach ssh's command line and remote shells, so every field has a strict type and
+pattern (pydantic models: unknown keys, wrong types and bad values are errors that name the
+field's path), and a Host cannot exist with a value that is not valid.
 """
 
 from __future__ import annotations
@@ -10,40 +12,99 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
 
 from infra.config import GID_INDEX, RDMA_DEVICE, RDMA_PORT, VM_USER, LabConfig
 from infra.errors import LabError
 from infra.state import LabState, write_atomic
 
 VERSION = 1
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+MAX_BYTES = 1 << 20
+MAX_NODES = 256
 
 
-@dataclass(frozen=True)
+def _pattern(regex: str, what: str) -> Callable[[str], str]:
+    compiled = re.compile(regex)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"{value!r} is not a valid {what}")
+        return value
+    return check
+
+
+def _ip_address(value: str) -> str:
+    """An address, nothing else: no zone index (`%eth0`), no brackets, no spaces."""
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address") from None
+    if "%" in value:  # Python accepts any text as an IPv6 zone index
+        raise ValueError(f"{value!r} has a zone index: give the address alone")
+    return str(address)
+
+
+Name = Annotated[str, AfterValidator(_pattern(
+    r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", "name (letters, digits, '.', '_', '-'; 63 at most)"))]
+# A DNS name or an IP literal; never a leading '-' (it would become an ssh option).
+HostName = Annotated[str, AfterValidator(_pattern(
+    r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*",
+    "host (a DNS name or an IP address)"))]
+UserName = Annotated[str, AfterValidator(_pattern(
+    r"[A-Za-z_][A-Za-z0-9._-]{0,31}", "user name (letters, digits, '.', '_', '-')"))]
+# A local file for ssh's -i / UserKnownHostsFile: no whitespace (ssh splits the latter on
+# it), no '%' (ssh expands tokens), no quotes, no leading '-'.
+LocalPath = Annotated[str, AfterValidator(_pattern(
+    r"[^\s%'\"\\-][^\s%'\"\\]{0,4095}", "file path (no spaces, quotes or '%')"))]
+# The kernel's names for RDMA devices (mlx5_0, rxe0, roce0, irdma-eth1, ...).
+Device = Annotated[str, AfterValidator(_pattern(
+    r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", "RDMA device name"))]
+Port = Annotated[int, Strict(), Field(ge=1, le=65535)]
+Small = Annotated[int, Strict(), Field(ge=0, le=255)]
+Address = Annotated[str, AfterValidator(_ip_address)]
+
+STRICT = ConfigDict(extra="forbid", str_max_length=4096)
+
+
+@dataclass(frozen=True, config=STRICT)
 class SSHEndpoint:
-    host: str
-    port: int = 22
-    user: str = VM_USER
-    key: str | None = None
-    known_hosts: str | None = None
+    host: HostName
+    port: Port = 22
+    user: UserName = VM_USER
+    key: LocalPath | None = None
+    known_hosts: LocalPath | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=STRICT)
 class RdmaEndpoint:
-    device: str = RDMA_DEVICE
-    port: int = RDMA_PORT
-    gid_index: int = GID_INDEX
+    device: Device = RDMA_DEVICE
+    port: Annotated[int, Strict(), Field(ge=1, le=255)] = RDMA_PORT
+    gid_index: Small = GID_INDEX
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=STRICT)
 class Host:
-    name: str
+    name: Name
     ssh: SSHEndpoint
-    data_ip: str
-    rdma: RdmaEndpoint
+    data_ip: Address
+    rdma: RdmaEndpoint = RdmaEndpoint()
+
+
+@dataclass(frozen=True, config=STRICT)
+class InventoryFile:
+    """The file's shape (version 1)."""
+
+    version: Literal[1]
+    nodes: Annotated[tuple[Host, ...], Field(min_length=1, max_length=MAX_NODES)]
+    lab: Name = "custom"
+
+
+FILE = TypeAdapter(InventoryFile)
 
 
 @dataclass(frozen=True)
@@ -88,94 +149,73 @@ def save(inventory: Inventory, path: Path) -> None:
 
 
 def load(path: Path) -> Inventory:
+    """Any file a user may point at - missing, a directory, binary, UTF-16, huge, nested without
+    end - is one clear error, never a traceback."""
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise LabError(f"no inventory at {path}",
                        hint="run `make provision`, or point INVENTORY= at your own file") from None
+    except IsADirectoryError:
+        raise LabError(f"{path} is a directory, not an inventory file") from None
+    except OSError as e:
+        raise LabError(f"cannot read the inventory {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_BYTES:
+        raise LabError(f"{path} is larger than {MAX_BYTES >> 20} MiB: not an inventory")
     try:
-        doc = json.loads(text)
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise LabError(f"{path} is not UTF-8 text: not an inventory") from None
     except json.JSONDecodeError as e:
         raise LabError(f"{path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise LabError(f"{path} is nested too deeply: not an inventory") from None
+    except ValueError as e:  # an integer of thousands of digits
+        raise LabError(f"{path} has an impossible value: {str(e)[:80]}") from None
     return parse(doc, source=str(path))
 
 
-class _Checker:
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.problems: list[str] = []
+def _where(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "top level"
 
-    def fail(self, where: str, what: str) -> None:
-        self.problems.append(f"{where}: {what}")
 
-    def obj(self, value: Any, where: str, required: set[str], optional: set[str]) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            self.fail(where, "must be an object")
-            return {}
-        for key in sorted(required - value.keys()):
-            self.fail(where, f"missing key {key!r}")
-        for key in sorted(value.keys() - required - optional):
-            self.fail(where, f"unknown key {key!r}")
-        return value
-
-    def integer(self, value: Any, where: str, low: int, high: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            self.fail(where, f"must be a whole number from {low} to {high}, not {value!r}")
-            return low
-        return value
-
-    def text(self, value: Any, where: str, pattern: re.Pattern[str] | None = None) -> str:
-        if not isinstance(value, str) or not value.strip():
-            self.fail(where, f"must be a non-empty string, not {value!r}")
-            return ""
-        if pattern and not pattern.fullmatch(value):
-            self.fail(where, f"{value!r} is not a valid name")
-        return value
+def _problem(error: Any) -> str:
+    loc, kind = tuple(error["loc"]), error["type"]
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        return f"{_where(loc[:-1])}: unknown key {loc[-1]!r}"
+    if kind in ("missing", "missing_argument"):
+        return f"{_where(loc[:-1])}: missing key {loc[-1]!r}"
+    if kind == "literal_error" and loc == ("version",):
+        return f"version: this rxelab reads version {VERSION}, not {error['input']!r}"
+    if kind == "too_short":
+        return f"{_where(loc)}: must be a non-empty list"
+    if kind == "too_long":
+        return f"{_where(loc)}: more than {error['ctx']['max_length']} entries"
+    msg = str(error["msg"]).removeprefix("Value error, ")
+    if kind.startswith(("int_", "greater_than", "less_than", "string_", "dataclass_")):
+        msg = f"{msg}, not {error['input']!r}"[:300]
+    return f"{_where(loc)}: {msg}"
 
 
 def parse(doc: Any, source: str = "inventory") -> Inventory:
-    c = _Checker(source)
-    top = c.obj(doc, "top level", {"version", "nodes"}, {"lab"})
-    if top.get("version", VERSION) != VERSION:
-        c.fail("version", f"this rxelab reads version {VERSION}, not {top.get('version')!r}")
-    lab = c.text(top.get("lab", "custom"), "lab")
-    nodes = top.get("nodes", [])
-    if not isinstance(nodes, list) or not nodes:
-        c.fail("nodes", "must be a non-empty list")
-        nodes = []
-    hosts = []
-    for i, raw in enumerate(nodes):
-        w = f"nodes[{i}]"
-        n = c.obj(raw, w, {"name", "ssh", "data_ip"}, {"rdma"})
-        name = c.text(n.get("name"), f"{w}.name", NAME_RE)
-        s = c.obj(n.get("ssh", {}), f"{w}.ssh", {"host"}, {"port", "user", "key", "known_hosts"})
-        ssh = SSHEndpoint(
-            host=c.text(s.get("host"), f"{w}.ssh.host"),
-            port=c.integer(s.get("port", 22), f"{w}.ssh.port", 1, 65535),
-            user=c.text(s.get("user", VM_USER), f"{w}.ssh.user"),
-            key=c.text(s["key"], f"{w}.ssh.key") if "key" in s else None,
-            known_hosts=c.text(s["known_hosts"], f"{w}.ssh.known_hosts") if "known_hosts" in s else None,
-        )
-        data_ip = c.text(n.get("data_ip"), f"{w}.data_ip")
-        try:
-            ipaddress.ip_address(data_ip)
-        except ValueError:
-            if data_ip:
-                c.fail(f"{w}.data_ip", f"{data_ip!r} is not an IP address")
-        r = c.obj(n.get("rdma", {}), f"{w}.rdma", set(), {"device", "port", "gid_index"})
-        rdma = RdmaEndpoint(
-            device=c.text(r.get("device", RDMA_DEVICE), f"{w}.rdma.device"),
-            port=c.integer(r.get("port", RDMA_PORT), f"{w}.rdma.port", 1, 255),
-            gid_index=c.integer(r.get("gid_index", GID_INDEX), f"{w}.rdma.gid_index", 0, 255),
-        )
-        hosts.append(Host(name, ssh, data_ip, rdma))
+    try:
+        checked = FILE.validate_python(doc)
+    except ValidationError as e:
+        problems = [_problem(err) for err in e.errors()]
+        shown = "\n  ".join(problems[:20])
+        raise LabError(f"{source} is not a valid inventory:\n  {shown}") from None
+    hosts = checked.nodes
+    problems = []
     names = [h.name for h in hosts]
     for dup in sorted({x for x in names if names.count(x) > 1}):
-        c.fail("nodes", f"name {dup!r} is used more than once")
+        problems.append(f"nodes: name {dup!r} is used more than once")
     endpoints = [(h.ssh.host, h.ssh.port) for h in hosts]
     for dup in sorted({x for x in endpoints if endpoints.count(x) > 1}):
-        c.fail("nodes", f"SSH endpoint {dup[0]}:{dup[1]} is used more than once")
-    if c.problems:
-        shown = "\n  ".join(c.problems[:20])
-        raise LabError(f"{source} is not a valid inventory:\n  {shown}")
-    return Inventory(lab, tuple(hosts))
+        problems.append(f"nodes: SSH endpoint {dup[0]}:{dup[1]} is used more than once")
+    if problems:
+        raise LabError(f"{source} is not a valid inventory:\n  " + "\n  ".join(problems))
+    return Inventory(checked.lab, hosts)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 
 from infra import accel as accel_mod
@@ -16,7 +17,7 @@ from infra import run as runner
 from infra.config import Accel, LabConfig
 from infra.errors import LabError
 from infra.images import BaseImage
-from infra.state import LabState, write_atomic
+from infra.state import MARKER, OWNED, LabState, write_atomic
 
 
 def configure(config: LabConfig, state: LabState) -> LabConfig:
@@ -27,7 +28,7 @@ def configure(config: LabConfig, state: LabState) -> LabConfig:
     mtu, why_mtu = network.resolve_mtu(data_net, config.mtu)
     print(why_mtu, flush=True)
     resolved = LabConfig(**{**vars(config), "image": kind, "data_net": data_net, "mtu": mtu})
-    state.root.mkdir(parents=True, exist_ok=True)
+    state.claim()
     state.save_config(resolved)
     seed.make_seeds(resolved, state, instance_tag=f"{int(time.time())}")
     return resolved
@@ -89,8 +90,44 @@ def wait(state: LabState) -> None:
           flush=True)
 
 
+def preflight(config: LabConfig, state: LabState) -> None:
+    """Before anything is touched: the state directory can be this lab's, no other lab of the
+    same name runs on this host, and the SSH ports of nodes not yet running are free."""
+    state.check_claimable()
+    lab_id = state.lab_id()
+    clash = network.conflicts(config, lab_id)
+    ours = {str(state.pidfile(n.name)) for n in config.all_nodes()}
+    for pid, args in vm.processes_named(config.lab):
+        if not ours & set(args):
+            clash.append(f"qemu pid {pid}")
+    if clash:
+        raise LabError(f"another lab named {config.lab!r} runs on this host ({', '.join(clash)}); "
+                       "nothing was changed", hint="give this lab another name: LAB=...")
+    for n in config.all_nodes():
+        if not vm.is_running(state, n) and not port_is_free(n.ssh_port):
+            raise LabError(f"port {n.ssh_port} ({n.name}'s SSH forward) is in use on 127.0.0.1; "
+                           "nothing was changed",
+                           hint="another lab or program holds it: choose SSH_PORT_BASE=...")
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def teardown(state: LabState, keep_logs: bool = False) -> list[str]:
-    """Stop every VM and switch, remove the network and the state; report what was removed."""
+    """Stop this lab's VMs and switch, remove its network and the entries of its state
+    directory; report what was removed. Only what carries this lab's marks goes: a directory
+    that is not a lab is refused whole, and files the lab did not make stay where they are."""
+    if not state.root.exists():
+        return []
+    if not state.is_lab():
+        raise LabError(f"{state.root} is not an rxelab lab (it has no {MARKER}): nothing removed",
+                       hint="RXELAB_STATE (or --state-dir) must name a lab's own state directory")
     removed: list[str] = []
     config = None
     if state.config_file.exists():
@@ -104,22 +141,21 @@ def teardown(state: LabState, keep_logs: bool = False) -> list[str]:
         if runner.stop_pidfile(pidfile, program):
             removed.append(f"{program} {name}")
     if config is not None:
-        ns_present = config.netns in network.namespaces() if os.geteuid() == 0 else False
-        taps = network.host_taps(config) if os.geteuid() == 0 else []
-        network.down(config, state)
-        if ns_present:
-            removed.append(f"network namespace {config.netns}")
-        removed += [f"tap {t}" for t in taps]
-    if state.root.exists():
-        for child in state.root.iterdir():
-            if keep_logs and child.name == "logs":
-                continue
-            if child.is_dir():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
-        if not any(state.root.iterdir()):
-            state.root.rmdir()
+        removed += [x for x in network.down(config, state) if x != "vde_switch"]
+    for name in OWNED:
+        path = state.root / name
+        if (keep_logs and name == "logs") or not (path.exists() or path.is_symlink()):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    others = sorted(p.name for p in state.root.iterdir() if p.name != MARKER)
+    if not others:
+        state.marker.unlink(missing_ok=True)
+        state.root.rmdir()
+    elif not (keep_logs and others == ["logs"]):
+        print(f"left in {state.root} (not made by rxelab): {', '.join(others)}", flush=True)
     return removed
 
 

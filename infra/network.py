@@ -9,6 +9,7 @@ Either way no route leads from the segment anywhere else.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 from infra import run as runner
 from infra.config import VDE_MAX_MTU, DataNet, LabConfig, Node
 from infra.errors import LabError
-from infra.state import LabState
+from infra.state import LabState, mkdir_private
 
 
 def resolve(requested: DataNet) -> DataNet:
@@ -47,9 +48,47 @@ def vde_socket(state: LabState) -> Path:
     return state.run / "vde.ctl"
 
 
+def owner_label(lab_id: str) -> str:
+    """What a lab writes into the alias of the links it creates (its bridge, its taps): the
+    proof, checked before any removal, that a link with the lab's name is really this lab's."""
+    return f"rxelab:{lab_id}"
+
+
+def link_alias(name: str, netns: str | None = None) -> str | None:
+    """The alias of a link (None: no such link, or no alias)."""
+    r = runner.run(["ip", *(["-n", netns] if netns else []), "-j", "link", "show", "dev", name],
+                   check=False)
+    try:
+        return str(json.loads(r.stdout)[0].get("ifalias") or "") or None
+    except (ValueError, IndexError, KeyError, AttributeError):
+        return None
+
+
+def namespace_is_ours(config: LabConfig, lab_id: str) -> bool:
+    return link_alias(config.bridge, config.netns) == owner_label(lab_id)
+
+
+def conflicts(config: LabConfig, lab_id: str | None) -> list[str]:
+    """What of another lab with this lab's name exists on the host (as root: its namespace,
+    its taps); empty when nothing would clash."""
+    if resolve(config.data_net) is not DataNet.BRIDGE:
+        return []
+    found = []
+    if config.netns in namespaces() and (lab_id is None or not namespace_is_ours(config, lab_id)):
+        found.append(f"network namespace {config.netns}")
+    for tap in host_taps(config):
+        if lab_id is None or link_alias(tap) != owner_label(lab_id):
+            found.append(f"tap {tap}")
+    return found
+
+
 def up(config: LabConfig, state: LabState) -> None:
     kind = resolve(config.data_net)
-    down(config, state)  # a leftover of an interrupted run must not trip this one
+    lab_id = state.require_id()
+    if clash := conflicts(config, lab_id):
+        raise LabError(f"another lab named {config.lab!r} runs on this host ({', '.join(clash)})",
+                       hint="give this lab another name: LAB=...")
+    down(config, state)  # a leftover of this lab's interrupted run must not trip this one
     if kind is DataNet.BRIDGE:
         runner.require("ip")
         ns, br = config.netns, config.bridge
@@ -57,25 +96,34 @@ def up(config: LabConfig, state: LabState) -> None:
         runner.run(["ip", "-n", ns, "link", "set", "lo", "up"])
         runner.run(["ip", "-n", ns, "link", "add", br, "mtu", str(config.mtu), "type", "bridge",
                     "stp_state", "0", "forward_delay", "0", "mcast_snooping", "0"])
+        runner.run(["ip", "-n", ns, "link", "set", br, "alias", owner_label(lab_id)])
         runner.run(["ip", "-n", ns, "link", "set", br, "up"])
         print(f"network: bridge {br} in namespace {ns}", flush=True)
     else:
         runner.require("vde_switch")
-        state.run.mkdir(parents=True, exist_ok=True)
+        mkdir_private(state.run)
         runner.run(["vde_switch", "-s", vde_socket(state), "-p", state.pidfile("vde_switch"),
                     "-d"])
         print(f"network: vde_switch on {vde_socket(state)}", flush=True)
 
 
-def down(config: LabConfig, state: LabState) -> None:
-    """Remove the segment and every tap of this lab; safe to call when nothing exists."""
-    if os.geteuid() == 0:
+def down(config: LabConfig, state: LabState) -> list[str]:
+    """Remove this lab's segment and taps - only those that carry its id - and say what was
+    removed; safe to call when nothing exists."""
+    removed = []
+    lab_id = state.lab_id()
+    if os.geteuid() == 0 and lab_id is not None:
         for tap in host_taps(config):
-            runner.run(["ip", "link", "del", tap], check=False)
-        if config.netns in namespaces():
+            if link_alias(tap) == owner_label(lab_id):
+                runner.run(["ip", "link", "del", tap], check=False)
+                removed.append(f"tap {tap}")
+        if config.netns in namespaces() and namespace_is_ours(config, lab_id):
             runner.run(["ip", "netns", "del", config.netns])
-    runner.stop_pidfile(state.pidfile("vde_switch"), "vde_switch")
+            removed.append(f"network namespace {config.netns}")
+    if runner.stop_pidfile(state.pidfile("vde_switch"), "vde_switch"):
+        removed.append("vde_switch")
     shutil.rmtree(vde_socket(state), ignore_errors=True)  # vde_switch -s makes a directory
+    return removed
 
 
 def namespaces() -> set[str]:
@@ -84,7 +132,8 @@ def namespaces() -> set[str]:
 
 
 def host_taps(config: LabConfig) -> list[str]:
-    """Taps of this lab still in the host namespace (a node that never got its tap moved)."""
+    """Taps named for this lab still in the host namespace (a node that never got its tap
+    moved), whoever made them: callers check the owner."""
     prefix = f"{config.lab}t"
     return sorted(p.name for p in Path("/sys/class/net").iterdir()
                   if p.name.startswith(prefix) and p.name[len(prefix):].isdigit())
@@ -101,11 +150,15 @@ def qemu_args(config: LabConfig, state: LabState, node: Node) -> list[str]:
     ]  # fmt: skip
 
 
-def before_vm(config: LabConfig, node: Node) -> None:
+def before_vm(config: LabConfig, state: LabState, node: Node) -> None:
     if resolve(config.data_net) is DataNet.BRIDGE:
-        runner.run(["ip", "link", "del", node.tap], check=False)
+        remove_tap(config, state, node)
+        if node.tap in host_taps(config):
+            raise LabError(f"tap {node.tap} exists and is not this lab's",
+                           hint="another lab has this lab's name: give this one another (LAB=...)")
         runner.run(["ip", "tuntap", "add", "dev", node.tap, "mode", "tap"])
-        runner.run(["ip", "link", "set", node.tap, "mtu", str(config.mtu)])
+        runner.run(["ip", "link", "set", node.tap, "mtu", str(config.mtu),
+                    "alias", owner_label(state.require_id())])
 
 
 def after_vm(config: LabConfig, node: Node) -> None:
@@ -116,8 +169,12 @@ def after_vm(config: LabConfig, node: Node) -> None:
                     "master", config.bridge, "up"])
 
 
-def remove_tap(config: LabConfig, node: Node) -> None:
-    if resolve(config.data_net) is DataNet.BRIDGE:
+def remove_tap(config: LabConfig, state: LabState, node: Node) -> None:
+    """This node's tap, wherever it is, if it carries this lab's id."""
+    lab_id = state.lab_id()
+    if resolve(config.data_net) is not DataNet.BRIDGE or lab_id is None:
+        return
+    if link_alias(node.tap) == owner_label(lab_id):
         runner.run(["ip", "link", "del", node.tap], check=False)
-        if config.netns in namespaces():
-            runner.run(["ip", "-n", config.netns, "link", "del", node.tap], check=False)
+    if config.netns in namespaces() and link_alias(node.tap, config.netns) == owner_label(lab_id):
+        runner.run(["ip", "-n", config.netns, "link", "del", node.tap], check=False)

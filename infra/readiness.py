@@ -17,7 +17,7 @@ from pathlib import Path
 
 from infra.errors import LabError
 from infra.inventory import Host
-from infra.ssh import ssh_run
+from infra.ssh import shell_vars, ssh_run
 
 POLL_S = 3.0
 # Once SSH answers, every probe is an SSH handshake that steals guest CPU from cloud-init
@@ -29,7 +29,7 @@ HEARTBEAT_S = 15.0
 PROBE = (
     "test -f /var/lib/cloud/instance/boot-finished && echo boot-finished; "
     "cat /run/cloud-init/result.json 2>/dev/null; echo; "
-    "cat /sys/class/infiniband/{dev}/ports/{port}/state 2>/dev/null || echo no-rdma-device"
+    'cat "/sys/class/infiniband/$dev/ports/$port/state" 2>/dev/null || echo no-rdma-device'
 )
 
 
@@ -86,7 +86,7 @@ def wait_ready(
 
     def watch(host: Host) -> None:
         p = progress[host.name]
-        probe = PROBE.format(dev=host.rdma.device, port=host.rdma.port)
+        probe = shell_vars(dev=host.rdma.device, port=host.rdma.port) + PROBE
         while not stop.is_set():
             if not alive(host):
                 p.error = "its VM exited"

@@ -194,31 +194,41 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 
 
 def stop_pidfile(pidfile: Path, expected: str, grace_s: float = 5.0) -> bool:
-    """Stop the process a pidfile names, but only if it still is the program we started."""
+    """Stop the process a pidfile names, but only if it still is the program we started: the
+    program's name and, in its command line, the pidfile's own path (qemu and vde_switch were
+    told to write it), so a recycled pid or another lab's process is never signalled."""
     try:
         pid = int(pidfile.read_text().strip())
     except (FileNotFoundError, ValueError):
         pidfile.unlink(missing_ok=True)
         return False
+    ours = str(pidfile)
     stopped = False
-    if process_is(pid, expected):
+    if process_is(pid, expected, ours):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while process_is(pid, expected) and time.monotonic() < deadline:
+        while process_is(pid, expected, ours) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if process_is(pid, expected):
+        if process_is(pid, expected, ours):
             os.kill(pid, signal.SIGKILL)
         stopped = True
     pidfile.unlink(missing_ok=True)
     return stopped
 
 
-def process_is(pid: int, expected: str) -> bool:
+def cmdline(pid: int) -> list[str] | None:
+    """A live (not zombie) process's arguments, or None."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         status = Path(f"/proc/{pid}/status").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    if "State:\tZ" in status:
-        return False
-    return bool(cmdline) and Path(cmdline[0].decode(errors="replace")).name == expected
+        return None
+    if "State:\tZ" in status or not raw or not raw[0]:
+        return None
+    return [a.decode(errors="replace") for a in raw if a]
+
+
+def process_is(pid: int, expected: str, argument: str | None = None) -> bool:
+    """pid runs `expected` (and, if given, has `argument` among its arguments)."""
+    args = cmdline(pid)
+    return bool(args) and Path(args[0]).name == expected and (argument is None or argument in args)

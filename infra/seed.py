@@ -3,12 +3,17 @@ packed per node into an ISO labelled `cidata` (pycdlib, so no genisoimage is nee
 
 Keys are made per lab, never committed: the lab key (host -> nodes), the cluster key
 (node -> node, for mpirun) and one SSH host key per node, pinned in the lab's known_hosts so
-nobody has to turn host-key checking off.
+nobody has to turn host-key checking off. The seeds carry the cluster and host private keys,
+so they are 0600 in the lab's 0700 directory, as are the overlays. Pushing the cluster key
+over SSH after boot instead would protect nothing more: the node's disk (its overlay, beside
+the seed) holds the key from first boot on, and both are readable only by the lab's owner,
+who holds the lab key anyway.
 """
 
 from __future__ import annotations
 
 import io
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +22,7 @@ import jinja2
 from infra import run as runner
 from infra.config import GID_INDEX, RDMA_DEVICE, REPO, VM_USER, Image, LabConfig, Node
 from infra.images import UBUNTU_PACKAGES
-from infra.state import LabState, write_atomic
+from infra.state import LabState, mkdir_private, write_atomic
 
 TEMPLATES = REPO / "cloud-init"
 
@@ -30,7 +35,7 @@ class KeyPair:
 
 def ensure_key(path: Path, comment: str) -> KeyPair:
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        mkdir_private(path.parent)
         runner.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path])
     return KeyPair(path.read_text(), path.with_suffix(".pub").read_text().strip())
 
@@ -99,9 +104,12 @@ def write_iso(files: dict[str, str], dest: Path) -> None:
         data = text.encode()
         iso.add_fp(io.BytesIO(data), len(data), "/" + name.upper().replace("-", "_") + ".;1",
                    rr_name=name, joliet_path="/" + name)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    mkdir_private(dest.parent)
     tmp = dest.with_suffix(".tmp")
-    iso.write(str(tmp))
+    tmp.unlink(missing_ok=True)
+    # the ISO carries private keys: 0600 from its first byte, also if we crash while writing
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        iso.write_fp(f)
     iso.close()
     tmp.replace(dest)
 
@@ -119,7 +127,7 @@ def make_seeds(config: LabConfig, state: LabState, instance_tag: str) -> None:
         files = render(config, node, lab_key=lab_key, cluster_key=cluster_key,
                        host_keys=host_keys, instance_tag=instance_tag)
         rendered = state.seeds / node.name
-        rendered.mkdir(parents=True, exist_ok=True)
+        mkdir_private(rendered)
         for name, text in files.items():
             write_atomic(rendered / name, text, mode=0o600)
         write_iso(files, state.seed_iso(node.name))

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import shlex
+
 from infra import run as runner
 from infra.inventory import Host
+
+
+def shell_vars(**values: object) -> str:
+    """`name='value'; ...`: how an inventory's values reach a remote shell - quoted, once, so
+    the commands after it only ever say "$name"."""
+    return "".join(f"{k}={shlex.quote(str(v))}; " for k, v in values.items())
 
 
 def ssh_argv(host: Host, *command: str, connect_timeout: int = 10, tty: bool = False) -> list[str]:

@@ -1,21 +1,90 @@
 """Where a lab keeps its files. A lab is its state directory: config, keys, seeds, overlays,
-serial logs, pid files, QMP sockets and the inventory all live under it, and `destroy`
-removes it whole."""
+serial logs, pid files, QMP sockets and the inventory all live under it.
+
+A directory is a lab only if it carries the lab's marker, written when provisioning first
+claims it; `destroy` refuses any other directory (RXELAB_STATE=~ must never wipe a home) and
+removes only the entries a lab makes. The marker also holds the lab's id, with which the
+host-side things a lab creates (its namespace's bridge, its taps) are labelled, so a lab
+removes only what carries its own id. The directory is private (0700): it holds the keys
+every node trusts.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra.config import LabConfig
 from infra.errors import LabError
 
+MARKER = "rxelab-lab.json"
+MARKER_KIND = "rxelab lab state"
+# What a lab creates at its root, and so all that destroy removes (with the marker, last).
+OWNED = ("lab.json", "inventory.json", "boot.json", "known_hosts", "keys", "run", "logs", "disks",
+         "seeds", "terraform")
+
 
 @dataclass(frozen=True)
 class LabState:
     root: Path
+
+    @property
+    def marker(self) -> Path:
+        return self.root / MARKER
+
+    def lab_id(self) -> str | None:
+        """This lab's id from its marker; None when the directory is not (yet) a lab."""
+        try:
+            doc = json.loads(self.marker.read_text())
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(doc, dict) and doc.get("kind") == MARKER_KIND and isinstance(doc.get("id"), str)
+        return doc["id"] if ok and doc["id"].isalnum() else None
+
+    def is_lab(self) -> bool:
+        return self.lab_id() is not None or self._made_by_an_earlier_rxelab()
+
+    def _made_by_an_earlier_rxelab(self) -> bool:
+        """Labs made before the marker existed: their lab.json names this very directory."""
+        try:
+            doc = json.loads(self.config_file.read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(doc, dict) and doc.get("state_dir") == str(self.root)
+
+    def check_claimable(self) -> None:
+        """Refuse a directory that holds something other than a lab, before anything is done."""
+        if self.root.exists() and not self.root.is_dir():
+            raise LabError(f"the lab's state directory {self.root} is a file",
+                           hint="point RXELAB_STATE at a new or empty directory")
+        if self.root.exists() and not self.is_lab() and any(self.root.iterdir()):
+            raise LabError(f"{self.root} is not empty and is not an rxelab lab (it has no {MARKER}): "
+                           "refusing to use it as a lab's state directory",
+                           hint="point RXELAB_STATE at a new or empty directory")
+
+    def claim(self) -> str:
+        """Make the directory this lab's (private, marked) and return the lab's id."""
+        self.check_claimable()
+        mkdir_private(self.root)
+        os.chmod(self.root, 0o700)
+        lab_id = self.lab_id()
+        if lab_id is None:
+            lab_id = secrets.token_hex(6)
+            write_atomic(self.marker, json.dumps({"kind": MARKER_KIND, "id": lab_id,
+                                                  "created": int(time.time())}) + "\n")
+        return lab_id
+
+    def require_id(self) -> str:
+        lab_id = self.lab_id()
+        if lab_id is None:
+            raise LabError(f"{self.root} is not an rxelab lab (no {MARKER})",
+                           hint="run `make provision` first")
+        return lab_id
 
     @property
     def config_file(self) -> Path:
@@ -91,9 +160,18 @@ class LabState:
         write_atomic(self.config_file, config.to_json())
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Readers (Fabric, tests, Terraform) never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def mkdir_private(path: Path) -> Path:
+    """path and every missing parent, made 0700 whatever the umask (mkdir's mode= covers only
+    the last one)."""
+    for missing in reversed([p for p in (path, *path.parents) if not p.exists()]):
+        missing.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
+    """Readers (Fabric, tests, Terraform) never see half a file; it is private from its first
+    byte (mkstemp makes 0600 files), also when a crash leaves the temporary behind."""
+    mkdir_private(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:

@@ -10,16 +10,23 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.inventory import Host, Inventory
-from infra.ssh import ssh_run
+from infra.ssh import shell_vars, ssh_run
 
+# Inventory values reach the remote shell only as quoted assignments, used as "$dev" etc.
 PROBE = (
-    "cat /sys/class/infiniband/{dev}/ports/{port}/state 2>/dev/null || echo missing; "
-    "ip -4 -br addr show 2>/dev/null | grep -q ' {ip}/' && echo has-ip || echo no-ip; "
+    'p="/sys/class/infiniband/$dev/ports/$port"; '
+    'cat "$p/state" 2>/dev/null || echo missing; '
+    'ip -4 -br addr show 2>/dev/null | grep -qF " $ip/" && echo has-ip || echo no-ip; '
     # the netdev under the GID, its MTU, and the RDMA port's active MTU
-    "nd=$(cat /sys/class/infiniband/{dev}/ports/{port}/gid_attrs/ndevs/{gid} 2>/dev/null); "
-    "echo \"mtu ${{nd:-?}} $(cat /sys/class/net/$nd/mtu 2>/dev/null || echo ?) "
-    "$(ibv_devinfo -d {dev} -i {port} 2>/dev/null | sed -n 's/.*active_mtu:[^0-9]*\\([0-9]*\\).*/\\1/p')\""
+    'nd=$(cat "$p/gid_attrs/ndevs/$gid" 2>/dev/null); '
+    'echo "mtu ${nd:-?} $(cat "/sys/class/net/$nd/mtu" 2>/dev/null || echo ?) '
+    '$(ibv_devinfo -d "$dev" -i "$port" 2>/dev/null | sed -n \'s/.*active_mtu:[^0-9]*\\([0-9]*\\).*/\\1/p\')"'
 )
+
+
+def probe_command(host: Host) -> str:
+    r = host.rdma
+    return shell_vars(dev=r.device, port=r.port, ip=host.data_ip, gid=r.gid_index) + PROBE
 
 
 @dataclass(frozen=True)
@@ -34,8 +41,7 @@ class NodeStatus:
 def probe(host: Host, running: bool | None) -> NodeStatus:
     if running is False:
         return NodeStatus(host, "stopped", "-", False)
-    r = ssh_run(host, PROBE.format(dev=host.rdma.device, port=host.rdma.port, ip=host.data_ip,
-                                   gid=host.rdma.gid_index), timeout=20, check=False)
+    r = ssh_run(host, probe_command(host), timeout=20, check=False)
     if r.returncode != 0:
         return NodeStatus(host, "unreachable", "?", False)
     lines = r.stdout.split("\n")

@@ -18,7 +18,7 @@ from pathlib import Path
 from infra import run as runner
 from infra import settings
 from infra.config import REPO, LabConfig
-from infra.state import LabState, write_atomic
+from infra.state import LabState, mkdir_private, write_atomic
 
 TF_DIR = REPO / "terraform"
 NOISE = re.compile(r"\(local-exec\): Executing: |Still creating\.\.\.|Still destroying\.\.\.|"
@@ -89,7 +89,7 @@ def _terraform(state: LabState, *args: str, timeout: float, interrupt_grace: flo
 
 def init(state: LabState) -> None:
     runner.require("terraform")
-    state.terraform.mkdir(parents=True, exist_ok=True)
+    mkdir_private(state.terraform)
     _terraform(state, "init", "-input=false", "-no-color",
                f"-backend-config=path={state.terraform / 'terraform.tfstate'}", timeout=300,
                relay=_quiet)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
+from pathlib import Path
 
 from infra import network
 from infra import run as runner
@@ -17,7 +19,7 @@ from infra.accel import cpu_args
 from infra.config import Accel, LabConfig, Node
 from infra.errors import LabError
 from infra.images import BaseImage
-from infra.state import LabState
+from infra.state import LabState, mkdir_private
 
 QEMU = "qemu-system-x86_64"
 UBUNTU_DISK_SIZE = "10G"  # the cloud image is 3.5G virtual; first boot installs packages
@@ -62,14 +64,15 @@ def start(config: LabConfig, state: LabState, image: BaseImage, accel: Accel, no
     stop(config, state, node)  # an interrupted earlier run may have left this node behind
     runner.require(QEMU, "qemu-img")
     for d in (state.disks, state.logs, state.run):
-        d.mkdir(parents=True, exist_ok=True)
+        mkdir_private(d)
     overlay = ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(image.disk),
                "-F", image.disk_format, str(state.overlay(node.name))]
     if not image.direct_boot:
         overlay.append(UBUNTU_DISK_SIZE)
     runner.run(overlay, timeout=60)
+    state.overlay(node.name).chmod(0o600)  # the guest's disk: it will hold the cluster key
     state.serial_log(node.name).unlink(missing_ok=True)
-    network.before_vm(config, node)
+    network.before_vm(config, state, node)
     try:
         runner.run(qemu_argv(config, state, image, accel, node), timeout=60)
         network.after_vm(config, node)
@@ -84,7 +87,21 @@ def pid(state: LabState, node: Node) -> int | None:
         value = int(state.pidfile(node.name).read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
-    return value if runner.process_is(value, QEMU) else None
+    return value if runner.process_is(value, QEMU, str(state.pidfile(node.name))) else None
+
+
+def processes_named(lab: str) -> list[tuple[int, list[str]]]:
+    """Running qemu processes of any lab with this name (`-name <lab>-nodeN`), with their
+    arguments: how a second lab of the same name is found, whoever started it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not runner.process_is(int(entry.name), QEMU):
+            continue
+        args = runner.cmdline(int(entry.name)) or []
+        names = [b for a, b in zip(args, args[1:], strict=False) if a == "-name"]
+        if any(re.fullmatch(rf"{re.escape(lab)}-node\d+", n) for n in names):
+            found.append((int(entry.name), args))
+    return found
 
 
 def is_running(state: LabState, node: Node) -> bool:
@@ -102,7 +119,7 @@ def stop(config: LabConfig, state: LabState, node: Node, timeout: float = 10.0) 
         while is_running(state, node) and time.monotonic() < deadline:
             time.sleep(0.1)
     runner.stop_pidfile(state.pidfile(node.name), QEMU)
-    network.remove_tap(config, node)
+    network.remove_tap(config, state, node)
     for path in (state.overlay(node.name), state.qmp_socket(node.name)):
         path.unlink(missing_ok=True)
 

@@ -73,3 +73,94 @@ def test_unknown_node_lists_the_known_ones(tmp_path):
     with pytest.raises(LabError) as e:
         lab_inventory(tmp_path).host("node7")
     assert "node1, node2, node3" in str(e.value)
+
+
+# ---- issue 15, item 4: nothing in an inventory becomes an option or a command --------------
+@pytest.mark.parametrize(
+    "mutate, where",
+    [
+        (lambda d: d["nodes"][0]["ssh"].update(user="-oProxyCommand=touch x"), "nodes[0].ssh.user"),
+        (lambda d: d["nodes"][0]["ssh"].update(user="lab x"), "nodes[0].ssh.user"),
+        (lambda d: d["nodes"][0]["ssh"].update(host="-oProxyCommand=touch x"), "nodes[0].ssh.host"),
+        (lambda d: d["nodes"][0]["ssh"].update(host="a.example;id"), "nodes[0].ssh.host"),
+        (lambda d: d["nodes"][0]["ssh"].update(key="-i/etc/passwd"), "nodes[0].ssh.key"),
+        (lambda d: d["nodes"][0]["ssh"].update(known_hosts="/tmp/a /tmp/b"), "nodes[0].ssh.known_hosts"),
+        (lambda d: d["nodes"][0]["ssh"].update(known_hosts="/tmp/%d"), "nodes[0].ssh.known_hosts"),
+        (lambda d: d["nodes"][0]["rdma"].update(device="rxe0; touch x"), "nodes[0].rdma.device"),
+        (lambda d: d["nodes"][0]["rdma"].update(device="../../etc"), "nodes[0].rdma.device"),
+        (lambda d: d["nodes"][0]["rdma"].update(device="$(id)"), "nodes[0].rdma.device"),
+        (lambda d: d["nodes"][0].update(data_ip="fe80::1%x;id"), "nodes[0].data_ip"),
+        (lambda d: d["nodes"][0].update(data_ip=" 10.0.0.1"), "nodes[0].data_ip"),
+        (lambda d: d["nodes"][0]["ssh"].update(port="22"), "nodes[0].ssh.port"),
+        (lambda d: d["nodes"][0]["rdma"].update(port=1.0), "nodes[0].rdma.port"),
+        (lambda d: d.update(lab="x/../y"), "lab"),
+        (lambda d: d.update(nodes={"a": 1}), "nodes"),
+    ],
+)
+def test_values_that_could_reach_a_shell_or_ssh_options_are_refused(tmp_path, mutate, where):
+    doc = json.loads(lab_inventory(tmp_path).to_json())
+    mutate(doc)
+    with pytest.raises(LabError) as e:
+        inventory.parse(doc, source="inv.json")
+    assert f"\n  {where}:" in str(e.value), str(e.value)
+
+
+def test_a_host_cannot_be_made_with_a_bad_value_in_code_either():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        inventory.Host("a", inventory.SSHEndpoint("h"), "10.0.0.1", inventory.RdmaEndpoint("rxe0;id"))
+
+
+def test_real_hosts_names_and_devices_still_pass():
+    inv = inventory.parse({"version": 1, "lab": "gpu.cluster-2", "nodes": [
+        {"name": "gpu-a.rack_1", "ssh": {"host": "gpu-a.example.org", "user": "first.last",
+                                          "key": "~/.ssh/id_ed25519",
+                                          "known_hosts": "/etc/ssh/ssh_known_hosts"},
+         "data_ip": "192.0.2.1", "rdma": {"device": "mlx5_0", "port": 1, "gid_index": 3}},
+        {"name": "b", "ssh": {"host": "2001:db8::2", "port": 2222}, "data_ip": "2001:db8::12",
+         "rdma": {"device": "irdma-eth1"}},
+    ]})
+    assert [h.rdma.device for h in inv.hosts] == ["mlx5_0", "irdma-eth1"]
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"\x00\x01\x02\xff\xfe binary", "is not UTF-8 text"),
+        ('{"version": 1}'.encode("utf-16"), "is not UTF-8 text"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"version": 1, "nodes": [{"name": "a", "ssh": {"host": "h", "port": ' + b"9" * 5000
+         + b'}, "data_ip": "10.0.0.1"}]}', "impossible value"),
+        (b" " * (2 << 20), "larger than 1 MiB"),
+    ],
+)
+def test_any_file_is_one_clear_error(tmp_path, content, problem):
+    path = tmp_path / "inv.json"
+    path.write_bytes(content)
+    with pytest.raises(LabError, match=problem):
+        inventory.load(path)
+
+
+def test_a_directory_or_unreadable_file_is_a_clear_error(tmp_path):
+    with pytest.raises(LabError, match="is a directory"):
+        inventory.load(tmp_path)
+
+
+def test_make_status_refuses_an_injected_inventory(tmp_path):
+    """`make status` used to show such an inventory and run its values through ssh."""
+    import subprocess
+    import sys
+
+    from infra.config import REPO
+
+    doc = json.loads(lab_inventory(tmp_path).to_json())
+    doc["nodes"][0]["ssh"]["user"] = f"-oProxyCommand=touch {tmp_path}/pwned"
+    doc["nodes"][1]["rdma"]["device"] = f"rxe0; touch {tmp_path}/pwned2"
+    inv = tmp_path / "evil.json"
+    inv.write_text(json.dumps(doc))
+    r = subprocess.run([sys.executable, "-m", "infra", "status", "--inventory", str(inv)], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "is not a valid inventory" in r.stderr
+    assert "nodes[0].ssh.user" in r.stderr and "nodes[1].rdma.device" in r.stderr
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
