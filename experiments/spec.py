@@ -1,40 +1,55 @@
 """Experiment specs: TOML files that say what to run, checked strictly before anything runs.
 
-    name = "smoke"
-    description = "..."
-    [[runs]]
+    name = "smoke"            # a plain name (it names the results directory): a letter or
+                              #   digit, then up to 63 letters, digits, '.', '_' or '-'
+    description = "..."       # at most 2000 characters
+    [[runs]]                  # 1 to 64 runs
     app = "rxelab"            # rxelab | mpi | perftest
     op = "allgather"          # allgather | alltoall | allreduce | reduce_scatter | bcast
     algorithms = ["star"]     # rxelab: the library's; mpi: mpi-default|mpi-linear|mpi-pairwise|
                               #   mpi-ring|mpi-bruck (forced through Open MPI's coll_tuned)
     tools = ["ib_write_bw"]   # perftest: ib_write_bw | ib_send_bw | ib_send_lat
-    nodes = [2, 3]            # how many nodes take part (1 rank each)
-    sizes = [1024, 65536]     # bytes per peer
-    stages = 10               # repetitions (perftest: iterations)
-    warmup = 1
+    nodes = [2, 3]            # how many nodes take part (1 rank each), 1..64
+    sizes = [1024, 65536]     # bytes per peer, 0..1073741824 (1 GiB)
+    stages = 10               # repetitions (perftest: iterations), 1..10000000
+    warmup = 1                # 0..1000000
     transport = ["ucx", "tcp"]  # mpi: Open MPI over UCX on the RDMA device, and/or over TCP
     sample_load = false       # sample each node's data NIC counters during the run
     netem = [{}, {loss = 1}]  # impairments of the data NICs, one case each (experiments/netem.py)
-    mtu = [1500, 9000]        # data NIC MTU for the case (default: as provisioned)
-    timeout_s = 300           # a case's deadline (default: grows with the work)
+    mtu = [1500, 9000]        # data NIC MTU for the case, 1280..9000 (default: as provisioned)
+    timeout_s = 300           # a case's deadline, 10..604800 (default: grows with the work)
     qp_timeout = 14           # rxelab: RC ACK timeout exponent (4.096 us * 2^n), 1..31
     retry_cnt = 7             # rxelab: RC retransmissions before an error, 0..7
-    eager_limit = 0           # rxelab: blocks up to this many bytes go eagerly (0: never)
-    ranks_per_node = 2        # rxelab: ranks on each node (default 1)
-    pairs = [1, 2, 15]        # rxelab sequential: at most this many pairs at once, a case each
+    eager_limit = 0           # rxelab: blocks up to this many bytes go eagerly (0: never), 0..65536
+    ranks_per_node = 2        # rxelab: ranks on each node (default 1), 1..8
+    pairs = [1, 2, 15]        # rxelab sequential: at most this many pairs at once, a case each,
+                              #   1..130816 (every pair of 64 nodes x 8 ranks)
 
-A list-valued key (transport, netem, mtu) makes one case per value. An unknown key or an
-impossible value is an error that names the file, the run and the key.
+A list-valued key (nodes, sizes, algorithms, tools, transport, netem, mtu, pairs) holds 1 to 64
+values and makes one case per value. Numbers are whole numbers (not true/false, not 1.0). An
+unknown key or an impossible value is an error that names the file, the run and the key; the
+file itself must be UTF-8 TOML of at most 1 MiB.
 """
 
-from __future__ import annotations
-
+import reprlib
+import sys
 import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 from rxelab import ops
 
 from experiments import netem
@@ -53,12 +68,17 @@ MPI_ALGORITHMS = {
 }
 TOOLS = ("ib_write_bw", "ib_send_bw", "ib_send_lat")
 TRANSPORTS = ("ucx", "tcp")
-KEYS = {"app", "op", "algorithms", "tools", "nodes", "sizes", "stages", "warmup", "transport",
-        "sample_load", "netem", "mtu", "timeout_s", "qp_timeout", "retry_cnt", "eager_limit",
-        "ranks_per_node", "pairs"}
 RXELAB_ONLY = {"qp_timeout": (1, 31), "retry_cnt": (0, 7), "eager_limit": (0, 65536),
                "ranks_per_node": (1, 8)}
 MTU_RANGE = (1280, 9000)
+# Whole numbers' ranges: what the lab can do, far below where a deadline or a buffer overflows.
+BOUNDS = {"nodes": (1, 64), "sizes": (0, 1 << 30), "stages": (1, 10_000_000),
+          "warmup": (0, 1_000_000), "timeout_s": (10, 604_800), "mtu": MTU_RANGE,
+          "pairs": (1, 64 * 8 * (64 * 8 - 1) // 2), **RXELAB_ONLY}
+MAX_ENTRIES = 64  # of every list
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # pydantic's regex: $ is the very end, no newline
+MAX_BYTES = 1 << 20
+MAX_PROBLEMS, MAX_LINE = 40, 300  # what an error shows of a broken file
 
 
 class SpecError(Exception):
@@ -124,149 +144,266 @@ def ranks(case: dict[str, Any]) -> int:
     return int(case["nodes"]) * int(case.get("ranks_per_node") or 1)
 
 
+# --- the document's shape: pydantic models of the TOML as written -------------------------
+# A field's description is the message for any problem with its value; the cross-field rules
+# raise their own (_bad). Either way SpecError names the field, as _where spells it.
+
+def _short(value: Any) -> str:
+    return reprlib.repr(value)
+
+
+def _bad(what: str) -> PydanticCustomError:
+    return PydanticCustomError("spec", "{what}", {"what": what})
+
+
+def _whole(key: str, optional: bool = False) -> Any:
+    low, high = BOUNDS[key]
+    return Annotated[int | None if optional else int,
+                     Field(ge=low, le=high, description=f"must be from {low} to {high} (a whole number)")]
+
+
+def _list(item: Any, what: str, optional: bool = False) -> Any:
+    return Annotated[list[item] | None if optional else list[item],
+                     Field(min_length=1, max_length=MAX_ENTRIES, description=what)]
+
+
+def _wholes(key: str, optional: bool = False) -> Any:
+    low, high = BOUNDS[key]
+    return _list(Annotated[int, Field(ge=low, le=high)],
+                 f"must be from {low} to {high} (a non-empty list of at most {MAX_ENTRIES} "
+                 "whole numbers)", optional)
+
+
+def _impairment(imp: Any) -> Any:
+    """netem.py's own rules, so a spec and the runner agree on what an impairment is."""
+    if found := netem.problems(imp):
+        raise _bad("; ".join(found))
+    return imp
+
+
+def _algorithms(app: str | None, op: str | None) -> tuple[str, ...]:
+    """What a run of `app` may run for `op`; () when either is not known."""
+    if app == "rxelab":
+        return RXELAB_ALGORITHMS.get(op, ())
+    if app == "mpi":
+        return tuple(MPI_ALGORITHMS.get(op, ()))
+    return TOOLS if app == "perftest" else ()
+
+
+# key -> (the only app that takes it, what to say to the others)
+ONLY = {"tools": ("perftest", "only perftest runs take `tools`"),
+        "transport": ("mpi", "only mpi runs choose a transport"),
+        **{key: ("rxelab", "only rxelab runs take it") for key in RXELAB_ONLY}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _RunDoc(_Strict):
+    """One [[runs]] table. Fields are checked in this order, so a cross-field rule sees the app
+    and op above it, when they are valid (when not, their own error says enough) and every
+    problem of a run is found in one pass."""
+
+    app: Annotated[Literal[APPS], Field(description=f"must be one of {', '.join(APPS)}")]
+    op: Annotated[str, Field(description=f"must be one of {', '.join(OPS)}")] = "allgather"
+    algorithms: _list(str, f"must be a non-empty list of at most {MAX_ENTRIES} algorithm names",
+                      optional=True) = None
+    tools: _list(Literal[TOOLS], f"must be a non-empty list from {', '.join(TOOLS)}",
+                 optional=True) = None
+    nodes: _wholes("nodes") = [2]
+    sizes: _wholes("sizes")
+    stages: _whole("stages") = 10
+    warmup: _whole("warmup") = 1
+    transport: Annotated[_list(Literal[TRANSPORTS], f"must be one of {', '.join(TRANSPORTS)} or "
+                               "a list of them", optional=True),
+                         BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] = None
+    sample_load: Annotated[bool, Field(description="must be true or false")] = False
+    netem: _list(Annotated[Any, AfterValidator(_impairment)],
+                 f"must be a non-empty list of at most {MAX_ENTRIES} tables, e.g. "
+                 "[{}, {loss = 1.0}]") = [{}]
+    mtu: _wholes("mtu", optional=True) = None
+    timeout_s: _whole("timeout_s", optional=True) = None
+    qp_timeout: _whole("qp_timeout", optional=True) = None
+    retry_cnt: _whole("retry_cnt", optional=True) = None
+    eager_limit: _whole("eager_limit", optional=True) = None
+    ranks_per_node: _whole("ranks_per_node", optional=True) = None
+    pairs: _wholes("pairs", optional=True) = None
+
+    @field_validator("op")
+    @classmethod
+    def _op_known(cls, op: str, info: ValidationInfo) -> str:
+        if info.data.get("app") in ("rxelab", "mpi") and op not in OPS:
+            raise _bad(f"must be one of {', '.join(OPS)}, not {_short(op)}")
+        return op
+
+    @field_validator("algorithms")
+    @classmethod
+    def _algorithms_fit(cls, names: list[str], info: ValidationInfo) -> list[str]:
+        if info.data.get("app") == "perftest":
+            raise _bad("perftest runs take `tools`")
+        allowed = _algorithms(info.data.get("app"), info.data.get("op"))
+        if allowed and not set(names or ()) <= set(allowed):
+            raise _bad(f"must be a non-empty list from {', '.join(allowed)}, not {_short(names)}")
+        return names
+
+    @field_validator(*ONLY)
+    @classmethod
+    def _only_one_app(cls, value: Any, info: ValidationInfo) -> Any:
+        app, refusal = ONLY[str(info.field_name)]
+        if info.data.get("app") not in (None, app):
+            raise _bad(refusal)
+        return value
+
+    @field_validator("nodes")
+    @classmethod
+    def _one_link(cls, nodes: list[int], info: ValidationInfo) -> list[int]:
+        if info.data.get("app") == "perftest" and set(nodes) != {2}:
+            raise _bad("perftest measures one link: nodes = [2]")
+        return nodes
+
+    @field_validator("pairs")
+    @classmethod
+    def _sequential_only(cls, pairs: list[int], info: ValidationInfo) -> list[int]:
+        app, op = info.data.get("app"), info.data.get("op")
+        if app is None or op is None:  # their own errors say enough
+            return pairs
+        names = info.data.get("algorithms") or _algorithms(app, op)
+        if (app != "rxelab" or op not in ("alltoall", "allgather")
+                or set(names) != {"sequential"}):
+            raise _bad("only rxelab's sequential alltoall and allgather take pairs")
+        return pairs
+
+
+class _SpecDoc(_Strict):
+    name: Annotated[str, Field(pattern=NAME, description=(
+        "must be a plain name (it names the results directory): a letter or digit, then up to 63 "
+        "letters, digits, '.', '_' or '-'"))]
+    description: Annotated[str, Field(max_length=2000, description=(
+        "must be text of at most 2000 characters"))] = ""
+    runs: _list(_RunDoc, f"must be a non-empty list of at most {MAX_ENTRIES} [[runs]] tables")
+
+
+KEYS = set(_RunDoc.model_fields)
+
+
+def _where(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """Which part of the document an error is about: a list of numbers or names is one field
+    (runs[0].sizes), a run and an impairment are each their own (runs[1], runs[1].netem[2])."""
+    return loc[:4] if loc[2:3] == ("netem",) else loc[:3]
+
+
+def _spell(where: tuple[str | int, ...]) -> str:
+    text = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where)
+    return text.lstrip(".") or "top level"
+
+
+def _field(where: tuple[str | int, ...]) -> FieldInfo:
+    """The model field an error is about; the document or a run is a table, not a field."""
+    if len(where) == 1:
+        return _SpecDoc.model_fields[str(where[0])]
+    return _RunDoc.model_fields[str(where[2])] if len(where) > 2 else FieldInfo()
+
+
+def _problem(err: Any, doc: Any) -> str:
+    """One line of a SpecError: where, then what is allowed there and what was found."""
+    where = _where(err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"{_spell(where[:-1])}: unknown key {_short(where[-1])}"
+    if err["type"] == "spec":
+        return f"{_spell(where)}: {err['ctx']['what']}"
+    what = _field(where).description or "must be a table"
+    if err["type"] == "missing":
+        return f"{_spell(where)}: missing; {what}"
+    for part in where:
+        doc = doc[part]
+    return f"{_spell(where)}: {what}, not {_short(doc)}"
+
+
+def _listing(lines: list[str]) -> str:
+    """Every problem once; of a file broken everywhere, enough to start with."""
+    lines = [line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "..."
+             for line in dict.fromkeys(lines)]
+    more = [f"... and {len(lines) - MAX_PROBLEMS} more"] if len(lines) > MAX_PROBLEMS else []
+    return "\n  ".join(lines[:MAX_PROBLEMS] + more)
+
+
+def _run(r: _RunDoc) -> Run:
+    """A checked [[runs]] table with its defaults filled in."""
+    if r.app == "perftest":
+        names = r.tools or ["ib_write_bw"]
+    else:
+        names = r.algorithms or (["mpi-default"] if r.app == "mpi" else RXELAB_ALGORITHMS[r.op])
+    return Run(r.app, r.op if r.app != "perftest" else "link", tuple(names), tuple(r.nodes),
+               tuple(r.sizes), r.stages, r.warmup,
+               tuple(r.transport or TRANSPORTS) if r.app == "mpi" else (None,), r.sample_load,
+               tuple(dict(imp) for imp in r.netem), tuple(r.mtu or (None,)), r.timeout_s,
+               tuple((k, getattr(r, k)) for k in RXELAB_ONLY if getattr(r, k) is not None),
+               tuple(r.pairs or (None,)))
+
+
+def parse(doc: dict[str, Any], source: str = "spec") -> Spec:
+    """The spec a TOML document describes. Every problem is found before anything runs and all
+    are listed in one SpecError, so a spec is fixed in one go."""
+    try:
+        checked = _SpecDoc.model_validate(doc)
+    except ValidationError as err:
+        problems = _listing([_problem(e, doc) for e in err.errors(include_url=False)])
+        raise SpecError(f"{source} is not a valid experiment spec:\n  {problems}") from None
+    return Spec(checked.name, checked.description, tuple(_run(r) for r in checked.runs), source)
+
+
+# --- the file ------------------------------------------------------------------------------
+
 def find(name_or_path: str) -> Path:
+    """A .toml path as given (load says what is wrong with it), else the shipped spec of that
+    name."""
     path = Path(name_or_path)
-    if path.suffix == ".toml" and path.exists():
+    if path.suffix == ".toml":
         return path
     candidate = SPECS / f"{name_or_path}.toml"
-    if candidate.exists():
+    if candidate.is_file():
         return candidate
     known = ", ".join(sorted(p.stem for p in SPECS.glob("*.toml")))
     raise SpecError(f"no experiment spec {name_or_path!r} (shipped: {known}; or give a .toml path)")
 
 
+def _bytes(path: Path) -> bytes:
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except IsADirectoryError:
+        why = "is a directory"
+    except FileNotFoundError:
+        why = "no such file"
+    except PermissionError:
+        why = "not readable (permission denied)"
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        why = f"cannot be read: {err}"
+    else:
+        if len(data) <= MAX_BYTES:
+            return data
+        why = f"larger than {MAX_BYTES >> 20} MiB"
+    raise SpecError(f"{path}: {why}")
+
+
+def _document(path: Path) -> dict[str, Any]:
+    """The TOML in a file. A spec is a small text file: anything else (binary, huge, absurdly
+    nested, a number Python will not read) is a one-line SpecError, never a traceback."""
+    data = _bytes(path)
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        why = f"not UTF-8 text (byte {err.start})"
+    except tomllib.TOMLDecodeError as err:
+        why = f"not valid TOML: {err}"
+    except RecursionError:
+        why = "nested too deeply"
+    except ValueError:  # int() reads at most sys.get_int_max_str_digits() digits
+        why = f"a number too large (more than {sys.get_int_max_str_digits()} digits)"
+    raise SpecError(f"{path}: {why}")
+
+
 def load(name_or_path: str) -> Spec:
     path = find(name_or_path)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError(f"{path}: not valid TOML: {err}") from None
-    return parse(doc, str(path))
-
-
-Complain = Callable[[str, str], None]
-
-
-def _ints(r: dict[str, Any], w: str, bad: Complain, key: str, low: int,
-          default: list[int] | None = None) -> tuple[int, ...]:
-    value = r.get(key, default)
-    if not isinstance(value, list) or not value or any(
-            isinstance(v, bool) or not isinstance(v, int) or v < low for v in value):
-        bad(f"{w}.{key}", f"must be a non-empty list of whole numbers >= {low}")
-        return ()
-    return tuple(value)
-
-
-def _one(r: dict[str, Any], w: str, bad: Complain, key: str, low: int, default: int) -> int:
-    value = r.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        bad(f"{w}.{key}", f"must be a whole number >= {low}, not {value!r}")
-        return default
-    return value
-
-
-def parse(doc: dict[str, Any], source: str = "spec") -> Spec:
-    problems: list[str] = []
-
-    def bad(where: str, what: str) -> None:
-        problems.append(f"{where}: {what}")
-
-    for key in sorted(doc.keys() - {"name", "description", "runs"}):
-        bad("top level", f"unknown key {key!r}")
-    name = doc.get("name")
-    if not isinstance(name, str) or not name:
-        bad("name", "must be a non-empty string")
-    runs_doc = doc.get("runs")
-    if not isinstance(runs_doc, list) or not runs_doc:
-        bad("runs", "must be a non-empty list of [[runs]] tables")
-        runs_doc = []
-    runs = []
-    for i, r in enumerate(runs_doc):
-        w = f"runs[{i}]"
-        if not isinstance(r, dict):
-            bad(w, "must be a table")
-            continue
-        for key in sorted(r.keys() - KEYS):
-            bad(w, f"unknown key {key!r}")
-        app = r.get("app")
-        if app not in APPS:
-            bad(f"{w}.app", f"must be one of {', '.join(APPS)}, not {app!r}")
-            continue
-        op = r.get("op", "allgather")
-        if app != "perftest" and op not in OPS:
-            bad(f"{w}.op", f"must be one of {', '.join(OPS)}, not {op!r}")
-            continue
-
-        if app == "rxelab":
-            allowed: tuple[str, ...] = RXELAB_ALGORITHMS[op]
-            names = r.get("algorithms", list(allowed))
-            key = "algorithms"
-        elif app == "mpi":
-            allowed = tuple(MPI_ALGORITHMS[op])
-            names = r.get("algorithms", ["mpi-default"])
-            key = "algorithms"
-        else:
-            allowed = TOOLS
-            names = r.get("tools", ["ib_write_bw"])
-            key = "tools"
-        if not isinstance(names, list) or not names or any(n not in allowed for n in names):
-            bad(f"{w}.{key}", f"must be a non-empty list from {', '.join(allowed)}, not {names!r}")
-            names = []
-        if app == "perftest" and "algorithms" in r:
-            bad(f"{w}.algorithms", "perftest runs take `tools`")
-        if app != "perftest" and "tools" in r:
-            bad(f"{w}.tools", "only perftest runs take `tools`")
-        nodes = _ints(r, w, bad, "nodes", 1, [2])
-        if app == "perftest" and any(n != 2 for n in nodes):
-            bad(f"{w}.nodes", "perftest measures one link: nodes = [2]")
-        transports: tuple[str | None, ...] = (None,)
-        if app == "mpi":
-            value = r.get("transport", list(TRANSPORTS))
-            value = [value] if isinstance(value, str) else value
-            if not isinstance(value, list) or not value or any(t not in TRANSPORTS for t in value):
-                bad(f"{w}.transport", f"must be one of {', '.join(TRANSPORTS)} or a list of them, "
-                                      f"not {r.get('transport')!r}")
-            else:
-                transports = tuple(value)
-        elif "transport" in r:
-            bad(f"{w}.transport", "only mpi runs choose a transport")
-        sample = r.get("sample_load", False)
-        if not isinstance(sample, bool):
-            bad(f"{w}.sample_load", "must be true or false")
-        impairments = r.get("netem", [{}])
-        if not isinstance(impairments, list) or not impairments:
-            bad(f"{w}.netem", "must be a non-empty list of tables, e.g. [{}, {loss = 1.0}]")
-            impairments = [{}]
-        for k, imp in enumerate(impairments):
-            for problem in netem.problems(imp):
-                bad(f"{w}.netem[{k}]", problem)
-        mtus: tuple[int | None, ...] = (None,)
-        if "mtu" in r:
-            mtus = _ints(r, w, bad, "mtu", MTU_RANGE[0])
-            if any(m > MTU_RANGE[1] for m in mtus):
-                bad(f"{w}.mtu", f"must be from {MTU_RANGE[0]} to {MTU_RANGE[1]}")
-        timeout = _one(r, w, bad, "timeout_s", 10, 0) if "timeout_s" in r else None
-        options = []
-        for key, (low, high) in RXELAB_ONLY.items():
-            if key in r:
-                if app != "rxelab":
-                    bad(f"{w}.{key}", "only rxelab runs take it")
-                elif _one(r, w, bad, key, low, low) > high:
-                    bad(f"{w}.{key}", f"must be from {low} to {high}")
-                else:
-                    options.append((key, r[key]))
-        pairs: tuple[int | None, ...] = (None,)
-        if "pairs" in r:
-            if app != "rxelab" or any(a != "sequential" for a in names) \
-                    or op not in ("alltoall", "allgather"):
-                bad(f"{w}.pairs", "only rxelab's sequential alltoall and allgather take pairs")
-            else:
-                pairs = _ints(r, w, bad, "pairs", 1)
-        runs.append(Run(app, op if app != "perftest" else "link", tuple(names), nodes,
-                        _ints(r, w, bad, "sizes", 0), _one(r, w, bad, "stages", 1, 10),
-                        _one(r, w, bad, "warmup", 0, 1), transports, bool(sample),
-                        tuple(dict(i) for i in impairments if isinstance(i, dict)) or ({},),
-                        mtus or (None,), timeout, tuple(options), pairs or (None,)))
-    if problems:
-        raise SpecError(f"{source} is not a valid experiment spec:\n  " + "\n  ".join(problems))
-    return Spec(str(name), str(doc.get("description", "")), tuple(runs), source)
+    return parse(_document(path), str(path))

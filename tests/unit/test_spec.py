@@ -1,6 +1,8 @@
 """Experiment specs: the shipped ones load; anything unknown or impossible is named."""
 
 import copy
+import os
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +101,123 @@ def test_unknown_spec_lists_the_shipped_ones(tmp_path):
     broken.write_text("name = ")
     with pytest.raises(spec.SpecError, match="not valid TOML"):
         spec.load(str(broken))
+
+
+def _refused(doc) -> str:
+    with pytest.raises(spec.SpecError) as e:
+        spec.parse(doc, "my.toml")
+    assert str(e.value).startswith("my.toml is not a valid experiment spec:\n  ")
+    return str(e.value)
+
+
+@pytest.mark.parametrize("name", ["../../../x", "a/b", "..", ".hidden", "-rf", "a b", "x\n", "",
+                                  "é", "a" * 65, 7])
+def test_name_is_a_plain_directory_name(name):
+    """The runner makes results/<stamp>-<name>: a name must not climb out of results/."""
+    doc = copy.deepcopy(GOOD)
+    doc["name"] = name
+    assert "\n  name: must be a plain name" in _refused(doc)
+
+
+@pytest.mark.parametrize("name", ["memory-and-load", "v1.2_x", "A" * 64, "0"])
+def test_plain_names_are_kept(name):
+    assert spec.parse({**GOOD, "name": name}).name == name
+
+
+@pytest.mark.parametrize(
+    "key, value, problem",
+    [
+        ("sizes", [2**62], "runs[0].sizes: must be from 0 to 1073741824"),
+        ("sizes", [8] * 65, "runs[0].sizes: must be from 0 to 1073741824"),
+        ("stages", 10**18, "runs[0].stages: must be from 1 to 10000000"),
+        ("stages", True, "runs[0].stages: must be from 1 to 10000000 (a whole number), not True"),
+        ("stages", 2.0, "runs[0].stages: must be from 1 to 10000000 (a whole number), not 2.0"),
+        ("warmup", 1_000_001, "runs[0].warmup: must be from 0 to 1000000"),
+        ("nodes", [65], "runs[0].nodes: must be from 1 to 64"),
+        ("nodes", [2] * 65, "runs[0].nodes: must be from 1 to 64"),
+        ("timeout_s", 604_801, "runs[0].timeout_s: must be from 10 to 604800"),
+        ("mtu", [1500.0], "runs[0].mtu: must be from 1280 to 9000"),
+        ("eager_limit", 65537, "runs[0].eager_limit: must be from 0 to 65536"),
+        ("netem", [{}] * 65, "runs[0].netem: must be a non-empty list of at most 64 tables"),
+        ("sample_load", 1, "runs[0].sample_load: must be true or false, not 1"),
+    ],
+)
+def test_impossible_numbers_name_the_field_and_range(key, value, problem):
+    doc = copy.deepcopy(GOOD)
+    doc["runs"][0][key] = value
+    assert problem in _refused(doc)
+
+
+def test_the_largest_allowed_values_are_accepted():
+    doc = copy.deepcopy(GOOD)
+    doc["runs"][0].update(sizes=[1 << 30] * 64, stages=10_000_000, warmup=1_000_000, nodes=[64],
+                          timeout_s=604_800, mtu=[9000], netem=[{}] * 64)
+    doc["description"] = "x" * 2000
+    case = spec.parse(doc).cases()[0]
+    assert (case["size"], case["stages"], case["nodes"], case["timeout_s"]) == \
+        (1 << 30, 10_000_000, 64, 604_800)
+    doc["description"] += "x"
+    assert "\n  description: must be text of at most 2000 characters" in _refused(doc)
+
+
+def test_every_problem_is_listed_once_in_one_error():
+    doc = copy.deepcopy(GOOD)
+    doc["name"] = "../x"
+    doc["runs"][0].update(sizes=[-1, -2, 2**62], netem=[{}, {"loss": 101}])
+    doc["runs"][2]["nodes"] = [3]
+    lines = _refused(doc).splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == \
+        ["name", "runs[0].sizes", "runs[0].netem[1]", "runs[2].nodes"]
+
+
+def test_the_module_docstring_documents_every_key_and_range():
+    for key in spec.KEYS | {"name", "description"}:
+        assert f"    {key} = " in spec.__doc__, key
+    for key, (low, high) in spec.BOUNDS.items():
+        assert f"{low}..{high}" in spec.__doc__, key
+
+
+VALID = 'name = "f"\n[[runs]]\napp = "rxelab"\nsizes = [8]\n'
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda p: p.write_bytes(bytes(range(256)) * 4), "not UTF-8 text"),
+        (lambda p: p.write_bytes(VALID.encode("utf-16")), "not UTF-8 text"),
+        (lambda p: p.mkdir(), "is a directory"),
+        (lambda p: p.write_text("a = " + "[" * 100_000 + "]" * 100_000), "nested too deeply"),
+        (lambda p: p.write_text(VALID + "stages = " + "1" * 5000 + "\n"), "a number too large"),
+        (lambda p: None, "no such file"),
+        (lambda p: p.write_text(VALID + "# " + "x" * (1 << 20) + "\n"), "larger than 1 MiB"),
+    ],
+    ids=["binary", "utf-16", "directory", "nested", "huge-int", "missing", "too-big"],
+)
+def test_a_broken_file_is_a_one_line_error(tmp_path, make, reason):
+    path = tmp_path / "x.toml"
+    make(path)
+    with pytest.raises(spec.SpecError) as e:
+        spec.load(str(path))
+    assert str(e.value).startswith(f"{path}: {reason}") and "\n" not in str(e.value)
+
+
+def test_a_file_of_exactly_the_limit_loads(tmp_path):
+    path = tmp_path / "x.toml"
+    path.write_text(VALID + "#" * (spec.MAX_BYTES - len(VALID) - 1) + "\n")
+    assert path.stat().st_size == spec.MAX_BYTES and spec.load(str(path)).name == "f"
+
+
+def test_an_unreadable_file_is_a_one_line_error(tmp_path, monkeypatch):
+    path = tmp_path / "x.toml"
+    path.write_text(VALID)
+    path.chmod(0)
+    if os.access(path, os.R_OK):  # root reads anything: refuse the way the kernel would
+        real = Path.open
+
+        def refuse(self, *args, **kwargs):
+            if self == path:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real(self, *args, **kwargs)
+        monkeypatch.setattr(Path, "open", refuse)
+    with pytest.raises(spec.SpecError, match=r"^.*x\.toml: not readable \(permission denied\)$"):
+        spec.load(str(path))
