@@ -26,9 +26,14 @@ from infra.errors import LabError
 from infra.state import LabState
 
 RESULTS = REPO / "results"
+ACCEPT_NEW = ("trust SSH host keys of hosts seen for the first time and remember them "
+              "(RXELAB_ACCEPT_NEW_HOST_KEYS=1); a changed key is always refused")
 
 
-def _inventory(path: str | None) -> tuple[inventory_mod.Inventory, Path | None]:
+def _inventory(path: str | None, accept_new_host_keys: bool = False) -> tuple[
+        inventory_mod.Inventory, Path | None]:
+    if accept_new_host_keys:  # read by every SSH connection this process makes
+        os.environ["RXELAB_ACCEPT_NEW_HOST_KEYS"] = "1"
     chosen = path or os.environ.get("INVENTORY")
     lab_state = None if chosen else default_state_dir()
     try:
@@ -47,10 +52,12 @@ def _deploy(inv: inventory_mod.Inventory, hosts: list | None = None) -> None:
         print(f"{c.host}: {'deployed' if c.deployed else 'up to date'}, ready")
 
 
-@task(help={"inventory": "inventory file (default: the lab's)"})
-def deploy(c, inventory=None):
-    """Put lib/ and apps/ on every node (idempotent) and check Python, numpy, pyverbs, RDMA."""
-    inv, _ = _inventory(inventory)
+@task(help={"inventory": "inventory file (default: the lab's)",
+            "accept_new_host_keys": ACCEPT_NEW})
+def deploy(c, inventory=None, accept_new_host_keys=False):
+    """Put lib/ and apps/ in ~/rxelab on every node (idempotent) and check Python, numpy,
+    pyverbs, RDMA."""
+    inv, _ = _inventory(inventory, accept_new_host_keys)
     _deploy(inv)
 
 
@@ -60,8 +67,9 @@ def _interrupt(signum, frame):
 
 @task(help={"spec": "a shipped spec (smoke, seed, sweep, lossy, memory-and-load) or a .toml path",
             "inventory": "inventory file (default: the lab's)",
-            "results": "where result directories go (default: results/)"})
-def run_experiment(c, spec="smoke", inventory=None, results=None):
+            "results": "where result directories go (default: results/)",
+            "accept_new_host_keys": ACCEPT_NEW})
+def run_experiment(c, spec="smoke", inventory=None, results=None, accept_new_host_keys=False):
     """Run an experiment spec on the nodes (deploys first) and keep its results."""
     # `kill` or a closed terminal ends a run as Ctrl-C does: partial results kept, the nodes
     # cleaned up (otherwise the remote ranks would run on until their own deadline)
@@ -71,13 +79,13 @@ def run_experiment(c, spec="smoke", inventory=None, results=None):
         chosen = spec_mod.load(spec)
     except spec_mod.SpecError as err:
         raise Exit(f"error: {err}", code=1) from None
-    inv, lab_state = _inventory(inventory)
+    inv, lab_state = _inventory(inventory, accept_new_host_keys)
     if chosen.max_nodes > len(inv.hosts):
         raise Exit(f"error: spec {chosen.name} needs {chosen.max_nodes} nodes, the inventory has "
                    f"{len(inv.hosts)}", code=1)
     _deploy(inv, list(inv.hosts[:chosen.max_nodes]))
     try:
-        env = runner.environment(inv, lab_state)
+        env = runner.environment(list(inv.hosts[:chosen.max_nodes]), lab_state)
         lab = LabState(lab_state) if lab_state else None
         lab_mtu = lab.load_config().mtu if lab and lab.config_file.exists() else None
         run = runner.Runner(chosen, inv, Path(results) if results else RESULTS, lab_mtu=lab_mtu)
@@ -119,8 +127,9 @@ def report(c, results=None):
     print(f"report: {html_path}\n        {md_path}")
 
 
-@task(help={"inventory": "inventory file (default: the lab's)"})
-def status(c, inventory=None):
+@task(help={"inventory": "inventory file (default: the lab's)",
+            "accept_new_host_keys": ACCEPT_NEW})
+def status(c, inventory=None, accept_new_host_keys=False):
     """The nodes of the inventory and their RDMA port state."""
-    inv, _ = _inventory(inventory)
+    inv, _ = _inventory(inventory, accept_new_host_keys)
     status_mod.show(status_mod.collect(inv))

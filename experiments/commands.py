@@ -2,10 +2,17 @@
 mpirun over UCX or TCP, a perftest pair), the per-node set-up and restore around a case (MTU,
 netem, counters), and the parsing of what comes back. Pure functions, so every command can be
 checked without a lab.
+
+The nodes may be a user's own machines, so a run touches only what it starts or changes:
+every process it starts carries the run's id in its environment (RXELAB_RUN_ID), and the
+clean-up stops exactly those; netem goes only onto a NIC whose root qdisc is the kernel's
+default and is removed only where it was put; MTUs go back to what they were. Inventory values
+reach the shell quoted.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 from typing import Any
@@ -14,10 +21,8 @@ from experiments import counters, fleet, netem
 from experiments.spec import MPI_ALGORITHMS
 from infra.inventory import Host
 
-# Each name starts with a bracket so the pattern does not match the shell running pkill,
-# whose own command line holds it (that shell would be killed before the commands after it).
-CLEANUP = ("pkill -u \"$(id -un)\" -f '[s]erver_client.py|[m]pi_compare.py|[r]xelab.launch|"
-           "[l]oad_sampler.py|[i]b_write_bw|[i]b_send_bw|[i]b_send_lat|[o]rted|[m]pirun' || true")
+RUN_ID = "RXELAB_RUN_ID"
+STOP_GRACE_S = 5
 PERFTEST_PORT = 18515
 TIMED_OUT = 124  # what `timeout` and our launcher exit with when the deadline passed
 
@@ -32,17 +37,41 @@ def case_timeout(case: dict[str, Any]) -> float:
     return 180 + (0.2 * (case["stages"] + case["warmup"]) + volume / 1e6) * slower
 
 
-def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int) -> str:
+def started_by(run_id: str) -> str:
+    """The prefix of every command a run starts: its processes carry the run's id."""
+    return f"{RUN_ID}={shlex.quote(run_id)} "
+
+
+def stop_command(*run_ids: str) -> str:
+    """Stop this user's processes that carry one of these run ids in their environment (TERM,
+    then KILL after a grace period) and nothing else: a user's own MPI jobs, other runs and
+    this shell (which carries no id) are left alone."""
+    ids = " ".join(shlex.quote(f"{RUN_ID}={r}") for r in run_ids)
+    find = ('ours() { for p in /proc/[0-9]*; do for id in ' + ids + '; do '
+            'grep -qzxF "$id" "$p/environ" 2>/dev/null && echo "${p#/proc/}"; done; done; }')
+    return (f"{find}; pids=$(ours); [ -z \"$pids\" ] || kill -TERM $pids 2>/dev/null; "
+            f"for i in $(seq {STOP_GRACE_S * 5}); do [ -z \"$(ours)\" ] && break; sleep 0.2; done; "
+            "pids=$(ours); [ -z \"$pids\" ] || kill -KILL $pids 2>/dev/null; true")
+
+
+def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str) -> str:
     p = fleet.remote_paths()
-    app = (f"python3 {p['apps']}/server_client.py --op {case['op']} --algorithm "
-           f"{case['algorithm']} --size {case['size']} --stages {case['stages']} "
-           f"--warmup {case['warmup']}")
+    app = ["python3", f"{p['apps']}/server_client.py", "--op", case["op"], "--algorithm",
+           case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
+           "--warmup", str(case["warmup"])]
     for key in ("qp_timeout", "retry_cnt", "eager_limit", "pairs"):
         if case.get(key) is not None:
-            app += f" --{key.replace('_', '-')} {case[key]}"
-    return (f"PYTHONPATH={p['lib']} python3 -m rxelab.launch --hosts "
-            f"{','.join(h.data_ip for h in hosts)} --per-host {case.get('ranks_per_node') or 1} "
-            f"--port {port} --timeout {case_timeout(case):.0f} -- {app}")
+            app += [f"--{key.replace('_', '-')}", str(case[key])]
+    argv = ["python3", "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
+            "--per-host", str(case.get("ranks_per_node") or 1), "--port", str(port),
+            "--timeout", f"{case_timeout(case):.0f}", "--", *app]
+    return started_by(run_id) + f"PYTHONPATH={p['lib']} " + _remote_join(argv)
+
+
+def _remote_join(argv: list[str]) -> str:
+    """argv for a remote shell: quoted, except the $HOME that must reach it unquoted."""
+    return " ".join(a if a.startswith("$HOME/") and shlex.quote(a[6:]) == a[6:] else shlex.quote(a)
+                    for a in argv)
 
 
 def ucx_settings(host: Host, ranks_per_host: int = 1) -> dict[str, str]:
@@ -58,29 +87,39 @@ def ucx_settings(host: Host, ranks_per_host: int = 1) -> dict[str, str]:
     }
 
 
-def mpi_transport_args(transport: str, hosts: list[Host], netdev: str) -> list[str]:
+def mpi_transport_args(transport: str, hosts: list[Host], network: str) -> list[str]:
     if transport == "tcp":
         return ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include",
-                netdev]
+                network]
     exports = [a for k, v in ucx_settings(hosts[0]).items() for a in ("-x", f"{k}={v}")]
     return ["--mca", "pml", "ucx", "--mca", "btl", "^openib,uct", *exports]
 
 
-def mpi_command(case: dict[str, Any], hosts: list[Host], netdev: str) -> str:
+def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: str) -> str:
+    """network: the data network as Open MPI's if_include takes it (a CIDR such as
+    10.10.0.0/24, or interface names), found on the hosts themselves, never assumed."""
     p = fleet.remote_paths()
     forced = MPI_ALGORITHMS[case["op"]][case["algorithm"]]
     mca = [] if forced is None else [
         "--mca", "coll_tuned_use_dynamic_rules", "1",
         "--mca", f"coll_tuned_{case['op']}_algorithm", str(forced)]
     argv = ["timeout", f"{case_timeout(case):.0f}", "mpirun", "-np", str(len(hosts)),
-            "--host", ",".join(h.data_ip for h in hosts), "--mca", "oob_tcp_if_include", netdev,
+            "--host", ",".join(h.data_ip for h in hosts), "--mca", "oob_tcp_if_include", network,
+            "-x", RUN_ID,  # the ranks carry the run's id too: the clean-up finds them
             "-x", f"PYTHONPATH={p['lib']}",  # the app reads rxelab's description of the ops
-            *mpi_transport_args(case["transport"], hosts, netdev), *mca,
+            *mpi_transport_args(case["transport"], hosts, network), *mca,
             "python3", f"{p['apps']}/mpi_compare.py", "--op", case["op"],
             "--algorithm", case["algorithm"], "--size", str(case["size"]),
             "--stages", str(case["stages"]), "--warmup", str(case["warmup"])]
-    # $HOME must reach the remote shell unquoted; everything else is quoted
-    return " ".join(a if "$HOME" in a else shlex.quote(a) for a in argv)
+    # PYTHONPATH=$HOME/... must reach the remote shell unquoted; everything else is quoted
+    return started_by(run_id) + " ".join(
+        a if a == f"PYTHONPATH={p['lib']}" else shlex.quote(a) for a in argv)
+
+
+def perftest_command(case: dict[str, Any], host: Host, run_id: str, server_ip: str = "") -> str:
+    """One side of a perftest pair (the server without server_ip), under the case's deadline."""
+    argv = ["timeout", f"{case_timeout(case):.0f}", *perftest_argv(case, host)]
+    return started_by(run_id) + shlex.join([*argv, *([server_ip] if server_ip else [])])
 
 
 def perftest_argv(case: dict[str, Any], host: Host) -> list[str]:
@@ -109,7 +148,17 @@ def parse_perftest(tool: str, text: str, size: int) -> dict[str, Any] | None:
 def netdev_expr(host: Host) -> str:
     """Shell that sets $nd to the netdev under the RDMA port's GID (data0 in the lab)."""
     r = host.rdma
-    return f"nd=$(cat /sys/class/infiniband/{r.device}/ports/{r.port}/gid_attrs/ndevs/{r.gid_index})"
+    path = f"/sys/class/infiniband/{r.device}/ports/{r.port}/gid_attrs/ndevs/{r.gid_index}"
+    return f"nd=$(cat {shlex.quote(path)})"
+
+
+# tc's `show` needs no root, but /sbin may not be on a user's PATH
+TC = 'tc=$(command -v tc || echo /sbin/tc)'
+# The kernel's own root qdisc has handle 0: (mq, fq_codel, pfifo_fast, noqueue); one a user set
+# has another. netem replaces the root qdisc, so it goes only where the kernel's default is.
+DEFAULT_ROOT = ('q=$($tc qdisc show dev "$nd" root | head -n 1); case "$q" in *" 0: root"*) ;; '
+                '*) echo "the data NIC $nd has a root qdisc of its own ($q): netem would replace '
+                'it; remove it or run this spec without netem" >&2; exit 4;; esac')
 
 
 def prepare_command(host: Host, case: dict[str, Any]) -> str:
@@ -118,13 +167,22 @@ def prepare_command(host: Host, case: dict[str, Any]) -> str:
     steps = [netdev_expr(host)]
     if case.get("mtu"):
         steps.append(f"sudo -n ip link set dev \"$nd\" mtu {int(case['mtu'])}")
-    steps.append(netem.apply_command('"$nd"', case.get("netem", {})))
+    if any(case.get("netem", {}).values()):
+        steps += [TC, DEFAULT_ROOT, netem.apply_command('"$nd"', case["netem"])]
     return " && ".join(f"{{ {s}; }}" for s in steps) + " || exit 3; " + readings_command(host)
 
 
-def restore_command(host: Host, mtu: int | None) -> str:
-    """Remove any impairment, put the MTU back, print the 'after' reading."""
-    steps = [netdev_expr(host), netem.clear_command('"$nd"')]
+# Removes the root qdisc only if it is a netem (ours: netem goes only onto the default root)
+CLEAR_OURS = ('case "$($tc qdisc show dev "$nd" root)" in *"qdisc netem "*) '
+              + netem.clear_command('"$nd"') + ";; esac")
+
+
+def restore_command(host: Host, mtu: int | None, netem_applied: bool = False) -> str:
+    """Undo what this run changed, nothing else: remove the impairment it put on (the root is
+    netem only if it did), put the MTU back; then print the 'after' reading."""
+    steps = [netdev_expr(host)]
+    if netem_applied:
+        steps += [TC, CLEAR_OURS]
     if mtu:
         steps.append(f"sudo -n ip link set dev \"$nd\" mtu {int(mtu)}")
     return "; ".join(steps) + "; " + readings_command(host)
@@ -132,16 +190,34 @@ def restore_command(host: Host, mtu: int | None) -> str:
 
 def readings_command(host: Host) -> str:
     r = host.rdma
-    return (f"{netdev_expr(host)}; echo \"netdev_mtu $(cat /sys/class/net/$nd/mtu)\"; "
-            f"echo \"active_mtu $(ibv_devinfo -d {r.device} -i {r.port} 2>/dev/null "
+    return (f"{netdev_expr(host)}; echo \"netdev $nd\"; "
+            "echo \"netdev_mtu $(cat /sys/class/net/$nd/mtu)\"; "
+            "ip -o addr show dev \"$nd\" scope global 2>/dev/null | awk '{print \"inet\", $4}'; "
+            f"echo \"active_mtu $(ibv_devinfo -d {shlex.quote(r.device)} -i {r.port} 2>/dev/null "
             f"| sed -n 's/.*active_mtu:[^0-9]*\\([0-9]*\\).*/\\1/p')\"; {counters.read_command(host)}")
 
 
 def parse_readings(text: str) -> dict[str, Any]:
-    """netdev_mtu, active_mtu and the counters from readings_command's output."""
-    out: dict[str, Any] = {"counters": counters.parse(text)}
+    """netdev, its MTU and addresses, active_mtu and the counters from readings_command's output."""
+    out: dict[str, Any] = {"counters": counters.parse(text), "inet": []}
     for line in text.splitlines():
-        key, _, value = line.partition(" ")
+        key, _, value = line.strip().partition(" ")
         if key in ("netdev_mtu", "active_mtu") and value.strip().isdigit():
             out[key] = int(value)
+        elif key == "netdev" and value.strip():
+            out["netdev"] = value.strip()
+        elif key == "inet" and value.strip():
+            out["inet"].append(value.strip())
     return out
+
+
+def data_network(host: Host, inets: list[str]) -> str | None:
+    """The network (CIDR) of the host's data address among the netdev's addresses."""
+    for inet in inets:
+        try:
+            iface = ipaddress.ip_interface(inet)
+        except ValueError:
+            continue
+        if iface.ip == ipaddress.ip_address(host.data_ip):
+            return str(iface.network)
+    return None

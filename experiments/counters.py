@@ -9,6 +9,8 @@ the runner then records nothing rather than a false zero.
 
 from __future__ import annotations
 
+import shlex
+
 from infra.inventory import Host
 
 PACKETS = ("sent_pkts", "rcvd_pkts")
@@ -19,7 +21,7 @@ RETRY = ("completer_retry_err", "rcvd_seq_err", "duplicate_request", "out_of_seq
 
 def read_command(host: Host) -> str:
     d = f"/sys/class/infiniband/{host.rdma.device}/ports/{host.rdma.port}/hw_counters"
-    return f"cd {d} 2>/dev/null && grep -H . * 2>/dev/null; true"
+    return f"cd {shlex.quote(d)} 2>/dev/null && grep -H . * 2>/dev/null; true"
 
 
 def parse(text: str) -> dict[str, int]:

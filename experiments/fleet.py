@@ -10,17 +10,23 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import os
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import paramiko
 from fabric import Config, Connection
 
 from infra.config import REPO
 from infra.inventory import Host, Inventory
+from infra.ssh import accept_new_host_keys, shell_vars
 
 REMOTE_HOME = "rxelab"  # ~/rxelab/{lib,apps} on every node
+# The deploy directory is ours only if it carries this file: a ~/rxelab of the user's own is
+# refused, never replaced.
+DEPLOY_MARK = ".rxelab-deploy"
 CONNECT_TIMEOUT = 15
 
 
@@ -28,17 +34,50 @@ class FleetError(Exception):
     pass
 
 
+class AcceptNew(paramiko.MissingHostKeyPolicy):
+    """ssh's accept-new: trust a host seen for the first time and remember its key by adding
+    a line to the known_hosts file (never rewriting it: a user's comments and markers stay).
+    A changed key never reaches a policy: paramiko refuses it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+class UnknownHostKey(paramiko.MissingHostKeyPolicy):
+    def __init__(self, known_hosts: Path) -> None:
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise paramiko.SSHException(
+            f"the host key of {hostname} ({key.get_name()}) is not in {self.known_hosts}: check it "
+            "and add it there (ssh-keyscan prints it), name a known_hosts file in the inventory, or "
+            "set RXELAB_ACCEPT_NEW_HOST_KEYS=1 to trust hosts seen for the first time")
+
+
 def connect(host: Host) -> Connection:
     kwargs: dict[str, object] = {"look_for_keys": host.ssh.key is None, "allow_agent": host.ssh.key is None}
     if host.ssh.key:
-        kwargs["key_filename"] = host.ssh.key
+        kwargs["key_filename"] = os.path.expanduser(host.ssh.key)
     # Never forward our stdin: runs are unattended (CI, pytest, a pipe) and nothing remote reads it.
     config = Config(overrides={"run": {"in_stream": False}})
     c = Connection(host.ssh.host, user=host.ssh.user, port=host.ssh.port, config=config,
                    connect_timeout=CONNECT_TIMEOUT, connect_kwargs=kwargs)
-    if host.ssh.known_hosts:  # the lab pins its nodes' host keys: accept nothing else
-        c.client.load_host_keys(host.ssh.known_hosts)
-        c.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    # Host keys come from the inventory's known_hosts (the lab pins its nodes') or the user's
+    # own; an unknown one is refused unless the user accepts new ones.
+    known = Path(os.path.expanduser(host.ssh.known_hosts or "~/.ssh/known_hosts"))
+    if known.is_file():
+        c.client.load_host_keys(str(known))
+    elif host.ssh.known_hosts:
+        raise FleetError(f"{host.name}: the inventory's known_hosts {known} does not exist")
+    c.client.set_missing_host_key_policy(AcceptNew(known) if accept_new_host_keys()
+                                         else UnknownHostKey(known))
     return c
 
 
@@ -72,25 +111,42 @@ CHECK = (
     "|| echo 'PROBLEM: python3 >= 3.11 missing'; "
     "python3 -c 'import numpy' 2>/dev/null || echo 'PROBLEM: numpy missing (python3-numpy)'; "
     "python3 -c 'import pyverbs' 2>/dev/null || echo 'PROBLEM: pyverbs missing (python3-pyverbs)'; "
-    "test -e /sys/class/infiniband/{dev} || echo 'PROBLEM: no RDMA device {dev}'; "
-    "test \"$(cat /sys/class/infiniband/{dev}/ports/{port}/state 2>/dev/null | cut -d' ' -f2)\" = ACTIVE "
-    "|| echo 'PROBLEM: {dev} port {port} is not ACTIVE'"
+    'test -e "/sys/class/infiniband/$dev" || echo "PROBLEM: no RDMA device $dev"; '
+    'test "$(cut -d" " -f2 "/sys/class/infiniband/$dev/ports/$port/state" 2>/dev/null)" = ACTIVE '
+    '|| echo "PROBLEM: $dev port $port is not ACTIVE"'
+)
+# Deploy only into a ~/rxelab that is ours (marked) or new; the bundle lands inside it, never in
+# a shared /tmp, and only its lib/ and apps/ are replaced.
+CLAIM = (
+    'd="$HOME/{home}"; '
+    'if [ -e "$d" ] && [ ! -f "$d/{mark}" ] && [ -n "$(ls -A "$d" 2>/dev/null)" ]; then '
+    'echo "PROBLEM: ~/{home} exists and was not made by rxelab: move it away, then deploy again"; '
+    'exit 0; fi; '
+    'mkdir -p "$d" && touch "$d/{mark}" && cat "$d/.deployed" 2>/dev/null; true'
+)
+UNPACK = (
+    'set -e; d="$HOME/{home}"; new="$d/.new-{digest}"; rm -rf "$new"; mkdir "$new"; '
+    'tar -xzf "$d/.bundle-{digest}.tgz" -C "$new"; '
+    'for x in lib apps; do rm -rf "$d/$x"; mv "$new/$x" "$d/$x"; done; '
+    'rm -rf "$new" "$d/.bundle-{digest}.tgz"; echo {digest} > "$d/.deployed"'
 )
 
 
 def deploy_one(host: Host, data: bytes, digest: str) -> NodeCheck:
     try:
         with connect(host) as c:
-            have = c.run(f"cat {REMOTE_HOME}/.deployed 2>/dev/null || true", hide=True,
+            have = c.run(CLAIM.format(home=REMOTE_HOME, mark=DEPLOY_MARK), hide=True,
                          timeout=60).stdout.strip()
+            if have.startswith("PROBLEM: "):
+                return NodeCheck(host.name, False, (have.removeprefix("PROBLEM: "),))
             changed = have != digest
             if changed:
-                c.put(io.BytesIO(data), "/tmp/rxelab-bundle.tgz")
-                c.run(f"rm -rf {REMOTE_HOME}/lib {REMOTE_HOME}/apps && mkdir -p {REMOTE_HOME} && "
-                      f"tar -xzf /tmp/rxelab-bundle.tgz -C {REMOTE_HOME} && rm /tmp/rxelab-bundle.tgz "
-                      f"&& echo {digest} > {REMOTE_HOME}/.deployed", hide=True, timeout=120)
-            out = c.run(CHECK.format(dev=host.rdma.device, port=host.rdma.port), hide=True,
+                c.put(io.BytesIO(data), f"{REMOTE_HOME}/.bundle-{digest}.tgz")
+                c.run(UNPACK.format(home=REMOTE_HOME, digest=digest), hide=True, timeout=120)
+            out = c.run(shell_vars(dev=host.rdma.device, port=host.rdma.port) + CHECK, hide=True,
                         warn=True, timeout=120).stdout
+    except paramiko.BadHostKeyException as err:
+        return NodeCheck(host.name, False, (f"its SSH host key has CHANGED ({err}): refused",))
     except (OSError, paramiko.SSHException, EOFError) as err:
         return NodeCheck(host.name, False, (f"unreachable over SSH: {err}",))
     problems = tuple(line.removeprefix("PROBLEM: ") for line in out.splitlines()

@@ -8,11 +8,17 @@ passes it is recorded as timed out, with the stages it finished. Results go to t
 directory, record by record as they arrive: the exact spec, the environment, records.jsonl,
 load.jsonl. An interrupted or failed run keeps its partial results, is marked incomplete, and
 leaves nothing running or impaired on the nodes.
+
+The nodes may be someone else's machines: the run finds their data NIC behind the RDMA device
+(never assumes a name), and undoes exactly what it did - the processes carrying its id, the
+impairments it put on, the MTUs it changed, the files under its own run directory.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import shlex
 import shutil
 import time
 from collections.abc import Callable
@@ -24,7 +30,7 @@ from invoke.exceptions import CommandTimedOut
 
 from apps.stages import parse_output
 from experiments import commands, counters, fleet, netem
-from experiments.commands import CLEANUP, TIMED_OUT, case_timeout
+from experiments.commands import TIMED_OUT, case_timeout
 from experiments.spec import Spec, contender
 from infra.inventory import Host, Inventory
 
@@ -33,8 +39,7 @@ NOT_RDMA = "moved no packets over the RDMA device: this run did not use RDMA"
 
 class Runner:
     def __init__(self, spec: Spec, inv: Inventory, results_root: Path, *,
-                 say: Callable[[str], None] = print, netdev: str = "data0",
-                 lab_mtu: int | None = None) -> None:
+                 say: Callable[[str], None] = print, lab_mtu: int | None = None) -> None:
         if spec.max_nodes > len(inv.hosts):
             raise fleet.FleetError(f"spec {spec.name} needs {spec.max_nodes} nodes, the inventory "
                                    f"has {len(inv.hosts)}")
@@ -42,8 +47,13 @@ class Runner:
         if too_big:
             raise fleet.FleetError(f"spec {spec.name} asks for MTU {max(too_big)}, the lab's data "
                                    f"network carries {lab_mtu} (make provision MTU=...)")
-        self.spec, self.inv, self.say, self.netdev = spec, inv, say, netdev
-        self.original_mtu: dict[str, int] = {}  # per node, as found before the first case
+        self.spec, self.inv, self.say = spec, inv, say
+        self.hosts = list(inv.hosts[:spec.max_nodes])  # the only nodes this run touches
+        self.run_id = secrets.token_hex(6)
+        self.original_mtu: dict[str, int] = {}  # per node, as found before the first change
+        self.netem_on: set[str] = set()  # nodes that carry our impairment right now
+        self.netdevs: dict[str, str] = {}  # per node: the NIC behind its RDMA device
+        self.network = ""  # the data network as Open MPI's if_include takes it
         self.connections: dict[str, Any] = {}  # one SSH connection per node for the whole run
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.dir = results_root / f"{stamp}-{spec.name}"
@@ -53,13 +63,22 @@ class Runner:
             n += 1
         self.dir.mkdir(parents=True)
 
+    @property
+    def remote_dir(self) -> str:
+        """This run's own directory on every node (inside the deploy directory, which is ours)."""
+        return f"$HOME/{fleet.REMOTE_HOME}/runs/{self.run_id}"
+
     def run(self, environment: dict[str, Any]) -> Path:
         shutil.copy(self.spec.source, self.dir / "spec.toml")
-        state = {"spec": self.spec.name, "started": time.time(), "complete": False, **environment}
+        state = {"spec": self.spec.name, "started": time.time(), "complete": False,
+                 "run_id": self.run_id, **environment}
         self._write_env(state)
         cases = self.spec.cases()
-        head = fleet.connect(self.inv.hosts[0])
+        head = fleet.connect(self.hosts[0])
         try:
+            self._discover()
+            state.update(netdevs=dict(self.netdevs), data_network=self.network,
+                         rdma_devices={h.name: h.rdma.device for h in self.hosts})
             with open(self.dir / "records.jsonl", "x") as records, \
                     open(self.dir / "load.jsonl", "x") as loads:
                 for i, case in enumerate(cases):
@@ -75,13 +94,33 @@ class Runner:
             self.say("interrupted: partial results kept, marked incomplete")
             raise
         finally:
-            state["finished"] = time.time()
-            self._write_env(state)
-            self._cleanup()
-            head.close()
-            for c in self.connections.values():
-                c.close()
+            try:
+                self._cleanup()  # first: a full disk below must not leave the nodes impaired
+            finally:
+                head.close()
+                for c in self.connections.values():
+                    c.close()
+                state["finished"] = time.time()
+                self._write_env(state)
         return self.dir
+
+    def _discover(self) -> None:
+        """Each node's data NIC (the netdev under its RDMA port's GID) and the data network
+        its address is on, read from the nodes themselves."""
+        readings = self._readings_now(self.hosts)
+        networks, problems = [], []
+        for h in self.hosts:
+            got = readings.get(h.name, {})
+            net = commands.data_network(h, got.get("inet", []))
+            if not got.get("netdev") or net is None:
+                problems.append(f"{h.name}: no network interface under {h.rdma.device} port "
+                                f"{h.rdma.port} GID {h.rdma.gid_index} carries {h.data_ip}")
+                continue
+            self.netdevs[h.name] = got["netdev"]
+            networks.append(net)
+        if problems:
+            raise fleet.FleetError("cannot find the data network: " + "; ".join(problems))
+        self.network = ",".join(dict.fromkeys(networks))
 
     def _write_env(self, state: dict[str, Any]) -> None:
         (self.dir / "environment.json").write_text(json.dumps(state, indent=2) + "\n")
@@ -107,10 +146,15 @@ class Runner:
     def _cleanup(self) -> None:
         """Nothing of ours left running, impaired or resized on any node (best effort)."""
         def undo(h: Host) -> str:
-            return f"{CLEANUP}; {commands.restore_command(h, self.original_mtu.get(h.name))}"
-        self._on_hosts(list(self.inv.hosts), undo, timeout=30)
+            restore = commands.restore_command(h, self.original_mtu.get(h.name), h.name in self.netem_on)
+            return (f"{commands.stop_command(self.run_id, self.run_id + '-load')}; {restore}; "
+                    f"rm -rf {self.remote_dir}")
+        self._on_hosts(self.hosts, undo, timeout=60)
+        self.netem_on.clear()
 
     def _prepare(self, hosts: list[Host], case: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        if any(case["netem"].values()):
+            self.netem_on.update(h.name for h in hosts)  # tried: undone whatever the outcome
         results = self._on_hosts(hosts, lambda h: commands.prepare_command(h, case))
         readings, problems = {}, []
         for h in hosts:
@@ -125,8 +169,10 @@ class Runner:
         return readings
 
     def _restore(self, hosts: list[Host]) -> dict[str, dict[str, Any]]:
-        results = self._on_hosts(
-            hosts, lambda h: commands.restore_command(h, self.original_mtu.get(h.name)))
+        results = self._on_hosts(hosts, lambda h: commands.restore_command(
+            h, self.original_mtu.get(h.name), h.name in self.netem_on))
+        done = {name for name, r in results.items() if not isinstance(r, Exception) and r.exited == 0}
+        self.netem_on -= done
         return {name: commands.parse_readings(r.stdout) for name, r in results.items()
                 if not isinstance(r, Exception)}
 
@@ -152,7 +198,7 @@ class Runner:
             load = self._stop_samplers(samplers, index)
             after = self._restore(hosts)
             if record.get("status") != "ok":  # a failed or timed-out case leaves no rank behind
-                self._on_hosts(hosts, lambda h: CLEANUP, timeout=30)
+                self._on_hosts(hosts, lambda h: commands.stop_command(self.run_id), timeout=30)
         record["active_mtu"] = before.get(hosts[0].name, {}).get("active_mtu")
         record["rxe"] = {name: counters.delta(before[name]["counters"], after[name]["counters"])
                          for name in before if name in after and before[name]["counters"]}
@@ -174,8 +220,9 @@ class Runner:
             text, exit_code = self._perftest(case, hosts), 0
             summary = commands.parse_perftest(case["algorithm"], text, case["size"])
         else:
-            cmd = (commands.rxelab_command(case, hosts, 29700 + index % 200)
-                   if case["app"] == "rxelab" else commands.mpi_command(case, hosts, self.netdev))
+            cmd = (commands.rxelab_command(case, hosts, 29700 + index % 200, self.run_id)
+                   if case["app"] == "rxelab"
+                   else commands.mpi_command(case, hosts, self.network, self.run_id))
             try:
                 r = run_interruptibly(head, cmd, timeout=deadline + 60)
                 stdout, text, exit_code = r.stdout, r.stdout + r.stderr, r.exited
@@ -201,21 +248,22 @@ class Runner:
     def _perftest(self, case: dict[str, Any], hosts: list[Host]) -> str:
         client, server = hosts[0], hosts[1]
         timeout = case_timeout(case)
-        with fleet.connect(server) as s:
-            s.run(f"timeout {timeout:.0f} {' '.join(commands.perftest_argv(case, server))} "
-                  ">/dev/null 2>&1 &", hide=True, timeout=30, pty=False)
-            time.sleep(2)
-            with fleet.connect(client) as c:
-                r = run_interruptibly(c, f"timeout {timeout:.0f} " + " ".join(
-                    [*commands.perftest_argv(case, client), server.data_ip]), timeout=timeout + 30)
+        self._connection(server).run(
+            commands.perftest_command(case, server, self.run_id) + " >/dev/null 2>&1 &",
+            hide=True, timeout=30, pty=False)
+        time.sleep(2)
+        r = run_interruptibly(self._connection(client), commands.perftest_command(
+            case, client, self.run_id, server.data_ip), timeout=timeout + 30)
         return r.stdout + r.stderr
 
     def _start_samplers(self, hosts: list[Host], index: int) -> list[Host]:
         p = fleet.remote_paths()
         for h in hosts:
-            command = (f"nohup python3 {p['apps']}/load_sampler.py --netdev {self.netdev} "
-                       f"--rdma {h.rdma.device} --out /tmp/rxelab-load-{index}.jsonl "
-                       f"--duration 3600 >/dev/null 2>&1 &")
+            argv = ["--netdev", self.netdevs[h.name], "--rdma", h.rdma.device,
+                    "--port", str(h.rdma.port), "--duration", "3600"]
+            command = (f"mkdir -p {self.remote_dir} && {commands.started_by(self.run_id + '-load')}"
+                       f"nohup python3 {p['apps']}/load_sampler.py {shlex.join(argv)} "
+                       f"--out {self.remote_dir}/load-{index}.jsonl >/dev/null 2>&1 &")
             self._connection(h).run(command, hide=True, timeout=30, pty=False)
         time.sleep(2)  # Python starts slowly under emulation: let it take a baseline
         return hosts
@@ -224,10 +272,9 @@ class Runner:
         out = []
         for h in hosts:
             c = self._connection(h)
-            c.run("pkill -u \"$(id -un)\" -f '[l]oad_sampler.py' || true", hide=True, warn=True,
-                  timeout=30)
-            r = c.run(f"cat /tmp/rxelab-load-{index}.jsonl; rm -f /tmp/rxelab-load-{index}.jsonl",
-                      hide=True, warn=True, timeout=60)
+            c.run(commands.stop_command(self.run_id + "-load"), hide=True, warn=True, timeout=30)
+            data = f"{self.remote_dir}/load-{index}.jsonl"
+            r = c.run(f"cat {data}; rm -f {data}", hide=True, warn=True, timeout=60)
             samples = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
             out.append({"case": index, "node": h.name, "samples": samples})
         return out
@@ -284,27 +331,61 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(said[-lines:]) or "no output"
 
 
-def environment(inv: Inventory, lab_state: Path | None) -> dict[str, Any]:
-    """Kernel, rdma-core, Open MPI, UCX, MTUs from the first node; qemu accel, image and the
-    data network's MTU from the lab; the UCX settings MPI-over-RDMA cases use."""
-    env: dict[str, Any] = {"nodes": len(inv.hosts), "inventory_lab": inv.lab}
-    host = inv.hosts[0]
-    with fleet.connect(host) as c:
-        r = c.run(
-            "uname -r; dpkg-query -W -f='${Package} ${Version}\\n' rdma-core python3-pyverbs "
-            "openmpi-bin libucx0 perftest 2>/dev/null; " + commands.readings_command(host),
-            hide=True, warn=True, timeout=60)
-    lines = r.stdout.splitlines()
-    env["kernel"] = lines[0] if lines else "?"
-    env["packages"] = dict(x.split(" ", 1) for x in lines[1:] if " " in x
-                           and x.split(" ", 1)[0] in ("rdma-core", "python3-pyverbs", "openmpi-bin",
-                                                      "libucx0", "perftest"))
-    readings = commands.parse_readings(r.stdout)
-    env["mtu"] = readings.get("active_mtu", "?")  # the RoCE path MTU
-    env["netdev_mtu"] = readings.get("netdev_mtu", "?")
-    env["ucx_settings"] = commands.ucx_settings(host)
+# What each node says of itself: its kernel, how it runs (systemd-detect-virt: qemu = TCG,
+# kvm, none = bare metal), and the versions of what the contenders use.
+ABOUT = (
+    'echo "kernel $(uname -r)"; '
+    'echo "virt $(systemd-detect-virt 2>/dev/null || true)"; '
+    'echo "open_mpi $(mpirun --version 2>/dev/null | sed -n \'s/.*(Open MPI) *//p\' | head -n 1)"; '
+    'echo "ucx $(ucx_info -v 2>/dev/null | sed -n \'s/.*version=\\([^ ]*\\).*/\\1/p\' | head -n 1)"; '
+    "dpkg-query -W -f='pkg ${Package} ${Version}\\n' rdma-core python3-pyverbs openmpi-bin libucx0 "
+    "perftest 2>/dev/null; "
+)
+PACKAGES = ("rdma-core", "python3-pyverbs", "openmpi-bin", "libucx0", "perftest")
+ACCEL = {"qemu": "tcg", "kvm": "kvm", "none": "none"}
+
+
+def parse_about(text: str) -> dict[str, Any]:
+    about: dict[str, Any] = {"packages": {}}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key == "pkg" and value.split(" ", 1)[0] in PACKAGES and " " in value:
+            name, version = value.split(" ", 1)
+            about["packages"][name] = version
+        elif key in ("kernel", "virt", "open_mpi", "ucx") and value.strip():
+            about[key] = value.strip()[:200]
+    return about
+
+
+def environment(hosts: list[Host], lab_state: Path | None) -> dict[str, Any]:
+    """Read from the nodes themselves: kernel, how they run (the accelerator), rdma-core, Open
+    MPI and UCX versions, MTUs; from the lab, if this is one, its image. The first node speaks
+    for the run; every node's own account is kept under `hosts`."""
+    def ask(h: Host) -> tuple[dict[str, Any], dict[str, Any]]:
+        with fleet.connect(h) as c:
+            r = c.run(ABOUT + commands.readings_command(h), hide=True, warn=True, timeout=60)
+        return parse_about(r.stdout), commands.parse_readings(r.stdout)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = dict(zip([h.name for h in hosts], pool.map(ask, hosts), strict=True))
+    first, readings = answers[hosts[0].name]
+    virt = first.get("virt", "?")
+    env: dict[str, Any] = {
+        "nodes": len(hosts), "kernel": first.get("kernel", "?"), "virtualization": virt,
+        "accel": ACCEL.get(virt, virt),
+        # as the tools say them; the report falls back to the packages' versions
+        "versions": {"open_mpi": first.get("open_mpi"), "ucx": first.get("ucx"),
+                     "kernel": first.get("kernel")},
+        "packages": first["packages"],
+        "mtu": readings.get("active_mtu", "?"),  # the RoCE path MTU
+        "netdev_mtu": readings.get("netdev_mtu", "?"),
+        "ucx_settings": commands.ucx_settings(hosts[0]),
+        "hosts": {name: {"kernel": a.get("kernel"), "virtualization": a.get("virt"),
+                         "open_mpi": a.get("open_mpi"), "rdma_device": h.rdma.device}
+                  for (name, (a, _)), h in zip(answers.items(), hosts, strict=True)},
+    }
     if lab_state is not None and (lab_state / "boot.json").exists():
         boot = json.loads((lab_state / "boot.json").read_text())
-        env["accel"] = boot.get("accel")
+        env["lab_accel"] = boot.get("accel")
         env["image"] = boot.get("image", {}).get("kind")
     return env

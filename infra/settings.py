@@ -108,6 +108,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("RXELAB_UBUNTU_KEYRING", "/usr/share/keyrings/ubuntu-cloudimage-keyring.gpg",
             "keyring with Ubuntu's cloud image signing key, which must have signed the "
             "SHA256SUMS of IMAGE=ubuntu-24.04 (Ubuntu's package ubuntu-keyring ships it)"),
+    Setting("RXELAB_ACCEPT_NEW_HOST_KEYS", "0", "1: accept and remember the SSH host key of an "
+            "inventory host seen for the first time (ssh's accept-new); 0: refuse unknown host keys. "
+            "A changed key is always refused", kind=int, low=0, high=1),
     Setting("RXELAB_APT_SOURCES", "/etc/apt/sources.list.d/debian.sources",
             "the apt sources file whose mirror builds the Debian image"),
 )

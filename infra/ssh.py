@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from infra import run as runner
+from infra import settings
 from infra.inventory import Host
 
 
@@ -14,16 +15,24 @@ def shell_vars(**values: object) -> str:
     return "".join(f"{k}={shlex.quote(str(v))}; " for k, v in values.items())
 
 
+def accept_new_host_keys() -> bool:
+    """RXELAB_ACCEPT_NEW_HOST_KEYS=1: a host seen for the first time is trusted (and its key
+    remembered); otherwise only keys already in a known_hosts file are."""
+    return bool(settings.value("RXELAB_ACCEPT_NEW_HOST_KEYS"))
+
+
 def ssh_argv(host: Host, *command: str, connect_timeout: int = 10, tty: bool = False) -> list[str]:
+    """The inventory's values were validated (no leading '-', no spaces): none can become an
+    option. Host keys are checked against the inventory's known_hosts, or the user's."""
+    checking = "accept-new" if accept_new_host_keys() else "yes"
     argv = ["ssh", "-p", str(host.ssh.port), "-o", f"ConnectTimeout={connect_timeout}",
-            "-o", "LogLevel=ERROR"]
+            "-o", "LogLevel=ERROR", "-o", f"StrictHostKeyChecking={checking}"]
     if host.ssh.key:
         argv += ["-i", host.ssh.key, "-o", "IdentitiesOnly=yes"]
     if host.ssh.known_hosts:
-        argv += ["-o", f"UserKnownHostsFile={host.ssh.known_hosts}",
-                 "-o", "StrictHostKeyChecking=yes"]
+        argv += ["-o", f"UserKnownHostsFile={host.ssh.known_hosts}"]
     argv += ["-t"] if tty else ["-o", "BatchMode=yes"]
-    argv.append(f"{host.ssh.user}@{host.ssh.host}")
+    argv += ["-l", host.ssh.user, host.ssh.host]
     if command:
         argv += ["--", *command]
     return argv

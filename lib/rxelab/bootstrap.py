@@ -4,11 +4,18 @@ say it, so a program starts unchanged under torchrun, mpirun, srun or our own la
 Explicit arguments win over the environment; among environments torchrun's names come
 first, then Open MPI's, then Slurm's. The rendezvous (rank 0's TCP address) comes from
 MASTER_ADDR/MASTER_PORT, or RXELAB_MASTER_ADDR/PORT.
+
+A job's secret keeps strangers out of its rendezvous: RXELAB_JOB_TOKEN (our launcher passes
+one on each rank's standard input, never on a command line), or the file RXELAB_JOB_TOKEN_FILE
+names (private to its owner), or under Open MPI's mpirun the random key it gives every job
+(OMPI_MCA_orte_precondition_transports). Only a digest of it travels.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -30,7 +37,8 @@ class JobInfo:
     master_addr: str
     master_port: int
     source: str  # which launcher's variables (or "arguments") said so
-    token: str = ""  # the job's secret (our launcher sets RXELAB_JOB_TOKEN): strangers stay out
+    token: str = ""  # digest of the job's secret; "" when the job has none
+    token_source: str = ""  # where the secret came from
 
 
 def _int(value: object, name: str) -> int:
@@ -83,4 +91,30 @@ def discover(
             raise ConfigError("no rendezvous address for a job of several ranks",
                               hint="set MASTER_ADDR (rank 0's host) or pass master_addr=")
         addr = "127.0.0.1"
-    return JobInfo(rank, world_size, addr, port, source, env.get("RXELAB_JOB_TOKEN", "")[:64])
+    secret, secret_source = job_secret(env)
+    token = hashlib.sha256(b"rxelab job\0" + secret.encode()).hexdigest() if secret else ""
+    return JobInfo(rank, world_size, addr, port, source, token, secret_source)
+
+
+def job_secret(env: Mapping[str, str]) -> tuple[str, str]:
+    """The job's shared secret and where it came from, or ("", "")."""
+    if env.get("RXELAB_JOB_TOKEN"):
+        return env["RXELAB_JOB_TOKEN"], "RXELAB_JOB_TOKEN"
+    if path := env.get("RXELAB_JOB_TOKEN_FILE"):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                info = os.fstat(f.fileno())
+                data = f.read(4097)
+        except OSError as err:
+            raise ConfigError(f"RXELAB_JOB_TOKEN_FILE={path}: {err.strerror or err}") from None
+        if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077:
+            raise ConfigError(f"RXELAB_JOB_TOKEN_FILE={path} is readable by others",
+                              hint="a job's secret must be a file only its owner can read: chmod 600")
+        secret = data.decode(errors="replace").strip()
+        if not secret or len(data) > 4096:
+            raise ConfigError(f"RXELAB_JOB_TOKEN_FILE={path} must hold one secret line")
+        return secret, "RXELAB_JOB_TOKEN_FILE"
+    if env.get("OMPI_MCA_orte_precondition_transports") and "OMPI_COMM_WORLD_SIZE" in env:
+        return env["OMPI_MCA_orte_precondition_transports"], "Open MPI's job key"
+    return "", ""

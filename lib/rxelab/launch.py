@@ -1,7 +1,8 @@
 """Our own launcher, for clusters without mpirun or srun: starts a job's ranks over SSH with
-the environment init() reads (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and a job token
-so no stray process can join), prefixes their output with the rank, and ends with the first
-failure's status.
+the environment init() reads (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and a job secret so
+no stranger can join), prefixes their output with the rank, and ends with the first failure's
+status. The secret reaches each rank on its standard input, never on a command line (`ps`
+shows command lines to every user of a host).
 
     python3 -m rxelab.launch --hosts node1,node2,node3 [--per-host 2] -- python3 app.py ...
 
@@ -39,6 +40,8 @@ WATCHER = ("cat >/dev/null; kill -TERM -$0 2>/dev/null; "
            f"for i in $(seq {GRACE * 10}); do kill -0 $0 2>/dev/null || exit 0; sleep 0.1; done; "
            "kill -KILL -$0 2>/dev/null")
 GUARD = (
+    # the first line of our input is the job's secret; the rest of it is the launcher's pipe
+    "IFS= read -r RXELAB_JOB_TOKEN || exit 1; export RXELAB_JOB_TOKEN; "
     "exec 3<&0; "
     'setsid "$@" </dev/null 3<&- & rank=$!; '
     f"setsid sh -c {shlex.quote(WATCHER)} $rank <&3 >/dev/null 2>&1 3<&- & watcher=$!; "
@@ -89,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.port <= 65535:
         ap.error(f"--port {args.port} is outside 1..65535")
     world = len(hosts) * args.per_host
-    token = secrets.token_hex(8)
-    pythonpath = os.environ.get("PYTHONPATH", "")
+    token = secrets.token_hex(16)
+    # passed on as they are: where the library is, and the id by which an experiment's
+    # clean-up finds the processes it started
+    forwarded = {k: os.environ[k] for k in ("PYTHONPATH", "RXELAB_RUN_ID") if os.environ.get(k)}
 
     stopping: list[int] = []
 
@@ -109,14 +114,19 @@ def main(argv: list[str] | None = None) -> int:
         for rank in range(world):
             env = {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": hosts[0],
                    "MASTER_PORT": str(args.port), "LOCAL_RANK": str(rank % args.per_host),
-                   "RXELAB_JOB_TOKEN": token}
-            if pythonpath:
-                env["PYTHONPATH"] = pythonpath
-            # stdin: a pipe nobody writes to; its end is the guard's signal to stop the rank
-            procs.append(subprocess.Popen(rank_argv(hosts[rank // args.per_host], env, command),
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True,
-                                          start_new_session=True))
+                   **forwarded}
+            # stdin: the secret, then a pipe nobody writes to; its end is the guard's signal
+            # to stop the rank
+            proc = subprocess.Popen(rank_argv(hosts[rank // args.per_host], env, command),
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            procs.append(proc)
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(token + "\n")
+                proc.stdin.flush()
+            except OSError:  # it ended already: its status says why
+                pass
 
         def pump(rank: int, proc: subprocess.Popen[str]) -> None:
             assert proc.stdout is not None

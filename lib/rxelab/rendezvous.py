@@ -6,9 +6,11 @@ life of the communicator, so a rank that dies is noticed (its socket closes).
 from __future__ import annotations
 
 import contextlib
+import hmac
 import select
 import selectors
 import socket
+import sys
 import time
 from typing import Any
 
@@ -17,13 +19,36 @@ from rxelab.bootstrap import JobInfo
 from rxelab.errors import ConfigError, PeerError, ProtocolError
 
 
-def listen(port: int) -> socket.socket:
-    try:
-        return socket.create_server(("", port), reuse_port=False)
-    except OSError as err:
-        raise ConfigError(f"rank 0 cannot listen on port {port}: {err.strerror or err}",
-                          hint="another job (or torchrun's store) holds it: choose another "
-                               "MASTER_PORT, or set RXELAB_MASTER_PORT") from None
+def listen(job: JobInfo) -> socket.socket:
+    """A job with a secret listens on every interface (strangers are dropped at their hello);
+    one without listens only on MASTER_ADDR's address, preferring one that is not loopback
+    (Debian maps a host's own name to 127.0.1.1 too)."""
+    port = job.master_port
+    if job.token:
+        addresses = [("", socket.AF_INET)]
+    else:
+        try:
+            infos = socket.getaddrinfo(job.master_addr, port, type=socket.SOCK_STREAM)
+        except OSError as err:
+            raise ConfigError(f"MASTER_ADDR={job.master_addr} does not resolve: {err}") from None
+        found = {(info[4][0], info[0]) for info in infos}
+        addresses = sorted(found, key=lambda a: (a[0].startswith("127.") or a[0] == "::1", a[0]))
+        print(f"rxelab: this job has no secret (RXELAB_JOB_TOKEN): rank 0 listens on "
+              f"{job.master_addr}:{port} only, and any process that reaches it while the job "
+              "starts can join; export RXELAB_JOB_TOKEN to every rank to keep strangers out",
+              file=sys.stderr, flush=True)
+    last: OSError | None = None
+    for host, family in addresses:
+        try:
+            return socket.create_server((host, port), family=family, reuse_port=False)
+        except OSError as err:
+            last = err
+    if last is not None and last.errno == 99:  # EADDRNOTAVAIL
+        raise ConfigError(f"rank 0 cannot listen on MASTER_ADDR={job.master_addr}: not an address "
+                          "of this host", hint="start rank 0 on the host MASTER_ADDR names")
+    raise ConfigError(f"rank 0 cannot listen on port {port}: {getattr(last, 'strerror', None) or last}",
+                      hint="another job (or torchrun's store) holds it: choose another "
+                           "MASTER_PORT, or set RXELAB_MASTER_PORT")
 
 
 class ControlPlane:
@@ -51,7 +76,7 @@ class ControlPlane:
         malformed or oversized message - and keep serving; then send each rank its table."""
         job = self.job
         deadline = time.monotonic() + self.timeout
-        listener = listen(job.master_port)
+        listener = listen(job)
         hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
         pending: dict[socket.socket, bytearray] = {}
         dropped: list[str] = []
@@ -125,18 +150,22 @@ class ControlPlane:
         return {p: hellos[p]["endpoints"]["0"] for p in hellos if p != 0}
 
     def _accept_hello(self, hello: dict[str, Any], hellos: dict[int, dict[str, Any]]) -> None:
-        """A ProtocolError drops the connection (not ours); a real rank that disagrees about
-        the job is an error of the job (raised as PeerError, which ends the rendezvous)."""
+        """A ProtocolError drops the connection: not ours (another program, another job's
+        process, whatever claims a rank this job does not have). Two processes of this job
+        (same secret) that claim one rank are an error of the job (PeerError ends it)."""
         job = self.job
         if hello["type"] != "hello":
             raise ProtocolError(f"a {hello['type']} message where a hello belongs")
-        if hello["token"] != job.token:
-            raise ProtocolError("a hello with another job's token (a stray or stale process?)")
+        if not hmac.compare_digest(hello["token"], job.token):
+            raise ProtocolError("a hello without this job's secret (a stranger, or a stray or "
+                                "stale process of another job)")
         r = hello["rank"]
         if hello["world_size"] != job.world_size:
-            raise PeerError(f"rank {r} thinks the world has {hello['world_size']} ranks, rank 0 "
-                            f"thinks {job.world_size}", peer=r)
-        if r in hellos or r == 0:
+            raise ProtocolError(f"a process of a job of {hello['world_size']} ranks claimed rank {r} "
+                                f"(this job has {job.world_size})")
+        if not 0 < r < job.world_size:
+            raise ProtocolError(f"a hello from rank {r}, outside 1..{job.world_size - 1}")
+        if r in hellos:
             raise PeerError(f"two processes claim rank {r}", peer=r)
         expected = {str(p) for p in range(job.world_size) if p != r}
         if set(hello["endpoints"]) != expected:

@@ -18,7 +18,7 @@ from typing import Any
 from rxelab.errors import PeerError, ProtocolError
 
 MAGIC = b"RXLB"
-VERSION = 2  # 2: hellos carry the job token
+VERSION = 3  # 2: hellos carry the job token; 3: a digest of the job's secret
 HEADER = struct.Struct("!4sHI")
 MAX_BODY = 1 << 20  # a table for thousands of ranks fits; a stray stream does not
 
@@ -26,12 +26,14 @@ MAX_BODY = 1 << 20  # a table for thousands of ranks fits; a stray stream does n
 _U24 = (int, lambda v: 0 <= v < 1 << 24)
 _RANK = (int, lambda v: 0 <= v < 1 << 20)
 _HEX = set("0123456789abcdefABCDEF")
+_LOWER_HEX = set("0123456789abcdef")
 _GID = (str, lambda v: len(v) == 39 and all(len(g) == 4 and set(g) <= _HEX for g in v.split(":"))
         and v.count(":") == 7)
 _ENDPOINT = {"qpn": _U24, "psn": _U24, "gid": _GID, "lid": (int, lambda v: 0 <= v < 1 << 16)}
 SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
     "hello": {"rank": _RANK, "world_size": _RANK, "host": (str, lambda v: 0 < len(v) < 256),
-              "token": (str, lambda v: len(v) <= 64), "endpoints": (dict, None)},
+              "token": (str, lambda v: v == "" or (len(v) == 64 and set(v) <= _LOWER_HEX)),
+              "endpoints": (dict, None)},
     "table": {"endpoints": (dict, None)},
     "barrier": {"rank": _RANK, "seq": (int, lambda v: v >= 0)},
     "release": {"seq": (int, lambda v: v >= 0)},
@@ -109,9 +111,6 @@ def validate_endpoints(endpoints: Any, kind: str) -> None:
     for key, ep in endpoints.items():
         if not key.isdigit() or len(key) > 7:
             raise ProtocolError(f"{kind} message: endpoint key {key!r} is not a rank")
-        if isinstance(ep, dict) and ep and "qpn" not in ep and all(k.isdigit() for k in ep):
-            validate_endpoints(ep, kind)  # the table nests one level: {to: {from: endpoint}}
-            continue
         if not isinstance(ep, dict) or set(ep) != set(_ENDPOINT):
             raise ProtocolError(f"{kind} message: endpoint {key} must have {sorted(_ENDPOINT)}")
         for field, (ftype, check) in _ENDPOINT.items():

@@ -63,15 +63,24 @@ def cleanup():
 
 
 def test_output_is_prefixed_status_is_the_first_failure_and_ranks_share_a_token(tmp_path, cleanup):
+    """...and the token is on no command line of this host while the ranks run (`ps` shows
+    command lines to every user)."""
     p = launcher(tmp_path, "--hosts", "localhost,127.0.0.1",
-                 command="echo rank=$RANK of $WORLD_SIZE token=$RXELAB_JOB_TOKEN; exit $RANK")
+                 command="echo rank=$RANK of $WORLD_SIZE token=$RXELAB_JOB_TOKEN; "
+                         "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done "
+                         "> {dir}/cmdlines.$RANK 2>/dev/null; exit $RANK")
     cleanup.append(p)
     out, _ = p.communicate(timeout=60)
     assert p.returncode == 1, out
     lines = sorted(x for x in out.splitlines() if "rank=" in x)
     assert lines[0].startswith("[0] rank=0 of 2") and lines[1].startswith("[1] rank=1 of 2")
     tokens = {x.split("token=")[1] for x in lines}
-    assert len(tokens) == 1 and len(tokens.pop()) == 16
+    assert len(tokens) == 1
+    token = tokens.pop()
+    assert len(token) == 32
+    seen = (tmp_path / "cmdlines.0").read_text() + (tmp_path / "cmdlines.1").read_text()
+    assert "rxelab.launch" in seen and "RANK=1" in seen, "the command lines were read"
+    assert token not in seen
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGKILL])

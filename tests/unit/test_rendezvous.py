@@ -3,6 +3,7 @@ not of this job (another program, a stray process, garbage) and keeps going."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -18,11 +19,19 @@ from tests.unit.fakejob import free_port
 GID = "0000:0000:0000:0000:0000:ffff:0a0a:000b"
 
 
+def secret(text: str) -> str:
+    """What a job of this secret sends in its hellos."""
+    return discover(rank=0, world_size=1, env={"RXELAB_JOB_TOKEN": text}).token
+
+
+TOK = secret("tok")
+
+
 def endpoints(rank: int, world: int) -> dict[int, dict]:
     return {p: {"qpn": 100 + rank, "psn": p, "gid": GID, "lid": 0} for p in range(world) if p != rank}
 
 
-def run_job(world: int, port: int, token: str = "tok", timeout: float = 10,
+def run_job(world: int, port: int, token: str = TOK, timeout: float = 10,
             before_joiners=None) -> dict[int, object]:
     results: dict[int, object] = {}
 
@@ -75,7 +84,7 @@ def test_a_process_of_another_job_cannot_join():
     port = free_port()
 
     def stranger():
-        plane = ControlPlane(JobInfo(1, 2, "127.0.0.1", port, "test", "other-job"), 3)
+        plane = ControlPlane(JobInfo(1, 2, "127.0.0.1", port, "test", secret("other-job")), 3)
         with pytest.raises(PeerError):
             plane.exchange(endpoints(1, 2))
         plane.close()
@@ -91,7 +100,7 @@ def test_missing_ranks_are_named_with_what_was_dropped():
     result: list[object] = []
 
     def root():
-        plane = ControlPlane(JobInfo(0, 3, "127.0.0.1", port, "test", "tok"), 1.5)
+        plane = ControlPlane(JobInfo(0, 3, "127.0.0.1", port, "test", TOK), 1.5)
         try:
             plane.exchange(endpoints(0, 3))
         except PeerError as err:
@@ -121,4 +130,81 @@ def test_under_torchrun_the_store_port_is_left_to_torch():
            "TORCHELASTIC_RUN_ID": "abc"}
     assert discover(env=env).master_port == 29501
     assert discover(env={**env, "RXELAB_MASTER_PORT": "4000"}).master_port == 4000
-    assert discover(env={**env, "RXELAB_JOB_TOKEN": "s3cret"}).token == "s3cret"
+    token = discover(env={**env, "RXELAB_JOB_TOKEN": "s3cret"}).token
+    assert len(token) == 64 and "s3cret" not in token, "only a digest of the secret travels"
+
+
+# ---- issue 15 item 6, issue 16 item 6: strangers on the control port ---------------------------
+def hello(rank: int, world: int, token: str, eps: object = None) -> bytes:
+    """A frame as a stranger writes it: by hand, not through our (validating) encoder."""
+    body = json.dumps({"type": "hello", "rank": rank, "world_size": world, "host": "x",
+                       "token": token, "endpoints": eps if eps is not None else
+                       {str(k): v for k, v in endpoints(rank, world).items()}}).encode()
+    return wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(body)) + body
+
+
+@pytest.mark.parametrize("stranger", [
+    pytest.param(lambda: hello(1, 3, ""), id="right port and world size, no token"),
+    pytest.param(lambda: hello(1, 3, secret("guess")), id="a guessed token"),
+    pytest.param(lambda: hello(7, 3, TOK), id="a rank outside the world"),
+    pytest.param(lambda: hello(1, 4, TOK), id="another world size (a stale process)"),
+    pytest.param(lambda: hello(1, 3, TOK, {"0": {"2": endpoints(1, 3)[2]}, "2": endpoints(1, 3)[2]}),
+                 id="a table-shaped endpoint"),
+])
+def test_a_stranger_is_dropped_and_the_job_completes(stranger):
+    port = free_port()
+    socks = []
+
+    def intrude():
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(stranger())
+        socks.append(s)
+        time.sleep(0.3)
+
+    results = run_job(3, port, before_joiners=intrude)
+    leaked = b""
+    for s in socks:
+        s.settimeout(0.5)
+        try:
+            leaked += s.recv(1 << 16)
+        except (TimeoutError, OSError):
+            pass
+        s.close()
+    assert all(isinstance(results[r], dict) for r in range(3)), results
+    assert b"qpn" not in leaked, "the stranger was sent the job's endpoints"
+
+
+def test_without_a_secret_rank_0_listens_on_its_address_only():
+    port = free_port()
+    reachable: list[bool] = []
+
+    def probe():
+        for addr in ("127.0.0.1", "127.0.0.2"):
+            try:
+                socket.create_connection((addr, port), timeout=2).close()
+                reachable.append(True)
+            except OSError:
+                reachable.append(False)
+
+    results = run_job(2, port, token="", before_joiners=probe)
+    assert all(isinstance(results[r], dict) for r in range(2)), results
+    assert reachable == [True, False], "bound to MASTER_ADDR (127.0.0.1), not to every address"
+
+
+def test_the_secret_comes_from_a_private_file_or_open_mpi(tmp_path):
+    private = tmp_path / "job.secret"
+    private.write_text("s3cret\n")
+    private.chmod(0o600)
+    base = {"RANK": "0", "WORLD_SIZE": "1"}
+    from_file = discover(env={**base, "RXELAB_JOB_TOKEN_FILE": str(private)})
+    assert from_file.token == secret("s3cret") and from_file.token_source == "RXELAB_JOB_TOKEN_FILE"
+    private.chmod(0o644)
+    with pytest.raises(ConfigError, match="readable by others"):
+        discover(env={**base, "RXELAB_JOB_TOKEN_FILE": str(private)})
+    with pytest.raises(ConfigError, match="RXELAB_JOB_TOKEN_FILE"):
+        discover(env={**base, "RXELAB_JOB_TOKEN_FILE": str(tmp_path / "missing")})
+    ompi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1",
+            "OMPI_MCA_orte_precondition_transports": "3c7ba4114e40cf4f-3dfe2b82d46d028b"}
+    job = discover(env=ompi)
+    assert job.token == secret("3c7ba4114e40cf4f-3dfe2b82d46d028b") and "Open MPI" in job.token_source
+    assert discover(env={"RANK": "0", "WORLD_SIZE": "1"}).token == ""

@@ -1,7 +1,9 @@
 """The commands the runner sends to the nodes, and the parsing of what comes back."""
 
-import re
-import shlex
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
@@ -16,42 +18,57 @@ CASE = {"app": "rxelab", "op": "alltoall", "algorithm": "sequential", "nodes": 3
         "mtu": None, "timeout_s": None}
 
 
+RUN = "0123456789ab"
+
+
 def test_rxelab_case_runs_our_launcher_on_the_data_network():
-    cmd = commands.rxelab_command(CASE, HOSTS, 29701)
+    cmd = commands.rxelab_command(CASE, HOSTS, 29701, RUN)
     assert "python3 -m rxelab.launch --hosts 10.10.0.11,10.10.0.12,10.10.0.13 --per-host 1 " \
         "--port 29701" in cmd
     assert "server_client.py --op alltoall --algorithm sequential --size 4096 --stages 5" in cmd
-    assert cmd.startswith("PYTHONPATH=$HOME/rxelab/lib ")
+    assert cmd.startswith(f"RXELAB_RUN_ID={RUN} PYTHONPATH=$HOME/rxelab/lib ")
 
 
 def test_rxelab_case_passes_the_rc_retry_settings():
-    cmd = commands.rxelab_command({**CASE, "qp_timeout": 12, "retry_cnt": 3}, HOSTS, 29701)
+    cmd = commands.rxelab_command({**CASE, "qp_timeout": 12, "retry_cnt": 3}, HOSTS, 29701, RUN)
     assert "--qp-timeout 12 --retry-cnt 3" in cmd
 
 
-def test_mpi_case_uses_tcp_on_data0_and_forces_coll_tuned_algorithms():
+def test_mpi_case_uses_tcp_on_the_data_network_and_forces_coll_tuned_algorithms():
     case = {**CASE, "app": "mpi", "algorithm": "mpi-pairwise", "transport": "tcp"}
-    cmd = commands.mpi_command(case, HOSTS, "data0")
+    cmd = commands.mpi_command(case, HOSTS, "10.10.0.0/24", RUN)
     assert "mpirun -np 3 --host 10.10.0.11,10.10.0.12,10.10.0.13" in cmd
-    assert "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include data0" in cmd
-    assert "--mca oob_tcp_if_include data0" in cmd
+    assert "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include 10.10.0.0/24" in cmd
+    assert "--mca oob_tcp_if_include 10.10.0.0/24" in cmd and "data0" not in cmd
     assert "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_alltoall_algorithm 2" in cmd
-    assert "$HOME/rxelab/apps/mpi_compare.py" in cmd and cmd.startswith("timeout ")
-    default = commands.mpi_command({**case, "algorithm": "mpi-default"}, HOSTS, "data0")
+    assert "$HOME/rxelab/apps/mpi_compare.py" in cmd
+    assert cmd.startswith(f"RXELAB_RUN_ID={RUN} timeout ") and "-x RXELAB_RUN_ID " in cmd
+    default = commands.mpi_command({**case, "algorithm": "mpi-default"}, HOSTS, "10.10.0.0/24", RUN)
     assert "coll_tuned" not in default
     assert "--mca pml ucx" not in cmd and "UCX" not in cmd
 
 
+def test_the_data_network_is_found_from_the_hosts_own_addresses():
+    host = HOSTS[0]
+    assert commands.data_network(host, ["fe80::1/64", "10.10.0.11/24"]) == "10.10.0.0/24"
+    assert commands.data_network(host, ["10.10.0.12/24"]) is None
+    out = "netdev ens7\nnetdev_mtu 9000\ninet 10.10.0.11/24\nactive_mtu 4096\n"
+    got = commands.parse_readings(out)
+    assert got["netdev"] == "ens7" and got["inet"] == ["10.10.0.11/24"]
+
+
 def test_mpi_over_ucx_is_the_recipe_that_runs_on_rxe():
     case = {**CASE, "app": "mpi", "algorithm": "mpi-pairwise", "transport": "ucx"}
-    ucx = commands.mpi_command(case, HOSTS, "data0")
+    ucx = commands.mpi_command(case, HOSTS, "10.10.0.0/24", RUN)
     assert "--mca pml ucx --mca btl '^openib,uct'" in ucx
     for setting in ("UCX_NET_DEVICES=rxe0:1", "UCX_TLS=rc_v,self", "UCX_UD_ETH_DGID_CHECK=n",
                     "UCX_IB_GID_INDEX=1"):
         assert f"-x {setting}" in ucx, setting
     assert "--mca coll_tuned_alltoall_algorithm 2" in ucx, "forced algorithms work with pml ucx"
-    assert "--mca oob_tcp_if_include data0" in ucx
+    assert "--mca oob_tcp_if_include 10.10.0.0/24" in ucx
     assert commands.ucx_settings(HOSTS[0], ranks_per_host=2)["UCX_TLS"] == "rc_v,self,sm"
+    roce = Host("a", SSHEndpoint("h"), "10.0.0.1", RdmaEndpoint("roce0", 2, 3))
+    assert commands.ucx_settings(roce) ["UCX_NET_DEVICES"] == "roce0:2"
 
 
 def test_node_set_up_applies_mtu_and_netem_then_reads_counters():
@@ -60,12 +77,21 @@ def test_node_set_up_applies_mtu_and_netem_then_reads_counters():
     assert "nd=$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/1)" in cmd
     assert 'sudo -n ip link set dev "$nd" mtu 1500' in cmd
     assert 'sudo -n tc qdisc replace dev "$nd" root netem loss 1%' in cmd
-    assert cmd.index("mtu 1500") < cmd.index("netem") < cmd.index("|| exit 3") < \
-        cmd.index("hw_counters")
-    restore = commands.restore_command(HOSTS[0], 9000)
+    assert cmd.index("mtu 1500") < cmd.index(" 0: root") < cmd.index("netem") \
+        < cmd.index("|| exit 3") < cmd.index("hw_counters")
+    restore = commands.restore_command(HOSTS[0], 9000, netem_applied=True)
     assert "tc qdisc del" in restore and 'mtu 9000' in restore and "hw_counters" in restore
+    assert restore.index('*"qdisc netem "*)') < restore.index("tc qdisc del")
+
+
+def test_a_case_without_netem_leaves_every_qdisc_alone():
+    """Before, every case ran `tc qdisc del dev <nic> root`: a user's own qdisc was wiped."""
+    for cmd in (commands.prepare_command(HOSTS[0], {**CASE, "mtu": 1500}),
+                commands.restore_command(HOSTS[0], 9000), commands.restore_command(HOSTS[0], None)):
+        assert "tc qdisc" not in cmd and "$tc" not in cmd, cmd
+    assert "ip link set" not in commands.restore_command(HOSTS[0], None), "an MTU we did not change"
     out = "netdev_mtu 1500\nactive_mtu 1024\nsent_pkts:10\nrcvd_pkts:7\n"
-    assert commands.parse_readings(out) == {"netdev_mtu": 1500, "active_mtu": 1024,
+    assert commands.parse_readings(out) == {"netdev_mtu": 1500, "active_mtu": 1024, "inet": [],
                                              "counters": {"sent_pkts": 10, "rcvd_pkts": 7}}
 
 
@@ -118,12 +144,54 @@ def test_unreachable_hosts_are_named_not_a_traceback():
     assert "ghost: unreachable over SSH" in str(e.value)
 
 
-def test_the_cleanup_does_not_kill_its_own_shell():
-    """pkill -f matches full command lines, and the shell running the clean-up holds the
-    pattern in its own: a pattern that matched itself would kill that shell before the
-    commands after it (the impairment and MTU restore) ran."""
-    pattern = shlex.split(commands.CLEANUP.split(" -f ", 1)[1])[0]
-    assert not re.search(pattern, f"bash -c {commands.CLEANUP}; tc qdisc del dev data0 root")
-    for name in ("python3 /home/lab/rxelab/apps/server_client.py --op alltoall",
-                 "python3 -m rxelab.launch --hosts node1", "mpirun -np 3", "ib_send_lat -d rxe0"):
-        assert re.search(pattern, name), name
+def test_the_clean_up_stops_exactly_the_processes_of_its_run(tmp_path):
+    """Before, every run did `pkill -u <user> -f '...orted|mpirun'` on every host: a user's
+    own MPI jobs died with it. Now only processes that carry the run's id are stopped."""
+    def start(argv0: str, run_id: str | None) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if k != "RXELAB_RUN_ID"}
+        if run_id:
+            env["RXELAB_RUN_ID"] = run_id
+        return subprocess.Popen(["bash", "-c", f"exec -a {argv0} sleep 120"], env=env)
+
+    ours = [start("python3", RUN), start("mpirun", RUN)]
+    theirs = [start("mpirun", None), start("orted", None), start("sleep", RUN + "x"),
+              start("python3", "other-run")]
+    try:
+        time.sleep(0.3)
+        r = subprocess.run(["sh", "-c", commands.stop_command(RUN) + "; echo survived"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "survived" in r.stdout, "the clean-up shell itself lives on"
+        for p in ours:
+            assert p.wait(timeout=10) == -signal.SIGTERM
+        assert all(p.poll() is None for p in theirs), "a process not of this run was stopped"
+    finally:
+        for p in ours + theirs:
+            p.kill()
+            p.wait()
+
+
+def test_netem_goes_only_where_the_kernels_default_qdisc_is(tmp_path):
+    """The guard before netem, run against a real NIC (a veth in a namespace of this test)."""
+    if os.geteuid() != 0:
+        pytest.skip("a network namespace needs root")
+    ns = f"zq{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+                       check=True)
+        subprocess.run(["ip", "-n", ns, "link", "set", "v0", "up"], check=True)
+        guard = f'nd=v0; tc="tc -n {ns}"; {commands.DEFAULT_ROOT}; echo allowed'
+        ok = subprocess.run(["sh", "-c", guard], capture_output=True, text=True, timeout=30)
+        assert ok.returncode == 0 and "allowed" in ok.stdout, ok.stderr
+        subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", "v0", "root", "handle", "1:", "pfifo"],
+                       check=True)
+        refused = subprocess.run(["sh", "-c", guard], capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 4 and "has a root qdisc of its own" in refused.stderr
+        assert "pfifo 1:" in refused.stderr and "allowed" not in refused.stdout
+        clear = f'nd=v0; tc="tc -n {ns}"; {commands.CLEAR_OURS}'
+        subprocess.run(["sh", "-c", clear], capture_output=True, text=True, timeout=30)
+        left = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", "v0", "root"],
+                              capture_output=True, text=True, timeout=30).stdout
+        assert "pfifo 1:" in left, "the user's qdisc was removed"
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)

@@ -45,7 +45,8 @@ class FakeConnection:
             return FakePromise(self.nodes, self.nodes.outputs.pop(0))
         if "hw_counters" in cmd:
             self.nodes.sent += self.nodes.per_case
-            return SimpleNamespace(stdout=f"netdev_mtu 9000\nactive_mtu 4096\n"
+            return SimpleNamespace(stdout=f"netdev ens7\nnetdev_mtu 9000\nactive_mtu 4096\n"
+                                          f"inet {self.host.data_ip}/24\n"
                                           f"sent_pkts:{self.nodes.sent}\n", stderr="", exited=0)
         return SimpleNamespace(stdout="", stderr="", exited=0)
 
@@ -104,6 +105,11 @@ def cmds(nodes, needle):
     return [(h, c) for h, c in nodes.log if needle in c]
 
 
+def stops(nodes, run_id):
+    """Where the run's clean-up stopped its own processes (and only those: by its id)."""
+    return [(h, c) for h, c in nodes.log if "/environ" in c and f"RXELAB_RUN_ID={run_id}" in c]
+
+
 def test_wrong_data_and_missing_output_are_recorded_as_such(tmp_path, monkeypatch):
     r, nodes = make_runner(tmp_path, monkeypatch, RXELAB)
     nodes.outputs += [summary(True), summary(False), "Traceback: boom"]
@@ -113,8 +119,12 @@ def test_wrong_data_and_missing_output_are_recorded_as_such(tmp_path, monkeypatc
     assert "boom" in recs[2]["error"]
     assert recs[0]["rxe"]["node1"] == {"sent_pkts": 300}, "counters read before and after"
     assert json.loads((out / "environment.json").read_text())["complete"] is True
-    killed = {h for h, _ in cmds(nodes, "pkill")}
+    killed = {h for h, _ in stops(nodes, r.run_id)}
     assert killed == {"node1", "node2", "node3"}, "every node cleaned up afterwards"
+    assert not cmds(nodes, "pkill") and not cmds(nodes, "tc qdisc"), "nothing else touched"
+    env = json.loads((out / "environment.json").read_text())
+    assert env["netdevs"] == {"node1": "ens7", "node2": "ens7", "node3": "ens7"}
+    assert env["data_network"] == "10.10.0.0/24"
 
 
 def test_an_interrupted_run_keeps_its_records_and_removes_impairments(tmp_path, monkeypatch):
@@ -147,6 +157,7 @@ def test_mpi_over_ucx_that_moved_no_rdma_packets_is_a_failed_case(tmp_path, monk
     assert recs[0]["error"] == runner.NOT_RDMA
     ucx_cmd = cmds(nodes, "mpirun -np")[0][1]
     assert "--mca pml ucx" in ucx_cmd and "UCX_UD_ETH_DGID_CHECK=n" in ucx_cmd
+    assert "oob_tcp_if_include 10.10.0.0/24" in ucx_cmd, "the network found on the nodes"
 
 
 def test_a_case_past_its_deadline_is_timed_out_with_partial_figures(tmp_path, monkeypatch):
@@ -157,7 +168,7 @@ def test_a_case_past_its_deadline_is_timed_out_with_partial_figures(tmp_path, mo
     (rec,) = records(r.run({"nodes": 3}))
     assert rec["status"] == "timeout" and "deadline of 30 s" in rec["error"]
     assert rec["partial"]["stages_done"] == 4
-    assert {h for h, _ in cmds(nodes, "pkill")} == {"node1", "node2", "node3"}
+    assert {h for h, _ in stops(nodes, r.run_id)} == {"node1", "node2", "node3"}
 
 
 def test_a_spec_larger_than_the_inventory_or_its_mtu_is_refused(tmp_path):
@@ -169,3 +180,36 @@ def test_a_spec_larger_than_the_inventory_or_its_mtu_is_refused(tmp_path):
                                                "sizes": [1], "mtu": [9000]}]})
     with pytest.raises(fleet.FleetError, match="MTU 9000, the lab's data network carries 1500"):
         runner.Runner(jumbo, Inventory("t", HOSTS), tmp_path, lab_mtu=1500)
+
+
+def test_a_full_disk_at_the_end_still_cleans_the_nodes_up(tmp_path, monkeypatch):
+    """Before, environment.json was written before the clean-up: a full disk left netem and
+    MTU changes on every node."""
+    r, nodes = make_runner(tmp_path, monkeypatch, RXELAB.replace('"sequential", "pairwise", ', "")
+                           + "netem = [{loss = 1.0}]\nmtu = [1500]\n")
+    nodes.outputs.append(summary(True))
+    writes = []
+
+    def write_env(state):
+        writes.append(state)
+        if len(writes) > 1:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(r, "_write_env", write_env)
+    with pytest.raises(OSError, match="No space left"):
+        r.run({"nodes": 3})
+    undone = {h for h, c in nodes.log if "/environ" in c and "mtu 9000" in c}
+    assert undone == {"node1", "node2", "node3"}, "the run's clean-up reached every node"
+
+
+def test_only_what_a_case_changed_is_undone_and_only_where(tmp_path, monkeypatch):
+    r, nodes = make_runner(tmp_path, monkeypatch, RXELAB.replace('"sequential", "pairwise", ', "")
+                           .replace("nodes = [3]", "nodes = [2]") + "netem = [{}, {loss = 1.0}]\n")
+    nodes.outputs += [summary(True), summary(True)]
+    r.run({"nodes": 3})
+    touched = {h for h, c in nodes.log if "tc qdisc" in c or "$tc" in c}
+    assert touched == {"node1", "node2"}, "node3 took no part: its qdisc is never looked at"
+    first_case = [c for h, c in nodes.log if "rxelab.launch" in c][0]
+    before_first = nodes.log[:[c for _, c in nodes.log].index(first_case)]
+    assert not any("tc qdisc" in c for _, c in before_first), "the unimpaired case touched no qdisc"
+    assert not any("ip link set" in c for _, c in nodes.log), "no MTU was changed, none is set"

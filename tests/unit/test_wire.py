@@ -14,7 +14,7 @@ EP = {"qpn": 17, "psn": 123456, "gid": GID, "lid": 0}
 
 
 def hello(**over):
-    msg = {"type": "hello", "rank": 1, "world_size": 3, "host": "node2", "token": "t0k",
+    msg = {"type": "hello", "rank": 1, "world_size": 3, "host": "node2", "token": "ab" * 32,
            "endpoints": {"0": EP, "2": EP}}
     msg.update(over)
     return msg
@@ -22,7 +22,7 @@ def hello(**over):
 
 def test_round_trip():
     assert wire.decode(wire.encode(hello())) == hello()
-    table = {"type": "table", "endpoints": {"1": {"0": EP, "2": EP}}}
+    table = {"type": "table", "endpoints": {"0": EP, "2": EP}}
     assert wire.decode(wire.encode(table)) == table
 
 
@@ -51,6 +51,9 @@ def frame(body: bytes, version=wire.VERSION, magic=wire.MAGIC, length=None):
         (frame(json.dumps(hello(endpoints={"0": {**EP, "gid": "zzzz" + GID[4:]}, "2": EP}))
                .encode()), "bad 'gid'"),
         (frame(json.dumps(hello(token=7)).encode()), "bad 'token'"),
+        (frame(json.dumps(hello(token="t0k")).encode()), "bad 'token'"),
+        (frame(json.dumps(hello(token="\u00e9" * 64)).encode()), "bad 'token'"),
+        (frame(json.dumps(hello(endpoints={"0": {"2": EP}, "2": EP})).encode()), "endpoint 0 must have"),
         (frame(json.dumps(hello(endpoints={"12345678901": EP})).encode()), "is not a rank"),
     ],
 )
@@ -124,7 +127,7 @@ def test_wrong_message_type_is_named():
 def test_header_is_network_byte_order():
     data = wire.encode({"type": "bye", "rank": 1})
     magic, version, length = struct.unpack("!4sHI", data[:10])
-    assert (magic, version, length) == (b"RXLB", 2, len(data) - 10)
+    assert (magic, version, length) == (b"RXLB", wire.VERSION, len(data) - 10)
     assert json.loads(data[10:]) == {"type": "bye", "rank": 1}
 
 
