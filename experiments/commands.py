@@ -69,9 +69,12 @@ def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: s
 
 
 def _remote_join(argv: list[str]) -> str:
-    """argv for a remote shell: quoted, except the $HOME that must reach it unquoted."""
-    return " ".join(a if a.startswith("$HOME/") and shlex.quote(a[6:]) == a[6:] else shlex.quote(a)
-                    for a in argv)
+    """argv for a remote shell: quoted, except where $HOME must reach it unquoted (an
+    argument that is safe apart from it)."""
+    def one(a: str) -> str:
+        bare = a.replace("$HOME", "")
+        return a if "$HOME" in a and bare and shlex.quote(bare) == bare else shlex.quote(a)
+    return " ".join(one(a) for a in argv)
 
 
 def ucx_settings(host: Host, ranks_per_host: int = 1) -> dict[str, str]:
@@ -111,9 +114,7 @@ def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: s
             "python3", f"{p['apps']}/mpi_compare.py", "--op", case["op"],
             "--algorithm", case["algorithm"], "--size", str(case["size"]),
             "--stages", str(case["stages"]), "--warmup", str(case["warmup"])]
-    # PYTHONPATH=$HOME/... must reach the remote shell unquoted; everything else is quoted
-    return started_by(run_id) + " ".join(
-        a if a == f"PYTHONPATH={p['lib']}" else shlex.quote(a) for a in argv)
+    return started_by(run_id) + _remote_join(argv)
 
 
 def perftest_command(case: dict[str, Any], host: Host, run_id: str, server_ip: str = "") -> str:

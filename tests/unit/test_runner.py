@@ -27,6 +27,7 @@ def test_rxelab_case_runs_our_launcher_on_the_data_network():
         "--port 29701" in cmd
     assert "server_client.py --op alltoall --algorithm sequential --size 4096 --stages 5" in cmd
     assert cmd.startswith(f"RXELAB_RUN_ID={RUN} PYTHONPATH=$HOME/rxelab/lib ")
+    assert " $HOME/rxelab/apps/server_client.py " in cmd and "'$HOME" not in cmd
 
 
 def test_rxelab_case_passes_the_rc_retry_settings():
@@ -41,7 +42,8 @@ def test_mpi_case_uses_tcp_on_the_data_network_and_forces_coll_tuned_algorithms(
     assert "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include 10.10.0.0/24" in cmd
     assert "--mca oob_tcp_if_include 10.10.0.0/24" in cmd and "data0" not in cmd
     assert "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_alltoall_algorithm 2" in cmd
-    assert "$HOME/rxelab/apps/mpi_compare.py" in cmd
+    assert " $HOME/rxelab/apps/mpi_compare.py " in cmd and " PYTHONPATH=$HOME/rxelab/lib " in cmd
+    assert "'$HOME" not in cmd, "$HOME must reach the remote shell unquoted"
     assert cmd.startswith(f"RXELAB_RUN_ID={RUN} timeout ") and "-x RXELAB_RUN_ID " in cmd
     default = commands.mpi_command({**case, "algorithm": "mpi-default"}, HOSTS, "10.10.0.0/24", RUN)
     assert "coll_tuned" not in default
