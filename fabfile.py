@@ -13,6 +13,7 @@ import os
 import signal
 from pathlib import Path
 
+import paramiko
 from fabric import task
 from invoke.exceptions import Exit
 
@@ -96,6 +97,8 @@ def run_experiment(c, spec="smoke", inventory=None, results=None, accept_new_hos
                    code=130) from None
     except fleet.FleetError as err:
         raise Exit(f"error: {err}", code=1) from None
+    except (OSError, paramiko.SSHException) as err:  # a node went away mid-run
+        raise Exit(f"error: lost a node over SSH: {err}; partial results are kept", code=1) from None
     records = report_mod.load(out)[1]
     bad = [r for r in records if r["status"] != "ok"]
     print(f"results: {out} ({len(records) - len(bad)}/{len(records)} cases ok)")

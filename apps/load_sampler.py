@@ -22,13 +22,14 @@ def read_int(path: Path) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--netdev", default="data0")
-    ap.add_argument("--rdma", default="rxe0")
+    ap.add_argument("--rdma", default="rxe0", help="the RDMA device")
+    ap.add_argument("--port", type=int, default=1, help="its port")
     ap.add_argument("--interval", type=float, default=0.1)
     ap.add_argument("--duration", type=float, default=3600)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     stats = Path("/sys/class/net") / args.netdev / "statistics"
-    hw = Path("/sys/class/infiniband") / args.rdma / "ports/1/hw_counters"
+    hw = Path("/sys/class/infiniband") / args.rdma / "ports" / str(args.port) / "hw_counters"
     if not stats.exists():
         print(f"load_sampler: no network device {args.netdev}", file=sys.stderr)
         return 2

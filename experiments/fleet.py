@@ -39,10 +39,12 @@ class AcceptNew(paramiko.MissingHostKeyPolicy):
     a line to the known_hosts file (never rewriting it: a user's comments and markers stay).
     A changed key never reaches a policy: paramiko refuses it."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, revoked: set[str]) -> None:
+        self.path, self.revoked = path, revoked
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if key.get_base64() in self.revoked:
+            raise paramiko.SSHException(f"the host key of {hostname} is revoked in {self.path}")
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "a") as f:
@@ -61,6 +63,26 @@ class UnknownHostKey(paramiko.MissingHostKeyPolicy):
             "set RXELAB_ACCEPT_NEW_HOST_KEYS=1 to trust hosts seen for the first time")
 
 
+def load_known_hosts(keys: paramiko.HostKeys, path: Path) -> set[str]:
+    """The plain and hashed host lines of a known_hosts file, and the keys it revokes. paramiko's
+    own loader gives up on the whole file at one line it does not know (a @cert-authority, a
+    typo); ssh skips such lines, and so do we: a key they would have vouched for is then unknown,
+    and refused. A @revoked key is trusted by no line and accepted by no policy."""
+    lines = path.read_text(errors="replace").splitlines()
+    revoked = {f[3] for f in (x.split() for x in lines) if len(f) >= 4 and f[0] == "@revoked"}
+    for n, line in enumerate(lines):
+        if not line.strip() or line.lstrip().startswith(("#", "@")):
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, n)
+        except (paramiko.hostkeys.InvalidHostKey, ValueError):
+            continue
+        if entry is not None and entry.key is not None and entry.key.get_base64() not in revoked:
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
+    return revoked
+
+
 def connect(host: Host) -> Connection:
     kwargs: dict[str, object] = {"look_for_keys": host.ssh.key is None, "allow_agent": host.ssh.key is None}
     if host.ssh.key:
@@ -72,11 +94,10 @@ def connect(host: Host) -> Connection:
     # Host keys come from the inventory's known_hosts (the lab pins its nodes') or the user's
     # own; an unknown one is refused unless the user accepts new ones.
     known = Path(os.path.expanduser(host.ssh.known_hosts or "~/.ssh/known_hosts"))
-    if known.is_file():
-        c.client.load_host_keys(str(known))
-    elif host.ssh.known_hosts:
-        raise FleetError(f"{host.name}: the inventory's known_hosts {known} does not exist")
-    c.client.set_missing_host_key_policy(AcceptNew(known) if accept_new_host_keys()
+    if host.ssh.known_hosts and not known.is_file():
+        raise paramiko.SSHException(f"the inventory's known_hosts {known} does not exist")
+    revoked = load_known_hosts(c.client.get_host_keys(), known) if known.is_file() else set()
+    c.client.set_missing_host_key_policy(AcceptNew(known, revoked) if accept_new_host_keys()
                                          else UnknownHostKey(known))
     return c
 

@@ -213,3 +213,23 @@ def test_only_what_a_case_changed_is_undone_and_only_where(tmp_path, monkeypatch
     before_first = nodes.log[:[c for _, c in nodes.log].index(first_case)]
     assert not any("tc qdisc" in c for _, c in before_first), "the unimpaired case touched no qdisc"
     assert not any("ip link set" in c for _, c in nodes.log), "no MTU was changed, none is set"
+
+
+def test_the_load_sampler_understands_what_the_runner_tells_it(tmp_path, monkeypatch):
+    import shlex
+
+    from apps import load_sampler
+
+    r, nodes = make_runner(tmp_path, monkeypatch, RXELAB.replace('"sequential", "pairwise", ', "")
+                           + "sample_load = true\n")
+    nodes.outputs.append(summary(True))
+    r.run({"nodes": 3})
+    (_, cmd), *_ = cmds(nodes, "load_sampler.py")
+    assert f"RXELAB_RUN_ID={r.run_id}-load" in cmd and "$HOME/rxelab/runs/" in cmd
+    argv = shlex.split(cmd.split("load_sampler.py", 1)[1].split(">/dev/null")[0])
+    assert argv[argv.index("--netdev") + 1] == "ens7", "the NIC found on the node, not data0"
+    argv[argv.index("--netdev") + 1] = "lo"  # what this host has
+    argv[argv.index("--duration") + 1] = "0.3"
+    argv[argv.index("--out") + 1] = str(tmp_path / "load.jsonl")
+    assert load_sampler.main(argv) == 0
+    assert json.loads((tmp_path / "load.jsonl").read_text().splitlines()[0])["tx_bytes"] >= 0
