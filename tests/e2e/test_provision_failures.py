@@ -17,6 +17,7 @@ import pytest
 from infra import network
 from infra import run as runner
 from infra.config import REPO
+from infra.state import MARKER
 
 pytestmark = pytest.mark.vm
 
@@ -47,7 +48,7 @@ def assert_nothing_left(lab: str, state: Path) -> None:
         leftover_taps = [p.name for p in Path("/sys/class/net").iterdir() if p.name.startswith(f"{lab}t")]
         assert leftover_taps == []
     if state.exists():
-        assert {p.name for p in state.iterdir()} <= {"logs"}, "only serial logs are kept"
+        assert {p.name for p in state.iterdir()} <= {"logs", MARKER}, "only serial logs are kept"
 
 
 def make(target: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
