@@ -15,15 +15,17 @@ from pathlib import Path
 
 import paramiko
 from fabric import task
-from invoke.exceptions import Exit
+from invoke.exceptions import CommandTimedOut, Exit
 
 from experiments import fleet, runner
 from experiments import report as report_mod
 from experiments import spec as spec_mod
 from infra import inventory as inventory_mod
+from infra import run as runner_mod
 from infra import status as status_mod
 from infra.config import REPO, default_state_dir
 from infra.errors import LabError
+from infra.ssh import accept_new_host_keys as accept_new
 from infra.state import LabState
 
 RESULTS = REPO / "results"
@@ -36,8 +38,9 @@ def _inventory(path: str | None, accept_new_host_keys: bool = False) -> tuple[
     if accept_new_host_keys:  # read by every SSH connection this process makes
         os.environ["RXELAB_ACCEPT_NEW_HOST_KEYS"] = "1"
     chosen = path or os.environ.get("INVENTORY")
-    lab_state = None if chosen else default_state_dir()
     try:
+        accept_new()  # a bad value is said here, once, not in every connection's thread
+        lab_state = None if chosen else default_state_dir()
         inv = inventory_mod.load(Path(chosen) if chosen else lab_state / "inventory.json")
     except LabError as err:
         raise Exit(f"error: {err}", code=1) from None
@@ -63,6 +66,8 @@ def deploy(c, inventory=None, accept_new_host_keys=False):
 
 
 def _interrupt(signum, frame):
+    if signum == signal.SIGHUP:  # the terminal is gone: a write to it would fail mid-clean-up
+        runner_mod.detach_from_terminal()
     raise KeyboardInterrupt
 
 
@@ -97,8 +102,10 @@ def run_experiment(c, spec="smoke", inventory=None, results=None, accept_new_hos
                    code=130) from None
     except fleet.FleetError as err:
         raise Exit(f"error: {err}", code=1) from None
-    except (OSError, paramiko.SSHException) as err:  # a node went away mid-run
+    except (paramiko.SSHException, ConnectionError, EOFError, TimeoutError, CommandTimedOut) as err:
         raise Exit(f"error: lost a node over SSH: {err}; partial results are kept", code=1) from None
+    except OSError as err:  # e.g. a full disk while writing the results
+        raise Exit(f"error: {err}; partial results are kept", code=1) from None
     records = report_mod.load(out)[1]
     bad = [r for r in records if r["status"] != "ok"]
     print(f"results: {out} ({len(records) - len(bad)}/{len(records)} cases ok)")

@@ -45,10 +45,11 @@ def started_by(run_id: str) -> str:
 def stop_command(*run_ids: str) -> str:
     """Stop this user's processes that carry one of these run ids in their environment (TERM,
     then KILL after a grace period) and nothing else: a user's own MPI jobs, other runs and
-    this shell (which carries no id) are left alone."""
-    ids = " ".join(shlex.quote(f"{RUN_ID}={r}") for r in run_ids)
-    find = ('ours() { for p in /proc/[0-9]*; do for id in ' + ids + '; do '
-            'grep -qzxF "$id" "$p/environ" 2>/dev/null && echo "${p#/proc/}"; done; done; }')
+    this shell (which carries no id) are left alone. One grep over every process's environment
+    per look (other users' are unreadable to it), so a host with thousands of processes is
+    looked at in a moment."""
+    ids = " ".join(f"-e {shlex.quote(f'{RUN_ID}={r}')}" for r in run_ids)
+    find = f"ours() {{ grep -lsxzF {ids} /proc/[0-9]*/environ | cut -d/ -f3; }}"
     return (f"{find}; pids=$(ours); [ -z \"$pids\" ] || kill -TERM $pids 2>/dev/null; "
             f"for i in $(seq {STOP_GRACE_S * 5}); do [ -z \"$(ours)\" ] && break; sleep 0.2; done; "
             "pids=$(ours); [ -z \"$pids\" ] || kill -KILL $pids 2>/dev/null; true")
@@ -65,16 +66,17 @@ def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: s
     argv = ["python3", "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
             "--per-host", str(case.get("ranks_per_node") or 1), "--port", str(port),
             "--timeout", f"{case_timeout(case):.0f}", "--", *app]
-    return started_by(run_id) + f"PYTHONPATH={p['lib']} " + _remote_join(argv)
+    return started_by(run_id) + remote_word(f"PYTHONPATH={p['lib']}") + " " + _remote_join(argv)
+
+
+def remote_word(arg: str) -> str:
+    """One argument for a remote shell, quoted, with each $HOME in it left for that shell to
+    expand - as "$HOME", so a home with a space in it stays one word."""
+    return '"$HOME"'.join(shlex.quote(part) if part else "" for part in arg.split("$HOME"))
 
 
 def _remote_join(argv: list[str]) -> str:
-    """argv for a remote shell: quoted, except where $HOME must reach it unquoted (an
-    argument that is safe apart from it)."""
-    def one(a: str) -> str:
-        bare = a.replace("$HOME", "")
-        return a if "$HOME" in a and bare and shlex.quote(bare) == bare else shlex.quote(a)
-    return " ".join(one(a) for a in argv)
+    return " ".join(remote_word(a) for a in argv)
 
 
 def ucx_settings(host: Host, ranks_per_host: int = 1) -> dict[str, str]:
@@ -162,28 +164,29 @@ DEFAULT_ROOT = ('q=$($tc qdisc show dev "$nd" root | head -n 1); case "$q" in *"
                 'it; remove it or run this spec without netem" >&2; exit 4;; esac')
 
 
-def prepare_command(host: Host, case: dict[str, Any]) -> str:
+def netem_handle(run_id: str) -> str:
+    """The run's own qdisc handle (hex, 1..fff0): its netem is the one under it."""
+    return f"{int(run_id[:4], 16) % 0xFFF0 + 1:x}"
+
+
+def prepare_command(host: Host, case: dict[str, Any], run_id: str) -> str:
     """Set the case's MTU and impairment, then print the netdev's MTU, the port's active MTU
     and the device counters (the 'before' reading)."""
     steps = [netdev_expr(host)]
     if case.get("mtu"):
         steps.append(f"sudo -n ip link set dev \"$nd\" mtu {int(case['mtu'])}")
     if any(case.get("netem", {}).values()):
-        steps += [TC, DEFAULT_ROOT, netem.apply_command('"$nd"', case["netem"])]
+        steps += [TC, DEFAULT_ROOT, netem.apply_command('"$nd"', case["netem"], netem_handle(run_id))]
     return " && ".join(f"{{ {s}; }}" for s in steps) + " || exit 3; " + readings_command(host)
 
 
-# Removes the root qdisc only if it is a netem (ours: netem goes only onto the default root)
-CLEAR_OURS = ('case "$($tc qdisc show dev "$nd" root)" in *"qdisc netem "*) '
-              + netem.clear_command('"$nd"') + ";; esac")
-
-
-def restore_command(host: Host, mtu: int | None, netem_applied: bool = False) -> str:
-    """Undo what this run changed, nothing else: remove the impairment it put on (the root is
-    netem only if it did), put the MTU back; then print the 'after' reading."""
+def restore_command(host: Host, mtu: int | None, run_id: str, netem_applied: bool = False) -> str:
+    """Undo what this run changed, nothing else: remove the netem under the run's own handle,
+    put the MTU back; then print the 'after' reading (with `netem_ours absent` once the
+    impairment is gone)."""
     steps = [netdev_expr(host)]
     if netem_applied:
-        steps += [TC, CLEAR_OURS]
+        steps += [TC, netem.clear_command('"$nd"', netem_handle(run_id), "$tc")]
     if mtu:
         steps.append(f"sudo -n ip link set dev \"$nd\" mtu {int(mtu)}")
     return "; ".join(steps) + "; " + readings_command(host)
@@ -203,7 +206,9 @@ def parse_readings(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {"counters": counters.parse(text), "inet": []}
     for line in text.splitlines():
         key, _, value = line.strip().partition(" ")
-        if key in ("netdev_mtu", "active_mtu") and value.strip().isdigit():
+        if key == "netem_ours":
+            out["netem_gone"] = value.strip() == "absent"
+        elif key in ("netdev_mtu", "active_mtu") and value.strip().isdigit():
             out[key] = int(value)
         elif key == "netdev" and value.strip():
             out["netdev"] = value.strip()

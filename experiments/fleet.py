@@ -22,6 +22,7 @@ from fabric import Config, Connection
 from infra.config import REPO
 from infra.inventory import Host, Inventory
 from infra.ssh import accept_new_host_keys, shell_vars
+from infra.state import mkdir_private
 
 REMOTE_HOME = "rxelab"  # ~/rxelab/{lib,apps} on every node
 # The deploy directory is ours only if it carries this file: a ~/rxelab of the user's own is
@@ -45,7 +46,7 @@ class AcceptNew(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         if key.get_base64() in self.revoked:
             raise paramiko.SSHException(f"the host key of {hostname} is revoked in {self.path}")
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        mkdir_private(self.path.parent)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "a") as f:
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
@@ -136,11 +137,13 @@ CHECK = (
     'test "$(cut -d" " -f2 "/sys/class/infiniband/$dev/ports/$port/state" 2>/dev/null)" = ACTIVE '
     '|| echo "PROBLEM: $dev port $port is not ACTIVE"'
 )
-# Deploy only into a ~/rxelab that is ours (marked) or new; the bundle lands inside it, never in
-# a shared /tmp, and only its lib/ and apps/ are replaced.
+# Deploy only into a ~/rxelab that is ours (marked; or one an earlier rxelab deployed: its
+# .deployed holds a digest) or new; the bundle lands inside it, never in a shared /tmp, and
+# only its lib/ and apps/ are replaced.
 CLAIM = (
     'd="$HOME/{home}"; '
-    'if [ -e "$d" ] && [ ! -f "$d/{mark}" ] && [ -n "$(ls -A "$d" 2>/dev/null)" ]; then '
+    'if [ -e "$d" ] && [ ! -f "$d/{mark}" ] && [ -n "$(ls -A "$d" 2>/dev/null)" ] '
+    '&& ! grep -qxE "[0-9a-f]{{64}}" "$d/.deployed" 2>/dev/null; then '
     'echo "PROBLEM: ~/{home} exists and was not made by rxelab: move it away, then deploy again"; '
     'exit 0; fi; '
     'mkdir -p "$d" && touch "$d/{mark}" && cat "$d/.deployed" 2>/dev/null; true'

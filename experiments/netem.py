@@ -78,16 +78,18 @@ def label(imp: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def apply_command(netdev: str, imp: dict[str, Any]) -> str:
-    """Shell for one node: install the impairment on `netdev` (a word or a $(...) expression),
-    replacing whatever qdisc was there; for the unimpaired network, remove ours."""
-    args = netem_args(imp)
-    if not args:
-        return clear_command(netdev)
-    return f"sudo -n tc qdisc replace dev {netdev} root {shlex.join(args)}"
+def apply_command(netdev: str, imp: dict[str, Any], handle: str) -> str:
+    """Shell for one node: put the impairment on `netdev` (a word or a "$nd" expression) as
+    the root qdisc under `handle` (the run's own: what it removes later, and nothing else).
+    The caller makes sure the root qdisc it replaces is the kernel's default."""
+    return f"sudo -n tc qdisc replace dev {netdev} root handle {handle}: {shlex.join(netem_args(imp))}"
 
 
-def clear_command(netdev: str) -> str:
-    """Shell for one node: back to the kernel's default qdisc; fine when nothing was set."""
-    return (f"sudo -n tc qdisc del dev {netdev} root 2>/dev/null; "
-            f"! /sbin/tc qdisc show dev {netdev} | grep -q netem")
+def clear_command(netdev: str, handle: str, tc: str = "/sbin/tc") -> str:
+    """Shell for one node: remove the netem under `handle` if it is the root qdisc (the kernel
+    puts its default back), leave any other qdisc alone, and say `netem_ours absent` once ours
+    is gone (or was never there) - `present` if it could not be removed."""
+    show = f'{tc} qdisc show dev {netdev} root'
+    ours = f'*"qdisc netem {handle}: root"*'
+    return (f'case "$({show})" in {ours}) sudo -n tc qdisc del dev {netdev} root;; esac; '
+            f'case "$({show})" in {ours}) echo "netem_ours present";; *) echo "netem_ours absent";; esac')

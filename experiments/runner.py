@@ -66,7 +66,7 @@ class Runner:
     @property
     def remote_dir(self) -> str:
         """This run's own directory on every node (inside the deploy directory, which is ours)."""
-        return f"$HOME/{fleet.REMOTE_HOME}/runs/{self.run_id}"
+        return commands.remote_word(f"$HOME/{fleet.REMOTE_HOME}/runs/{self.run_id}")
 
     def run(self, environment: dict[str, Any]) -> Path:
         shutil.copy(self.spec.source, self.dir / "spec.toml")
@@ -146,7 +146,8 @@ class Runner:
     def _cleanup(self) -> None:
         """Nothing of ours left running, impaired or resized on any node (best effort)."""
         def undo(h: Host) -> str:
-            restore = commands.restore_command(h, self.original_mtu.get(h.name), h.name in self.netem_on)
+            restore = commands.restore_command(h, self.original_mtu.get(h.name), self.run_id,
+                                               h.name in self.netem_on)
             return (f"{commands.stop_command(self.run_id, self.run_id + '-load')}; {restore}; "
                     f"rm -rf {self.remote_dir}")
         self._on_hosts(self.hosts, undo, timeout=60)
@@ -155,7 +156,7 @@ class Runner:
     def _prepare(self, hosts: list[Host], case: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if any(case["netem"].values()):
             self.netem_on.update(h.name for h in hosts)  # tried: undone whatever the outcome
-        results = self._on_hosts(hosts, lambda h: commands.prepare_command(h, case))
+        results = self._on_hosts(hosts, lambda h: commands.prepare_command(h, case, self.run_id))
         readings, problems = {}, []
         for h in hosts:
             r = results[h.name]
@@ -170,23 +171,22 @@ class Runner:
 
     def _restore(self, hosts: list[Host]) -> dict[str, dict[str, Any]]:
         results = self._on_hosts(hosts, lambda h: commands.restore_command(
-            h, self.original_mtu.get(h.name), h.name in self.netem_on))
-        done = {name for name, r in results.items() if not isinstance(r, Exception) and r.exited == 0}
-        self.netem_on -= done
-        return {name: commands.parse_readings(r.stdout) for name, r in results.items()
-                if not isinstance(r, Exception)}
+            h, self.original_mtu.get(h.name), self.run_id, h.name in self.netem_on))
+        readings = {name: commands.parse_readings(r.stdout) for name, r in results.items()
+                    if not isinstance(r, Exception)}
+        self.netem_on -= {name for name, got in readings.items() if got.get("netem_gone")}
+        return readings
 
     def _case(self, head: Any, index: int, case: dict[str, Any]) -> tuple[dict[str, Any], list[dict]]:
         hosts = list(self.inv.hosts[:case["nodes"]])
         record: dict[str, Any] = {"case": index, **case, "netem_label": netem.label(case["netem"]),
                                   "hosts": [h.name for h in hosts]}
-        if case["mtu"]:  # remember what to put back before the first change
-            for name, reading in self._readings_now(hosts).items():
-                self.original_mtu.setdefault(name, reading.get("netdev_mtu", 0))
         samplers: list[Host] = []
         before: dict[str, dict[str, Any]] = {}
         started = time.monotonic()
         try:
+            if case["mtu"]:
+                self._remember_mtus(hosts)
             before = self._prepare(hosts, case)
             samplers = self._start_samplers(hosts, index) if case["sample_load"] else []
             started = time.monotonic()
@@ -206,6 +206,16 @@ class Runner:
                 and record["rxe"] and counters.total(record["rxe"], "sent_pkts") == 0):
             record.update(status="failed", error=NOT_RDMA)
         return record, load
+
+    def _remember_mtus(self, hosts: list[Host]) -> None:
+        """What to put back, before the first change: a MTU that cannot be read is not changed."""
+        unread = [h for h in hosts if h.name not in self.original_mtu]
+        readings = self._readings_now(unread) if unread else {}
+        for h in unread:
+            mtu = readings.get(h.name, {}).get("netdev_mtu")
+            if not mtu:
+                raise CaseSetupError(f"cannot read {h.name}'s data NIC MTU: not changing it")
+            self.original_mtu[h.name] = mtu
 
     def _readings_now(self, hosts: list[Host]) -> dict[str, dict[str, Any]]:
         results = self._on_hosts(hosts, commands.readings_command)
@@ -259,10 +269,11 @@ class Runner:
     def _start_samplers(self, hosts: list[Host], index: int) -> list[Host]:
         p = fleet.remote_paths()
         for h in hosts:
-            argv = ["--netdev", self.netdevs[h.name], "--rdma", h.rdma.device,
-                    "--port", str(h.rdma.port), "--duration", "3600"]
+            argv = [f"--netdev={self.netdevs[h.name]}", f"--rdma={h.rdma.device}",
+                    f"--port={h.rdma.port}", "--duration=3600"]
+            sampler = commands.remote_word(f"{p['apps']}/load_sampler.py")
             command = (f"mkdir -p {self.remote_dir} && {commands.started_by(self.run_id + '-load')}"
-                       f"nohup python3 {p['apps']}/load_sampler.py {shlex.join(argv)} "
+                       f"nohup python3 {sampler} {shlex.join(argv)} "
                        f"--out {self.remote_dir}/load-{index}.jsonl >/dev/null 2>&1 &")
             self._connection(h).run(command, hide=True, timeout=30, pty=False)
         time.sleep(2)  # Python starts slowly under emulation: let it take a baseline

@@ -32,7 +32,6 @@ file itself must be UTF-8 TOML of at most 1 MiB.
 """
 
 import reprlib
-import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +52,8 @@ from pydantic_core import PydanticCustomError
 from rxelab import ops
 
 from experiments import netem
+from infra import documents
+from infra.documents import spell
 
 SPECS = Path(__file__).resolve().parent / "specs"
 APPS = ("rxelab", "mpi", "perftest")
@@ -77,7 +78,7 @@ BOUNDS = {"nodes": (1, 64), "sizes": (0, 1 << 30), "stages": (1, 10_000_000),
           "pairs": (1, 64 * 8 * (64 * 8 - 1) // 2), **RXELAB_ONLY}
 MAX_ENTRIES = 64  # of every list
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # pydantic's regex: $ is the very end, no newline
-MAX_BYTES = 1 << 20
+MAX_BYTES = documents.MAX_BYTES
 MAX_PROBLEMS, MAX_LINE = 40, 300  # what an error shows of a broken file
 
 
@@ -293,11 +294,6 @@ def _where(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
     return loc[:4] if loc[2:3] == ("netem",) else loc[:3]
 
 
-def _spell(where: tuple[str | int, ...]) -> str:
-    text = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where)
-    return text.lstrip(".") or "top level"
-
-
 def _field(where: tuple[str | int, ...]) -> FieldInfo:
     """The model field an error is about; the document or a run is a table, not a field."""
     if len(where) == 1:
@@ -309,15 +305,15 @@ def _problem(err: Any, doc: Any) -> str:
     """One line of a SpecError: where, then what is allowed there and what was found."""
     where = _where(err["loc"])
     if err["type"] == "extra_forbidden":
-        return f"{_spell(where[:-1])}: unknown key {_short(where[-1])}"
+        return f"{spell(where[:-1])}: unknown key {_short(where[-1])}"
     if err["type"] == "spec":
-        return f"{_spell(where)}: {err['ctx']['what']}"
+        return f"{spell(where)}: {err['ctx']['what']}"
     what = _field(where).description or "must be a table"
     if err["type"] == "missing":
-        return f"{_spell(where)}: missing; {what}"
+        return f"{spell(where)}: missing; {what}"
     for part in where:
         doc = doc[part]
-    return f"{_spell(where)}: {what}, not {_short(doc)}"
+    return f"{spell(where)}: {what}, not {_short(doc)}"
 
 
 def _listing(lines: list[str]) -> str:
@@ -368,40 +364,12 @@ def find(name_or_path: str) -> Path:
     raise SpecError(f"no experiment spec {name_or_path!r} (shipped: {known}; or give a .toml path)")
 
 
-def _bytes(path: Path) -> bytes:
-    try:
-        with path.open("rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except IsADirectoryError:
-        why = "is a directory"
-    except FileNotFoundError:
-        why = "no such file"
-    except PermissionError:
-        why = "not readable (permission denied)"
-    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        why = f"cannot be read: {err}"
-    else:
-        if len(data) <= MAX_BYTES:
-            return data
-        why = f"larger than {MAX_BYTES >> 20} MiB"
-    raise SpecError(f"{path}: {why}")
-
-
 def _document(path: Path) -> dict[str, Any]:
-    """The TOML in a file. A spec is a small text file: anything else (binary, huge, absurdly
-    nested, a number Python will not read) is a one-line SpecError, never a traceback."""
-    data = _bytes(path)
+    """The TOML in a file: anything else is a one-line SpecError, never a traceback."""
     try:
-        return tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        why = f"not UTF-8 text (byte {err.start})"
-    except tomllib.TOMLDecodeError as err:
-        why = f"not valid TOML: {err}"
-    except RecursionError:
-        why = "nested too deeply"
-    except ValueError:  # int() reads at most sys.get_int_max_str_digits() digits
-        why = f"a number too large (more than {sys.get_int_max_str_digits()} digits)"
-    raise SpecError(f"{path}: {why}")
+        return documents.load(path, tomllib.loads, "TOML", MAX_BYTES)  # type: ignore[no-any-return]
+    except documents.DocumentError as err:
+        raise SpecError(f"{path}: {err}") from None
 
 
 def load(name_or_path: str) -> Spec:

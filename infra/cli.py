@@ -76,14 +76,12 @@ def cmd_provision(args: argparse.Namespace) -> None:
         runner.require("mmdebstrap", "mkfs.ext4")
     if network.resolve(config.data_net) is DataNet.BRIDGE:
         runner.require("ip")
-    lab.preflight(config, state)
-    state.claim()
-    _replace_stale_lab(state)
+    prepare_state(config, state)
     started = time.monotonic()
     # `kill` or a closed terminal ends a provision as Ctrl-C does: Terraform is interrupted
     # and waited for, and everything it started is removed (it would be orphaned otherwise)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, lambda signum, frame: _hang_up(state.logs / "provision.log"))
     try:
         terraform.apply(config, state)
     except KeyboardInterrupt:
@@ -106,6 +104,20 @@ def cmd_provision(args: argparse.Namespace) -> None:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _hang_up(log: Path) -> None:
+    """The terminal closed: the clean-up must not die writing to it."""
+    runner.detach_from_terminal(log)
+    raise KeyboardInterrupt
+
+
+def prepare_state(config: LabConfig, state: LabState) -> None:
+    """Before Terraform: nothing of another lab in the way, a stale lab of this directory gone
+    (it removes its own marker with it), and the directory claimed - in that order."""
+    lab.preflight(config, state)
+    _replace_stale_lab(state)
+    state.claim()
 
 
 def _replace_stale_lab(state: LabState) -> None:

@@ -19,12 +19,14 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
+from infra import documents
 from infra.config import GID_INDEX, RDMA_DEVICE, RDMA_PORT, VM_USER, LabConfig
+from infra.documents import spell
 from infra.errors import LabError
 from infra.state import LabState, write_atomic
 
 VERSION = 1
-MAX_BYTES = 1 << 20
+MAX_BYTES = documents.MAX_BYTES
 MAX_NODES = 256
 
 
@@ -51,10 +53,21 @@ def _ip_address(value: str) -> str:
 
 Name = Annotated[str, AfterValidator(_pattern(
     r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", "name (letters, digits, '.', '_', '-'; 63 at most)"))]
-# A DNS name or an IP literal; never a leading '-' (it would become an ssh option).
-HostName = Annotated[str, AfterValidator(_pattern(
-    r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*",
-    "host (a DNS name or an IP address)"))]
+def _host(value: str) -> str:
+    """A DNS name or an IP address; never a leading '-' (it would become an ssh option), no
+    port ("h:22": the port has a field of its own)."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}", value):
+        return value
+    try:
+        if "%" not in value:
+            return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    raise ValueError(f"{value!r} is not a valid host (a DNS name or an IP address; the port "
+                     "goes in ssh.port)")
+
+
+HostName = Annotated[str, AfterValidator(_host)]
 UserName = Annotated[str, AfterValidator(_pattern(
     r"[A-Za-z_][A-Za-z0-9._-]{0,31}", "user name (letters, digits, '.', '_', '-')"))]
 # A local file for ssh's -i / UserKnownHostsFile: no whitespace (ssh splits the latter on
@@ -149,56 +162,33 @@ def save(inventory: Inventory, path: Path) -> None:
 
 
 def load(path: Path) -> Inventory:
-    """Any file a user may point at - missing, a directory, binary, UTF-16, huge, nested without
-    end - is one clear error, never a traceback."""
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
+    """Any file a user may point at is one clear error, never a traceback (infra.documents)."""
+    if not path.exists() and not path.is_symlink():
         raise LabError(f"no inventory at {path}",
-                       hint="run `make provision`, or point INVENTORY= at your own file") from None
-    except IsADirectoryError:
-        raise LabError(f"{path} is a directory, not an inventory file") from None
-    except OSError as e:
-        raise LabError(f"cannot read the inventory {path}: {e.strerror or e}") from None
-    if len(raw) > MAX_BYTES:
-        raise LabError(f"{path} is larger than {MAX_BYTES >> 20} MiB: not an inventory")
+                       hint="run `make provision`, or point INVENTORY= at your own file")
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise LabError(f"{path} is not UTF-8 text: not an inventory") from None
-    except json.JSONDecodeError as e:
-        raise LabError(f"{path} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise LabError(f"{path} is nested too deeply: not an inventory") from None
-    except ValueError as e:  # an integer of thousands of digits
-        raise LabError(f"{path} has an impossible value: {str(e)[:80]}") from None
+        doc = documents.load(path, json.loads, "JSON", MAX_BYTES)
+    except documents.DocumentError as err:
+        raise LabError(f"{path} is not an inventory: {err}") from None
     return parse(doc, source=str(path))
-
-
-def _where(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "top level"
 
 
 def _problem(error: Any) -> str:
     loc, kind = tuple(error["loc"]), error["type"]
     if kind in ("unexpected_keyword_argument", "extra_forbidden"):
-        return f"{_where(loc[:-1])}: unknown key {loc[-1]!r}"
+        return f"{spell(loc[:-1])}: unknown key {loc[-1]!r}"
     if kind in ("missing", "missing_argument"):
-        return f"{_where(loc[:-1])}: missing key {loc[-1]!r}"
+        return f"{spell(loc[:-1])}: missing key {loc[-1]!r}"
     if kind == "literal_error" and loc == ("version",):
         return f"version: this rxelab reads version {VERSION}, not {error['input']!r}"
     if kind == "too_short":
-        return f"{_where(loc)}: must be a non-empty list"
+        return f"{spell(loc)}: must be a non-empty list"
     if kind == "too_long":
-        return f"{_where(loc)}: more than {error['ctx']['max_length']} entries"
+        return f"{spell(loc)}: more than {error['ctx']['max_length']} entries"
     msg = str(error["msg"]).removeprefix("Value error, ")
     if kind.startswith(("int_", "greater_than", "less_than", "string_", "dataclass_")):
         msg = f"{msg}, not {error['input']!r}"[:300]
-    return f"{_where(loc)}: {msg}"
+    return f"{spell(loc)}: {msg}"
 
 
 def parse(doc: Any, source: str = "inventory") -> Inventory:

@@ -94,8 +94,9 @@ def preflight(config: LabConfig, state: LabState) -> None:
     """Before anything is touched: the state directory can be this lab's, no other lab of the
     same name runs on this host, and the SSH ports of nodes not yet running are free."""
     state.check_claimable()
-    lab_id = state.lab_id()
-    clash = network.conflicts(config, lab_id)
+    if state.made_before_markers():
+        network.adopt_unlabelled(config, state)
+    clash = network.conflicts(config, state)
     ours = {str(state.pidfile(n.name)) for n in config.all_nodes()}
     for pid, args in vm.processes_named(config.lab):
         if not ours & set(args):
@@ -111,7 +112,10 @@ def preflight(config: LabConfig, state: LabState) -> None:
 
 
 def port_is_free(port: int) -> bool:
+    """Free to listen on, as qemu's forward does (with SO_REUSEADDR: a connection of a lab
+    just destroyed, lingering in TIME_WAIT, does not hold the port)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -141,6 +145,8 @@ def teardown(state: LabState, keep_logs: bool = False) -> list[str]:
         if runner.stop_pidfile(pidfile, program):
             removed.append(f"{program} {name}")
     if config is not None:
+        if state.made_before_markers():
+            network.adopt_unlabelled(config, state)
         removed += [x for x in network.down(config, state) if x != "vde_switch"]
     for name in OWNED:
         path = state.root / name
@@ -150,6 +156,9 @@ def teardown(state: LabState, keep_logs: bool = False) -> list[str]:
             shutil.rmtree(path)
         else:
             path.unlink()
+    for left in state.root.glob(".*.*"):  # write_atomic's temporaries of our own files
+        if left.name[1:].split(".")[0] in {n.split(".")[0] for n in (*OWNED, MARKER)} and left.is_file():
+            left.unlink()
     others = sorted(p.name for p in state.root.iterdir() if p.name != MARKER)
     if not others:
         state.marker.unlink(missing_ok=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from infra import run as runner
 from infra.config import VDE_MAX_MTU, DataNet, LabConfig, Node
 from infra.errors import LabError
-from infra.state import LabState, mkdir_private
+from infra.state import LabState, mkdir_private, write_atomic
 
 
 def resolve(requested: DataNet) -> DataNet:
@@ -64,34 +64,67 @@ def link_alias(name: str, netns: str | None = None) -> str | None:
         return None
 
 
-def namespace_is_ours(config: LabConfig, lab_id: str) -> bool:
-    return link_alias(config.bridge, config.netns) == owner_label(lab_id)
+def intents(state: LabState) -> Path:
+    """The names of the links this lab is about to make, written before it makes them: a link
+    caught between its creation and its label (a crash, a signal) is still provably ours."""
+    return state.run / "links.json"
 
 
-def conflicts(config: LabConfig, lab_id: str | None) -> list[str]:
+def _intended(state: LabState) -> set[str]:
+    try:
+        return set(json.loads(intents(state).read_text()))
+    except (OSError, ValueError, TypeError):
+        return set()
+
+
+def _intend(state: LabState, *names: str) -> None:
+    write_atomic(intents(state), json.dumps(sorted(_intended(state) | set(names))) + "\n")
+
+
+def _ours(state: LabState, name: str, alias: str | None) -> bool:
+    lab_id = state.lab_id()
+    if lab_id is not None and alias == owner_label(lab_id):
+        return True
+    return alias is None and name in _intended(state)
+
+
+def namespace_is_ours(config: LabConfig, state: LabState) -> bool:
+    return _ours(state, config.netns, link_alias(config.bridge, config.netns))
+
+
+def adopt_unlabelled(config: LabConfig, state: LabState) -> None:
+    """A lab made before links were labelled: the namespace and taps of its name are its own."""
+    if resolve(config.data_net) is DataNet.BRIDGE and os.geteuid() == 0:
+        found = [t for t in host_taps(config) if link_alias(t) is None]
+        if config.netns in namespaces() and link_alias(config.bridge, config.netns) is None:
+            found.append(config.netns)
+        if found:
+            _intend(state, *found)
+
+
+def conflicts(config: LabConfig, state: LabState) -> list[str]:
     """What of another lab with this lab's name exists on the host (as root: its namespace,
     its taps); empty when nothing would clash."""
     if resolve(config.data_net) is not DataNet.BRIDGE:
         return []
     found = []
-    if config.netns in namespaces() and (lab_id is None or not namespace_is_ours(config, lab_id)):
+    if config.netns in namespaces() and not namespace_is_ours(config, state):
         found.append(f"network namespace {config.netns}")
-    for tap in host_taps(config):
-        if lab_id is None or link_alias(tap) != owner_label(lab_id):
-            found.append(f"tap {tap}")
+    found += [f"tap {t}" for t in host_taps(config) if not _ours(state, t, link_alias(t))]
     return found
 
 
 def up(config: LabConfig, state: LabState) -> None:
     kind = resolve(config.data_net)
     lab_id = state.require_id()
-    if clash := conflicts(config, lab_id):
+    if clash := conflicts(config, state):
         raise LabError(f"another lab named {config.lab!r} runs on this host ({', '.join(clash)})",
                        hint="give this lab another name: LAB=...")
     down(config, state)  # a leftover of this lab's interrupted run must not trip this one
     if kind is DataNet.BRIDGE:
         runner.require("ip")
         ns, br = config.netns, config.bridge
+        _intend(state, ns)
         runner.run(["ip", "netns", "add", ns])
         runner.run(["ip", "-n", ns, "link", "set", "lo", "up"])
         runner.run(["ip", "-n", ns, "link", "add", br, "mtu", str(config.mtu), "type", "bridge",
@@ -111,13 +144,12 @@ def down(config: LabConfig, state: LabState) -> list[str]:
     """Remove this lab's segment and taps - only those that carry its id - and say what was
     removed; safe to call when nothing exists."""
     removed = []
-    lab_id = state.lab_id()
-    if os.geteuid() == 0 and lab_id is not None:
+    if os.geteuid() == 0:
         for tap in host_taps(config):
-            if link_alias(tap) == owner_label(lab_id):
+            if _ours(state, tap, link_alias(tap)):
                 runner.run(["ip", "link", "del", tap], check=False)
                 removed.append(f"tap {tap}")
-        if config.netns in namespaces() and namespace_is_ours(config, lab_id):
+        if config.netns in namespaces() and namespace_is_ours(config, state):
             runner.run(["ip", "netns", "del", config.netns])
             removed.append(f"network namespace {config.netns}")
     if runner.stop_pidfile(state.pidfile("vde_switch"), "vde_switch"):
@@ -156,6 +188,7 @@ def before_vm(config: LabConfig, state: LabState, node: Node) -> None:
         if node.tap in host_taps(config):
             raise LabError(f"tap {node.tap} exists and is not this lab's",
                            hint="another lab has this lab's name: give this one another (LAB=...)")
+        _intend(state, node.tap)
         runner.run(["ip", "tuntap", "add", "dev", node.tap, "mode", "tap"])
         runner.run(["ip", "link", "set", node.tap, "mtu", str(config.mtu),
                     "alias", owner_label(state.require_id())])
@@ -170,11 +203,10 @@ def after_vm(config: LabConfig, node: Node) -> None:
 
 
 def remove_tap(config: LabConfig, state: LabState, node: Node) -> None:
-    """This node's tap, wherever it is, if it carries this lab's id."""
-    lab_id = state.lab_id()
-    if resolve(config.data_net) is not DataNet.BRIDGE or lab_id is None:
+    """This node's tap, wherever it is, if it is this lab's."""
+    if resolve(config.data_net) is not DataNet.BRIDGE or os.geteuid() != 0:
         return
-    if link_alias(node.tap) == owner_label(lab_id):
+    if _ours(state, node.tap, link_alias(node.tap)):
         runner.run(["ip", "link", "del", node.tap], check=False)
-    if config.netns in namespaces() and link_alias(node.tap, config.netns) == owner_label(lab_id):
+    if config.netns in namespaces() and _ours(state, node.tap, link_alias(node.tap, config.netns)):
         runner.run(["ip", "-n", config.netns, "link", "del", node.tap], check=False)

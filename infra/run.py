@@ -193,6 +193,19 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         pass
 
 
+def detach_from_terminal(log: Path | None = None) -> None:
+    """After SIGHUP the terminal is gone, and a write to it fails (EIO): what is still said
+    during the clean-up goes to `log` (private, appended to) or nowhere."""
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    else:
+        fd = os.open(os.devnull, os.O_WRONLY)
+    for std in (1, 2):
+        os.dup2(fd, std)
+    os.close(fd)
+
+
 def stop_pidfile(pidfile: Path, expected: str, grace_s: float = 5.0) -> bool:
     """Stop the process a pidfile names, but only if it still is the program we started: the
     program's name and, in its command line, the pidfile's own path (qemu and vde_switch were

@@ -47,10 +47,13 @@ class LabState:
         return doc["id"] if ok and doc["id"].isalnum() else None
 
     def is_lab(self) -> bool:
-        return self.lab_id() is not None or self._made_by_an_earlier_rxelab()
+        return self.lab_id() is not None or self.made_before_markers()
 
-    def _made_by_an_earlier_rxelab(self) -> bool:
-        """Labs made before the marker existed: their lab.json names this very directory."""
+    def made_before_markers(self) -> bool:
+        """A lab made before the marker existed: no marker, and its lab.json names this very
+        directory."""
+        if self.marker.exists():
+            return False
         try:
             doc = json.loads(self.config_file.read_text())
         except (OSError, ValueError):
@@ -70,13 +73,17 @@ class LabState:
     def claim(self) -> str:
         """Make the directory this lab's (private, marked) and return the lab's id."""
         self.check_claimable()
-        mkdir_private(self.root)
-        os.chmod(self.root, 0o700)
-        lab_id = self.lab_id()
-        if lab_id is None:
-            lab_id = secrets.token_hex(6)
-            write_atomic(self.marker, json.dumps({"kind": MARKER_KIND, "id": lab_id,
-                                                  "created": int(time.time())}) + "\n")
+        try:
+            mkdir_private(self.root)
+            os.chmod(self.root, 0o700)
+            lab_id = self.lab_id()
+            if lab_id is None:
+                lab_id = secrets.token_hex(6)
+                write_atomic(self.marker, json.dumps({"kind": MARKER_KIND, "id": lab_id,
+                                                      "created": int(time.time())}) + "\n")
+        except OSError as err:
+            raise LabError(f"cannot make {self.root} a lab's directory: {err.strerror or err}",
+                           hint="point RXELAB_STATE at a directory of your own") from None
         return lab_id
 
     def require_id(self) -> str:

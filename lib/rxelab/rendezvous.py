@@ -18,11 +18,19 @@ from rxelab import wire
 from rxelab.bootstrap import JobInfo
 from rxelab.errors import ConfigError, PeerError, ProtocolError
 
+HELLO_S = 10.0  # a connection must say hello within this long, or it is dropped
+MAX_PENDING = 64  # connections that have not said hello yet: beyond this the oldest goes
+
+
+def _loopback(address: str) -> bool:
+    return address.startswith("127.") or address == "::1"
+
 
 def listen(job: JobInfo) -> socket.socket:
-    """A job with a secret listens on every interface (strangers are dropped at their hello);
-    one without listens only on MASTER_ADDR's address, preferring one that is not loopback
-    (Debian maps a host's own name to 127.0.1.1 too)."""
+    """A job with a secret listens on every interface (strangers are dropped at their hello).
+    One without listens only on MASTER_ADDR's address, preferring one that is not loopback
+    (Debian maps a host's own name to 127.0.1.1 too); where MASTER_ADDR is a name that this
+    host resolves to loopback only (other hosts resolve it by DNS), on every interface."""
     port = job.master_port
     if job.token:
         addresses = [("", socket.AF_INET)]
@@ -31,12 +39,16 @@ def listen(job: JobInfo) -> socket.socket:
             infos = socket.getaddrinfo(job.master_addr, port, type=socket.SOCK_STREAM)
         except OSError as err:
             raise ConfigError(f"MASTER_ADDR={job.master_addr} does not resolve: {err}") from None
-        found = {(info[4][0], info[0]) for info in infos}
-        addresses = sorted(found, key=lambda a: (a[0].startswith("127.") or a[0] == "::1", a[0]))
-        print(f"rxelab: this job has no secret (RXELAB_JOB_TOKEN): rank 0 listens on "
-              f"{job.master_addr}:{port} only, and any process that reaches it while the job "
-              "starts can join; export RXELAB_JOB_TOKEN to every rank to keep strangers out",
-              file=sys.stderr, flush=True)
+        found = sorted({(info[4][0], info[0]) for info in infos},
+                       key=lambda a: (_loopback(a[0]), a[0]))
+        named_loopback = job.master_addr == "localhost" or _loopback(job.master_addr)
+        if all(_loopback(a) for a, _ in found) and not named_loopback:
+            found = [("", socket.AF_INET)]
+        where = "every interface" if found[0][0] == "" else f"{found[0][0]}:{port} only"
+        print(f"rxelab: this job has no secret (RXELAB_JOB_TOKEN): rank 0 listens on {where}, "
+              "and any process that reaches it while the job starts can join; export "
+              "RXELAB_JOB_TOKEN to every rank to keep strangers out", file=sys.stderr, flush=True)
+        addresses = found
     last: OSError | None = None
     for host, family in addresses:
         try:
@@ -78,7 +90,8 @@ class ControlPlane:
         deadline = time.monotonic() + self.timeout
         listener = listen(job)
         hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
-        pending: dict[socket.socket, bytearray] = {}
+        pending: dict[socket.socket, bytearray] = {}  # in the order they came
+        since: dict[socket.socket, float] = {}
         dropped: list[str] = []
         sel = selectors.DefaultSelector()
         sel.register(listener, selectors.EVENT_READ)
@@ -88,6 +101,7 @@ class ControlPlane:
                 dropped.append(f"{sock.getpeername()[0]}: {why}")
             sel.unregister(sock)
             pending.pop(sock, None)
+            since.pop(sock, None)
             sock.close()
 
         try:
@@ -100,14 +114,24 @@ class ControlPlane:
                                        if dropped else ""), peer=missing[0],
                                     hint=f"are they started, with MASTER_ADDR={job.master_addr} "
                                          f"and MASTER_PORT={job.master_port}?")
+                now = time.monotonic()
+                for sock in [s for s, t in since.items() if now - t > HELLO_S]:
+                    drop(sock, f"said no hello within {HELLO_S:g} s")
                 for key, _ in sel.select(timeout=min(remaining, 1.0)):
                     if key.fileobj is listener:
+                        if len(pending) >= MAX_PENDING:  # make room: the oldest silent one goes
+                            drop(next(iter(pending)), "crowded out by newer connections")
                         try:
                             sock, _ = listener.accept()
-                        except OSError:
+                        except OSError:  # out of descriptors, say: free one, do not spin
+                            if pending:
+                                drop(next(iter(pending)), "crowded out by newer connections")
+                            else:
+                                time.sleep(0.05)
                             continue
                         sock.setblocking(False)
                         pending[sock] = bytearray()
+                        since[sock] = time.monotonic()
                         sel.register(sock, selectors.EVENT_READ)
                         continue
                     sock = key.fileobj  # type: ignore[assignment]
@@ -133,6 +157,7 @@ class ControlPlane:
                     if got is not None:
                         sel.unregister(sock)
                         del pending[sock]
+                        del since[sock]
                         sock.setblocking(True)
                         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         self.peers[got[0]["rank"]] = sock

@@ -155,3 +155,20 @@ def test_lines_of_a_known_hosts_that_paramiko_cannot_read_are_skipped_as_ssh_doe
     monkeypatch.setenv("RXELAB_ACCEPT_NEW_HOST_KEYS", "1")
     with pytest.raises(paramiko.SSHException, match="is revoked"):
         connect_once(host)
+
+
+def test_a_bad_accept_new_setting_is_one_error_before_any_connection(tmp_path):
+    import json
+    import os
+    import sys
+
+    from infra.config import REPO
+
+    inv = tmp_path / "inv.json"
+    inv.write_text(json.dumps({"version": 1, "nodes": [
+        {"name": "a", "ssh": {"host": "127.0.0.1", "port": 1}, "data_ip": "10.0.0.1"}]}))
+    r = subprocess.run([sys.executable, "-m", "fabric", "deploy", "--inventory", str(inv)], cwd=REPO,
+                       env={**os.environ, "RXELAB_ACCEPT_NEW_HOST_KEYS": "yes"},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "RXELAB_ACCEPT_NEW_HOST_KEYS='yes'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -252,8 +252,13 @@ while :; do sleep 0.2; done
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_a_signal_during_provision_interrupts_terraform_and_cleans_up(tmp_path, sig):
+@pytest.mark.parametrize("sig, terminal", [(signal.SIGTERM, "pipe"), (signal.SIGHUP, "pipe"),
+                                           (signal.SIGHUP, "closed terminal")])
+def test_a_signal_during_provision_interrupts_terraform_and_cleans_up(tmp_path, sig, terminal):
+    """...also when the terminal really closed: writing to it then fails (EIO), and the
+    clean-up must go on regardless (what it says goes to the lab's logs/provision.log)."""
+    import pty
+
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "terraform").write_text(FAKE_TERRAFORM)
@@ -261,9 +266,15 @@ def test_a_signal_during_provision_interrupts_terraform_and_cleans_up(tmp_path, 
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RXELAB_CACHE": str(tmp_path / "c"),
            "TF_FAKE_LOG": str(tmp_path / "tf.log"), "TF_FAKE_PID": str(tmp_path / "tf.pid")}
     state_dir = tmp_path / "lab"
+    master = slave = None
+    if terminal == "pipe":
+        out = subprocess.PIPE
+    else:
+        master, slave = pty.openpty()
+        out = slave
     proc = subprocess.Popen([sys.executable, "-m", "infra", "--state-dir", str(state_dir), "provision",
                              "--lab", unique_lab(), "--ssh-port-base", "40400", "--image", "debian-12"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
@@ -272,14 +283,89 @@ def test_a_signal_during_provision_interrupts_terraform_and_cleans_up(tmp_path, 
             assert time.monotonic() < deadline, "terraform apply never started"
             time.sleep(0.1)
         tf_pid = int((tmp_path / "tf.pid").read_text())
+        if master is not None:
+            os.close(slave)
+            os.close(master)  # the terminal is gone
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
+        said = proc.communicate(timeout=60)[0] if terminal == "pipe" else ""
+        proc.wait(timeout=60)
+        if sig == signal.SIGHUP:  # the terminal is gone: the rest went to the log
+            said += (state_dir / "logs" / "provision.log").read_text()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 1, out
-    assert "interrupted: removing everything this provision started" in out, out
-    assert "Traceback" not in out
+    assert proc.returncode == 1, said
+    assert "interrupted: removing everything this provision started" in said, said
+    assert "Traceback" not in said
     assert (tmp_path / "tf.log").read_text().strip() == "interrupted-by-INT", "Terraform was told"
     assert not runner.process_is(tf_pid, "sh"), "Terraform was left running"
+
+
+def test_a_provision_after_the_host_rebooted_replaces_the_stale_lab_and_claims_anew(tmp_path,
+                                                                                  monkeypatch):
+    """The VMs are gone (a reboot): the stale lab is destroyed - marker and all - and the
+    directory must be claimed again, or configure refuses its own lab's directory."""
+    from infra import cli, terraform
+
+    config = LabConfig(lab=unique_lab(), ssh_port_base=40500, state_dir=tmp_path / "lab")
+    state = LabState(config.state_dir)
+    state.claim()
+    state.save_config(config)
+    state.terraform.mkdir()
+    (state.terraform / "lab.tfvars.json").write_text("{}")
+    (state.terraform / "terraform.tfstate").write_text("{}")
+    monkeypatch.setattr(terraform, "destroy", lambda st: None)
+    cli.prepare_state(config, state)
+    assert state.lab_id() is not None and not state.config_file.exists()
+    state.terraform.mkdir()  # terraform init, next
+    state.claim()  # what the configure step does: it must not refuse
+
+
+@as_root
+def test_a_namespace_caught_before_its_label_is_still_removed_and_no_obstacle(tmp_path, monkeypatch):
+    """A crash or signal between `ip netns add` and the bridge's label: before, the lab
+    could neither remove its namespace nor provision again."""
+    name = unique_lab()
+    config = LabConfig(lab=name, ssh_port_base=40600, state_dir=tmp_path / "mine")
+    state = LabState(config.state_dir)
+    state.claim()
+    state.save_config(config)
+    real_run = runner.run
+
+    def cut_short(argv, **kw):
+        if "bridge" in argv:
+            raise LabError("interrupted")
+        return real_run(argv, **kw)
+
+    monkeypatch.setattr(runner, "run", cut_short)
+    try:
+        with pytest.raises(LabError, match="interrupted"):
+            network.up(config, state)
+        monkeypatch.setattr(runner, "run", real_run)
+        assert config.netns in network.namespaces()
+        lab.preflight(config, state)  # ours: no obstacle
+        assert network.down(config, state) == [f"network namespace {name}-data"]
+        assert config.netns not in network.namespaces()
+    finally:
+        real_run(["ip", "netns", "del", config.netns], check=False)
+
+
+@as_root
+def test_a_lab_made_before_labels_existed_takes_its_network_down(tmp_path):
+    name = unique_lab()
+    config = LabConfig(lab=name, ssh_port_base=40700, state_dir=tmp_path / "old")
+    state = LabState(config.state_dir)
+    state.root.mkdir()
+    state.save_config(config)  # what an earlier rxelab left: no marker, no labels
+    try:
+        runner.run(["ip", "netns", "add", config.netns])
+        runner.run(["ip", "tuntap", "add", "dev", f"{name}t1", "mode", "tap"])
+        lab.preflight(config, state)  # its own namespace is no obstacle
+        network.intents(state).unlink()  # as if `make destroy` came first
+        lab.teardown(state)
+        assert config.netns not in network.namespaces() and network.host_taps(config) == []
+        assert not state.root.exists()
+    finally:
+        runner.run(["ip", "netns", "del", config.netns], check=False)
+        runner.run(["ip", "link", "del", f"{name}t1"], check=False)

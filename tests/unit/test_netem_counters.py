@@ -22,13 +22,42 @@ def test_netem_arguments_and_labels(imp, args, label):
     assert netem.netem_args(imp) == args and netem.label(imp) == label
 
 
-def test_apply_replaces_the_root_qdisc_and_no_impairment_clears_it():
-    assert netem.apply_command("data0", {"loss": 5}) == \
-        "sudo -n tc qdisc replace dev data0 root netem loss 5%"
-    clear = netem.apply_command("data0", {})
-    assert clear == netem.clear_command("data0")
-    assert "tc qdisc del dev data0 root" in clear and "grep -q netem" in clear, \
-        "clearing checks that no netem is left"
+def test_apply_puts_netem_at_the_root_under_the_runs_own_handle():
+    assert netem.apply_command("data0", {"loss": 5}, "1a2b") == \
+        "sudo -n tc qdisc replace dev data0 root handle 1a2b: netem loss 5%"
+
+
+FAKE_TC = """#!/bin/sh
+# stands in for tc (and sudo): shows the root qdisc of $FAKE_ROOT, records deletions
+case "$1" in -n) shift;; esac
+[ "$1" = tc ] && shift
+case "$*" in
+  "qdisc show"*) cat "$FAKE_ROOT";;
+  "qdisc del"*) echo "$*" >> "$FAKE_LOG"; echo "qdisc fq_codel 0: root refcnt 2" > "$FAKE_ROOT";;
+esac
+"""
+
+
+@pytest.mark.parametrize("root, removed", [
+    ("qdisc netem 1a2b: root refcnt 2 limit 1000 loss 5%", True),
+    ("qdisc netem 8001: root refcnt 2 limit 1000 delay 5ms", False),  # a user's own netem
+    ("qdisc htb 1: root refcnt 2 r2q 10 default 0", False),
+    ("qdisc fq_codel 0: root refcnt 2 limit 10240p", False),
+])
+def test_clearing_removes_only_the_netem_under_the_runs_handle(tmp_path, root, removed):
+    import os
+    import subprocess
+
+    for name in ("tc", "sudo"):
+        (tmp_path / name).write_text(FAKE_TC)
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "root").write_text(root + "\n")
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "FAKE_ROOT": str(tmp_path / "root"),
+           "FAKE_LOG": str(tmp_path / "log")}
+    out = subprocess.run(["sh", "-c", "nd=eth9; " + netem.clear_command('"$nd"', "1a2b", "tc")],
+                         env=env, capture_output=True, text=True, timeout=30).stdout
+    assert (tmp_path / "log").exists() == removed
+    assert out.strip() == "netem_ours absent", "ours is gone, or was never there"
 
 
 @pytest.mark.parametrize("imp, problem", [

@@ -208,3 +208,45 @@ def test_the_secret_comes_from_a_private_file_or_open_mpi(tmp_path):
     job = discover(env=ompi)
     assert job.token == secret("3c7ba4114e40cf4f-3dfe2b82d46d028b") and "Open MPI" in job.token_source
     assert discover(env={"RANK": "0", "WORLD_SIZE": "1"}).token == ""
+
+
+def test_silent_connections_are_dropped_and_cannot_crowd_the_job_out(monkeypatch):
+    """Before, a connection that never said hello was kept until the job's own deadline, and
+    each took a descriptor: enough of them and real ranks could not get in."""
+    from rxelab import rendezvous
+
+    monkeypatch.setattr(rendezvous, "HELLO_S", 0.5)
+    monkeypatch.setattr(rendezvous, "MAX_PENDING", 8)
+    port = free_port()
+    idle: list[socket.socket] = []
+
+    def crowd():
+        for _ in range(20):
+            idle.append(socket.create_connection(("127.0.0.1", port)))
+        time.sleep(1.0)
+
+    results = run_job(3, port, before_joiners=crowd)
+    assert all(isinstance(results[r], dict) for r in range(3)), results
+    closed = 0
+    for s in idle:
+        s.settimeout(1)
+        try:
+            closed += s.recv(1) == b""
+        except OSError:
+            closed += 1
+        s.close()
+    assert closed == len(idle), "every silent connection was dropped"
+
+
+def test_a_name_that_resolves_to_loopback_here_only_is_served_on_every_interface(monkeypatch):
+    """MASTER_ADDR=$(hostname) on Debian: 127.0.1.1 here, the real address elsewhere. Binding
+    loopback would leave every other host outside (the job would wait out its timeout)."""
+    from rxelab import rendezvous
+
+    port = free_port()
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, p, **kw: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.1.1", p))])
+    with rendezvous.listen(JobInfo(0, 2, "myhost", port, "test", "")) as s:
+        assert s.getsockname()[0] == "0.0.0.0"
+    with rendezvous.listen(JobInfo(0, 2, "127.0.0.1", port, "test", "")) as s:
+        assert s.getsockname()[0] == "127.0.1.1", "a loopback address named as such stays one"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from experiments import commands
+from experiments import commands, netem
 from experiments.report import bandwidth, peak_to_mean
 from infra.inventory import Host, RdmaEndpoint, SSHEndpoint
 
@@ -26,8 +26,8 @@ def test_rxelab_case_runs_our_launcher_on_the_data_network():
     assert "python3 -m rxelab.launch --hosts 10.10.0.11,10.10.0.12,10.10.0.13 --per-host 1 " \
         "--port 29701" in cmd
     assert "server_client.py --op alltoall --algorithm sequential --size 4096 --stages 5" in cmd
-    assert cmd.startswith(f"RXELAB_RUN_ID={RUN} PYTHONPATH=$HOME/rxelab/lib ")
-    assert " $HOME/rxelab/apps/server_client.py " in cmd and "'$HOME" not in cmd
+    assert cmd.startswith(f'RXELAB_RUN_ID={RUN} PYTHONPATH="$HOME"/rxelab/lib ')
+    assert ' "$HOME"/rxelab/apps/server_client.py ' in cmd and "'$HOME" not in cmd
 
 
 def test_rxelab_case_passes_the_rc_retry_settings():
@@ -42,8 +42,8 @@ def test_mpi_case_uses_tcp_on_the_data_network_and_forces_coll_tuned_algorithms(
     assert "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include 10.10.0.0/24" in cmd
     assert "--mca oob_tcp_if_include 10.10.0.0/24" in cmd and "data0" not in cmd
     assert "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_alltoall_algorithm 2" in cmd
-    assert " $HOME/rxelab/apps/mpi_compare.py " in cmd and " PYTHONPATH=$HOME/rxelab/lib " in cmd
-    assert "'$HOME" not in cmd, "$HOME must reach the remote shell unquoted"
+    assert ' "$HOME"/rxelab/apps/mpi_compare.py ' in cmd and ' PYTHONPATH="$HOME"/rxelab/lib ' in cmd
+    assert "'$HOME" not in cmd, "$HOME must reach the remote shell to expand"
     assert cmd.startswith(f"RXELAB_RUN_ID={RUN} timeout ") and "-x RXELAB_RUN_ID " in cmd
     default = commands.mpi_command({**case, "algorithm": "mpi-default"}, HOSTS, "10.10.0.0/24", RUN)
     assert "coll_tuned" not in default
@@ -75,23 +75,25 @@ def test_mpi_over_ucx_is_the_recipe_that_runs_on_rxe():
 
 def test_node_set_up_applies_mtu_and_netem_then_reads_counters():
     case = {**CASE, "mtu": 1500, "netem": {"loss": 1}}
-    cmd = commands.prepare_command(HOSTS[0], case)
+    cmd = commands.prepare_command(HOSTS[0], case, RUN)
     assert "nd=$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/1)" in cmd
     assert 'sudo -n ip link set dev "$nd" mtu 1500' in cmd
-    assert 'sudo -n tc qdisc replace dev "$nd" root netem loss 1%' in cmd
+    handle = commands.netem_handle(RUN)
+    assert f'sudo -n tc qdisc replace dev "$nd" root handle {handle}: netem loss 1%' in cmd
     assert cmd.index("mtu 1500") < cmd.index(" 0: root") < cmd.index("netem") \
         < cmd.index("|| exit 3") < cmd.index("hw_counters")
-    restore = commands.restore_command(HOSTS[0], 9000, netem_applied=True)
+    restore = commands.restore_command(HOSTS[0], 9000, RUN, netem_applied=True)
     assert "tc qdisc del" in restore and 'mtu 9000' in restore and "hw_counters" in restore
-    assert restore.index('*"qdisc netem "*)') < restore.index("tc qdisc del")
+    assert restore.index(f'*"qdisc netem {handle}: root"*)') < restore.index("tc qdisc del")
 
 
 def test_a_case_without_netem_leaves_every_qdisc_alone():
     """Before, every case ran `tc qdisc del dev <nic> root`: a user's own qdisc was wiped."""
-    for cmd in (commands.prepare_command(HOSTS[0], {**CASE, "mtu": 1500}),
-                commands.restore_command(HOSTS[0], 9000), commands.restore_command(HOSTS[0], None)):
+    for cmd in (commands.prepare_command(HOSTS[0], {**CASE, "mtu": 1500}, RUN),
+                commands.restore_command(HOSTS[0], 9000, RUN),
+                commands.restore_command(HOSTS[0], None, RUN)):
         assert "tc qdisc" not in cmd and "$tc" not in cmd, cmd
-    assert "ip link set" not in commands.restore_command(HOSTS[0], None), "an MTU we did not change"
+    assert "ip link set" not in commands.restore_command(HOSTS[0], None, RUN), "no MTU changed"
     out = "netdev_mtu 1500\nactive_mtu 1024\nsent_pkts:10\nrcvd_pkts:7\n"
     assert commands.parse_readings(out) == {"netdev_mtu": 1500, "active_mtu": 1024, "inet": [],
                                              "counters": {"sent_pkts": 10, "rcvd_pkts": 7}}
@@ -190,10 +192,26 @@ def test_netem_goes_only_where_the_kernels_default_qdisc_is(tmp_path):
         refused = subprocess.run(["sh", "-c", guard], capture_output=True, text=True, timeout=30)
         assert refused.returncode == 4 and "has a root qdisc of its own" in refused.stderr
         assert "pfifo 1:" in refused.stderr and "allowed" not in refused.stdout
-        clear = f'nd=v0; tc="tc -n {ns}"; {commands.CLEAR_OURS}'
+        clear = f'nd=v0; tc="tc -n {ns}"; ' + netem.clear_command('"$nd"', "1a2b", "$tc")
         subprocess.run(["sh", "-c", clear], capture_output=True, text=True, timeout=30)
         left = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", "v0", "root"],
                               capture_output=True, text=True, timeout=30).stdout
         assert "pfifo 1:" in left, "the user's qdisc was removed"
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_a_home_with_a_space_stays_one_word(tmp_path):
+    """$HOME reaches the remote shell as "$HOME": expanded there, and one word even when the
+    home is /home/a b (unquoted, `rm -rf $HOME/...` would be `rm -rf /home/a b/...`)."""
+    import json
+
+    home = tmp_path / "a b"
+    cmd = commands.mpi_command({**CASE, "app": "mpi", "algorithm": "mpi-default", "transport": "tcp"},
+                               HOSTS, "10.10.0.0/24", RUN)
+    words = cmd.split(" mpirun ", 1)[1]
+    probe = f"printf '%s\\n' {words}"
+    out = subprocess.run(["sh", "-c", probe], env={"HOME": str(home), "PATH": os.environ["PATH"]},
+                         capture_output=True, text=True, timeout=30).stdout.splitlines()
+    assert f"{home}/rxelab/apps/mpi_compare.py" in out and f"PYTHONPATH={home}/rxelab/lib" in out
+    assert json.dumps(out).count(str(home)) == 2

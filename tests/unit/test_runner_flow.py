@@ -29,6 +29,7 @@ class FakeNodes:
 
     def __init__(self):
         self.log, self.outputs, self.per_case, self.sent = [], [], 100, 0
+        self.mtu_unreadable: set[str] = set()
 
     def connect(self, host):
         return FakeConnection(self, host)
@@ -45,7 +46,8 @@ class FakeConnection:
             return FakePromise(self.nodes, self.nodes.outputs.pop(0))
         if "hw_counters" in cmd:
             self.nodes.sent += self.nodes.per_case
-            return SimpleNamespace(stdout=f"netdev ens7\nnetdev_mtu 9000\nactive_mtu 4096\n"
+            mtu = "" if self.host.name in self.nodes.mtu_unreadable else "9000"
+            return SimpleNamespace(stdout=f"netdev ens7\nnetdev_mtu {mtu}\nactive_mtu 4096\n"
                                           f"inet {self.host.data_ip}/24\n"
                                           f"sent_pkts:{self.nodes.sent}\n", stderr="", exited=0)
         return SimpleNamespace(stdout="", stderr="", exited=0)
@@ -225,11 +227,21 @@ def test_the_load_sampler_understands_what_the_runner_tells_it(tmp_path, monkeyp
     nodes.outputs.append(summary(True))
     r.run({"nodes": 3})
     (_, cmd), *_ = cmds(nodes, "load_sampler.py")
-    assert f"RXELAB_RUN_ID={r.run_id}-load" in cmd and "$HOME/rxelab/runs/" in cmd
+    assert f"RXELAB_RUN_ID={r.run_id}-load" in cmd and '"$HOME"/rxelab/runs/' in cmd
     argv = shlex.split(cmd.split("load_sampler.py", 1)[1].split(">/dev/null")[0])
-    assert argv[argv.index("--netdev") + 1] == "ens7", "the NIC found on the node, not data0"
-    argv[argv.index("--netdev") + 1] = "lo"  # what this host has
-    argv[argv.index("--duration") + 1] = "0.3"
+    assert "--netdev=ens7" in argv, "the NIC found on the node, not data0"
+    argv = [a for a in argv if not a.startswith(("--netdev", "--duration"))]
     argv[argv.index("--out") + 1] = str(tmp_path / "load.jsonl")
+    argv += ["--netdev=lo", "--duration=0.3"]  # what this host has
     assert load_sampler.main(argv) == 0
     assert json.loads((tmp_path / "load.jsonl").read_text().splitlines()[0])["tx_bytes"] >= 0
+
+
+def test_an_mtu_that_cannot_be_read_is_not_changed(tmp_path, monkeypatch):
+    """Before, the original MTU was recorded as 0 and the new one set anyway: never put back."""
+    r, nodes = make_runner(tmp_path, monkeypatch, RXELAB.replace('"sequential", "pairwise", ', "")
+                           + "mtu = [1500]\n")
+    nodes.mtu_unreadable.add("node2")
+    (rec,) = records(r.run({"nodes": 3}))
+    assert rec["status"] == "failed" and "cannot read node2's data NIC MTU" in rec["error"]
+    assert not cmds(nodes, "mtu 1500"), "no MTU was changed anywhere"
