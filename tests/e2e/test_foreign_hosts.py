@@ -131,6 +131,25 @@ def test_the_users_own_job_and_qdisc_are_untouched(lab, smoke_run):
         assert "pfifo 1: root" in out and "limit 777" in out, f"{h.name}: the user's qdisc: {out}"
 
 
+def test_netem_does_not_replace_a_qdisc_of_the_users(lab, foreign, smoke_run, tmp_path):
+    """netem replaces the root qdisc, so it goes only where the kernel's default is: on these
+    hosts the case is refused, and the user's qdisc stays."""
+    spec = tmp_path / "impaired.toml"
+    spec.write_text('name = "impaired"\n[[runs]]\napp = "rxelab"\nop = "alltoall"\n'
+                    'algorithms = ["parallel"]\nnodes = [2]\nsizes = [8]\nstages = 2\n'
+                    'netem = [{delay_ms = 1}]\n')
+    results = tmp_path / "res"
+    r = fab(lab, "run-experiment", "--spec", str(spec), "--inventory", str(foreign),
+            "--results", str(results), timeout=600)
+    assert "Traceback" not in r.stderr, r.stderr
+    (run,) = list(results.iterdir())
+    (rec,) = [json.loads(x) for x in (run / "records.jsonl").read_text().splitlines()]
+    assert rec["status"] == "failed" and "has a root qdisc of its own" in rec["error"], rec
+    for h in lab.hosts:
+        out = lab.ssh(h, "/sbin/tc qdisc show dev ens7 root").stdout
+        assert "pfifo 1: root" in out and "netem" not in out, f"{h.name}: {out}"
+
+
 def test_the_report_states_what_the_hosts_said(lab, smoke_run):
     r = fab(lab, "report", "--results", str(smoke_run), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
