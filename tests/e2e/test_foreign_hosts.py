@@ -17,7 +17,7 @@ import pytest
 
 from infra.config import REPO
 
-from .test_experiments import FAB
+from .test_experiments import fab
 
 pytestmark = pytest.mark.vm
 
@@ -67,14 +67,6 @@ def foreign(lab, tmp_path_factory) -> Iterator[Path]:
         for h in lab.hosts:
             r = lab.ssh(h, UNDISGUISE, timeout=180)
             assert "state ACTIVE" in r.stdout, f"{h.name} not restored: {r.stdout}{r.stderr}"
-
-
-def fab(lab, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run([FAB, *args], cwd=REPO, env=lab.env, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"fab {' '.join(args)} did not finish within {timeout} s")
 
 
 def test_make_status_finds_the_renamed_devices(lab, foreign):
