@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rxelab  # noqa: E402
 import stages  # noqa: E402
-from rxelab import ops  # noqa: E402
+from rxelab import ops, settings  # noqa: E402
 from rxelab.errors import RdmaError  # noqa: E402
 
 ALGORITHMS = sorted({a for c in ops.COLLECTIVES.values() for a in c.algorithms})
@@ -29,13 +29,7 @@ ALGORITHMS = sorted({a for c in ops.COLLECTIVES.values() for a in c.algorithms})
 
 def main(argv: list[str] | None = None) -> int:
     ap = stages.arguments(__doc__.split("\n\n")[0], ALGORITHMS, "star")
-    ap.add_argument("--timeout", type=float, default=60, help="seconds any wait may take")
-    ap.add_argument("--qp-timeout", type=int, default=None,
-                    help="RC ACK timeout exponent: 4.096 us * 2^n before a retransmission (1..31)")
-    ap.add_argument("--retry-cnt", type=int, default=None,
-                    help="RC retransmissions before the QP fails (0..7)")
-    ap.add_argument("--eager-limit", type=int, default=None,
-                    help="blocks up to this many bytes go eagerly (0: always rendezvous)")
+    settings.add_flags(ap)
     ap.add_argument("--pairs", type=int, default=1,
                     help="sequential: at most this many pairs exchange at once (default 1)")
     args = ap.parse_args(argv)
@@ -44,9 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.algorithm not in valid:
         ap.error(f"--algorithm {args.algorithm} is not an {args.op} algorithm: {', '.join(valid)}")
     try:
-        options = {k: v for k, v in (("qp_timeout", args.qp_timeout), ("retry_cnt", args.retry_cnt),
-                                     ("eager_limit", args.eager_limit)) if v is not None}
-        with rxelab.init(timeout=args.timeout, **options) as comm:
+        with rxelab.init(**settings.from_flags(args)) as comm:
             r, p, m = comm.rank, comm.size, args.size
             start = np.zeros(1, np.uint8)
             if r == 0:

@@ -17,6 +17,8 @@ import re
 import shlex
 from typing import Any
 
+from rxelab import settings as library
+
 from experiments import counters, fleet, netem
 from experiments.spec import MPI_ALGORITHMS
 from infra.inventory import Host
@@ -60,7 +62,7 @@ def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: s
     app = ["python3", f"{p['apps']}/server_client.py", "--op", case["op"], "--algorithm",
            case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
            "--warmup", str(case["warmup"])]
-    for key in ("qp_timeout", "retry_cnt", "eager_limit", "pairs"):
+    for key in (*library.BY_NAME, "pairs"):  # the app takes init()'s options as flags
         if case.get(key) is not None:
             app += [f"--{key.replace('_', '-')}", str(case[key])]
     argv = ["python3", "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),

@@ -18,12 +18,12 @@
     netem = [{}, {loss = 1}]  # impairments of the data NICs, one case each (experiments/netem.py)
     mtu = [1500, 9000]        # data NIC MTU for the case, 1280..9000 (default: as provisioned)
     timeout_s = 300           # a case's deadline, 10..604800 (default: grows with the work)
-    qp_timeout = 14           # rxelab: RC ACK timeout exponent (4.096 us * 2^n), 1..31
-    retry_cnt = 7             # rxelab: RC retransmissions before an error, 0..7
-    eager_limit = 0           # rxelab: blocks up to this many bytes go eagerly (0: never), 0..65536
     ranks_per_node = 2        # rxelab: ranks on each node (default 1), 1..8
     pairs = [1, 2, 15]        # rxelab sequential: at most this many pairs at once, a case each,
                               #   1..130816 (every pair of 64 nodes x 8 ranks)
+
+An rxelab run also takes every option of init() (rxelab.settings), under its own name:
+{options}
 
 A list-valued key (nodes, sizes, algorithms, tools, transport, netem, mtu, pairs) holds 1 to 64
 values and makes one case per value. Numbers are whole numbers (not true/false, not 1.0). An
@@ -45,16 +45,21 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from rxelab import ops
+from rxelab import settings as library
 
 from experiments import netem
 from infra import documents
 from infra.documents import spell
 
+__doc__ = __doc__.replace("{options}", "\n".join(  # type: ignore[union-attr]
+    f"    {o.name} = {library.show(o.default)}".ljust(30) + f"# {o.meaning}, {o.low}..{o.high}"
+    + (" (the same on every rank)" if o.shared else "") for o in library.OPTIONS))
 SPECS = Path(__file__).resolve().parent / "specs"
 APPS = ("rxelab", "mpi", "perftest")
 OPS = tuple(ops.COLLECTIVES)
@@ -69,8 +74,9 @@ MPI_ALGORITHMS = {
 }
 TOOLS = ("ib_write_bw", "ib_send_bw", "ib_send_lat")
 TRANSPORTS = ("ucx", "tcp")
-RXELAB_ONLY = {"qp_timeout": (1, 31), "retry_cnt": (0, 7), "eager_limit": (0, 65536),
-               "ranks_per_node": (1, 8)}
+# rxelab runs take every option of init(), under its own name and in its own range
+LIBRARY = {o.name: (o.low, o.high) for o in library.OPTIONS}
+RXELAB_ONLY = {"ranks_per_node": (1, 8), **LIBRARY}
 MTU_RANGE = (1280, 9000)
 # Whole numbers' ranges: what the lab can do, far below where a deadline or a buffer overflows.
 BOUNDS = {"nodes": (1, 64), "sizes": (0, 1 << 30), "stages": (1, 10_000_000),
@@ -100,7 +106,7 @@ class Run:
     netem: tuple[dict[str, Any], ...] = ({},)
     mtus: tuple[int | None, ...] = (None,)
     timeout_s: int | None = None
-    options: tuple[tuple[str, int], ...] = ()  # rxelab: qp_timeout, retry_cnt, ...
+    options: tuple[tuple[str, int | float], ...] = ()  # rxelab: init()'s options
     pairs: tuple[int | None, ...] = (None,)
 
     def cases(self) -> list[dict[str, Any]]:
@@ -201,10 +207,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class _RunDoc(_Strict):
-    """One [[runs]] table. Fields are checked in this order, so a cross-field rule sees the app
-    and op above it, when they are valid (when not, their own error says enough) and every
-    problem of a run is found in one pass."""
+class _RunFields(_Strict):
+    """One [[runs]] table (the library's options are added below, as _RunDoc). Fields are
+    checked in this order, so a cross-field rule sees the app and op above it, when they are
+    valid (when not, their own error says enough) and every problem of a run is found in one
+    pass."""
 
     app: Annotated[Literal[APPS], Field(description=f"must be one of {', '.join(APPS)}")]
     op: Annotated[str, Field(description=f"must be one of {', '.join(OPS)}")] = "allgather"
@@ -225,9 +232,6 @@ class _RunDoc(_Strict):
                  "[{}, {loss = 1.0}]") = [{}]
     mtu: _wholes("mtu", optional=True) = None
     timeout_s: _whole("timeout_s", optional=True) = None
-    qp_timeout: _whole("qp_timeout", optional=True) = None
-    retry_cnt: _whole("retry_cnt", optional=True) = None
-    eager_limit: _whole("eager_limit", optional=True) = None
     ranks_per_node: _whole("ranks_per_node", optional=True) = None
     pairs: _wholes("pairs", optional=True) = None
 
@@ -248,7 +252,7 @@ class _RunDoc(_Strict):
             raise _bad(f"must be a non-empty list from {', '.join(allowed)}, not {_short(names)}")
         return names
 
-    @field_validator(*ONLY)
+    @field_validator(*ONLY, check_fields=False)
     @classmethod
     def _only_one_app(cls, value: Any, info: ValidationInfo) -> Any:
         app, refusal = ONLY[str(info.field_name)]
@@ -274,6 +278,17 @@ class _RunDoc(_Strict):
                 or set(names) != {"sequential"}):
             raise _bad("only rxelab's sequential alltoall and allgather take pairs")
         return pairs
+
+
+def _option(o: library.Option) -> Any:
+    if o.kind is int:
+        return _whole(o.name, optional=True)
+    return Annotated[float | None, Field(ge=o.low, le=o.high, allow_inf_nan=False,
+                                         description=f"must be a number from {o.low} to {o.high}")]
+
+
+_RunDoc = create_model("_RunDoc", __base__=_RunFields,
+                       **{o.name: (_option(o), None) for o in library.OPTIONS})
 
 
 class _SpecDoc(_Strict):

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 import rxelab
-from rxelab import ops
+from rxelab import ops, settings
 from rxelab.errors import RdmaError
 
 MB = 1e6
@@ -181,7 +181,8 @@ def preamble(comm: Any, args: argparse.Namespace) -> list[str]:
         f"# device {dev.name} port {dev.port} gid index {dev.gid_index} mtu enum {dev.mtu}, "
         f"ranks {comm.size}",
         f"# iterations {args.iterations} (sizes > 64 KiB: {max(2, args.iterations // 4)}), "
-        f"warm-up {args.warmup}, window {args.window}, chunk {args.chunk}",
+        f"warm-up {args.warmup}",
+        "# settings " + " ".join(f"{k}={settings.show(v)}" for k, v in comm.options.items()),
         "# size = bytes per peer (alltoall, allgather), of the vector (allreduce, bcast), of a "
         "result block (reduce_scatter); latency = per-rank average over iterations; algbw and "
         "busbw as nccl-tests define them (busbw = algbw*(n-1)/n; allreduce 2(n-1)/n; bcast 1)",
@@ -195,9 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1,16,1024,16384,65536,262144,1048576")
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--window", type=int, default=4 << 20)
-    ap.add_argument("--chunk", type=int, default=1 << 20)
-    ap.add_argument("--timeout", type=float, default=120)
+    settings.add_flags(ap, defaults={"timeout": 120.0})
     ap.add_argument("--perftest", action="store_true", help="add ib_write_bw/ib_send_bw rows")
     ap.add_argument("--overlap", action="store_true",
                     help="also the nonblocking variant: how much computation hides it (OSU's "
@@ -211,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad or any(s < 0 for s in sizes) or args.iterations < 1 or args.warmup < 0:
         ap.error(f"unknown algorithms {bad}" if bad else "sizes, iterations and warm-up must be >= 0")
     try:
-        with rxelab.init(timeout=args.timeout, window=args.window, chunk=args.chunk) as comm:
+        with rxelab.init(**{"timeout": 120.0, **settings.from_flags(args)}) as comm:
             out = None
             if comm.rank == 0:
                 print("\n".join(preamble(comm, args)), flush=True)

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rxelab import bootstrap, verbs
+from rxelab import bootstrap, settings, verbs
 from rxelab import engine as engine_mod
 from rxelab import ops as ops_mod
 from rxelab.buffers import Buffer, as_buffer, check_pair, split_even
@@ -34,8 +34,6 @@ from rxelab.requests import ProgressThread, Request
 
 P2P_BIT = 1 << 31
 USER_BIT = 1 << 30
-EAGER_LIMIT = 4096  # bytes; blocks up to this size go eagerly (see engine.py)
-MAX_EAGER = 1 << 16
 
 
 class Stats(NamedTuple):
@@ -94,20 +92,13 @@ class _Deferred(Exception):
 
 class Communicator:
     def __init__(self, job: bootstrap.JobInfo, *, device: str | None = None,
-                 port: int | None = None, gid_index: int | None = None, timeout: float = 60.0,
-                 window: int = 4 << 20, chunk: int = 1 << 20, pin_limit: int = 1 << 30,
-                 slots: int = 64, send_depth: int = 128, qp_timeout: int = verbs.QP_TIMEOUT,
-                 retry_cnt: int = verbs.RETRY_CNT, eager_limit: int = EAGER_LIMIT) -> None:
-        if timeout <= 0 or window <= 0 or chunk <= 0:
-            raise ConfigError("timeout, window and chunk must be positive")
-        if not (isinstance(qp_timeout, int) and 1 <= qp_timeout <= 31):
-            raise ConfigError(f"qp_timeout={qp_timeout!r}: the RC ACK timeout exponent is 1..31 "
-                              f"(4.096 us * 2^n)")
-        if not (isinstance(eager_limit, int) and 0 <= eager_limit <= MAX_EAGER):
-            raise ConfigError(f"eager_limit={eager_limit!r}: blocks up to this many bytes go "
-                              f"eagerly; 0..{MAX_EAGER} (0: always rendezvous)")
-        if not (isinstance(retry_cnt, int) and 0 <= retry_cnt <= 7):
-            raise ConfigError(f"retry_cnt={retry_cnt!r}: RC retransmissions are 0..7")
+                 port: int | None = None, gid_index: int | None = None, **options: Any) -> None:
+        """options: those of rxelab.settings (timeout, eager_limit, chunk, window, slots,
+        send_depth, pin_limit, qp_timeout, retry_cnt), each checked there."""
+        self.options = settings.resolve(options)
+        timeout = float(self.options["timeout"])
+        slots, send_depth = int(self.options["slots"]), int(self.options["send_depth"])
+        eager_limit = int(self.options["eager_limit"])
         self.rank, self.size = job.rank, job.world_size
         self.job = job
         self.timeout = timeout
@@ -131,18 +122,22 @@ class Communicator:
             self.dev = verbs.Device(device, port, gid_index,
                                     cq_depth=max(1024, 2 * self.size * (slots + send_depth)))
             pd = self.dev.pd
-            self.registry = Registry(lambda a, n, acc: verbs.register_mr(pd, a, n, acc), pin_limit)
+            self.registry = Registry(lambda a, n, acc: verbs.register_mr(pd, a, n, acc),
+                                     int(self.options["pin_limit"]))
             for peer in range(self.size):
                 if peer != self.rank:
                     self.conns[peer] = verbs.Connection(
                         self.dev, self.registry, peer, slots, send_depth,
                         slot_size=max(verbs.CTRL_SLOT, eager_limit))
-            remote = self.control.exchange({p: c.endpoint().to_dict() for p, c in self.conns.items()})
+            remote = self.control.exchange({p: c.endpoint().to_dict() for p, c in self.conns.items()},
+                                           {k: self.options[k] for k in settings.SHARED})
             for peer, ep in remote.items():
-                self.conns[peer].connect(verbs.Endpoint.from_dict(ep), qp_timeout, retry_cnt)
+                self.conns[peer].connect(verbs.Endpoint.from_dict(ep), int(self.options["qp_timeout"]),
+                                         int(self.options["retry_cnt"]))
             self.engine = Engine(self.dev, self.conns, timeout=timeout,
-                                 window=window, chunk=chunk, send_depth=send_depth,
-                                 eager_limit=eager_limit, watch=self.control.watch)
+                                 window=int(self.options["window"]), chunk=int(self.options["chunk"]),
+                                 send_depth=send_depth, eager_limit=eager_limit,
+                                 watch=self.control.watch)
             self.control.barrier()  # every QP is ready to receive before anyone sends
         except BaseException:
             self.close()
@@ -588,6 +583,7 @@ def whole_numbers(counts: Any, size: int, name: str) -> list[int]:
 
 def init(rank: int | None = None, world_size: int | None = None, master_addr: str | None = None,
          master_port: int | None = None, **options: Any) -> Communicator:
-    """Start a communicator as torchrun, mpirun, srun or our launcher describe the job."""
+    """Start a communicator as torchrun, mpirun, srun or our launcher describe the job.
+    options: device=, port=, gid_index= (the RDMA port to use) and those of rxelab.settings."""
     job = bootstrap.discover(rank, world_size, master_addr, master_port)
     return Communicator(job, **options)

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from rxelab import wire
+from rxelab import settings, wire
 from rxelab.bootstrap import JobInfo
 from rxelab.errors import ConfigError, PeerError, ProtocolError
 
@@ -74,15 +74,18 @@ class ControlPlane:
         self.left: set[int] = set()  # ranks that said bye: their closed socket is no news
         self.said_bye: set[socket.socket] = set()
 
-    def exchange(self, endpoints: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-        """Give our endpoint for each peer; get each peer's endpoint for us."""
+    def exchange(self, endpoints: dict[int, dict[str, Any]],
+                 options: dict[str, Any] | None = None) -> dict[int, dict[str, Any]]:
+        """Give our endpoint for each peer; get each peer's endpoint for us. `options` are the
+        settings every rank must share: rank 0 compares each rank's with its own."""
         if self.job.world_size == 1:
             return {}
         if self.job.rank == 0:
-            return self._serve(endpoints)
-        return self._join(endpoints)
+            return self._serve(endpoints, options or {})
+        return self._join(endpoints, options or {})
 
-    def _serve(self, mine: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    def _serve(self, mine: dict[int, dict[str, Any]],
+               options: dict[str, Any]) -> dict[int, dict[str, Any]]:
         """Rank 0: hear every rank's hello, all at once (one slow or idle connection holds
         up nobody), dropping what is not ours - another program, another job's process, a
         malformed or oversized message - and keep serving; then send each rank its table."""
@@ -169,6 +172,11 @@ class ControlPlane:
                 sock.close()
             sel.close()
             listener.close()
+        for r in sorted(hellos):  # every rank is in: all of them hear why, if it must end
+            if r and (why := settings.disagreement(options, hellos[r]["settings"], r)):
+                self.abort(why, r)
+                self.close()
+                raise ConfigError(why, hint="give init() (or the flags) the same values on every rank")
         for r, sock in self.peers.items():
             table = {str(p): hellos[p]["endpoints"][str(r)] for p in hellos if p != r}
             wire.send(sock, {"type": "table", "endpoints": table})
@@ -197,7 +205,8 @@ class ControlPlane:
             raise ProtocolError(f"rank {r} sent endpoints for {sorted(hello['endpoints'])}")
         hellos[r] = hello
 
-    def _join(self, mine: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    def _join(self, mine: dict[int, dict[str, Any]],
+              options: dict[str, Any]) -> dict[int, dict[str, Any]]:
         job = self.job
         deadline = time.monotonic() + self.timeout
         last_error: OSError | None = None
@@ -213,6 +222,7 @@ class ControlPlane:
         self.root.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         wire.send(self.root, {"type": "hello", "rank": job.rank, "world_size": job.world_size,
                               "host": socket.gethostname()[:200] or "?", "token": job.token,
+                              "settings": options,
                               "endpoints": {str(k): v for k, v in mine.items()}})
         table = wire.recv(self.root, deadline=deadline, peer="rank 0", expect="table")
         got = {int(k): v for k, v in table["endpoints"].items()}

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import rxelab
-from rxelab import ops
+from rxelab import ops, settings
 from rxelab.errors import RdmaError
 
 
@@ -146,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, c in ops.COLLECTIVES.items():
         ap.add_argument(f"--{name.replace('_', '-')}", default=",".join(c.algorithms),
                         help=f"{name} algorithms to check (default: all)")
-    ap.add_argument("--timeout", type=float, default=60.0)
-    ap.add_argument("--window", type=int, default=4 << 20)
-    ap.add_argument("--chunk", type=int, default=1 << 20)
+    settings.add_flags(ap)
     ap.add_argument("--mode", choices=["data", "bad-input", "die", "hang"], default="data")
     ap.add_argument("--victim", type=int, default=1, help="the rank that dies or hangs")
     args = ap.parse_args(argv)
@@ -156,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     algos = {name: [a for a in getattr(args, name).split(",") if a] for name in ops.COLLECTIVES}
     started = time.monotonic()
     try:
-        with rxelab.init(timeout=args.timeout, window=args.window, chunk=args.chunk) as comm:
+        with rxelab.init(**settings.from_flags(args)) as comm:
             rank = comm.rank
             if args.mode == "data":
                 results = run(comm, sizes, algos)

@@ -33,6 +33,9 @@ _ENDPOINT = {"qpn": _U24, "psn": _U24, "gid": _GID, "lid": (int, lambda v: 0 <= 
 SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
     "hello": {"rank": _RANK, "world_size": _RANK, "host": (str, lambda v: 0 < len(v) < 256),
               "token": (str, lambda v: v == "" or (len(v) == 64 and set(v) <= _LOWER_HEX)),
+              "settings": (dict, lambda v: len(v) <= 32 and all(
+                  isinstance(k, str) and len(k) <= 32 and isinstance(x, int | float)
+                  and not isinstance(x, bool) for k, x in v.items())),
               "endpoints": (dict, None)},
     "table": {"endpoints": (dict, None)},
     "barrier": {"rank": _RANK, "seq": (int, lambda v: v >= 0)},

@@ -27,7 +27,8 @@ class RankFailed(Exception):
 
 
 def run_ranks(p: int, fn: Callable[[Any], Any], *, deadline: float = 60, seed: int = 0,
-              max_delay: float = 0.0002, keep_errors: bool = False, **options: Any) -> list[Any]:
+              max_delay: float = 0.0002, keep_errors: bool = False,
+              per_rank: Callable[[int], dict[str, Any]] | None = None, **options: Any) -> list[Any]:
     _fabric.FABRIC.reset(seed=seed, max_delay=max_delay)
     port = free_port()
     results: dict[int, Any] = {}
@@ -36,7 +37,8 @@ def run_ranks(p: int, fn: Callable[[Any], Any], *, deadline: float = 60, seed: i
 
     def rank(r: int) -> None:
         try:
-            with rxelab.init(r, p, "127.0.0.1", port, device="fake0", **options) as comm:
+            mine = {**options, **(per_rank(r) if per_rank else {})}
+            with rxelab.init(r, p, "127.0.0.1", port, device="fake0", **mine) as comm:
                 results[r] = fn(comm)
         except BaseException as err:  # noqa: BLE001 - reported per rank
             errors[r] = err

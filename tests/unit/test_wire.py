@@ -14,7 +14,7 @@ EP = {"qpn": 17, "psn": 123456, "gid": GID, "lid": 0}
 
 
 def hello(**over):
-    msg = {"type": "hello", "rank": 1, "world_size": 3, "host": "node2", "token": "ab" * 32,
+    msg = {"type": "hello", "rank": 1, "world_size": 3, "host": "node2", "token": "ab" * 32, "settings": {},
            "endpoints": {"0": EP, "2": EP}}
     msg.update(over)
     return msg
