@@ -118,6 +118,7 @@ class Communicator:
         self._progress = ProgressThread()
         self._deferred = _Deferring()  # set while an i-collective builds its plan
         self._lock = threading.RLock()  # plans and registrations: caller and progress thread
+        self._caller = threading.Lock()  # held by the application thread inside the library
         try:
             self.dev = verbs.Device(device, port, gid_index,
                                     cq_depth=max(1024, 2 * self.size * (slots + send_depth)))
@@ -187,7 +188,8 @@ class Communicator:
 
     # ---- helpers --------------------------------------------------------------------
     def _peer(self, peer: int) -> int:
-        if not isinstance(peer, int) or not 0 <= peer < self.size or peer == self.rank:
+        peer = whole(peer, "peer")
+        if not 0 <= peer < self.size or peer == self.rank:
             raise ConfigError(f"peer {peer!r} is not another rank of 0..{self.size - 1}")
         return peer
 
@@ -205,15 +207,22 @@ class Communicator:
         """Around everything that talks to peers: any exception on the way (a peer's error, a
         pyverbs error, KeyboardInterrupt, MemoryError) leaves peers mid-operation and work
         queued, so the communicator is marked failed and the peers are told to stop waiting.
-        Started nonblocking requests go first: the engine serves one caller at a time."""
+        Point-to-point calls do not wait for started nonblocking requests: MPI lets them run
+        side by side, which this engine cannot (it serves one caller at a time), and waiting
+        would deadlock where a peer's request waits for this call; so they are refused."""
         assert self.registry is not None
-        self._progress.quiesce()
+        if self._progress.pending:
+            raise ConfigError(f"{what}: nonblocking collectives of this rank are still pending",
+                              hint="wait() for them first (point-to-point calls do not overlap "
+                                   "with them here)")
+        self._claim(what)
         try:
             yield
         except BaseException as err:
             self._fail(what, tag, err)
             raise
         finally:
+            self._caller.release()
             self.registry.end_call()
 
     def _fail(self, what: str, tag: int, err: BaseException) -> None:
@@ -232,13 +241,31 @@ class Communicator:
         except BaseException:  # noqa: BLE001 - telling peers is best effort
             pass
 
-    def _run(self, plan: Plan) -> Stats:
+    def _claim(self, what: str) -> None:
+        """One application thread in the library at a time (MPI_THREAD_SERIALIZED): a second
+        one is refused before anything is posted, rather than interleaving its work with the
+        first's (wrong data, or a stall)."""
+        if not self._caller.acquire(blocking=False):
+            raise ConfigError(f"{what}: this communicator is in use by another thread",
+                              hint="rxelab serves one thread at a time per communicator: "
+                                   "serialize the calls, or give each thread a communicator")
+
+    def _run(self, plan: Plan, in_worker: bool = False) -> Stats:
         if self._deferred.on:  # an i-collective: checked, now to the thread
             self._deferred.on = False
             raise _Deferred(plan)
         # started requests first (a no-op on the progress thread itself): they took their
         # call numbers before this one, on every rank in the same order
         self._progress.quiesce()
+        if not in_worker:
+            self._claim(plan.name)
+        try:
+            return self._run_claimed(plan)
+        finally:
+            if not in_worker:
+                self._caller.release()
+
+    def _run_claimed(self, plan: Plan) -> Stats:
         if self.closed or self.failed is not None:
             self._check_open()
         assert self.registry is not None
@@ -310,7 +337,10 @@ class Communicator:
                 del self._plans[key]
 
     def _window(self, algorithm: str, pairs: Any) -> int:
-        if not isinstance(pairs, int) or isinstance(pairs, bool) or pairs < 1:
+        if not isinstance(algorithm, str):  # before it goes into a plan's (hashed) key
+            raise ConfigError(f"algorithm={algorithm!r} must be an algorithm's name")
+        pairs = whole(pairs, "pairs")
+        if pairs < 1:
             raise ConfigError(f"pairs={pairs!r}: at least one pair must be able to exchange")
         if pairs != 1 and algorithm != "sequential":
             raise ConfigError(f"pairs= sets the sequential schedule's window, not {algorithm}'s")
@@ -397,6 +427,8 @@ class Communicator:
                   algorithm: str = "ring") -> Stats:
         """MPI_Allreduce: recvbuf = op over every rank's sendbuf, element by element (sum, prod,
         min, max on numpy integer and float arrays). allreduce(x, x) works in place."""
+        names(algorithm=algorithm, op=op)
+
         def make() -> Plan:
             run = self._algorithm("allreduce", algorithm, ALLREDUCE)
             send, recv, ufunc = self._reduction_buffers(sendbuf, recvbuf, op, in_place=True)
@@ -411,6 +443,8 @@ class Communicator:
                        algorithm: str = "ring") -> Stats:
         """MPI_Reduce_scatter_block: block r (len(recvbuf) elements) of op over every rank's
         sendbuf (size * len(recvbuf) elements) lands at rank r."""
+        names(algorithm=algorithm, op=op)
+
         def make() -> Plan:
             run = self._algorithm("reduce_scatter", algorithm, REDUCE_SCATTER)
             send, recv, ufunc = self._reduction_buffers(sendbuf, recvbuf, op, in_place=False)
@@ -425,7 +459,9 @@ class Communicator:
 
     def bcast(self, buf: Any, root: int = 0, algorithm: str = "binomial") -> Stats:
         """MPI_Bcast: root's buf lands in every rank's buf (same size everywhere)."""
-        if not isinstance(root, int) or not 0 <= root < self.size:
+        names(algorithm=algorithm)
+        root = whole(root, "root")
+        if not 0 <= root < self.size:
             raise ConfigError(f"root {root!r} is not a rank of 0..{self.size - 1}")
 
         def make() -> Plan:
@@ -439,6 +475,7 @@ class Communicator:
         """Check the arguments here (errors are raised now, as the blocking call raises them),
         then run the collective on the progress thread (rxelab.requests)."""
         self._check_open()
+        self._claim(f"i{method.__name__}")
         self._deferred.on = True
         try:
             method(*args, **kwargs)
@@ -446,7 +483,8 @@ class Communicator:
             plan = ready.plan
         finally:
             self._deferred.on = False
-        return self._progress.submit(plan.name, lambda: self._run(plan))
+            self._caller.release()
+        return self._progress.submit(plan.name, lambda: self._run(plan, in_worker=True))
 
     def ialltoall(self, *args: Any, **kwargs: Any) -> Request:
         """alltoall, started: returns a Request at once (req.test(), req.wait())."""
@@ -487,7 +525,11 @@ class Communicator:
     def barrier(self) -> None:
         self._check_open()
         self._progress.quiesce()
-        self.control.barrier()
+        self._claim("barrier")
+        try:
+            self.control.barrier()
+        finally:
+            self._caller.release()
 
     # ---- point to point -------------------------------------------------------------
     def send(self, buf: Any, peer: int) -> None:
@@ -568,6 +610,24 @@ class Communicator:
         tag = USER_BIT | (1 << 29) | imm
         with self._communicating(f"wait_imm from rank {peer}", tag):
             self.engine.wait_data(peer, tag, nbytes, "write_imm")
+
+
+def whole(value: Any, what: str) -> int:
+    """An integer argument (numpy's too), or a ConfigError naming it."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}={value!r} must be a whole number")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{what}={value!r} must be a whole number") from None
+
+
+def names(**given: Any) -> None:
+    """Names (algorithm=, op=) are strings: anything else is said before it reaches a plan's
+    key (where a list would be a TypeError: unhashable)."""
+    for what, value in given.items():
+        if not isinstance(value, str):
+            raise ConfigError(f"{what}={value!r} must be a name (a string)")
 
 
 def whole_numbers(counts: Any, size: int, name: str) -> list[int]:

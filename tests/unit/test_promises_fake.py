@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import re
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -67,3 +69,127 @@ def test_bench_prints_every_setting_as_nccl_tests_does():
     for o in settings.OPTIONS:
         assert re.search(rf"\b{o.name}=", line), o.name
     assert "eager_limit=0" in line
+
+
+# ---- #9: wrong errors for bad arguments -------------------------------------------------------
+@pytest.mark.parametrize("call, argument", [
+    (lambda c, s, r: c.alltoall(s, r, algorithm=["pairwise"]), "algorithm"),
+    (lambda c, s, r: c.alltoall(s, r, algorithm={}), "algorithm"),
+    (lambda c, s, r: c.allgather(s[:4], r, algorithm=None), "algorithm"),
+    (lambda c, s, r: c.allreduce(s.astype(np.float32), r.astype(np.float32), op=["sum"]), "op"),
+    (lambda c, s, r: c.bcast(s, root="0"), "root"),
+    (lambda c, s, r: c.alltoall(s, r, algorithm="sequential", pairs=1.5), "pairs"),
+])
+def test_bad_argument_types_are_a_config_error_naming_the_argument(call, argument):
+    def job(comm):
+        s, r = np.zeros(8, np.uint8), np.zeros(8, np.uint8)
+        with pytest.raises(ConfigError, match=argument):
+            call(comm, s, r)
+        comm.alltoall(s, r)  # still usable
+        return "ok"
+    assert run_ranks(2, job) == ["ok", "ok"]
+
+
+def test_numpy_integers_are_integers_for_root_pairs_and_peers():
+    def job(comm):
+        b = np.full(8, comm.rank, np.uint8)
+        comm.bcast(b, root=np.int64(1))
+        r = np.zeros(8 * comm.size, np.uint8)
+        comm.allgather(np.full(8, comm.rank, np.uint8), r, algorithm="sequential",
+                       pairs=np.int64(2))
+        x = np.zeros(4, np.uint8)
+        if comm.rank == 0:
+            comm.send(np.ones(4, np.uint8), np.int64(1))
+        else:
+            comm.recv(x, np.int32(0))
+        return int(b[0]), r[::8].tolist(), int(x.sum())
+    out = run_ranks(2, job)
+    assert out == [(1, [0, 1], 0), (1, [0, 1], 4)]
+
+
+# ---- #12: every rank ends with the same bits ----------------------------------------------
+@pytest.mark.parametrize("p", [2, 3, 4, 5])
+def test_complex_products_are_bitwise_identical_on_every_rank(p):
+    rng = np.random.default_rng(7)
+    parts = [(rng.standard_normal(257) + 1j * rng.standard_normal(257)).astype(np.complex64)
+             for _ in range(p)]
+
+    def job(comm):
+        out = np.zeros(257, np.complex64)
+        comm.allreduce(parts[comm.rank], out, op="prod", algorithm="recursive-doubling")
+        return out.tobytes()
+    results = run_ranks(p, job)
+    assert len(set(results)) == 1, "ranks disagree bitwise"
+
+
+# ---- #11 and threads: what cannot work is refused at once, clearly -------------------------
+def test_point_to_point_while_requests_are_pending_is_refused_at_once():
+    """Rank 0: ialltoall then send; rank 1: recv then ialltoall - legal in MPI, a deadlock
+    here (the send waited for the request, which waited for rank 1's, which waited for the
+    recv): both timed out. Now the send (and any point-to-point call) refuses at once."""
+    def job(comm):
+        s, r = np.ones(8, np.uint8), np.zeros(8, np.uint8)
+        if comm.rank == 0:
+            req = comm.ialltoall(s, r)
+            started = time.monotonic()
+            with pytest.raises(ConfigError, match="pending"):
+                comm.send(np.ones(4, np.uint8), 1)
+            took = time.monotonic() - started
+            req.wait(10)
+            comm.send(np.ones(4, np.uint8), 1)
+            return took
+        x = np.zeros(4, np.uint8)
+        req = comm.ialltoall(s, r)
+        req.wait(10)
+        comm.recv(x, 0)
+        return int(x.sum())
+    took, got = run_ranks(2, job, timeout=5)
+    assert took < 1 and got == 4
+
+
+def test_two_threads_at_once_on_one_communicator_are_refused_not_corrupted():
+    """Before: silently wrong sums (12,288 wrong elements per thread in one run) or stalls."""
+    def job(comm):
+        errors: list[BaseException] = []
+        wrong = [0]
+        go = threading.Barrier(2)
+
+        def worker() -> None:
+            x = np.full(4096, comm.rank + 1.0)
+            y = np.zeros(4096)
+            go.wait()
+            try:
+                for _ in range(20):
+                    comm.allreduce(x, y)
+                    wrong[0] += int(np.count_nonzero(y != 3.0))
+            except BaseException as err:  # noqa: BLE001 - every way it can end is looked at
+                errors.append(err)
+
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return wrong[0], [str(e) for e in errors]
+    out = run_ranks(2, job, timeout=10, keep_errors=True)
+    for got in out:
+        assert not isinstance(got, BaseException), got
+        wrong, errors = got
+        assert wrong == 0, "no wrong data, ever"
+        assert errors and all("another thread" in e for e in errors), errors
+
+
+def test_one_thread_after_another_is_fine():
+    def job(comm):
+        out = []
+
+        def call() -> None:
+            y = np.zeros(8)
+            comm.allreduce(np.ones(8), y)
+            out.append(float(y[0]))
+        for _ in range(3):
+            t = threading.Thread(target=call)
+            t.start()
+            t.join(10)
+        return out
+    assert run_ranks(2, job) == [[2.0] * 3] * 2

@@ -27,7 +27,7 @@ def run(c: Call) -> None:
     if r + p2 < p:
         c.expect(r + p2, FOLD, 0, nbytes, into=lay.scratch)
         c.recv_block(r + p2, FOLD, 0, nbytes, into=lay.scratch)
-        lay.reduce(lay.acc, lay.tmp, out=lay.acc)
+        lay.reduce(lay.acc, lay.tmp, out=lay.acc)  # the lower rank's operand first, as below
     mask, k = 1, 0
     while mask < p2:
         partner = r ^ mask
@@ -35,7 +35,12 @@ def run(c: Call) -> None:
         op = c.send_block(partner, STEP0 + k, 0, nbytes, from_recv=True)
         c.recv_block(partner, STEP0 + k, 0, nbytes, into=lay.scratch)
         c.finish([op])  # the partner has read our vector: now it may change
-        lay.reduce(lay.acc, lay.tmp, out=lay.acc)
+        # Both partners compute the same expression: the lower rank's partial result first
+        # (a*b and b*a differ in the last bit for complex numbers, and ranks must agree).
+        if r < partner:
+            lay.reduce(lay.acc, lay.tmp, out=lay.acc)
+        else:
+            lay.reduce(lay.tmp, lay.acc, out=lay.acc)
         mask, k = mask << 1, k + 1
     if r + p2 < p:
         c.finish([c.send_block(r + p2, UNFOLD, 0, nbytes, from_recv=True)])
