@@ -64,7 +64,7 @@ MAX_PLANS = 8
 class Plan:
     """A collective call made ready: its checked layout and the algorithm that runs it."""
 
-    __slots__ = ("operation", "algorithm", "name", "run", "layout", "exports")
+    __slots__ = ("operation", "algorithm", "name", "run", "layout", "exports", "held_version")
 
     def __init__(self, operation: str, algorithm: str, run: Callable[[Call], None],
                  layout: Layout) -> None:
@@ -73,6 +73,7 @@ class Plan:
         # numpy arrays cannot be resized while referenced; anything else is held by an export
         self.exports = [memoryview(b.owner) for b in (layout.send, layout.recv)
                         if not isinstance(b.owner, np.ndarray) and b.nbytes]
+        self.held_version = -1  # what the registry held for peers when pin_limit was checked
 
     def usable(self) -> bool:
         recv = self.layout.recv.owner
@@ -299,18 +300,27 @@ class Communicator:
         call's hot path."""
         plan = self._plans.get(key)
         if plan is not None and plan.usable():
+            if plan.held_version != self.registry.held_version:  # expose() pinned more since
+                with self._lock:
+                    self._check_fits(plan)
             return plan
         with self._lock:
             self._let_go_of_dropped_plans()
             plan = make()
-            assert self.registry is not None
-            lay = plan.layout  # every buffer the call may register, each once
-            self.registry.check_fits(*{id(b): b for b in (lay.send, lay.recv, lay.scratch)
-                                       if b is not None}.values())
+            self._check_fits(plan)
             if len(self._plans) >= MAX_PLANS:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
             return plan
+
+    def _check_fits(self, plan: Plan) -> None:
+        """Every buffer the call may register, each once, within pin_limit beside what is
+        held for peers: refused here, before anything is posted."""
+        assert self.registry is not None
+        lay = plan.layout
+        self.registry.check_fits(*{id(b): b for b in (lay.send, lay.recv, lay.scratch)
+                                   if b is not None}.values())
+        plan.held_version = self.registry.held_version
 
     def _let_go_of_dropped_plans(self) -> None:
         """Plans whose buffers only we still refer to (the application dropped them) go, so a
@@ -323,8 +333,12 @@ class Communicator:
             for b in {id(lay.send): lay.send, id(lay.recv): lay.recv}.values():
                 holders[id(b.owner)] = holders.get(id(b.owner), 0) + 1
                 objects[id(b.owner)] = b.owner
+        for plan in self._plans.values():
             for view in plan.exports:
                 holders[id(view.obj)] = holders.get(id(view.obj), 0) + 1
+            for arr in (plan.layout.acc, plan.layout.send_view):  # reductions' flat views
+                if isinstance(arr, np.ndarray) and id(arr.base) in holders:
+                    holders[id(arr.base)] += 1
         for entry in self.registry.entries.values():
             if id(entry.view.obj) in holders:
                 holders[id(entry.view.obj)] += 1

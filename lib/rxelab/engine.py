@@ -124,6 +124,7 @@ class Engine:
         self.box = Mailbox()
         self.counters = Counters()
         self.outstanding = {peer: 0 for peer in conns}
+        self.eager_len: dict[int, dict[int, int]] = {peer: {} for peer in conns}  # slot -> bytes
         self.pending: deque[WriteOp] = deque()
         self.in_flight_chunks: dict[int, tuple[WriteOp, int]] = {}
         self.ids = itertools.count(1)
@@ -150,9 +151,14 @@ class Engine:
         completes when the peer acknowledged it; without, it is complete at once (there is
         nothing to wait for)."""
         conn, slot = self._send_slot(peer)
+        counters = self.counters
         if length:
             ctypes.memmove(conn.send_base + slot * conn.slot_size, addr, length)
-        self.counters.bytes_sent += length
+            self.eager_len[peer][slot] = length  # in flight until its slot comes back
+            counters.inflight += length
+            if counters.inflight > counters.peak_inflight:
+                counters.peak_inflight = counters.inflight
+        counters.bytes_sent += length
         return self._post_slot(conn, slot, e.IBV_WR_SEND_WITH_IMM, length, socket.htonl(tag),
                                acked)
 
@@ -267,6 +273,10 @@ class Engine:
                 self.outstanding[peer] -= len(before)
                 op.done = True
                 conn.free_send_slots.append(slot)
+                eager = self.eager_len[peer]
+                if eager:  # eager blocks among them are no longer in flight
+                    for s in (*before, slot):
+                        self.counters.inflight -= eager.pop(s, 0)
             return
         peer, slot = (wr_id >> 32) & 0xFFFFF, wr_id & 0xFFFFFFFF
         if wc.status != e.IBV_WC_SUCCESS:

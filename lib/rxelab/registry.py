@@ -53,6 +53,7 @@ class Registry:
         self.busy: set[Key] = set()  # the current call's buffers
         self.held: set[Key] = set()  # exposed to peers: until close
         self.fixed = 0
+        self.held_version = 0  # changes whenever what is held for peers changes
         self.pinned = 0
         self.peak = 0
         self.registrations = 0
@@ -67,10 +68,10 @@ class Registry:
 
     def register(self, buf: Buffer, access: int, hold: bool = False) -> Any:
         key = (buf.address, buf.nbytes, access)
+        # An entry at this address serves any object there: our export keeps the memory of
+        # the object it was made for alive, so another object at the same address is another
+        # view of that memory (t and t[:]), never something new in freed memory.
         entry = self.entries.get(key)
-        if entry is not None and entry.view.obj is not _base(buf.owner):
-            self._drop(key)  # same address, another object: the old one is gone
-            entry = None
         if entry is None:
             self._make_room(pinned_size(buf.address, buf.nbytes))
             mr = self.make_mr(buf.address, buf.nbytes, access)
@@ -81,7 +82,11 @@ class Registry:
             self.peak = max(self.peak, self.pinned)
         else:
             self.entries.move_to_end(key)
-        (self.held if hold else self.busy).add(key)
+        if hold and key not in self.held:
+            self.held.add(key)
+            self.held_version += 1
+        elif not hold:
+            self.busy.add(key)
         return entry.mr
 
     def end_call(self) -> None:
@@ -120,13 +125,11 @@ class Registry:
         entry.view.release()
         self.pinned -= entry.pinned
         self.busy.discard(key)
-        self.held.discard(key)
+        if key in self.held:
+            self.held.discard(key)
+            self.held_version += 1
 
     def close(self) -> None:
         for key in list(self.entries):
             self._drop(key)
 
-
-def _base(owner: Any) -> Any:
-    """The object a memoryview of `owner` reports as its .obj."""
-    return memoryview(owner).obj

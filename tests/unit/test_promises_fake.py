@@ -193,3 +193,63 @@ def test_one_thread_after_another_is_fine():
             t.join(10)
         return out
     assert run_ranks(2, job) == [[2.0] * 3] * 2
+
+
+# ---- #2, #7, #8: registrations ------------------------------------------------------------
+def test_an_exposed_buffer_keeps_its_registration_when_a_view_of_it_is_used():
+    """expose(t) then bcast(t[:]): the registry replaced the exposed entry (same address,
+    another object); the peer's write then failed with a remote access error, both QPs died."""
+    def job(comm):
+        t = np.zeros(64, np.uint8)
+        other = 1 - comm.rank
+        comm.expose(t, other)
+        target = comm.remote(other)
+        comm.bcast(t[:], root=0)  # rendezvous: registers the view
+        comm.barrier()
+        comm.write(np.full(64, 7 + comm.rank, np.uint8), target)
+        comm.barrier()
+        return int(t[0])
+    assert run_ranks(2, job, eager_limit=0) == [8, 7]
+
+
+def test_reductions_let_go_of_buffers_the_application_dropped():
+    """A fresh 1 MiB buffer per call: allreduce and reduce_scatter kept 8 receive buffers, 8
+    plans and 17.4 MB pinned (views of the buffers in the plan defeated the refcount test)."""
+    import gc
+
+    def job(comm):
+        for _ in range(12):
+            x = np.ones(1 << 18, np.float32)
+            comm.allreduce(x, np.zeros_like(x))
+            comm.reduce_scatter(x, np.zeros((1 << 18) // comm.size, np.float32))
+        gc.collect()
+        return len(comm._plans), comm.registry.pinned
+    for plans, pinned in run_ranks(2, job, eager_limit=0):
+        assert plans <= 4 and pinned < 12 << 20, (plans, pinned)
+
+
+def test_pin_limit_with_an_exposed_buffer_refuses_a_kept_plan_before_anything_is_posted():
+    """A plan checked against pin_limit, then expose() pinned more: the next call on the kept
+    plan failed mid-call and killed both communicators. Now it is refused up front."""
+    def job(comm):
+        p = comm.size
+        s, r = np.ones(p * 60000, np.uint8), np.zeros(p * 60000, np.uint8)
+        comm.alltoall(s, r, algorithm="parallel")  # plan kept; fits alone
+        big = np.zeros(150_000, np.uint8)
+        comm.expose(big, 1 - comm.rank)
+        comm.remote(1 - comm.rank)
+        with pytest.raises(ConfigError, match="pin_limit"):
+            comm.alltoall(s, r, algorithm="parallel")
+        assert comm.failed is None
+        small = np.zeros(p * 8, np.uint8)
+        comm.alltoall(np.ones(p * 8, np.uint8), small)  # still usable
+        return int(small.sum())
+    assert run_ranks(2, job, eager_limit=1024, pin_limit=400_000, slots=8, timeout=5) == [16, 16]
+
+
+def test_peak_inflight_counts_eager_blocks_too():
+    def job(comm):
+        p = comm.size
+        return comm.alltoall(np.ones(p * 64, np.uint8), np.zeros(p * 64, np.uint8),
+                             algorithm="parallel").peak_inflight
+    assert all(x >= 64 for x in run_ranks(3, job))
