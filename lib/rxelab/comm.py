@@ -26,10 +26,10 @@ from rxelab import ops as ops_mod
 from rxelab.buffers import Buffer, as_buffer, check_pair, split_even
 from rxelab.collectives import ALLGATHER, ALLREDUCE, ALLTOALL, BCAST, REDUCE_SCATTER
 from rxelab.collectives.common import DATA, Call, Layout
+from rxelab.control import ControlPlane
 from rxelab.engine import RTR, Engine
 from rxelab.errors import ClosedError, ConfigError, PeerError, ProtocolError, RdmaError
 from rxelab.registry import Registry
-from rxelab.rendezvous import ControlPlane
 from rxelab.requests import ProgressThread, Request
 
 P2P_BIT = 1 << 31
@@ -537,11 +537,17 @@ class Communicator:
         return send, recv, ops_mod.REDUCTIONS[op]
 
     def barrier(self) -> None:
+        """Every rank has reached it. Failures are handled as a collective's are: a peer gone
+        or an abort ends it at once on every rank, naming who; anything else inside it (Ctrl-C)
+        fails the communicator and the peers are told."""
         self._check_open()
         self._progress.quiesce()
         self._claim("barrier")
         try:
             self.control.barrier()
+        except BaseException as err:
+            self._fail("barrier", 0, err)
+            raise
         finally:
             self._caller.release()
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import rxelab
 from rxelab import settings
-from rxelab.errors import ConfigError
+from rxelab.errors import ClosedError, ConfigError, PeerError
 
 from infra.config import REPO
 from tests.unit.fakejob import run_ranks
@@ -253,3 +253,82 @@ def test_peak_inflight_counts_eager_blocks_too():
         return comm.alltoall(np.ones(p * 64, np.uint8), np.zeros(p * 64, np.uint8),
                              algorithm="parallel").peak_inflight
     assert all(x >= 64 for x in run_ranks(3, job))
+
+
+# ---- #4, #5: a dead or failed rank is reported everywhere at once ---------------------------
+def die(comm) -> None:
+    """This rank's process vanishes: sockets closed without a goodbye, QPs gone."""
+    comm.control.stopping = True
+    for sock in [*comm.control.peers.values(), *([comm.control.root] if comm.control.root else [])]:
+        sock.close()
+    for conn in comm.conns.values():
+        conn.qp.close()
+    comm.closed = True
+
+
+def test_a_peer_dying_during_a_barrier_is_named_at_once_on_every_rank():
+    """Before: reported after the full timeout, blaming rank 0."""
+    def job(comm):
+        comm.barrier()
+        if comm.rank == 2:
+            die(comm)
+            return None
+        started = time.monotonic()
+        with pytest.raises(PeerError) as err:
+            comm.barrier()
+        with pytest.raises(ClosedError):
+            comm.barrier()
+        return str(err.value), time.monotonic() - started
+    out = run_ranks(4, job, timeout=20)
+    for r in (0, 1, 3):
+        message, took = out[r]
+        assert "rank 2" in message and "gone" in message, message
+        assert took < 3, f"rank {r} found out after {took:.1f} s"
+
+
+def test_ctrl_c_in_a_barrier_fails_the_communicator_and_tells_the_peers():
+    """Before: the rank stayed 'usable' and out of step (its next barrier: ProtocolError), and
+    the peers waited the full timeout."""
+    def job(comm):
+        comm.barrier()
+        if comm.rank == 1:
+            real = comm.control.barrier
+
+            def interrupted():
+                comm.control.barrier = real
+                raise KeyboardInterrupt
+            comm.control.barrier = interrupted
+            with pytest.raises(KeyboardInterrupt):
+                comm.barrier()
+            with pytest.raises(ClosedError, match="failed earlier"):
+                comm.barrier()
+            return "failed"
+        started = time.monotonic()
+        with pytest.raises(PeerError, match="rank 1"):
+            comm.barrier()
+        return time.monotonic() - started
+    out = run_ranks(3, job, timeout=20)
+    assert out[1] == "failed" and out[0] < 3 and out[2] < 3, out
+
+
+def test_a_dead_peer_is_reported_while_rank_0_is_busy_elsewhere():
+    """#5: binomial bcast at p = 4: rank 3 waits for rank 2, which dies; rank 0 (the only
+    watcher of every connection) had finished its part and was not in an RDMA wait, so rank 3
+    waited the full timeout. Now rank 0's reader passes the death on at once."""
+    def job(comm):
+        comm.barrier()
+        buf = np.zeros(4096, np.uint8)
+        if comm.rank == 2:
+            die(comm)
+            return None
+        if comm.rank == 0:
+            comm.bcast(buf, root=0)  # done as soon as its sends are acknowledged
+            time.sleep(4)  # computing: not in any wait of the library
+            return "busy"
+        started = time.monotonic()
+        with pytest.raises(PeerError) as err:
+            comm.bcast(buf, root=0)
+        return str(err.value), time.monotonic() - started
+    out = run_ranks(4, job, timeout=20, keep_errors=True)
+    message, took = out[3]
+    assert "rank 2" in message and took < 3, (message, took)

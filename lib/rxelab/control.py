@@ -1,17 +1,25 @@
 """The TCP control plane: rank 0 collects every rank's QP endpoints and hands each rank the
-endpoints it must connect to; later it serves barriers. The connections stay open for the
-life of the communicator, so a rank that dies is noticed (its socket closes).
+endpoints it must connect to; later it serves barriers and goodbyes. The connections stay open
+for the life of the communicator, so a rank that dies is noticed (its socket closes).
+
+After the exchange a reader thread on every rank takes whatever arrives, at any time: on
+rank 0 a closed connection or an abort is passed on to every other rank at once, whatever
+rank 0 itself is doing (computing between collectives, in a barrier, waiting on RDMA), so a
+dead rank is reported everywhere within a second or so; barriers and goodbyes wait on what
+the thread filed. The RDMA waits look at the thread's findings (watch) several times a
+second.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
-import select
 import selectors
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rxelab import settings, wire
@@ -70,9 +78,15 @@ class ControlPlane:
         self.peers: dict[int, socket.socket] = {}  # rank 0: every other rank
         self.root: socket.socket | None = None  # other ranks: rank 0
         self.barrier_seq = 0
-        self.early: dict[int, list[dict[str, Any]]] = {}  # messages read while watching
+        self.state = threading.Condition()  # guards what the reader files below
+        self.at_barrier: dict[int, set[int]] = {}  # rank 0: barrier -> ranks that reached it
+        self.released = 0  # other ranks: the last barrier rank 0 released
         self.left: set[int] = set()  # ranks that said bye: their closed socket is no news
+        self.failure: tuple[str, int | None] | None = None  # what ended the job, and who
+        self.send_locks: dict[socket.socket, threading.Lock] = {}
         self.said_bye: set[socket.socket] = set()
+        self.reader: threading.Thread | None = None
+        self.stopping = False
 
     def exchange(self, endpoints: dict[int, dict[str, Any]],
                  options: dict[str, Any] | None = None) -> dict[int, dict[str, Any]]:
@@ -81,8 +95,11 @@ class ControlPlane:
         if self.job.world_size == 1:
             return {}
         if self.job.rank == 0:
-            return self._serve(endpoints, options or {})
-        return self._join(endpoints, options or {})
+            found = self._serve(endpoints, options or {})
+        else:
+            found = self._join(endpoints, options or {})
+        self._start_reader()
+        return found
 
     def _serve(self, mine: dict[int, dict[str, Any]],
                options: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -230,63 +247,121 @@ class ControlPlane:
             raise ProtocolError(f"rank 0 sent endpoints for ranks {sorted(got)}")
         return got
 
-    def watch(self) -> None:
-        """Called while waiting on RDMA: a peer whose control connection closed without a
-        goodbye has died (its process is gone) - say so now rather than at the timeout.
-        Rank 0 watches every rank and tells the others; the others watch rank 0."""
-        socks = self.peers if self.job.rank == 0 else ({0: self.root} if self.root else {})
-        for r, sock in socks.items():
-            if r in self.left:
-                continue
-            readable, _, _ = select.select([sock], [], [], 0)
-            if not readable:
-                continue
-            try:
-                alive = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                continue
-            except OSError:
-                alive = b""
-            if not alive:
-                self._dead(r)
-            # a message: an abort (relayed by rank 0 to the others) raises here; others wait
-            # for their reader
-            try:
-                msg = wire.recv(sock, deadline=time.monotonic() + self.timeout,
-                                peer=f"rank {r}" if r else "rank 0")
-            except PeerError as err:
-                if self.job.rank == 0:
-                    self.abort(str(err), err.peer if err.peer is not None else r, skip=r)
-                raise
-            if msg["type"] == "bye":
-                self.left.add(r)
-            else:
-                self.early.setdefault(r, []).append(msg)
+    # ---- after the exchange: the reader thread and what it files ------------------------
+    def _links(self) -> dict[int, socket.socket]:
+        return dict(self.peers) if self.job.rank == 0 else ({0: self.root} if self.root else {})
 
-    def _dead(self, r: int) -> None:
-        why = f"rank {r}'s process is gone (its control connection closed)"
-        self.abort(why, r, skip=r)
-        raise PeerError(why, peer=r, hint="see that rank's own output for why it stopped")
+    def _start_reader(self) -> None:
+        for sock in self._links().values():
+            sock.settimeout(self.timeout)  # a send to a rank that reads nothing ends, too
+            self.send_locks[sock] = threading.Lock()
+        self.reader = threading.Thread(target=self._read, name="rxelab-control", daemon=True)
+        self.reader.start()
+
+    def _send(self, sock: socket.socket, message: dict[str, Any]) -> None:
+        with self.send_locks.setdefault(sock, threading.Lock()):
+            wire.send(sock, message)
+
+    def _read(self) -> None:
+        links = self._links()
+        rank_of = {sock: r for r, sock in links.items()}
+        buffers = {sock: bytearray() for sock in links.values()}
+        sel = selectors.DefaultSelector()
+        for sock in links.values():
+            sel.register(sock, selectors.EVENT_READ)  # read only when readable: never blocks
+        try:
+            while not self.stopping and sel.get_map():
+                for key, _ in sel.select(timeout=0.2):
+                    sock = key.fileobj  # type: ignore[assignment]
+                    r = rank_of[sock]
+                    try:
+                        data = sock.recv(1 << 16)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:
+                        sel.unregister(sock)
+                        self._gone(r)
+                        continue
+                    buf = buffers[sock]
+                    buf += data
+                    try:
+                        while (got := wire.split_frame(buf)) is not None:
+                            message, used = got
+                            del buf[:used]
+                            self._file(r, message)
+                    except ProtocolError as err:
+                        sel.unregister(sock)
+                        self._end(f"rank {r} sent a bad control message: {err}", r, skip=r)
+        finally:
+            sel.close()
+
+    def _file(self, r: int, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "abort":
+            if self.job.rank == 0:  # pass it on; say who stopped and why
+                self._end(f"rank {r} stopped: {message['reason']}", message["rank"], skip=r)
+            else:
+                self._end(f"rank 0 aborted: {message['reason']}", message["rank"])
+            return
+        with self.state:
+            if kind == "barrier" and self.job.rank == 0:
+                self.at_barrier.setdefault(message["seq"], set()).add(r)
+            elif kind == "release" and self.job.rank != 0:
+                self.released = max(self.released, message["seq"])
+            elif kind == "bye":
+                self.left.add(r)
+            self.state.notify_all()
+
+    def _gone(self, r: int) -> None:
+        with self.state:
+            if r in self.left or self.stopping:  # a goodbye came first, or we are closing
+                return
+        self._end(f"rank {r}'s process is gone (its control connection closed)", r, skip=r)
+
+    def _end(self, why: str, blamed: int | None, skip: int | None = None) -> None:
+        """The job cannot go on: remember why (the first reason stands), and on rank 0 tell
+        every other rank."""
+        with self.state:
+            first = self.failure is None
+            if first:
+                self.failure = (why, blamed)
+            self.state.notify_all()
+        if first and self.job.rank == 0:
+            self.abort(why, blamed if blamed is not None else 0, skip=skip)
+
+    def _raise_failure(self) -> None:
+        assert self.failure is not None
+        why, who = self.failure
+        raise PeerError(why, peer=who, hint="see that rank's own output for why it stopped")
+
+    def watch(self) -> None:
+        """Called while waiting on RDMA: raise what the reader found (a rank gone, an abort)."""
+        if self.failure is not None:
+            self._raise_failure()
 
     def abort(self, reason: str, blamed: int, skip: int | None = None) -> None:
         """Tell the job over TCP too (the RDMA path to a peer may be what broke): rank 0
         tells every other rank, the others tell rank 0, which passes it on."""
-        socks = self.peers if self.job.rank == 0 else ({0: self.root} if self.root else {})
-        for other, sock in socks.items():
+        for other, sock in self._links().items():
             if other != skip and other not in self.left:
                 try:
-                    wire.send(sock, {"type": "abort", "rank": blamed, "reason": reason[:1000]})
+                    self._send(sock, {"type": "abort", "rank": blamed, "reason": reason[:1000]})
                 except OSError:
                     pass
 
-    def _next(self, r: int, sock: socket.socket, deadline: float, expect: str) -> dict[str, Any]:
-        queued = self.early.get(r)
-        if queued:
-            msg = queued.pop(0)
-            if msg["type"] != expect:
-                raise ProtocolError(f"expected a {expect} message from rank {r}, got {msg['type']}")
-            return msg
-        return wire.recv(sock, deadline=deadline, peer=f"rank {r}", expect=expect)
+    def _wait(self, done: Callable[[], bool], deadline: float) -> bool:
+        """Until done() or a failure (raised) or the deadline (False)."""
+        with self.state:
+            while not done():
+                if self.failure is not None:
+                    self._raise_failure()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.state.wait(min(remaining, 0.5))
+        return True
 
     def barrier(self) -> None:
         if self.job.world_size == 1:
@@ -295,21 +370,24 @@ class ControlPlane:
         seq = self.barrier_seq
         deadline = time.monotonic() + self.timeout
         if self.job.rank == 0:
-            for r, sock in sorted(self.peers.items()):
-                msg = self._next(r, sock, deadline, "barrier")
-                if msg["seq"] != seq or msg["rank"] != r:
-                    raise ProtocolError(f"rank {r} is at barrier {msg['seq']}, rank 0 at {seq}")
+            others = set(self.peers)
+            if not self._wait(lambda: self.at_barrier.get(seq, set()) >= others, deadline):
+                missing = sorted(others - self.at_barrier.get(seq, set()))
+                raise PeerError(f"ranks {missing} did not reach barrier {seq} within "
+                                f"{self.timeout:g} s", peer=missing[0])
+            with self.state:
+                self.at_barrier.pop(seq, None)
             for sock in self.peers.values():
-                wire.send(sock, {"type": "release", "seq": seq})
+                self._send(sock, {"type": "release", "seq": seq})
         else:
             assert self.root is not None
             try:
-                wire.send(self.root, {"type": "barrier", "rank": self.job.rank, "seq": seq})
+                self._send(self.root, {"type": "barrier", "rank": self.job.rank, "seq": seq})
             except OSError as err:
                 raise PeerError(f"rank 0 is gone: {err}", peer=0) from None
-            msg = self._next(0, self.root, deadline, "release")
-            if msg["seq"] != seq:
-                raise ProtocolError(f"rank 0 released barrier {msg['seq']}, this rank is at {seq}")
+            if not self._wait(lambda: self.released >= seq, deadline):
+                raise PeerError(f"rank 0 did not release barrier {seq} within {self.timeout:g} s "
+                                "(a rank did not reach it)", peer=0)
 
     def farewell(self, seconds: float) -> None:
         """Leave as a job, then close: no rank takes its QPs down while another may still be
@@ -318,39 +396,40 @@ class ControlPlane:
         for rank 0's goodbye, which rank 0 sends once every rank has said its own; a closed
         connection, an abort or the deadline ends a wait early."""
         deadline = time.monotonic() + seconds
-        if self.job.rank == 0:
-            for r, sock in sorted(self.peers.items()):
-                if r not in self.left:
-                    self._await_bye(r, sock, deadline)
-        elif self.root is not None:
-            self._say_bye(self.root)
-            if 0 not in self.left:
-                self._await_bye(0, self.root, deadline)
+        try:
+            if self.job.rank == 0:
+                self._wait(lambda: set(self.peers) <= self.left, deadline)
+            elif self.root is not None:
+                self._say_bye(self.root)
+                self._wait(lambda: 0 in self.left, deadline)
+        except PeerError:  # gone or aborted: nobody to wait for
+            pass
         self.close()
-
-    def _await_bye(self, r: int, sock: socket.socket, deadline: float) -> None:
-        if any(m["type"] == "bye" for m in self.early.pop(r, [])):
-            return
-        while True:
-            try:
-                if wire.recv(sock, deadline=deadline, peer=f"rank {r}")["type"] == "bye":
-                    return
-            except (PeerError, ProtocolError):  # gone, aborted, or out of time: stop waiting
-                return
 
     def _say_bye(self, sock: socket.socket) -> None:
         if sock in self.said_bye:
             return
         self.said_bye.add(sock)
         try:
-            wire.send(sock, {"type": "bye", "rank": self.job.rank})
+            self._send(sock, {"type": "bye", "rank": self.job.rank})
         except OSError:
             pass
 
     def close(self) -> None:
         """Say goodbye (a closed connection without one means a dead rank), then close."""
-        for sock in [*self.peers.values(), *([self.root] if self.root else [])]:
+        socks = list(self._links().values())
+        for sock in socks:
             self._say_bye(sock)
+        with self.state:
+            self.stopping = True
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self.reader is not None and self.reader is not threading.current_thread():
+            self.reader.join(timeout=2)
+        for sock in socks:
             try:
                 sock.close()
             except OSError:

@@ -11,8 +11,8 @@ import time
 import pytest
 from rxelab import wire
 from rxelab.bootstrap import JobInfo, discover
+from rxelab.control import ControlPlane
 from rxelab.errors import ConfigError, PeerError
-from rxelab.rendezvous import ControlPlane
 
 from tests.unit.fakejob import free_port
 
@@ -213,10 +213,10 @@ def test_the_secret_comes_from_a_private_file_or_open_mpi(tmp_path):
 def test_silent_connections_are_dropped_and_cannot_crowd_the_job_out(monkeypatch):
     """Before, a connection that never said hello was kept until the job's own deadline, and
     each took a descriptor: enough of them and real ranks could not get in."""
-    from rxelab import rendezvous
+    from rxelab import control
 
-    monkeypatch.setattr(rendezvous, "HELLO_S", 0.5)
-    monkeypatch.setattr(rendezvous, "MAX_PENDING", 8)
+    monkeypatch.setattr(control, "HELLO_S", 0.5)
+    monkeypatch.setattr(control, "MAX_PENDING", 8)
     port = free_port()
     idle: list[socket.socket] = []
 
@@ -241,12 +241,12 @@ def test_silent_connections_are_dropped_and_cannot_crowd_the_job_out(monkeypatch
 def test_a_name_that_resolves_to_loopback_here_only_is_served_on_every_interface(monkeypatch):
     """MASTER_ADDR=$(hostname) on Debian: 127.0.1.1 here, the real address elsewhere. Binding
     loopback would leave every other host outside (the job would wait out its timeout)."""
-    from rxelab import rendezvous
+    from rxelab import control
 
     port = free_port()
     monkeypatch.setattr(socket, "getaddrinfo", lambda host, p, **kw: [
         (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.1.1", p))])
-    with rendezvous.listen(JobInfo(0, 2, "myhost", port, "test", "")) as s:
+    with control.listen(JobInfo(0, 2, "myhost", port, "test", "")) as s:
         assert s.getsockname()[0] == "0.0.0.0"
-    with rendezvous.listen(JobInfo(0, 2, "127.0.0.1", port, "test", "")) as s:
+    with control.listen(JobInfo(0, 2, "127.0.0.1", port, "test", "")) as s:
         assert s.getsockname()[0] == "127.0.1.1", "a loopback address named as such stays one"
