@@ -227,8 +227,14 @@ class Communicator:
             self.registry.end_call()
 
     def _fail(self, what: str, tag: int, err: BaseException) -> None:
-        """The communicator is failed; peers are told to stop waiting for this rank."""
+        """The communicator is failed: first no peer may write into this rank's memory any
+        more (a late writer fails at its end), then the peers are told to stop waiting."""
         self.failed = f"{what}: {type(err).__name__}: {err}"
+        if self.registry is not None:
+            try:
+                self.registry.revoke(verbs.e.IBV_ACCESS_REMOTE_WRITE)
+            except BaseException:  # noqa: BLE001 - the rest must still happen
+                pass
         why, blamed = engine_mod.FAILED, getattr(err, "peer", None)
         if isinstance(err, ProtocolError | ConfigError):
             why = engine_mod.MISMATCH

@@ -335,11 +335,13 @@ class Engine:
         idle_since = None  # when polls started coming back empty
         next_watch = None  # the peers are looked at every WATCH_EVERY s of the wait, even
         spins = 0  # while other completions keep coming (a dead peer's block never does)
-        while not cond():
-            if box.aborts:
+        while True:
+            if box.aborts:  # before cond: an abort filed with what we wait for comes first
                 who, why = next(iter(box.aborts.items()))
                 raise PeerError(f"rank {who} stopped the operation ({why}) while this rank "
                                 f"waited for {what}", peer=who)
+            if cond():
+                return
             if progress():
                 idle_since = None
                 spins = 0

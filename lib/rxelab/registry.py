@@ -129,6 +129,13 @@ class Registry:
             self.held.discard(key)
             self.held_version += 1
 
+    def revoke(self, remote_bit: int) -> None:
+        """No peer may write into this rank's memory any more (it failed or gave up, and the
+        application may reuse its buffers): every registration that lets peers write goes,
+        at once, so a late write fails at its sender instead of landing."""
+        for key in [k for k in self.entries if k[2] & remote_bit]:
+            self._drop(key)
+
     def close(self) -> None:
         for key in list(self.entries):
             self._drop(key)

@@ -332,3 +332,36 @@ def test_a_dead_peer_is_reported_while_rank_0_is_busy_elsewhere():
     out = run_ranks(4, job, timeout=20, keep_errors=True)
     message, took = out[3]
     assert "rank 2" in message and took < 3, (message, took)
+
+
+# ---- #1: after a rank gave up, nobody writes into its memory --------------------------------
+@pytest.mark.parametrize("aborts_first", [True, False])
+def test_a_late_writer_cannot_touch_a_buffer_whose_receiver_gave_up(aborts_first, monkeypatch):
+    """rank 1's recv times out and the application reuses the buffer; rank 0's send comes
+    late. Before, the late rendezvous write still landed (all of it): the ready-to-receive
+    notice and the abort came in one poll, and the failed rank's registrations stayed open.
+    Now the waiter sees the abort before its ready-to-receive, and the receiver's memory is
+    closed to peers the moment it fails (tested both ways: with the abort notices lost too)."""
+    if not aborts_first:  # the abort never arrives: only the closed registration protects
+        from rxelab import engine
+        monkeypatch.setattr(engine.Engine, "abort_all", lambda self, *a, **k: None)
+        from rxelab import control
+        monkeypatch.setattr(control.ControlPlane, "abort", lambda self, *a, **k: None)
+
+    def job(comm):
+        buf = np.zeros(64, np.uint8)
+        if comm.rank == 1:
+            with pytest.raises(PeerError, match="no progress"):
+                comm.recv(buf, 0)
+            buf[:] = 0x55  # the application reuses its buffer
+            time.sleep(2.5)  # while rank 0's late send happens
+            return buf.tolist()
+        time.sleep(1.5)
+        try:
+            comm.send(np.full(64, 0xAA, np.uint8), 1)
+            return "sent"
+        except rxelab.RdmaError as err:
+            return type(err).__name__
+    out = run_ranks(2, job, timeout=1, eager_limit=0, keep_errors=True)
+    assert out[1] == [0x55] * 64, "the late write landed in a buffer the application reused"
+    assert out[0] != "sent"
