@@ -145,6 +145,9 @@ def run_streaming(
             text=True,
             env={**os.environ, "LANG": "C.UTF-8", **(env or {})},
             start_new_session=True,
+            # it is interrupted with SIGINT below, which it cannot catch if it inherited the
+            # signal ignored (a background job of a non-interactive shell, many CI runners)
+            preexec_fn=_default_sigint if interrupt_grace > 0 else None,
         )
     except FileNotFoundError:
         raise missing_program(args[0]) from None
@@ -184,6 +187,10 @@ def run_streaming(
         reader.join(timeout=5)
     if proc.returncode != 0:
         raise CommandError(args, proc.returncode, "\n".join(tail), "")
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

@@ -39,6 +39,9 @@ FAILED, STALLED, DIED, MISMATCH = 0, 1, 2, 3  # why a rank aborted
 ABORT_REASONS = {FAILED: "it failed", STALLED: "no progress from", DIED: "it found dead",
                  MISMATCH: "counts disagree with"}
 KIND_NAMES = {RTR: "ready-to-receive", TOKEN: "token", ABORT: "abort", RTS: "ready-to-send"}
+# The immediate of a progress notice: no tag is all ones (collective tags use 30 bits, p2p
+# and user tags leave bits clear), and it reads the same in either byte order.
+PROGRESS_IMM = 0xFFFFFFFF
 SEND_BIT = 1 << 63
 DATA_BIT = 1 << 62
 POLL_BATCH = 32
@@ -213,13 +216,19 @@ class Engine:
                     and self.outstanding[op.peer] < self.send_depth:
                 n = min(self.chunk, op.length - op.posted)
                 wr_id = SEND_BIT | DATA_BIT | (op.peer << 40) | (next(self.ids) & ((1 << 40) - 1))
-                # Only the last chunk carries the immediate: one notice per message (two
-                # writes with the same tag stay two), and RC's order puts every earlier chunk
-                # in place before it.
-                last = op.posted + n == op.length
-                opcode = e.IBV_WR_RDMA_WRITE_WITH_IMM if op.imm and last else e.IBV_WR_RDMA_WRITE
+                # Only the last chunk carries the message's immediate: one notice per message
+                # (two writes with the same tag stay two), and RC's order puts every earlier
+                # chunk in place before it. A long message also carries a progress notice
+                # every `window` bytes, so a receiver that waits for it sees it move (its
+                # no-progress deadline is for transfers that stall, not for slow ones).
+                end = op.posted + n
+                last = end == op.length
+                moving = not last and op.imm and end // self.window != op.posted // self.window
+                opcode = e.IBV_WR_RDMA_WRITE_WITH_IMM if op.imm and last or moving \
+                    else e.IBV_WR_RDMA_WRITE
                 conn.post(wr_id, opcode, op.addr + op.posted, n, op.lkey,
-                          op.remote_addr + op.posted, op.rkey, socket.htonl(op.tag))
+                          op.remote_addr + op.posted, op.rkey,
+                          PROGRESS_IMM if moving else socket.htonl(op.tag))
                 self.in_flight_chunks[wr_id] = (op, n)
                 self.outstanding[op.peer] += 1
                 op.posted += n
@@ -283,9 +292,10 @@ class Engine:
             raise PeerError(f"receive from rank {peer} failed: {status_str(wc.status)}", peer=peer)
         conn = self.conns[peer]
         if wc.opcode == e.IBV_WC_RECV_RDMA_WITH_IMM:
-            tag = socket.ntohl(wc.imm_data)
-            arrival = self.box.arrivals.setdefault((peer, tag), Arrival())
-            arrival.count += 1
+            if wc.imm_data != PROGRESS_IMM:  # a progress notice only says the data moves
+                tag = socket.ntohl(wc.imm_data)
+                arrival = self.box.arrivals.setdefault((peer, tag), Arrival())
+                arrival.count += 1
         elif wc.wc_flags & e.IBV_WC_WITH_IMM:  # eager data: the slot is held until consumed
             key = (peer, socket.ntohl(wc.imm_data))
             if key in self.box.eager:
@@ -317,11 +327,13 @@ class Engine:
             raise ProtocolError(f"unknown control message kind {kind} from rank {peer}")
 
     # ---- waiting ------------------------------------------------------------------------
-    def wait(self, cond: Callable[[], bool], what: str, peer: int | None = None) -> None:
+    def wait(self, cond: Callable[[], bool], what: str, peer: int | None = None,
+             patience: float = 1.0) -> None:
         """Until cond() holds. The deadline is one of no progress: `timeout` seconds in which
         not one completion arrived (a slow transfer that moves is not cut off; a stalled one
-        is, naming what it waited for). A peer whose process died is noticed sooner, by its
-        control connection (watch).
+        is, naming what it waited for), times `patience`: a rank waiting its turn behind k
+        pairs of the sequential schedule allows each of them the deadline. A peer whose
+        process died is noticed sooner, by its control connection (watch).
 
         An empty poll sleeps at once until the next completion (after SPINS empty polls):
         ranks share cores (several per VM, VMs per core), and a rank that polls takes the CPU
@@ -351,8 +363,8 @@ class Engine:
                 next_watch = now + WATCH_EVERY
             if idle_since is None:
                 idle_since = now
-            elif now - idle_since > self.timeout:
-                raise PeerError(f"no progress for {self.timeout:g} s while waiting for {what}",
+            elif now - idle_since > self.timeout * patience:
+                raise PeerError(f"no progress for {self.timeout * patience:g} s while waiting for {what}",
                                 peer=peer, hint="a peer may have died, hung, or called a "
                                                 "different operation")
             if now > next_watch and self.watch is not None:
@@ -360,7 +372,7 @@ class Engine:
                 self.watch()
             spins += 1
             if spins >= SPINS:
-                self._block(min(WATCH_EVERY, self.timeout - (now - idle_since)))
+                self._block(min(WATCH_EVERY, self.timeout * patience - (now - idle_since)))
 
     def _block(self, seconds: float) -> None:
         dev = self.dev
@@ -378,12 +390,13 @@ class Engine:
         self.wait(lambda: key in self.box.rtr, f"rank {peer}'s buffer for {what}", peer)
         return self.box.rtr.pop(key)
 
-    def wait_token(self, peer: int, tag: int, what: str) -> None:
+    def wait_token(self, peer: int, tag: int, what: str, patience: float = 1.0) -> None:
         key = (peer, tag)
-        self.wait(lambda: key in self.box.tokens, f"the turn from rank {peer} ({what})", peer)
+        self.wait(lambda: key in self.box.tokens, f"the turn from rank {peer} ({what})", peer,
+                  patience)
         self.box.tokens.discard(key)
 
-    def wait_data(self, peer: int, tag: int, length: int, what: str) -> None:
+    def wait_data(self, peer: int, tag: int, length: int, what: str, patience: float = 1.0) -> None:
         """Wait for one message written with immediate `tag` (its last chunk's notice)."""
         key = (peer, tag)
         box = self.box
@@ -398,7 +411,7 @@ class Engine:
             return key in box.arrivals
 
         if key not in box.arrivals:
-            self.wait(arrived, f"{length} bytes from rank {peer} ({what})", peer)
+            self.wait(arrived, f"{length} bytes from rank {peer} ({what})", peer, patience)
         # the notice came before the data (RC keeps order) and may have been filed with it
         sent = box.rts.pop(key, None)
         if sent is not None and sent != length:
@@ -409,7 +422,8 @@ class Engine:
             del box.arrivals[key]
         self.counters.bytes_received += length
 
-    def recv_eager(self, peer: int, tag: int, dest: int, length: int, what: str) -> None:
+    def recv_eager(self, peer: int, tag: int, dest: int, length: int, what: str,
+                   patience: float = 1.0) -> None:
         """Wait for the eager block `tag` from peer, copy it to dest, give the slot back."""
         key = (peer, tag)
         box = self.box.eager
@@ -422,7 +436,7 @@ class Engine:
                     self._mismatch(peer, rts[key], length, what)
                 return key in box
 
-            self.wait(arrived, f"{length} bytes from rank {peer} ({what})", peer)
+            self.wait(arrived, f"{length} bytes from rank {peer} ({what})", peer, patience)
             got = box.pop(key)
         slot, nbytes = got
         conn = self.conns[peer]

@@ -365,3 +365,34 @@ def test_a_late_writer_cannot_touch_a_buffer_whose_receiver_gave_up(aborts_first
     out = run_ranks(2, job, timeout=1, eager_limit=0, keep_errors=True)
     assert out[1] == [0x55] * 64, "the late write landed in a buffer the application reused"
     assert out[0] != "sent"
+
+
+# ---- #3: a slow transfer that moves is never cut off -----------------------------------------
+@pytest.mark.parametrize("how", ["bcast", "send/recv"])
+def test_a_slow_one_way_transfer_that_moves_is_not_cut_off(how):
+    """64 one-KiB chunks, one in flight at a time, ~30 ms each: ~2 s, with a 1 s no-progress
+    deadline. The receiver saw no completion until the last chunk and gave up."""
+    def job(comm):
+        buf = np.full(65536, comm.rank, np.uint8)
+        if how == "bcast":
+            comm.bcast(buf, root=0)
+        elif comm.rank == 0:
+            comm.send(buf, 1)
+        else:
+            comm.recv(buf, 0)
+        return int(buf.max())
+    assert run_ranks(2, job, timeout=1.0, max_delay=0.06, chunk=1024, window=1024,
+                     eager_limit=0) == [0, 0]
+
+
+def test_a_rank_waiting_its_turn_in_the_sequential_walk_is_not_cut_off():
+    """Each pair's exchange takes ~1 s, and moves; the last pair waits ~5 s for its turn with a
+    1 s no-progress deadline (it saw no completion of its own meanwhile)."""
+    def job(comm):
+        p = comm.size
+        recv = np.zeros(p * 32768, np.uint8)
+        comm.allgather(np.full(32768, comm.rank, np.uint8), recv, algorithm="sequential")
+        return recv[::32768].tolist()
+    out = run_ranks(4, job, timeout=1.0, max_delay=0.05, chunk=1024, window=1024, eager_limit=0,
+                    deadline=120)
+    assert out == [[0, 1, 2, 3]] * 4

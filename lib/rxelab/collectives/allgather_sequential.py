@@ -14,4 +14,4 @@ def run(c: Call) -> None:
     c.copy_own_block(0, c.rank * m, m)
 
     sequential_walk(c, lambda peer: c.send_block(peer, DATA, 0, m, acked=True),
-                    lambda peer: c.recv_block(peer, DATA, peer * m, m))
+                    lambda peer, patience: c.recv_block(peer, DATA, peer * m, m, patience=patience))

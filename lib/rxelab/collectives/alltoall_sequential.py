@@ -17,4 +17,5 @@ def run(c: Call) -> None:
 
     sequential_walk(
         c, lambda peer: c.send_block(peer, DATA, lay.send_off[peer], lay.send_len[peer], acked=True),
-        lambda peer: c.recv_block(peer, DATA, lay.recv_off[peer], lay.recv_len[peer]))
+        lambda peer, patience: c.recv_block(peer, DATA, lay.recv_off[peer], lay.recv_len[peer],
+                                            patience=patience))

@@ -105,12 +105,13 @@ class Call:
         return self.write_to(peer, sub, offset, length, source=buf)
 
     def recv_block(self, peer: int, sub: int, offset: int, length: int,
-                   into: Buffer | None = None) -> None:
+                   into: Buffer | None = None, patience: float = 1.0) -> None:
         if self.eager(length):
             buf = into or self.layout.recv
-            self.engine.recv_eager(peer, self.tag(sub), buf.address + offset, length, self.name)
+            self.engine.recv_eager(peer, self.tag(sub), buf.address + offset, length, self.name,
+                                   patience)
         else:
-            self.receive(peer, sub, length)
+            self.engine.wait_data(peer, self.tag(sub), length, self.name, patience)
 
     def advertise(self, peer: int, sub: int, offset: int, length: int,
                   into: Buffer | None = None) -> None:
@@ -147,7 +148,10 @@ class Call:
         self.engine.send_ctrl(peer, TOKEN, self.tag(STEP0 + step))
 
     def await_turn(self, leader: int, step: int) -> None:
-        self.engine.wait_token(leader, self.tag(STEP0 + step), f"{self.name} step {step}")
+        """The turn of step `step` comes after every step before it: each may take the
+        no-progress deadline."""
+        self.engine.wait_token(leader, self.tag(STEP0 + step), f"{self.name} step {step}",
+                               patience=step + 1)
 
     def finish(self, ops: list[WriteOp | SendOp], strict: bool = False) -> None:
         """Wait until the peers acknowledged our writes (they read our buffers until then);
@@ -156,7 +160,7 @@ class Call:
 
 
 def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
-                    receive: Callable[[int], None]) -> None:
+                    receive: Callable[[int, float], None]) -> None:
     """Take part in the sequential schedule, at most layout.window pairs at once, by the turn
     rules of schedules (module docstring): for each of this rank's pairs, in the global order,
     - starter (was in the step `window` places before): close that step, then send;
@@ -175,7 +179,7 @@ def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
     def close(k: int) -> None:
         turn, op = open_pairs.pop(k)
         if turn.role != ANSWERED:
-            receive(turn.partner)
+            receive(turn.partner, 1.0)
         c.finish([op], strict=turn.role != STARTED)  # a starter's block was answered: it arrived
         for r in turn.hands_to:
             c.pass_turn(r, k + w)
@@ -189,9 +193,9 @@ def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
         k = turn.step
         if turn.role == STARTED:
             close_all(k - w)
-        elif turn.role == ANSWERED:
+        elif turn.role == ANSWERED:  # the starter's block is the turn: it comes after step k - 1
             close_all(k)
-            receive(turn.partner)
+            receive(turn.partner, k + 1)
         elif turn.token_from is not None:
             close_all(k)
             c.await_turn(turn.token_from, k)
