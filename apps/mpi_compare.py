@@ -21,25 +21,32 @@ import stages  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = stages.arguments(__doc__.split("\n\n")[0], ["mpi-default", "mpi-linear", "mpi-pairwise",
-                                                    "mpi-ring", "mpi-bruck", "mpi-recursive-doubling",
-                                                    "mpi-binomial"], "mpi-default")
+    labels = sorted({a for c in stages.ops.COLLECTIVES.values() if c.mpi for a in c.mpi.tuned})
+    ap = stages.arguments(__doc__.split("\n\n")[0], labels, "mpi-default")
     args = ap.parse_args(argv)
     stages.check_args(ap, args)
+    described = stages.ops.COLLECTIVES[args.op]
+    if described.mpi is None:
+        ap.error(f"{args.op} has no MPI counterpart")
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     r, p, m = comm.Get_rank(), comm.Get_size(), args.size
     mine = np.zeros(args.stages * 2, np.float64)
-    collective = {"allgather": comm.Allgather, "alltoall": comm.Alltoall,
-                  "allreduce": lambda s, d: comm.Allreduce(s, d, op=MPI.SUM),
-                  "reduce_scatter": lambda s, d: comm.Reduce_scatter_block(s, d, op=MPI.SUM),
-                  "bcast": lambda s, d: comm.Bcast(s, root=0)}[args.op]
+    call = getattr(comm, described.mpi.call)  # the description's mpi4py method
+
+    def collective(send: np.ndarray, recv: np.ndarray) -> None:
+        if described.in_place:
+            call(send, root=0)
+        elif described.reduces:
+            call(send, recv, op=MPI.SUM)
+        else:
+            call(send, recv)
     comm.Barrier()  # the "start signal"
     progress = stages.Progress("mpi") if r == 0 else None
     send, want = stages.buffers(args.op, 0, r, p, m)
     recv = np.zeros_like(want)
-    got = send if args.op == "bcast" else recv
+    got = described.result(send, recv)
     for s in range(-args.warmup, args.stages):
         data, want = stages.buffers(args.op, max(s, 0), r, p, m)
         np.copyto(send, data)  # the same buffers every stage

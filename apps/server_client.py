@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                 comm.recv(start, 0)  # wait for the server's start signal
             send, want = stages.buffers(args.op, 0, r, p, m)
             recv = np.zeros_like(want)
-            got = send if args.op == "bcast" else recv  # bcast works in place
+            got = ops.COLLECTIVES[args.op].result(send, recv)
             mine = np.zeros(args.stages * 2, np.float64)
             peak_pinned = peak_inflight = 0
             progress = stages.Progress("rxelab") if r == 0 else None

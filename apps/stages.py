@@ -26,15 +26,15 @@ def buffers(op: str, stage: int, rank: int, p: int, size: int) -> tuple[np.ndarr
     """What a rank sends in a stage and what it must end up with (rxelab.ops' test data, the
     stage number as salt). size: bytes per peer (alltoall, allgather), of the vector
     (allreduce, bcast) or of each rank's result block (reduce_scatter)."""
-    dtype = ops.dtype_for(op)
-    return ops.COLLECTIVES[op].data(rank, p, size // np.dtype(dtype).itemsize, dtype, stage, "sum")
+    c = ops.COLLECTIVES[op]
+    return c.data(rank, p, size // np.dtype(c.dtype).itemsize, c.dtype, stage, "sum")
 
 
 def arguments(description: str, algorithms: Iterable[str], default_algorithm: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--op", choices=OPS, default="allgather",
-                    help="allgather (the seed's all-to-all broadcast, default), alltoall, "
-                         "allreduce, reduce_scatter or bcast (reductions move float32 sums)")
+                    help="allgather (the seed's all-to-all broadcast, default) or another "
+                         f"collective: {', '.join(OPS)} (each moves its description's dtype)")
     ap.add_argument("--stages", type=int, default=DEFAULT_STAGES,
                     help=f"how many times the collective runs (the seed used 100, 1000, 10000; "
                          f"default {DEFAULT_STAGES})")
@@ -51,9 +51,9 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         ap.error("--stages must be at least 1")
     if args.size < 0:
         ap.error("--size must be 0 or more")
-    item = np.dtype(ops.dtype_for(args.op)).itemsize
-    if args.size % item:
-        ap.error(f"--size of {args.op} must be a multiple of {item} (float32 elements)")
+    dtype = np.dtype(ops.COLLECTIVES[args.op].dtype)
+    if args.size % dtype.itemsize:
+        ap.error(f"--size of {args.op} must be a multiple of {dtype.itemsize} ({dtype} elements)")
     if args.warmup < 0:
         ap.error("--warmup must be 0 or more")
 

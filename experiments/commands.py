@@ -17,10 +17,10 @@ import re
 import shlex
 from typing import Any
 
+from rxelab import ops
 from rxelab import settings as library
 
 from experiments import counters, fleet, netem
-from experiments.spec import MPI_ALGORITHMS
 from infra.inventory import Host
 
 RUN_ID = "RXELAB_RUN_ID"
@@ -106,7 +106,9 @@ def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: s
     """network: the data network as Open MPI's if_include takes it (a CIDR such as
     10.10.0.0/24, or interface names), found on the hosts themselves, never assumed."""
     p = fleet.remote_paths()
-    forced = MPI_ALGORITHMS[case["op"]][case["algorithm"]]
+    described = ops.COLLECTIVES[case["op"]].mpi
+    assert described is not None, "spec validation lets only collectives with an MPI counterpart through"
+    forced = described.tuned[case["algorithm"]]
     mca = [] if forced is None else [
         "--mca", "coll_tuned_use_dynamic_rules", "1",
         "--mca", f"coll_tuned_{case['op']}_algorithm", str(forced)]

@@ -305,9 +305,9 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
 
 
 def size_unit(op: str) -> str:
-    """What a case's size counts, by collective (see rxelab.ops)."""
-    return {"allreduce": "vector", "bcast": "vector", "reduce_scatter": "per block"}.get(
-        op, "per peer")
+    """What a case's size counts: its collective's description says (perftest: per message)."""
+    described = ops.COLLECTIVES.get(op)
+    return described.unit if described else "per peer"
 
 
 def _groups(flat: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:

@@ -63,15 +63,10 @@ __doc__ = __doc__.replace("{options}", "\n".join(  # type: ignore[union-attr]
 SPECS = Path(__file__).resolve().parent / "specs"
 APPS = ("rxelab", "mpi", "perftest")
 OPS = tuple(ops.COLLECTIVES)
-RXELAB_ALGORITHMS = {name: c.algorithms for name, c in ops.COLLECTIVES.items()}
-# Open MPI coll_tuned algorithm numbers (ompi/mca/coll/tuned): what each label forces.
-MPI_ALGORITHMS = {
-    "allgather": {"mpi-default": None, "mpi-linear": 1, "mpi-bruck": 2, "mpi-ring": 4},
-    "alltoall": {"mpi-default": None, "mpi-linear": 1, "mpi-pairwise": 2, "mpi-bruck": 3},
-    "allreduce": {"mpi-default": None, "mpi-recursive-doubling": 3, "mpi-ring": 4},
-    "reduce_scatter": {"mpi-default": None},
-    "bcast": {"mpi-default": None, "mpi-binomial": 6},
-}
+RXELAB_ALGORITHMS = {name: tuple(c.algorithms) for name, c in ops.COLLECTIVES.items()}
+# Open MPI coll_tuned algorithm numbers (ompi/mca/coll/tuned): what each label forces, for
+# every collective with an MPI counterpart (their descriptions say).
+MPI_ALGORITHMS = {name: dict(c.mpi.tuned) for name, c in ops.COLLECTIVES.items() if c.mpi}
 TOOLS = ("ib_write_bw", "ib_send_bw", "ib_send_lat")
 TRANSPORTS = ("ucx", "tcp")
 # rxelab runs take every option of init(), under its own name and in its own range
@@ -191,9 +186,11 @@ def _impairment(imp: Any) -> Any:
 def _algorithms(app: str | None, op: str | None) -> tuple[str, ...]:
     """What a run of `app` may run for `op`; () when either is not known."""
     if app == "rxelab":
-        return RXELAB_ALGORITHMS.get(op, ())
+        described = ops.COLLECTIVES.get(op)  # read now: a collective registered later counts
+        return tuple(described.algorithms) if described else ()
     if app == "mpi":
-        return tuple(MPI_ALGORITHMS.get(op, ()))
+        described = ops.COLLECTIVES.get(op)
+        return tuple(described.mpi.tuned) if described and described.mpi else ()
     return TOOLS if app == "perftest" else ()
 
 
@@ -238,8 +235,11 @@ class _RunFields(_Strict):
     @field_validator("op")
     @classmethod
     def _op_known(cls, op: str, info: ValidationInfo) -> str:
-        if info.data.get("app") in ("rxelab", "mpi") and op not in OPS:
-            raise _bad(f"must be one of {', '.join(OPS)}, not {_short(op)}")
+        known = tuple(ops.COLLECTIVES)
+        if info.data.get("app") in ("rxelab", "mpi") and op not in known:
+            raise _bad(f"must be one of {', '.join(known)}, not {_short(op)}")
+        if info.data.get("app") == "mpi" and ops.COLLECTIVES[op].mpi is None:
+            raise _bad(f"{op} has no MPI counterpart (its description names none)")
         return op
 
     @field_validator("algorithms")
@@ -344,7 +344,8 @@ def _run(r: _RunDoc) -> Run:
     if r.app == "perftest":
         names = r.tools or ["ib_write_bw"]
     else:
-        names = r.algorithms or (["mpi-default"] if r.app == "mpi" else RXELAB_ALGORITHMS[r.op])
+        names = r.algorithms or (["mpi-default"] if r.app == "mpi"
+                                 else list(ops.COLLECTIVES[r.op].algorithms))
     return Run(r.app, r.op if r.app != "perftest" else "link", tuple(names), tuple(r.nodes),
                tuple(r.sizes), r.stages, r.warmup,
                tuple(r.transport or TRANSPORTS) if r.app == "mpi" else (None,), r.sample_load,

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from rxelab.errors import ClosedError, ConfigError, PeerError, ProtocolError, RdmaError
 from rxelab.ops import COLLECTIVES
 
-ALLTOALL_ALGORITHMS = COLLECTIVES["alltoall"].algorithms
-ALLGATHER_ALGORITHMS = COLLECTIVES["allgather"].algorithms
+ALLTOALL_ALGORITHMS = tuple(COLLECTIVES["alltoall"].algorithms)
+ALLGATHER_ALGORITHMS = tuple(COLLECTIVES["allgather"].algorithms)
 
 if TYPE_CHECKING:
     from rxelab.comm import Communicator

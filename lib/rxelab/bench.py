@@ -41,12 +41,12 @@ def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int) -
     allgather, of the vector for allreduce and bcast, of each result block for reduce_scatter)."""
     p, r = comm.size, comm.rank
     coll = ops.COLLECTIVES[op]
-    dtype = ops.dtype_for(op)
+    dtype = coll.dtype
     send, want = coll.data(r, p, size // np.dtype(dtype).itemsize, dtype, 0, "sum")
     recv = np.zeros_like(want)
     times, peak_inflight, peak_pinned = [], 0, 0
     for i in range(warmup + iters):
-        if op == "bcast":  # in place: the root's data again, the others' buffer cleared
+        if coll.in_place:  # the root's data again, the others' buffer cleared
             np.copyto(send, coll.data(r, p, send.size, dtype, 0, "sum")[0])
         recv.fill(0)
         comm.barrier()
@@ -56,7 +56,7 @@ def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int) -
             times.append(time.perf_counter() - t0)
             peak_inflight = max(peak_inflight, stats.peak_inflight)
             peak_pinned = max(peak_pinned, stats.peak_pinned)
-    got = send if op == "bcast" else recv
+    got = coll.result(send, recv)
     wrong = int(np.count_nonzero(got != want))
     mine = np.array([float(np.mean(times)), float(np.min(times)), float(np.max(times)),
                      wrong, peak_inflight, peak_pinned], np.float64)
@@ -90,10 +90,9 @@ def overlap(comm: Any, op: str, algo: str, size: int, iters: int) -> dict[str, A
     t_pure), how much of the communication the computation hid."""
     p, r = comm.size, comm.rank
     coll = ops.COLLECTIVES[op]
-    dtype = ops.dtype_for(op)
+    dtype = coll.dtype
     send, want = coll.data(r, p, size // np.dtype(dtype).itemsize, dtype, 0, "sum")
     recv = np.zeros_like(want)
-    start = getattr(comm, "i" + op)
     pure, cpu, total = [], [], []
     for _ in range(iters):
         comm.barrier()
@@ -104,7 +103,8 @@ def overlap(comm: Any, op: str, algo: str, size: int, iters: int) -> dict[str, A
     for _ in range(iters):
         comm.barrier()
         t0 = time.perf_counter()
-        req = start(send, 0, algorithm=algo) if op == "bcast" else start(send, recv, algorithm=algo)
+        req = comm.start(op, send, None if coll.in_place else recv, algorithm=algo,
+                         **coll.arguments(p))
         cpu.append(compute(t_pure))
         req.wait()
         total.append(time.perf_counter() - t0)

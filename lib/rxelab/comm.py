@@ -9,6 +9,7 @@ experiments need: bytes sent and received, peak pinned memory, peak bytes in fli
 
 from __future__ import annotations
 
+import importlib
 import operator
 import sys
 import threading
@@ -20,15 +21,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rxelab import bootstrap, settings, verbs
+from rxelab import bootstrap, layouts, ops, settings, verbs
 from rxelab import engine as engine_mod
-from rxelab import ops as ops_mod
-from rxelab.buffers import Buffer, as_buffer, check_pair, split_even
-from rxelab.collectives import ALLGATHER, ALLREDUCE, ALLTOALL, BCAST, REDUCE_SCATTER
-from rxelab.collectives.common import DATA, Call, Layout
+from rxelab.buffers import Buffer, as_buffer
+from rxelab.collectives.common import DATA, Call
 from rxelab.control import ControlPlane
 from rxelab.engine import RTR, Engine
 from rxelab.errors import ClosedError, ConfigError, PeerError, ProtocolError, RdmaError
+from rxelab.layouts import Layout
 from rxelab.registry import Registry
 from rxelab.requests import ProgressThread, Request
 
@@ -59,6 +59,7 @@ class RemoteBuffer:
 
 
 MAX_PLANS = 8
+_RUNNERS: dict[str, Callable[[Call], None]] = {}  # "module:function" -> the function
 
 
 class Plan:
@@ -78,17 +79,6 @@ class Plan:
     def usable(self) -> bool:
         recv = self.layout.recv.owner
         return not isinstance(recv, np.ndarray) or bool(recv.flags.writeable)
-
-
-class _Deferring(threading.local):
-    on = False  # per thread: an i-collective is building its plan on this one
-
-
-class _Deferred(Exception):
-    """Carries a checked plan out of a collective method called by its i-variant."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
 
 
 class Communicator:
@@ -117,7 +107,6 @@ class Communicator:
         self.last_stats: Stats | None = None
         self._plans: dict[tuple[Any, ...], Plan] = {}
         self._progress = ProgressThread()
-        self._deferred = _Deferring()  # set while an i-collective builds its plan
         self._lock = threading.RLock()  # plans and registrations: caller and progress thread
         self._caller = threading.Lock()  # held by the application thread inside the library
         try:
@@ -258,9 +247,6 @@ class Communicator:
                                    "serialize the calls, or give each thread a communicator")
 
     def _run(self, plan: Plan, in_worker: bool = False) -> Stats:
-        if self._deferred.on:  # an i-collective: checked, now to the thread
-            self._deferred.on = False
-            raise _Deferred(plan)
         # started requests first (a no-op on the progress thread itself): they took their
         # call numbers before this one, on every rank in the same order
         self._progress.quiesce()
@@ -324,8 +310,8 @@ class Communicator:
         held for peers: refused here, before anything is posted."""
         assert self.registry is not None
         lay = plan.layout
-        self.registry.check_fits(*{id(b): b for b in (lay.send, lay.recv, lay.scratch)
-                                   if b is not None}.values())
+        self.registry.check_fits(*{id(b): b for b in (lay.send, lay.recv, *lay.scratch_buffers())
+                                   }.values())
         plan.held_version = self.registry.held_version
 
     def _let_go_of_dropped_plans(self) -> None:
@@ -342,7 +328,7 @@ class Communicator:
         for plan in self._plans.values():
             for view in plan.exports:
                 holders[id(view.obj)] = holders.get(id(view.obj), 0) + 1
-            for arr in (plan.layout.acc, plan.layout.send_view):  # reductions' flat views
+            for arr in plan.layout.held_arrays():  # reductions' flat views
                 if isinstance(arr, np.ndarray) and id(arr.base) in holders:
                     holders[id(arr.base)] += 1
         for entry in self.registry.entries.values():
@@ -357,8 +343,6 @@ class Communicator:
                 del self._plans[key]
 
     def _window(self, algorithm: str, pairs: Any) -> int:
-        if not isinstance(algorithm, str):  # before it goes into a plan's (hashed) key
-            raise ConfigError(f"algorithm={algorithm!r} must be an algorithm's name")
         pairs = whole(pairs, "pairs")
         if pairs < 1:
             raise ConfigError(f"pairs={pairs!r}: at least one pair must be able to exchange")
@@ -366,181 +350,153 @@ class Communicator:
             raise ConfigError(f"pairs= sets the sequential schedule's window, not {algorithm}'s")
         return min(pairs, max(1, self.size * (self.size - 1) // 2))
 
-    def _algorithm(self, operation: str, algorithm: str, table: dict[str, Any]) -> Any:
-        try:
-            return table[algorithm]
-        except (KeyError, TypeError):
-            raise ConfigError(f"unknown {operation} algorithm {algorithm!r}",
-                              hint=f"use one of {', '.join(table)}") from None
+    def _algorithm(self, c: ops.Collective, algorithm: str) -> Callable[[Call], None]:
+        """The function that runs it, imported when first used (descriptions name it)."""
+        if algorithm not in c.algorithms:
+            raise ConfigError(f"unknown {c.name} algorithm {algorithm!r}",
+                              hint=f"use one of {', '.join(c.algorithms)}")
+        found = _RUNNERS.get(c.algorithms[algorithm])
+        if found is None:
+            module, _, function = c.algorithms[algorithm].partition(":")
+            found = _RUNNERS[c.algorithms[algorithm]] = getattr(importlib.import_module(module),
+                                                                function)
+        return found
+
+    def _arguments(self, c: ops.Collective, algorithm: str, given: dict[str, Any]) -> dict[str, Any]:
+        """The extra arguments the description takes, checked; anything else is refused."""
+        unknown = sorted(given.keys() - set(c.takes))
+        if unknown:
+            raise ConfigError(f"{c.name} takes no {', '.join(unknown)}")
+        out: dict[str, Any] = {}
+        if "pairs" in c.takes:
+            out["window"] = self._window(algorithm, given.get("pairs", 1))
+        if "root" in c.takes:
+            root = whole(given.get("root", 0), "root")
+            if not 0 <= root < self.size:
+                raise ConfigError(f"root {root!r} is not a rank of 0..{self.size - 1}")
+            out["root"] = root
+        if "op" in c.takes:
+            names(op=given.get("op", "sum"))
+            out["op"] = given.get("op", "sum")
+        return out
+
+    def _prepare(self, name: str, sendbuf: Any, recvbuf: Any, algorithm: str | None,
+                 given: dict[str, Any]) -> Plan:
+        """A described collective's call, checked and made ready (or kept from the last call
+        on the same buffers): one path for every collective and its i-variant."""
+        c = ops.collective(name)
+        algorithm = c.default if algorithm is None else algorithm
+        names(algorithm=algorithm)  # before it goes into a plan's (hashed) key
+        args = self._arguments(c, algorithm, given)
+        key = (name, algorithm, id(sendbuf), id(recvbuf), *args.values())
+
+        def make() -> Plan:
+            run = self._algorithm(c, algorithm)
+            layout = c.layout(sendbuf, recvbuf, self.size, self.rank, **args)
+            return Plan(name, algorithm, run, layout)
+        return self._plan(key, make)
 
     # ---- collectives ----------------------------------------------------------------
+    def collective(self, name: str, sendbuf: Any, recvbuf: Any = None,
+                   algorithm: str | None = None, **arguments: Any) -> Stats:
+        """Any described collective (rxelab.ops): comm.collective("alltoall", s, r,
+        algorithm="sequential", pairs=2). The named methods below are this, spelt out."""
+        return self._run(self._prepare(name, sendbuf, recvbuf, algorithm, arguments))
+
+    def start(self, name: str, sendbuf: Any, recvbuf: Any = None, algorithm: str | None = None,
+              **arguments: Any) -> Request:
+        """Any described collective, started: its arguments are checked now (errors are
+        raised here, as the blocking call raises them); it runs on the progress thread
+        (rxelab.requests) and the Request says when it is done."""
+        self._check_open()
+        self._claim(f"i{name}")
+        try:
+            plan = self._prepare(name, sendbuf, recvbuf, algorithm, arguments)
+        finally:
+            self._caller.release()
+        return self._progress.submit(plan.name, lambda: self._run(plan, in_worker=True))
+
     def alltoall(self, sendbuf: Any, recvbuf: Any, algorithm: str = "pairwise",
                  pairs: int = 1) -> Stats:
         """MPI_Alltoall: block j of sendbuf goes to rank j; block i of recvbuf comes from rank i.
         With algorithm="sequential", `pairs` pairs at most exchange at once (1: strictly
         sequential; p(p-1)/2: all at once), in the same fixed order."""
-        window = self._window(algorithm, pairs)
-        key = ("alltoall", algorithm, window, id(sendbuf), id(recvbuf))
-
-        def make() -> Plan:
-            run = self._algorithm("alltoall", algorithm, ALLTOALL)
-            send = as_buffer(sendbuf, "send buffer")
-            recv = as_buffer(recvbuf, "receive buffer", writable=True)
-            check_pair(send, recv, send.nbytes, send.nbytes)
-            m = split_even(send.nbytes, self.size, send.itemsize, "send buffer")
-            offs = [i * m for i in range(self.size)]
-            lens = [m] * self.size
-            return Plan("alltoall", algorithm, run, Layout(send, recv, offs, lens, offs, lens,
-                                                          window=window))
-        return self._run(self._plan(key, make))
-
-    def alltoallv(self, sendbuf: Any, send_counts: list[int], recvbuf: Any,
-                  recv_counts: list[int], algorithm: str = "pairwise", pairs: int = 1) -> Stats:
-        """MPI_Alltoallv with contiguous blocks: counts are in elements of the buffers."""
-        window = self._window(algorithm, pairs)
-        sc, rc = (whole_numbers(c, self.size, name) for c, name in
-                  ((send_counts, "send_counts"), (recv_counts, "recv_counts")))
-
-        def make() -> Plan:
-            run = self._algorithm("alltoallv", algorithm, ALLTOALL)
-            send = as_buffer(sendbuf, "send buffer")
-            recv = as_buffer(recvbuf, "receive buffer", writable=True)
-            item = send.itemsize
-            check_pair(send, recv, sum(sc) * item, sum(rc) * item)
-            if sc[self.rank] != rc[self.rank]:
-                raise ConfigError("send_counts and recv_counts disagree on this rank's own block")
-
-            def layout(counts: list[int]) -> tuple[list[int], list[int]]:
-                offs, pos = [], 0
-                for c in counts:
-                    offs.append(pos)
-                    pos += c * item
-                return offs, [c * item for c in counts]
-
-            so, sl = layout(sc)
-            ro, rl = layout(rc)
-            return Plan("alltoallv", algorithm, run, Layout(send, recv, so, sl, ro, rl, vector=True,
-                                                           window=window))
-        key = ("alltoallv", algorithm, window, id(sendbuf), id(recvbuf), tuple(sc), tuple(rc))
-        return self._run(self._plan(key, make))
+        return self.collective("alltoall", sendbuf, recvbuf, algorithm, pairs=pairs)
 
     def allgather(self, sendbuf: Any, recvbuf: Any, algorithm: str = "ring",
                   pairs: int = 1) -> Stats:
         """MPI_Allgather: every rank's sendbuf lands at block `rank` of every recvbuf (pairs:
         as in alltoall, for algorithm="sequential")."""
-        window = self._window(algorithm, pairs)
-        key = ("allgather", algorithm, window, id(sendbuf), id(recvbuf))
-
-        def make() -> Plan:
-            run = self._algorithm("allgather", algorithm, ALLGATHER)
-            send = as_buffer(sendbuf, "send buffer")
-            recv = as_buffer(recvbuf, "receive buffer", writable=True)
-            check_pair(send, recv, send.nbytes, send.nbytes * self.size)
-            m = send.nbytes
-            offs = [i * m for i in range(self.size)]
-            return Plan("allgather", algorithm, run, Layout(send, recv, [0] * self.size,
-                                                           [m] * self.size, offs, [m] * self.size,
-                                                           window=window))
-        return self._run(self._plan(key, make))
+        return self.collective("allgather", sendbuf, recvbuf, algorithm, pairs=pairs)
 
     def allreduce(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
                   algorithm: str = "ring") -> Stats:
         """MPI_Allreduce: recvbuf = op over every rank's sendbuf, element by element (sum, prod,
         min, max on numpy integer and float arrays). allreduce(x, x) works in place."""
-        names(algorithm=algorithm, op=op)
-
-        def make() -> Plan:
-            run = self._algorithm("allreduce", algorithm, ALLREDUCE)
-            send, recv, ufunc = self._reduction_buffers(sendbuf, recvbuf, op, in_place=True)
-            check_pair(send, recv, recv.nbytes, recv.nbytes, in_place=send is recv)
-            tmp = np.empty_like(recvbuf)
-            return Plan("allreduce", algorithm, run, Layout(
-                send, recv, [], [], [], [], reduce=ufunc, acc=recvbuf.reshape(-1),
-                scratch=as_buffer(tmp, "scratch", writable=True), tmp=tmp.reshape(-1)))
-        return self._run(self._plan(("allreduce", algorithm, op, id(sendbuf), id(recvbuf)), make))
+        return self.collective("allreduce", sendbuf, recvbuf, algorithm, op=op)
 
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
                        algorithm: str = "ring") -> Stats:
         """MPI_Reduce_scatter_block: block r (len(recvbuf) elements) of op over every rank's
         sendbuf (size * len(recvbuf) elements) lands at rank r."""
-        names(algorithm=algorithm, op=op)
-
-        def make() -> Plan:
-            run = self._algorithm("reduce_scatter", algorithm, REDUCE_SCATTER)
-            send, recv, ufunc = self._reduction_buffers(sendbuf, recvbuf, op, in_place=False)
-            check_pair(send, recv, recv.nbytes * self.size, recv.nbytes)
-            tmp = np.empty(2 * sendbuf.size, sendbuf.dtype)
-            return Plan("reduce_scatter", algorithm, run, Layout(
-                send, recv, [], [], [], [], reduce=ufunc, acc=recvbuf.reshape(-1),
-                scratch=as_buffer(tmp, "scratch", writable=True), tmp=tmp,
-                send_view=sendbuf.reshape(-1)))
-        return self._run(self._plan(("reduce_scatter", algorithm, op, id(sendbuf), id(recvbuf)),
-                                    make))
+        return self.collective("reduce_scatter", sendbuf, recvbuf, algorithm, op=op)
 
     def bcast(self, buf: Any, root: int = 0, algorithm: str = "binomial") -> Stats:
         """MPI_Bcast: root's buf lands in every rank's buf (same size everywhere)."""
+        return self.collective("bcast", buf, None, algorithm, root=root)
+
+    def alltoallv(self, sendbuf: Any, send_counts: list[int], recvbuf: Any,
+                  recv_counts: list[int], algorithm: str = "pairwise", pairs: int = 1) -> Stats:
+        """MPI_Alltoallv with contiguous blocks: counts are in elements of the buffers; the
+        algorithms are alltoall's."""
+        return self._run(self._prepare_v(sendbuf, send_counts, recvbuf, recv_counts, algorithm,
+                                         pairs))
+
+    def _prepare_v(self, sendbuf: Any, send_counts: Any, recvbuf: Any, recv_counts: Any,
+                   algorithm: str, pairs: int) -> Plan:
+        c = ops.collective("alltoall")
         names(algorithm=algorithm)
-        root = whole(root, "root")
-        if not 0 <= root < self.size:
-            raise ConfigError(f"root {root!r} is not a rank of 0..{self.size - 1}")
+        window = self._window(algorithm, pairs)
+        sc, rc = (whole_numbers(x, self.size, name) for x, name in
+                  ((send_counts, "send_counts"), (recv_counts, "recv_counts")))
+        key = ("alltoallv", algorithm, window, id(sendbuf), id(recvbuf), tuple(sc), tuple(rc))
 
         def make() -> Plan:
-            run = self._algorithm("bcast", algorithm, BCAST)
-            b = as_buffer(buf, "buffer", writable=True)
-            return Plan("bcast", algorithm, run, Layout(b, b, [], [], [], [], root=root))
-        return self._run(self._plan(("bcast", algorithm, root, id(buf)), make))
+            run = self._algorithm(c, algorithm)
+            return Plan("alltoallv", algorithm, run, layouts.varying(
+                sendbuf, recvbuf, self.size, self.rank, sc, rc, window))
+        return self._plan(key, make)
 
     # ---- nonblocking --------------------------------------------------------------------
-    def _start(self, method: Callable[..., Stats], *args: Any, **kwargs: Any) -> Request:
-        """Check the arguments here (errors are raised now, as the blocking call raises them),
-        then run the collective on the progress thread (rxelab.requests)."""
+    def ialltoall(self, sendbuf: Any, recvbuf: Any, algorithm: str = "pairwise",
+                  pairs: int = 1) -> Request:
+        """alltoall, started: returns a Request at once (req.test(), req.wait())."""
+        return self.start("alltoall", sendbuf, recvbuf, algorithm, pairs=pairs)
+
+    def ialltoallv(self, sendbuf: Any, send_counts: list[int], recvbuf: Any,
+                   recv_counts: list[int], algorithm: str = "pairwise", pairs: int = 1) -> Request:
         self._check_open()
-        self._claim(f"i{method.__name__}")
-        self._deferred.on = True
+        self._claim("ialltoallv")
         try:
-            method(*args, **kwargs)
-        except _Deferred as ready:
-            plan = ready.plan
+            plan = self._prepare_v(sendbuf, send_counts, recvbuf, recv_counts, algorithm, pairs)
         finally:
-            self._deferred.on = False
             self._caller.release()
         return self._progress.submit(plan.name, lambda: self._run(plan, in_worker=True))
 
-    def ialltoall(self, *args: Any, **kwargs: Any) -> Request:
-        """alltoall, started: returns a Request at once (req.test(), req.wait())."""
-        return self._start(self.alltoall, *args, **kwargs)
+    def iallgather(self, sendbuf: Any, recvbuf: Any, algorithm: str = "ring",
+                   pairs: int = 1) -> Request:
+        return self.start("allgather", sendbuf, recvbuf, algorithm, pairs=pairs)
 
-    def ialltoallv(self, *args: Any, **kwargs: Any) -> Request:
-        return self._start(self.alltoallv, *args, **kwargs)
+    def iallreduce(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
+                   algorithm: str = "ring") -> Request:
+        return self.start("allreduce", sendbuf, recvbuf, algorithm, op=op)
 
-    def iallgather(self, *args: Any, **kwargs: Any) -> Request:
-        return self._start(self.allgather, *args, **kwargs)
+    def ireduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
+                        algorithm: str = "ring") -> Request:
+        return self.start("reduce_scatter", sendbuf, recvbuf, algorithm, op=op)
 
-    def iallreduce(self, *args: Any, **kwargs: Any) -> Request:
-        return self._start(self.allreduce, *args, **kwargs)
-
-    def ireduce_scatter(self, *args: Any, **kwargs: Any) -> Request:
-        return self._start(self.reduce_scatter, *args, **kwargs)
-
-    def ibcast(self, *args: Any, **kwargs: Any) -> Request:
-        return self._start(self.bcast, *args, **kwargs)
-
-    def _reduction_buffers(self, sendbuf: Any, recvbuf: Any, op: str,
-                           in_place: bool) -> tuple[Buffer, Buffer, Any]:
-        if op not in ops_mod.REDUCTIONS:
-            raise ConfigError(f"unknown reduction {op!r}",
-                              hint=f"use one of {', '.join(ops_mod.REDUCTIONS)}")
-        for name, arr in (("send buffer", sendbuf), ("receive buffer", recvbuf)):
-            if not isinstance(arr, np.ndarray):
-                raise ConfigError(f"{name} of a reduction must be a numpy array, not "
-                                  f"{type(arr).__name__}")
-        kind = recvbuf.dtype.kind
-        if kind not in "iufc" or (kind == "c" and op in ("min", "max")):
-            raise ConfigError(f"{op} is not defined on {recvbuf.dtype}",
-                              hint="use integer or float arrays (complex: sum and prod only)")
-        recv = as_buffer(recvbuf, "receive buffer", writable=True)
-        send = recv if (in_place and sendbuf is recvbuf) else as_buffer(sendbuf, "send buffer")
-        return send, recv, ops_mod.REDUCTIONS[op]
+    def ibcast(self, buf: Any, root: int = 0, algorithm: str = "binomial") -> Request:
+        return self.start("bcast", buf, None, algorithm, root=root)
 
     def barrier(self) -> None:
         """Every rank has reached it. Failures are handled as a collective's are: a peer gone

@@ -1,8 +1,11 @@
-"""One description per collective (as nccl-tests' testColl is): its name, its algorithms, the
-sizes of its buffers, the test data each rank sends and the exact result it must receive (a
-numpy reference), and its bus-bandwidth model. The communicator, the benchmark, the self-test,
-both demo apps, the experiment specs and the report all read it, so a collective is added here
-once (and its algorithms in rxelab/collectives/).
+"""One executable description per collective (as nccl-tests' testColl is): its name; its
+algorithms (each a function "module:function", imported when first used) and the default;
+its extra arguments and in-place rule; the builder of a call's layout (rxelab.layouts); the
+test data each rank sends and the exact result it must receive (a numpy reference); its
+bus-bandwidth model; what the apps move; and its MPI counterpart (the mpi4py call and Open
+MPI's coll_tuned algorithm numbers). The communicator runs any described collective; the
+benchmark, the self-test, both demo apps, the experiment specs and the report read the
+description. A new collective is its algorithm module and its description: register() it.
 
 Pure Python and numpy: importing it touches no RDMA (experiments read it on the host).
 
@@ -12,14 +15,15 @@ and bcast, each rank's result block for reduce_scatter.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-REDUCTIONS: dict[str, Callable[..., np.ndarray]] = {
-    "sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
-}
+from rxelab import layouts
+from rxelab.errors import ConfigError
+from rxelab.layouts import REDUCTIONS
 
 
 def block(src: int, dst: int, n: int, dtype: np.dtype | str = np.uint8, salt: int = 0) -> np.ndarray:
@@ -46,19 +50,48 @@ Data = tuple[np.ndarray, np.ndarray]  # (what this rank sends, what it must end 
 
 
 @dataclass(frozen=True)
+class Mpi:
+    """The MPI counterpart: the mpi4py method, and what each label forces through Open MPI's
+    coll_tuned (its algorithm number; None: Open MPI's own choice)."""
+
+    call: str
+    tuned: Mapping[str, int | None] = field(default_factory=lambda: {"mpi-default": None})
+
+
+ARGUMENTS = ("pairs", "root", "op")  # what a collective may take beside its buffers
+
+
+@dataclass(frozen=True)
 class Collective:
     name: str
-    algorithms: tuple[str, ...]
+    algorithms: Mapping[str, str]  # name -> "module:function" that runs it
     default: str
+    layout: layouts.Builder  # (send, recv, size, rank, **arguments) -> Layout
     busbw: Callable[[int], float]  # bus bandwidth = algbw * busbw(n), nccl-tests' model
     algbw_bytes: Callable[[int, int], int]  # (size as the spec gives it, n) -> bytes moved per rank
     data: Callable[[int, int, int, str, int, str], Data]  # (rank, p, count, dtype, salt, op)
-    reduces: bool = False
+    takes: tuple[str, ...] = ()  # of ARGUMENTS: pairs (the sequential window), root, op
+    in_place: bool = False  # one buffer, sent and received (bcast)
+    mpi: Mpi | None = None
+    dtype: str = "uint8"  # what the apps and the benchmark move
+    unit: str = "per peer"  # what a size counts (the report's tables say it)
+
+    @property
+    def reduces(self) -> bool:
+        return "op" in self.takes
 
     def sizes(self, count: int, p: int) -> tuple[int, int]:
         """Elements of the send and receive buffers."""
         send, want = self.data(0, p, count, "uint8", 0, "sum")
         return send.size, want.size
+
+    def result(self, send: Any, recv: Any) -> Any:
+        """The buffer that holds the result."""
+        return send if self.in_place else recv
+
+    def arguments(self, p: int, op: str = "sum", pairs: int = 1) -> dict[str, Any]:
+        """The extra arguments of a call with the test data's layout (bcast: from root 0)."""
+        return {k: v for k, v in (("pairs", pairs), ("root", 0), ("op", op)) if k in self.takes}
 
 
 def _alltoall(rank: int, p: int, count: int, dtype: str, salt: int, op: str) -> Data:
@@ -91,43 +124,60 @@ def _fraction(n: int) -> float:
     return (n - 1) / n if n > 1 else 0.0
 
 
-COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
-    Collective("alltoall", ("sequential", "pairwise", "parallel"), "pairwise", _fraction,
-               lambda size, n: size * n, _alltoall),
-    Collective("allgather", ("star", "ring", "sequential"), "ring", _fraction,
-               lambda size, n: size * n, _allgather),
-    Collective("allreduce", ("ring", "recursive-doubling"), "ring",
-               lambda n: 2 * _fraction(n), lambda size, n: size, _allreduce, reduces=True),
-    Collective("reduce_scatter", ("ring",), "ring", _fraction, lambda size, n: size * n,
-               _reduce_scatter, reduces=True),
-    Collective("bcast", ("binomial", "star"), "binomial", lambda n: 1.0 if n > 1 else 0.0,
-               lambda size, n: size, _bcast),
-)}
+def _algorithms(**modules: str) -> dict[str, str]:
+    """{name: "rxelab.collectives.<module>"} with `:run` unless the module names another."""
+    return {name.replace("_", "-"): f"rxelab.collectives.{m}" + ("" if ":" in m else ":run")
+            for name, m in modules.items()}
 
 
-def run(comm: object, name: str, algorithm: str, send: np.ndarray, recv: np.ndarray,
-        op: str = "sum", pairs: int = 1) -> object:
-    """Call collective `name` on a communicator the way its test data is laid out (bcast: in
-    place in `send`, from root 0; pairs: the sequential schedule's window)."""
-    if name == "bcast":
-        return comm.bcast(send, 0, algorithm=algorithm)  # type: ignore[attr-defined]
-    if COLLECTIVES[name].reduces:
-        return getattr(comm, name)(send, recv, op=op, algorithm=algorithm)
-    if pairs != 1:
-        return getattr(comm, name)(send, recv, algorithm=algorithm, pairs=pairs)
-    return getattr(comm, name)(send, recv, algorithm=algorithm)
+COLLECTIVES: dict[str, Collective] = {}
 
 
-def dtype_for(name: str) -> str:
-    """What the demo apps and benchmarks move: bytes, or float32 (gradients) for reductions."""
-    return "float32" if COLLECTIVES[name].reduces else "uint8"
+def register(c: Collective) -> Collective:
+    """Make a described collective known to everything that reads descriptions."""
+    if c.default not in c.algorithms or not set(c.takes) <= set(ARGUMENTS):
+        raise ValueError(f"{c.name}: default {c.default!r} or arguments {c.takes} do not fit")
+    COLLECTIVES[c.name] = c
+    return c
 
 
-def get(name: str) -> Collective:
-    try:
-        return COLLECTIVES[name]
-    except KeyError:
-        from rxelab.errors import ConfigError
+def collective(name: Any) -> Collective:
+    if not isinstance(name, str) or name not in COLLECTIVES:
+        raise ConfigError(f"unknown collective {name!r}", hint=f"use one of {', '.join(COLLECTIVES)}")
+    return COLLECTIVES[name]
 
-        raise ConfigError(f"unknown collective {name!r}",
-                          hint=f"use one of {', '.join(COLLECTIVES)}") from None
+
+for _c in (
+    Collective("alltoall", _algorithms(sequential="alltoall_sequential",
+                                       pairwise="alltoall_pairwise", parallel="alltoall_parallel"),
+               "pairwise", layouts.personalized, _fraction, lambda size, n: size * n, _alltoall,
+               takes=("pairs",), mpi=Mpi("Alltoall", {"mpi-default": None, "mpi-linear": 1,
+                                                      "mpi-pairwise": 2, "mpi-bruck": 3})),
+    Collective("allgather", _algorithms(star="allgather_star", ring="allgather_ring",
+                                        sequential="allgather_sequential"),
+               "ring", layouts.gathered, _fraction, lambda size, n: size * n, _allgather,
+               takes=("pairs",), mpi=Mpi("Allgather", {"mpi-default": None, "mpi-linear": 1,
+                                                       "mpi-bruck": 2, "mpi-ring": 4})),
+    Collective("allreduce", _algorithms(ring="reduce_ring:allreduce",
+                                        recursive_doubling="allreduce_rd"),
+               "ring", layouts.reduced, lambda n: 2 * _fraction(n), lambda size, n: size,
+               _allreduce, takes=("op",), dtype="float32", unit="vector",
+               mpi=Mpi("Allreduce", {"mpi-default": None, "mpi-recursive-doubling": 3,
+                                     "mpi-ring": 4})),
+    Collective("reduce_scatter", _algorithms(ring="reduce_ring:reduce_scatter_block"),
+               "ring", layouts.scattered, _fraction, lambda size, n: size * n, _reduce_scatter,
+               takes=("op",), dtype="float32", unit="per block", mpi=Mpi("Reduce_scatter_block")),
+    Collective("bcast", _algorithms(binomial="bcast:binomial", star="bcast:star"),
+               "binomial", layouts.broadcast, lambda n: 1.0 if n > 1 else 0.0,
+               lambda size, n: size, _bcast, takes=("root",), in_place=True, unit="vector",
+               mpi=Mpi("Bcast", {"mpi-default": None, "mpi-binomial": 6})),
+):
+    register(_c)
+
+
+def run(comm: Any, name: str, algorithm: str, send: np.ndarray, recv: np.ndarray,
+        op: str = "sum", pairs: int = 1) -> Any:
+    """Call collective `name` on a communicator the way its test data is laid out."""
+    c = COLLECTIVES[name]
+    return comm.collective(name, send, None if c.in_place else recv, algorithm=algorithm,
+                           **c.arguments(comm.size, op, pairs))

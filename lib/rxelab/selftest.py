@@ -31,19 +31,18 @@ def check(name: str, got: np.ndarray, want: np.ndarray) -> dict[str, object]:
 
 
 def run(comm: rxelab.comm.Communicator, sizes: list[int], algorithms: dict[str, list[str]]) -> list[dict]:
-    """Every described collective and algorithm at every size (elements of uint8, or of
-    float64 for reductions), checked against its numpy reference; then alltoallv, point to
-    point and one-sided writes."""
+    """Every described collective and algorithm at every size (elements of its description's
+    dtype), checked against its numpy reference; then alltoallv, point to point and one-sided
+    writes."""
     r, p = comm.rank, comm.size
     results = []
     for m in sizes:
         for name, c in ops.COLLECTIVES.items():
-            dtype = "float64" if c.reduces else "uint8"
             for algo in algorithms.get(name, c.algorithms):
-                send, want = c.data(r, p, m, dtype, 0, "sum")
+                send, want = c.data(r, p, m, c.dtype, 0, "sum")
                 recv = np.full_like(want, 0xEE)
                 stats = ops.run(comm, name, algo, send, recv)
-                got = send if name == "bcast" else recv
+                got = c.result(send, recv)
                 results.append({**check(f"{name}/{algo}/{m}", got, want),
                                 "peak_inflight": stats.peak_inflight, "seconds": stats.seconds})
         counts = [(m + d) % (m + 3) for d in range(p)]  # uneven: v-variant

@@ -24,7 +24,7 @@ def simulate(op: str, sends: list[np.ndarray], r: int, m: int) -> np.ndarray:
 @pytest.mark.parametrize("op", stages.OPS)
 def test_what_is_sent_is_what_is_expected(op):
     p, size, stage = 3, 20, 7
-    m = size // np.dtype(stages.ops.dtype_for(op)).itemsize
+    m = size // np.dtype(stages.ops.COLLECTIVES[op].dtype).itemsize
     sends = [stages.buffers(op, stage, r, p, size)[0] for r in range(p)]
     for r in range(p):
         want = stages.buffers(op, stage, r, p, size)[1]

@@ -75,7 +75,7 @@ def test_bench_prints_every_setting_as_nccl_tests_does():
 @pytest.mark.parametrize("call, argument", [
     (lambda c, s, r: c.alltoall(s, r, algorithm=["pairwise"]), "algorithm"),
     (lambda c, s, r: c.alltoall(s, r, algorithm={}), "algorithm"),
-    (lambda c, s, r: c.allgather(s[:4], r, algorithm=None), "algorithm"),
+    (lambda c, s, r: c.allgather(s[:4], r, algorithm=3), "algorithm"),
     (lambda c, s, r: c.allreduce(s.astype(np.float32), r.astype(np.float32), op=["sum"]), "op"),
     (lambda c, s, r: c.bcast(s, root="0"), "root"),
     (lambda c, s, r: c.alltoall(s, r, algorithm="sequential", pairs=1.5), "pairs"),

@@ -12,39 +12,19 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from rxelab import schedules
 from rxelab.buffers import Buffer
 from rxelab.engine import RTR, RTS, TOKEN, Engine, SendOp, WriteOp
 from rxelab.errors import ConfigError
+from rxelab.layouts import Layout
 from rxelab.schedules import ANSWERED, STARTED
 
 DATA = 1
 BCAST = 2
 STEP0 = 16  # sub-tags from here on number the steps of a schedule
 MAX_SUB = 0xFFFF
-
-
-@dataclass
-class Layout:
-    """Byte offsets and lengths of each peer's block in the send and receive buffers."""
-
-    send: Buffer
-    recv: Buffer
-    send_off: list[int]
-    send_len: list[int]
-    recv_off: list[int]
-    recv_len: list[int]
-    vector: bool = False  # counts chosen per pair by the caller (alltoallv): may disagree
-    reduce: Any = None  # reductions: the numpy ufunc, and typed views of the buffers
-    acc: Any = None  # the receive buffer as numpy elements
-    scratch: Buffer | None = None  # where peers' contributions land before they are reduced
-    tmp: Any = None  # scratch as numpy elements
-    root: int = 0  # bcast
-    window: int = 1  # sequential: pairs active at once
-    send_view: Any = None  # reduce_scatter: the send buffer as numpy elements
 
 
 class Call:

@@ -1,0 +1,161 @@
+"""Where each rank's data lies in a collective call's buffers, checked before anything is posted:
+one pure function per kind of collective (blocks per peer, a reduction, a rooted broadcast)
+that takes the caller's objects and returns the call's Layout or raises a ConfigError naming
+what is wrong. Collective descriptions (rxelab.ops) name their builder; the algorithms read
+the layout.
+
+Pure Python and numpy: no RDMA here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rxelab.buffers import Buffer, as_buffer, check_pair, split_even
+from rxelab.errors import ConfigError
+
+
+@dataclass
+class Layout:
+    """Every call has a send and a receive buffer (the same one for in-place calls)."""
+
+    send: Buffer
+    recv: Buffer
+    vector = False  # (not a field) block sizes chosen per pair by the caller: may disagree
+
+    def held_arrays(self) -> tuple[Any, ...]:
+        """numpy views of the caller's buffers the layout keeps (they refer to them too)."""
+        return ()
+
+    def scratch_buffers(self) -> tuple[Buffer, ...]:
+        return ()
+
+
+@dataclass
+class Blocks(Layout):
+    """A block per peer: byte offsets and lengths in the send and receive buffers."""
+
+    send_off: list[int]
+    send_len: list[int]
+    recv_off: list[int]
+    recv_len: list[int]
+    window: int = 1  # sequential: pairs active at once
+
+
+@dataclass
+class Reduction(Layout):
+    """An element-wise reduction: the ufunc, typed views, and where peers' parts land."""
+
+    reduce: Any
+    acc: Any  # the receive buffer as numpy elements
+    scratch: Buffer  # where peers' contributions land before they are reduced
+    tmp: Any  # scratch as numpy elements
+    send_view: Any = None  # reduce_scatter: the send buffer as numpy elements
+
+    def held_arrays(self) -> tuple[Any, ...]:
+        return (self.acc, self.send_view)
+
+    def scratch_buffers(self) -> tuple[Buffer, ...]:
+        return (self.scratch,)
+
+
+@dataclass
+class Rooted(Layout):
+    """One buffer, sent from the root and received everywhere else, in place."""
+
+    root: int = 0
+
+
+Builder = Callable[..., Layout]  # (send, recv, size, rank, **arguments) -> Layout
+
+REDUCTIONS: dict[str, Any] = {"sum": np.add, "prod": np.multiply, "min": np.minimum,
+                              "max": np.maximum}
+
+
+def _pair(sendbuf: Any, recvbuf: Any) -> tuple[Buffer, Buffer]:
+    return as_buffer(sendbuf, "send buffer"), as_buffer(recvbuf, "receive buffer", writable=True)
+
+
+def personalized(sendbuf: Any, recvbuf: Any, p: int, rank: int, window: int = 1) -> Blocks:
+    """alltoall: block j of the send buffer goes to rank j, block i of the receive buffer
+    comes from rank i; equal blocks of whole elements."""
+    send, recv = _pair(sendbuf, recvbuf)
+    check_pair(send, recv, send.nbytes, send.nbytes)
+    m = split_even(send.nbytes, p, send.itemsize, "send buffer")
+    offs, lens = [i * m for i in range(p)], [m] * p
+    return Blocks(send, recv, offs, lens, offs, lens, window=window)
+
+
+def gathered(sendbuf: Any, recvbuf: Any, p: int, rank: int, window: int = 1) -> Blocks:
+    """allgather: every rank's send buffer lands at block `rank` of every receive buffer."""
+    send, recv = _pair(sendbuf, recvbuf)
+    check_pair(send, recv, send.nbytes, send.nbytes * p)
+    m = send.nbytes
+    return Blocks(send, recv, [0] * p, [m] * p, [i * m for i in range(p)], [m] * p, window=window)
+
+
+def varying(sendbuf: Any, recvbuf: Any, p: int, rank: int, send_counts: list[int],
+            recv_counts: list[int], window: int = 1) -> Blocks:
+    """alltoallv with contiguous blocks: counts in elements of the buffers, per peer."""
+    send, recv = _pair(sendbuf, recvbuf)
+    item = send.itemsize
+    check_pair(send, recv, sum(send_counts) * item, sum(recv_counts) * item)
+    if send_counts[rank] != recv_counts[rank]:
+        raise ConfigError("send_counts and recv_counts disagree on this rank's own block")
+
+    def place(counts: list[int]) -> tuple[list[int], list[int]]:
+        offs, pos = [], 0
+        for c in counts:
+            offs.append(pos)
+            pos += c * item
+        return offs, [c * item for c in counts]
+
+    so, sl = place(send_counts)
+    ro, rl = place(recv_counts)
+    layout = Blocks(send, recv, so, sl, ro, rl, window=window)
+    layout.vector = True
+    return layout
+
+
+def _reduction_buffers(sendbuf: Any, recvbuf: Any, op: str, in_place: bool) -> tuple[Buffer, Buffer]:
+    if op not in REDUCTIONS:
+        raise ConfigError(f"unknown reduction {op!r}", hint=f"use one of {', '.join(REDUCTIONS)}")
+    for name, arr in (("send buffer", sendbuf), ("receive buffer", recvbuf)):
+        if not isinstance(arr, np.ndarray):
+            raise ConfigError(f"{name} of a reduction must be a numpy array, not {type(arr).__name__}")
+    kind = recvbuf.dtype.kind
+    if kind not in "iufc" or (kind == "c" and op in ("min", "max")):
+        raise ConfigError(f"{op} is not defined on {recvbuf.dtype}",
+                          hint="use integer or float arrays (complex: sum and prod only)")
+    recv = as_buffer(recvbuf, "receive buffer", writable=True)
+    send = recv if (in_place and sendbuf is recvbuf) else as_buffer(sendbuf, "send buffer")
+    return send, recv
+
+
+def reduced(sendbuf: Any, recvbuf: Any, p: int, rank: int, op: str) -> Reduction:
+    """allreduce: recvbuf = op over every rank's sendbuf; allreduce(x, x) works in place."""
+    send, recv = _reduction_buffers(sendbuf, recvbuf, op, in_place=True)
+    check_pair(send, recv, recv.nbytes, recv.nbytes, in_place=send is recv)
+    tmp = np.empty_like(recvbuf)
+    return Reduction(send, recv, REDUCTIONS[op], recvbuf.reshape(-1),
+                     as_buffer(tmp, "scratch", writable=True), tmp.reshape(-1))
+
+
+def scattered(sendbuf: Any, recvbuf: Any, p: int, rank: int, op: str) -> Reduction:
+    """reduce_scatter (MPI_Reduce_scatter_block): block r of op over every rank's sendbuf
+    (p * len(recvbuf) elements) lands at rank r."""
+    send, recv = _reduction_buffers(sendbuf, recvbuf, op, in_place=False)
+    check_pair(send, recv, recv.nbytes * p, recv.nbytes)
+    tmp = np.empty(2 * sendbuf.size, sendbuf.dtype)
+    return Reduction(send, recv, REDUCTIONS[op], recvbuf.reshape(-1),
+                     as_buffer(tmp, "scratch", writable=True), tmp, send_view=sendbuf.reshape(-1))
+
+
+def broadcast(buf: Any, unused: Any, p: int, rank: int, root: int = 0) -> Rooted:
+    """bcast: the root's buffer lands in every rank's buffer (the same size everywhere)."""
+    b = as_buffer(buf, "buffer", writable=True)
+    return Rooted(b, b, root=root)
