@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import stages  # noqa: E402
+import stages
 
 
 def main(argv: list[str] | None = None) -> int:

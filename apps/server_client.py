@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import rxelab  # noqa: E402
-import stages  # noqa: E402
-from rxelab import ops, settings  # noqa: E402
-from rxelab.errors import RdmaError  # noqa: E402
+import rxelab
+import stages
+from rxelab import ops, settings
+from rxelab.errors import RdmaError
 
 ALGORITHMS = sorted({a for c in ops.COLLECTIVES.values() for a in c.algorithms})
 

@@ -131,7 +131,7 @@ class Runner:
         def one(h: Host) -> Any:
             try:
                 return self._connection(h).run(command(h), hide=True, warn=True, timeout=timeout)
-            except Exception as err:  # noqa: BLE001 - reported per host by the caller
+            except Exception as err:  # reported per host by the caller
                 self.connections.pop(h.name, None)  # a broken connection is made anew next time
                 return err
         with ThreadPoolExecutor(max_workers=8) as pool:

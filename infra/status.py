@@ -35,7 +35,7 @@ class NodeStatus:
     state: str  # running | unreachable | stopped
     rdma: str
     data_ip_ok: bool
-    mtu: str = "-"  # "data0 9000 / rxe 4096"
+    mtu: str = "-"  # "data0 9000 / rdma 4096": the netdev, its MTU, the port's active MTU
 
 
 def probe(host: Host, running: bool | None) -> NodeStatus:

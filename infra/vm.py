@@ -113,7 +113,7 @@ def stop(config: LabConfig, state: LabState, node: Node, timeout: float = 10.0) 
     if is_running(state, node):
         try:
             qmp_command(state, node, "quit", timeout=timeout)
-        except Exception:  # noqa: BLE001 - any QMP failure falls back to signals below
+        except Exception:  # any QMP failure falls back to signals below
             pass
         deadline = time.monotonic() + timeout
         while is_running(state, node) and time.monotonic() < deadline:

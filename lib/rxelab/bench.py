@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             if comm.rank == 0:
                 print("\n".join(preamble(comm, args)), flush=True)
                 if args.json:
-                    out = open(args.json, "x")  # noqa: SIM115 - closed below; "x": never overwrite
+                    out = open(args.json, "x")  # closed below; "x": never overwrite
             rows = []
             for algo in algos:
                 if comm.rank == 0:
@@ -242,10 +242,10 @@ def main(argv: list[str] | None = None) -> int:
                     if comm.rank == 0:
                         print(f"# {tool} (rank 0 -> rank 1: the link's limit)\n{HEADER}", flush=True)
                     for m in sizes:
-                        r = perftest(comm, tool, m, 200 if m <= 65536 else 50)
-                        if r is not None:
-                            rows.append(r)
-                            print(row(r), flush=True)
+                        found = perftest(comm, tool, m, 200 if m <= 65536 else 50)
+                        if found is not None:
+                            rows.append(found)
+                            print(row(found), flush=True)
             if out is not None:
                 for r in rows:
                     out.write(json.dumps(r) + "\n")

@@ -91,7 +91,6 @@ class Communicator:
         slots, send_depth = int(self.options["slots"]), int(self.options["send_depth"])
         eager_limit = int(self.options["eager_limit"])
         self.rank, self.size = job.rank, job.world_size
-        self.job = job
         self.timeout = timeout
         self.closed = False
         self.failed: str | None = None  # set when a collective failed part-way
@@ -104,7 +103,6 @@ class Communicator:
         self.p2p_recv: dict[int, int] = {}
         self.exposed: dict[int, int] = {}  # buffers exposed to each peer
         self.remotes: dict[int, int] = {}  # buffers each peer exposed to us
-        self.last_stats: Stats | None = None
         self._plans: dict[tuple[Any, ...], Plan] = {}
         self._progress = ProgressThread()
         self._lock = threading.RLock()  # plans and registrations: caller and progress thread
@@ -222,7 +220,7 @@ class Communicator:
         if self.registry is not None:
             try:
                 self.registry.revoke(verbs.e.IBV_ACCESS_REMOTE_WRITE)
-            except BaseException:  # noqa: BLE001 - the rest must still happen
+            except BaseException:  # the rest must still happen
                 pass
         why, blamed = engine_mod.FAILED, getattr(err, "peer", None)
         if isinstance(err, ProtocolError | ConfigError):
@@ -234,7 +232,7 @@ class Communicator:
             self.engine.abort_all(tag, why, blamed)
             self.control.abort(f"rank {self.rank} failed in {what}: {err}",
                                self.rank if blamed is None else blamed)
-        except BaseException:  # noqa: BLE001 - telling peers is best effort
+        except BaseException:  # telling peers is best effort
             pass
 
     def _claim(self, what: str) -> None:
@@ -279,7 +277,6 @@ class Communicator:
         stats = Stats(plan.operation, plan.algorithm, counters.bytes_sent - sent0,
                       counters.bytes_received - recv0, self.registry.peak,
                       counters.peak_inflight, time.perf_counter() - started)
-        self.last_stats = stats
         return stats
 
     def _plan(self, key: tuple[Any, ...], make: Callable[[], Plan]) -> Plan:
@@ -291,6 +288,7 @@ class Communicator:
         changes the plans (an i-collective builds its plan there too), and this is every
         call's hot path."""
         plan = self._plans.get(key)
+        assert self.registry is not None
         if plan is not None and plan.usable():
             if plan.held_version != self.registry.held_version:  # expose() pinned more since
                 with self._lock:

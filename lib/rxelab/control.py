@@ -40,6 +40,7 @@ def listen(job: JobInfo) -> socket.socket:
     (Debian maps a host's own name to 127.0.1.1 too); where MASTER_ADDR is a name that this
     host resolves to loopback only (other hosts resolve it by DNS), on every interface."""
     port = job.master_port
+    addresses: list[tuple[str, socket.AddressFamily]]
     if job.token:
         addresses = [("", socket.AF_INET)]
     else:
@@ -47,7 +48,7 @@ def listen(job: JobInfo) -> socket.socket:
             infos = socket.getaddrinfo(job.master_addr, port, type=socket.SOCK_STREAM)
         except OSError as err:
             raise ConfigError(f"MASTER_ADDR={job.master_addr} does not resolve: {err}") from None
-        found = sorted({(info[4][0], info[0]) for info in infos},
+        found = sorted({(str(info[4][0]), socket.AddressFamily(info[0])) for info in infos},
                        key=lambda a: (_loopback(a[0]), a[0]))
         named_loopback = job.master_addr == "localhost" or _loopback(job.master_addr)
         if all(_loopback(a) for a, _ in found) and not named_loopback:

@@ -23,7 +23,7 @@ import socket
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -452,9 +452,10 @@ class Engine:
         raise ProtocolError(f"{what}: rank {peer} sends {sent} bytes to this rank, which expects "
                             f"{expected}", hint="send and receive counts must match pairwise")
 
-    def wait_ops(self, ops: list[WriteOp], what: str) -> None:
+    def wait_ops(self, ops: Sequence[WriteOp | SendOp], what: str) -> None:
         for op in ops:
-            self.wait(lambda op=op: op.complete, f"rank {op.peer} to acknowledge {what}", op.peer)
+            self.wait(lambda op=op: bool(op.complete), f"rank {op.peer} to acknowledge {what}",  # type: ignore[misc]
+                      op.peer)
 
     def drain(self, seconds: float) -> bool:
         """Wait (bounded) until every work request we posted has completed, so the last token
@@ -479,12 +480,12 @@ class Engine:
             try:
                 notices.append(self.send_ctrl(peer, ABORT, tag, rkey=why,
                                               addr=0 if blamed is None else blamed + 1, acked=True))
-            except Exception:  # noqa: BLE001 - the peer may be the one that is gone
+            except Exception:  # the peer may be the one that is gone
                 pass
         end = time.monotonic() + 1.0
         while time.monotonic() < end and not all(n.done for n in notices):
             try:
                 if not self.progress():
                     time.sleep(0.0005)
-            except Exception:  # noqa: BLE001 - a failed completion of a dead peer's work
+            except Exception:  # a failed completion of a dead peer's work
                 pass

@@ -26,7 +26,7 @@ from rxelab.errors import ConfigError
 from rxelab.layouts import REDUCTIONS
 
 
-def block(src: int, dst: int, n: int, dtype: np.dtype | str = np.uint8, salt: int = 0) -> np.ndarray:
+def block(src: int, dst: int, n: int, dtype: Any = np.uint8, salt: int = 0) -> np.ndarray:
     """What rank src sends rank dst: distinct for every (src, dst, index, salt)."""
     x = (np.arange(n, dtype=np.int64) * 7 + src * 31 + dst * 17 + salt * 13) % 251
     return x.astype(dtype)

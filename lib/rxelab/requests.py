@@ -75,7 +75,7 @@ class ProgressThread:
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(job())
-                except BaseException as err:  # noqa: BLE001 - handed to whoever waits
+                except BaseException as err:  # handed to whoever waits
                     future.set_exception(err)
             with self.lock:
                 self.pending -= 1

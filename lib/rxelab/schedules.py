@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SeqStep:
-    index: int
     pair: tuple[int, int]
     leader: int  # the lower rank: hands the turn on when the exchange is complete
 
@@ -44,7 +43,7 @@ def sequential_pairs(p: int) -> list[tuple[int, int]]:
 @functools.lru_cache(maxsize=64)
 def sequential_steps(p: int) -> tuple[SeqStep, ...]:
     """Made once per world size (every call of a sequential collective walks it)."""
-    return tuple(SeqStep(k, pair, pair[0]) for k, pair in enumerate(sequential_pairs(p)))
+    return tuple(SeqStep(pair, pair[0]) for pair in sequential_pairs(p))
 
 
 def starter(steps: Sequence[SeqStep], k: int, window: int = 1) -> int | None:

@@ -38,7 +38,7 @@ WR_CACHE = 256  # send WRs kept per connection
 def status_str(status: int) -> str:
     try:
         return str(cqe_status_to_str(status))
-    except Exception:  # noqa: BLE001 - an unknown code must still be reported
+    except Exception:  # an unknown code must still be reported
         return f"status {status}"
 
 
@@ -183,7 +183,6 @@ class Connection:
                  slot_size: int = CTRL_SLOT) -> None:
         self.peer = peer
         self.dev = dev
-        self.slots = slots
         self.slot_size = slot_size
         self.qp: Any = None
         self.recv_mr = MR(dev.pd, slots * slot_size, e.IBV_ACCESS_LOCAL_WRITE)

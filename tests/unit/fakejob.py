@@ -40,7 +40,7 @@ def run_ranks(p: int, fn: Callable[[Any], Any], *, deadline: float = 60, seed: i
             mine = {**options, **(per_rank(r) if per_rank else {})}
             with rxelab.init(r, p, "127.0.0.1", port, device="fake0", **mine) as comm:
                 results[r] = fn(comm)
-        except BaseException as err:  # noqa: BLE001 - reported per rank
+        except BaseException as err:  # reported per rank
             errors[r] = err
 
     threads = [threading.Thread(target=rank, args=(r,), daemon=True, name=f"rank{r}")

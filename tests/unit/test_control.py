@@ -40,7 +40,7 @@ def run_job(world: int, port: int, token: str = TOK, timeout: float = 10,
         try:
             results[r] = plane.exchange(endpoints(r, world))
             plane.barrier()
-        except Exception as err:  # noqa: BLE001 - reported per rank
+        except Exception as err:  # reported per rank
             results[r] = err
         finally:
             plane.close()

@@ -1,4 +1,5 @@
-"""The code base stays lint-clean (ruff, configured in pyproject.toml)."""
+"""The code base stays lint-clean (ruff over everything, mypy over the library; both configured
+in pyproject.toml)."""
 
 import shutil
 import subprocess
@@ -14,4 +15,12 @@ from infra.config import REPO
 def test_ruff_is_clean():
     r = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(shutil.which("mypy") is None and not (REPO / ".venv/bin/mypy").exists(),
+                    reason="mypy not installed (make deps installs it)")
+def test_mypy_is_clean_on_the_library():
+    r = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -162,7 +162,7 @@ def test_two_threads_at_once_on_one_communicator_are_refused_not_corrupted():
                 for _ in range(20):
                     comm.allreduce(x, y)
                     wrong[0] += int(np.count_nonzero(y != 3.0))
-            except BaseException as err:  # noqa: BLE001 - every way it can end is looked at
+            except BaseException as err:  # every way it can end is looked at
                 errors.append(err)
 
         threads = [threading.Thread(target=worker) for _ in range(2)]

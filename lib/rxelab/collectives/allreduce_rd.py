@@ -11,7 +11,7 @@ FOLD, UNFOLD = DATA + 2, DATA + 3
 
 
 def run(c: Call) -> None:
-    lay = c.layout
+    lay = c.reduction
     nbytes = lay.recv.nbytes
     if lay.send is not lay.recv:
         c.copy_own_block(0, 0, nbytes)

@@ -8,7 +8,7 @@ from rxelab.collectives.common import DATA, Call
 
 
 def run(c: Call) -> None:
-    lay = c.layout
+    lay = c.blocks
     for peer in range(c.size):
         if peer != c.rank:
             c.expect(peer, DATA, lay.recv_off[peer], lay.recv_len[peer])

@@ -7,7 +7,7 @@ from rxelab.collectives.common import DATA, Call
 
 
 def run(c: Call) -> None:
-    lay = c.layout
+    lay = c.blocks
     peers = [p for p in range(c.size) if p != c.rank]
     for peer in peers:
         c.expect(peer, DATA, lay.recv_off[peer], lay.recv_len[peer])

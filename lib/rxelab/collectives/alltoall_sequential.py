@@ -9,7 +9,7 @@ from rxelab.collectives.common import DATA, Call, sequential_walk
 
 
 def run(c: Call) -> None:
-    lay = c.layout
+    lay = c.blocks
     for peer in range(c.size):  # control only: where each peer may write, sent up front
         if peer != c.rank:
             c.expect(peer, DATA, lay.recv_off[peer], lay.recv_len[peer])

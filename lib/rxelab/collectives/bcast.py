@@ -8,7 +8,7 @@ from rxelab.collectives.common import DATA, Call, SendOp, WriteOp
 
 
 def binomial(c: Call) -> None:
-    p, n, root = c.size, c.layout.recv.nbytes, c.layout.root
+    p, n, root = c.size, c.layout.recv.nbytes, c.rooted.root
     vr = (c.rank - root) % p
     mask = 1
     while mask < p:
@@ -28,7 +28,7 @@ def binomial(c: Call) -> None:
 
 
 def star(c: Call) -> None:
-    p, n, root = c.size, c.layout.recv.nbytes, c.layout.root
+    p, n, root = c.size, c.layout.recv.nbytes, c.rooted.root
     if c.rank == root:
         c.finish([c.send_block(peer, DATA, 0, n, from_recv=True) for peer in range(p) if peer != root])
     else:

@@ -11,14 +11,14 @@ from its tokens and steps, so waits never confuse two messages from the same pee
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rxelab import schedules
 from rxelab.buffers import Buffer
 from rxelab.engine import RTR, RTS, TOKEN, Engine, SendOp, WriteOp
 from rxelab.errors import ConfigError
-from rxelab.layouts import Layout
+from rxelab.layouts import Blocks, Layout, Reduction, Rooted
 from rxelab.schedules import ANSWERED, STARTED
 
 DATA = 1
@@ -35,7 +35,7 @@ class Call:
 
     def __init__(self, engine: Engine, rank: int, size: int, seq: int, name: str, layout: Layout,
                  register: Callable[[Buffer, bool], Any]) -> None:
-        self.engine, self.rank, self.size, self.seq = engine, rank, size, seq  # seq: 15 bits
+        self.engine, self.rank, self.size, self.seq = engine, rank, size, seq  # seq: 14 bits
         self.name, self.layout = name, layout
         self.register = register  # (buffer, remote access) -> MR or None
         self._mrs: dict[tuple[int, bool], Any] = {}
@@ -46,6 +46,19 @@ class Call:
         if key not in self._mrs:
             self._mrs[key] = self.register(buf, remote)
         return self._mrs[key]
+
+    # the layout as its kind: what an algorithm of blocks, a reduction or a broadcast reads
+    @property
+    def blocks(self) -> Blocks:
+        return self.layout  # type: ignore[return-value]
+
+    @property
+    def reduction(self) -> Reduction:
+        return self.layout  # type: ignore[return-value]
+
+    @property
+    def rooted(self) -> Rooted:
+        return self.layout  # type: ignore[return-value]
 
     @property
     def send_mr(self) -> Any:
@@ -133,7 +146,7 @@ class Call:
         self.engine.wait_token(leader, self.tag(STEP0 + step), f"{self.name} step {step}",
                                patience=step + 1)
 
-    def finish(self, ops: list[WriteOp | SendOp], strict: bool = False) -> None:
+    def finish(self, ops: Sequence[WriteOp | SendOp], strict: bool = False) -> None:
         """Wait until the peers acknowledged our writes (they read our buffers until then);
         with strict, our eager blocks too (the sequential schedule's 'exchange complete')."""
         self.engine.wait_ops([op for op in ops if strict or isinstance(op, WriteOp)], self.name)
@@ -153,7 +166,7 @@ def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
     (within a call: the next call's first pair may start before this call's last is over).
     Before waiting for a turn a rank closes every pair it has open, so a token it owes is
     never held back by its own wait (closing a pair waits only on that pair's two ranks)."""
-    w = c.layout.window
+    w = c.blocks.window
     open_pairs: dict[int, tuple[schedules.Turn, WriteOp | SendOp]] = {}  # step -> its turn, our send
 
     def close(k: int) -> None:

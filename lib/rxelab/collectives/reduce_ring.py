@@ -26,7 +26,7 @@ def reduce_scatter(c: Call, acc: Any, acc_buf: Buffer, land: Any, land_buf: Buff
     partial results land in land (a typed view of land_buf, as long as acc)."""
     p, r = c.size, c.rank
     left, right = (r - 1) % p, (r + 1) % p
-    item, bounds, reduce = acc.itemsize, chunks(acc.size, p), c.layout.reduce
+    item, bounds, reduce = acc.itemsize, chunks(acc.size, p), c.reduction.reduce
     for s in range(p - 1):
         sa, sb = bounds[(r - s - 1) % p]
         ra, rb = bounds[(r - s - 2) % p]
@@ -39,7 +39,7 @@ def reduce_scatter(c: Call, acc: Any, acc_buf: Buffer, land: Any, land_buf: Buff
 
 def allgather_chunks(c: Call) -> None:
     """Ring allgather of the chunks of the receive buffer, rank r holding chunk r."""
-    lay = c.layout
+    lay = c.reduction
     p, r = c.size, c.rank
     left, right = (r - 1) % p, (r + 1) % p
     item, bounds, base = lay.acc.itemsize, chunks(lay.acc.size, p), STEP0 + p
@@ -54,7 +54,7 @@ def allgather_chunks(c: Call) -> None:
 
 
 def allreduce(c: Call) -> None:
-    lay = c.layout
+    lay = c.reduction
     if lay.send is not lay.recv:
         c.copy_own_block(0, 0, lay.recv.nbytes)
     if c.size == 1 or lay.acc.size == 0:
@@ -66,7 +66,7 @@ def allreduce(c: Call) -> None:
 def reduce_scatter_block(c: Call) -> None:
     """MPI_Reduce_scatter_block: block r of the reduction of every rank's send buffer lands
     at rank r. Scratch holds two send-sized halves: the accumulator and the landing area."""
-    lay = c.layout
+    lay = c.reduction
     n = lay.tmp.size // 2
     acc, land = lay.tmp[:n], lay.tmp[n:]
     acc[:] = lay.send_view
