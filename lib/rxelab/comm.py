@@ -245,39 +245,37 @@ class Communicator:
                                    "serialize the calls, or give each thread a communicator")
 
     def _run(self, plan: Plan, in_worker: bool = False) -> Stats:
+        """Every collective's hot path (spelt out, as _communicating and _claim do it)."""
         # started requests first (a no-op on the progress thread itself): they took their
         # call numbers before this one, on every rank in the same order
         self._progress.quiesce()
-        if not in_worker:
-            self._claim(plan.name)
+        if not in_worker and not self._caller.acquire(False):
+            self._claim(plan.name)  # raises, saying why
         try:
-            return self._run_claimed(plan)
+            if self.closed or self.failed is not None:
+                self._check_open()
+            registry = self.registry
+            assert registry is not None
+            counters = self.engine.counters
+            sent0, recv0 = counters.bytes_sent, counters.bytes_received
+            counters.peak_inflight = counters.inflight
+            registry.peak = registry.pinned
+            started = time.perf_counter()
+            self.seq = (self.seq + 1) & 0x3FFF
+            call = Call(self.engine, self.rank, self.size, self.seq, plan.name, plan.layout, self._mr)
+            try:
+                plan.run(call)
+            except BaseException as err:
+                self._fail(plan.name, call.tag(DATA), err)
+                raise
+            finally:
+                registry.end_call()
+            return Stats(plan.operation, plan.algorithm, counters.bytes_sent - sent0,
+                         counters.bytes_received - recv0, registry.peak,
+                         counters.peak_inflight, time.perf_counter() - started)
         finally:
             if not in_worker:
                 self._caller.release()
-
-    def _run_claimed(self, plan: Plan) -> Stats:
-        if self.closed or self.failed is not None:
-            self._check_open()
-        assert self.registry is not None
-        counters = self.engine.counters
-        sent0, recv0 = counters.bytes_sent, counters.bytes_received
-        counters.peak_inflight = counters.inflight
-        self.registry.peak = self.registry.pinned
-        started = time.perf_counter()
-        self.seq = (self.seq + 1) & 0x3FFF
-        call = Call(self.engine, self.rank, self.size, self.seq, plan.name, plan.layout, self._mr)
-        try:  # as _communicating does (spelt out: this is every collective's hot path)
-            plan.run(call)
-        except BaseException as err:
-            self._fail(plan.name, call.tag(DATA), err)
-            raise
-        finally:
-            self.registry.end_call()
-        stats = Stats(plan.operation, plan.algorithm, counters.bytes_sent - sent0,
-                      counters.bytes_received - recv0, self.registry.peak,
-                      counters.peak_inflight, time.perf_counter() - started)
-        return stats
 
     def _plan(self, key: tuple[Any, ...], make: Callable[[], Plan]) -> Plan:
         """The checked layout of a call, kept for the next call with the same buffers: a
@@ -380,18 +378,28 @@ class Communicator:
 
     def _prepare(self, name: str, sendbuf: Any, recvbuf: Any, algorithm: str | None,
                  given: dict[str, Any]) -> Plan:
-        """A described collective's call, checked and made ready (or kept from the last call
-        on the same buffers): one path for every collective and its i-variant."""
+        """A described collective's call, checked and made ready - or, for a call just like
+        an earlier one (same collective, algorithm, buffers and arguments, as the caller gave
+        them), that call's plan, found before anything else is looked at: one path for every
+        collective and its i-variant, and a short one for a training loop's thousandth call."""
+        key = (name, algorithm, id(sendbuf), id(recvbuf), *given.values())
+        try:
+            plan = self._plans.get(key)
+        except TypeError:  # an argument that cannot be hashed: the checks below say which
+            plan = None
+        registry = self.registry
+        assert registry is not None
+        if plan is not None and plan.usable() and plan.held_version == registry.held_version:
+            return plan
         c = ops.collective(name)
-        algorithm = c.default if algorithm is None else algorithm
-        names(algorithm=algorithm)  # before it goes into a plan's (hashed) key
-        args = self._arguments(c, algorithm, given)
-        key = (name, algorithm, id(sendbuf), id(recvbuf), *args.values())
+        chosen = c.default if algorithm is None else algorithm
+        names(algorithm=chosen)
+        args = self._arguments(c, chosen, given)
 
         def make() -> Plan:
-            run = self._algorithm(c, algorithm)
+            run = self._algorithm(c, chosen)
             layout = c.layout(sendbuf, recvbuf, self.size, self.rank, **args)
-            return Plan(name, algorithm, run, layout)
+            return Plan(name, chosen, run, layout)
         return self._plan(key, make)
 
     # ---- collectives ----------------------------------------------------------------
@@ -419,29 +427,29 @@ class Communicator:
         """MPI_Alltoall: block j of sendbuf goes to rank j; block i of recvbuf comes from rank i.
         With algorithm="sequential", `pairs` pairs at most exchange at once (1: strictly
         sequential; p(p-1)/2: all at once), in the same fixed order."""
-        return self.collective("alltoall", sendbuf, recvbuf, algorithm, pairs=pairs)
+        return self._run(self._prepare("alltoall", sendbuf, recvbuf, algorithm, {"pairs": pairs}))
 
     def allgather(self, sendbuf: Any, recvbuf: Any, algorithm: str = "ring",
                   pairs: int = 1) -> Stats:
         """MPI_Allgather: every rank's sendbuf lands at block `rank` of every recvbuf (pairs:
         as in alltoall, for algorithm="sequential")."""
-        return self.collective("allgather", sendbuf, recvbuf, algorithm, pairs=pairs)
+        return self._run(self._prepare("allgather", sendbuf, recvbuf, algorithm, {"pairs": pairs}))
 
     def allreduce(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
                   algorithm: str = "ring") -> Stats:
         """MPI_Allreduce: recvbuf = op over every rank's sendbuf, element by element (sum, prod,
         min, max on numpy integer and float arrays). allreduce(x, x) works in place."""
-        return self.collective("allreduce", sendbuf, recvbuf, algorithm, op=op)
+        return self._run(self._prepare("allreduce", sendbuf, recvbuf, algorithm, {"op": op}))
 
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
                        algorithm: str = "ring") -> Stats:
         """MPI_Reduce_scatter_block: block r (len(recvbuf) elements) of op over every rank's
         sendbuf (size * len(recvbuf) elements) lands at rank r."""
-        return self.collective("reduce_scatter", sendbuf, recvbuf, algorithm, op=op)
+        return self._run(self._prepare("reduce_scatter", sendbuf, recvbuf, algorithm, {"op": op}))
 
     def bcast(self, buf: Any, root: int = 0, algorithm: str = "binomial") -> Stats:
         """MPI_Bcast: root's buf lands in every rank's buf (same size everywhere)."""
-        return self.collective("bcast", buf, None, algorithm, root=root)
+        return self._run(self._prepare("bcast", buf, None, algorithm, {"root": root}))
 
     def alltoallv(self, sendbuf: Any, send_counts: list[int], recvbuf: Any,
                   recv_counts: list[int], algorithm: str = "pairwise", pairs: int = 1) -> Stats:

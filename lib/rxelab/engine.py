@@ -49,6 +49,7 @@ WATCH_EVERY = 0.25  # seconds between looks at the control connections while wai
 SIGNAL_EVERY = 8  # at most this many slot sends per completion
 SPINS = 1  # empty polls before sleeping until a completion comes (see Engine.wait)
 BACKOFF = 0.0002  # the sleep instead, where there is no completion channel
+EXPLAIN_S = 0.5  # how long a failed work request waits for a peer to say why
 
 
 @dataclass
@@ -127,7 +128,6 @@ class Engine:
         self.box = Mailbox()
         self.counters = Counters()
         self.outstanding = {peer: 0 for peer in conns}
-        self.eager_len: dict[int, dict[int, int]] = {peer: {} for peer in conns}  # slot -> bytes
         self.pending: deque[WriteOp] = deque()
         self.in_flight_chunks: dict[int, tuple[WriteOp, int]] = {}
         self.ids = itertools.count(1)
@@ -157,16 +157,15 @@ class Engine:
         counters = self.counters
         if length:
             ctypes.memmove(conn.send_base + slot * conn.slot_size, addr, length)
-            self.eager_len[peer][slot] = length  # in flight until its slot comes back
-            counters.inflight += length
+            counters.inflight += length  # in flight until a completion answers for its slot
             if counters.inflight > counters.peak_inflight:
                 counters.peak_inflight = counters.inflight
         counters.bytes_sent += length
         return self._post_slot(conn, slot, e.IBV_WR_SEND_WITH_IMM, length, socket.htonl(tag),
-                               acked)
+                               acked, length)
 
     def _post_slot(self, conn: Connection, slot: int, opcode: int, length: int, imm: int,
-                   acked: bool = False) -> SendOp:
+                   acked: bool = False, payload: int = 0) -> SendOp:
         """Post from a send slot. Most go unsignaled (no completion of their own: less work
         for the device and for us); every SIGNAL_EVERY-th, or when slots run short, is
         signaled, and its completion gives back the slots of those before it (RC completes a
@@ -177,13 +176,15 @@ class Engine:
         signaled = acked or len(conn.unsignaled) >= SIGNAL_EVERY - 1 \
             or len(conn.free_send_slots) < SIGNAL_EVERY \
             or self.outstanding[peer] + 1 >= self.send_depth
-        if signaled:
+        if signaled:  # it answers for the unsignaled ones before it, and their eager bytes
             op = SendOp(peer)
-            conn.slot_ops[slot] = (op, conn.unsignaled)
+            conn.slot_ops[slot] = (op, conn.unsignaled, conn.unsignaled_bytes + payload)
             conn.unsignaled = []
+            conn.unsignaled_bytes = 0
         else:
             op = UNTRACKED
             conn.unsignaled.append(slot)
+            conn.unsignaled_bytes += payload
         self.outstanding[peer] += 1
         conn.post(SEND_BIT | (peer << 32) | slot, opcode,
                   conn.send_base + slot * conn.slot_size, length, conn.send_mr.lkey, imm=imm,
@@ -249,14 +250,37 @@ class Engine:
             except PeerError as err:  # file the rest first: an abort among them says why
                 failure = failure or err
         if failure is not None:
+            self._explain(failure)
+        if n and self.pending:
+            self._post_pending()
+        return bool(n)
+
+    def _explain(self, failure: PeerError) -> None:
+        """A work request failed: raise it with why, when a peer said (its abort notice) or
+        the control plane knows (a rank gone). A rank that fails closes its memory to peers at
+        once, so a peer's write to it can fail before its notice arrives: wait a moment for
+        the notice, then say what is known."""
+        end = time.monotonic() + EXPLAIN_S
+        while True:
             if self.box.aborts:
                 who, why = next(iter(self.box.aborts.items()))
                 raise PeerError(f"rank {who} stopped the operation ({why}); then: {failure}",
                                 peer=who)
-            raise failure
-        if n and self.pending:
-            self._post_pending()
-        return bool(n)
+            if self.watch is not None:
+                try:
+                    self.watch()
+                except PeerError as known:
+                    raise PeerError(f"{known}; then: {failure}", peer=known.peer) from None
+            if time.monotonic() > end:
+                raise failure
+            n, wcs = self.dev.cq.poll(POLL_BATCH)
+            for wc in wcs:
+                try:
+                    self._complete(wc)
+                except PeerError:  # more of the same: the first says what failed
+                    pass
+            if not n:
+                time.sleep(0.005)
 
     def _complete(self, wc: Any) -> None:
         wr_id = wc.wr_id
@@ -277,15 +301,12 @@ class Engine:
             else:
                 conn = self.conns[peer]
                 slot = wr_id & 0xFFFFFFFF
-                op, before = conn.slot_ops.pop(slot)
+                op, before, eager_bytes = conn.slot_ops.pop(slot)
                 conn.free_send_slots.extend(before)
                 self.outstanding[peer] -= len(before)
                 op.done = True
                 conn.free_send_slots.append(slot)
-                eager = self.eager_len[peer]
-                if eager:  # eager blocks among them are no longer in flight
-                    for s in (*before, slot):
-                        self.counters.inflight -= eager.pop(s, 0)
+                self.counters.inflight -= eager_bytes
             return
         peer, slot = (wr_id >> 32) & 0xFFFFF, wr_id & 0xFFFFFFFF
         if wc.status != e.IBV_WC_SUCCESS:

@@ -205,9 +205,11 @@ class Connection:
         for wr in self.recv_wrs:
             self.qp.post_recv(wr)
         self.free_send_slots = list(range(slots))
-        # signaled send slot -> (its SendOp, the unsignaled slots posted before it)
-        self.slot_ops: dict[int, tuple[Any, list[int]]] = {}
+        # signaled send slot -> (its SendOp, the unsignaled slots posted before it, and the
+        # eager bytes of all of them)
+        self.slot_ops: dict[int, tuple[Any, list[int], int]] = {}
         self.unsignaled: list[int] = []  # slots posted without a completion of their own
+        self.unsignaled_bytes = 0  # eager bytes among them
         self.wrs: dict[tuple[int, int, int], Any] = {}
 
     def endpoint(self) -> Endpoint:
