@@ -422,45 +422,47 @@ class Communicator:
             self._caller.release()
         return self._progress.submit(plan.name, lambda: self._run(plan, in_worker=True))
 
-    def alltoall(self, sendbuf: Any, recvbuf: Any, algorithm: str = "pairwise",
+    def alltoall(self, sendbuf: Any, recvbuf: Any, algorithm: str | None = None,
                  pairs: int = 1) -> Stats:
         """MPI_Alltoall: block j of sendbuf goes to rank j; block i of recvbuf comes from rank i.
+        (algorithm=None, here and below: the default its description names.)
         With algorithm="sequential", `pairs` pairs at most exchange at once (1: strictly
         sequential; p(p-1)/2: all at once), in the same fixed order."""
         return self._run(self._prepare("alltoall", sendbuf, recvbuf, algorithm, {"pairs": pairs}))
 
-    def allgather(self, sendbuf: Any, recvbuf: Any, algorithm: str = "ring",
+    def allgather(self, sendbuf: Any, recvbuf: Any, algorithm: str | None = None,
                   pairs: int = 1) -> Stats:
         """MPI_Allgather: every rank's sendbuf lands at block `rank` of every recvbuf (pairs:
         as in alltoall, for algorithm="sequential")."""
         return self._run(self._prepare("allgather", sendbuf, recvbuf, algorithm, {"pairs": pairs}))
 
     def allreduce(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
-                  algorithm: str = "ring") -> Stats:
+                  algorithm: str | None = None) -> Stats:
         """MPI_Allreduce: recvbuf = op over every rank's sendbuf, element by element (sum, prod,
         min, max on numpy integer and float arrays). allreduce(x, x) works in place."""
         return self._run(self._prepare("allreduce", sendbuf, recvbuf, algorithm, {"op": op}))
 
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
-                       algorithm: str = "ring") -> Stats:
+                       algorithm: str | None = None) -> Stats:
         """MPI_Reduce_scatter_block: block r (len(recvbuf) elements) of op over every rank's
         sendbuf (size * len(recvbuf) elements) lands at rank r."""
         return self._run(self._prepare("reduce_scatter", sendbuf, recvbuf, algorithm, {"op": op}))
 
-    def bcast(self, buf: Any, root: int = 0, algorithm: str = "binomial") -> Stats:
+    def bcast(self, buf: Any, root: int = 0, algorithm: str | None = None) -> Stats:
         """MPI_Bcast: root's buf lands in every rank's buf (same size everywhere)."""
         return self._run(self._prepare("bcast", buf, None, algorithm, {"root": root}))
 
     def alltoallv(self, sendbuf: Any, send_counts: list[int], recvbuf: Any,
-                  recv_counts: list[int], algorithm: str = "pairwise", pairs: int = 1) -> Stats:
+                  recv_counts: list[int], algorithm: str | None = None, pairs: int = 1) -> Stats:
         """MPI_Alltoallv with contiguous blocks: counts are in elements of the buffers; the
         algorithms are alltoall's."""
         return self._run(self._prepare_v(sendbuf, send_counts, recvbuf, recv_counts, algorithm,
                                          pairs))
 
     def _prepare_v(self, sendbuf: Any, send_counts: Any, recvbuf: Any, recv_counts: Any,
-                   algorithm: str, pairs: int) -> Plan:
+                   algorithm: str | None, pairs: int) -> Plan:
         c = ops.collective("alltoall")
+        algorithm = c.default if algorithm is None else algorithm
         names(algorithm=algorithm)
         window = self._window(algorithm, pairs)
         sc, rc = (whole_numbers(x, self.size, name) for x, name in
@@ -474,13 +476,13 @@ class Communicator:
         return self._plan(key, make)
 
     # ---- nonblocking --------------------------------------------------------------------
-    def ialltoall(self, sendbuf: Any, recvbuf: Any, algorithm: str = "pairwise",
+    def ialltoall(self, sendbuf: Any, recvbuf: Any, algorithm: str | None = None,
                   pairs: int = 1) -> Request:
         """alltoall, started: returns a Request at once (req.test(), req.wait())."""
         return self.start("alltoall", sendbuf, recvbuf, algorithm, pairs=pairs)
 
     def ialltoallv(self, sendbuf: Any, send_counts: list[int], recvbuf: Any,
-                   recv_counts: list[int], algorithm: str = "pairwise", pairs: int = 1) -> Request:
+                   recv_counts: list[int], algorithm: str | None = None, pairs: int = 1) -> Request:
         self._check_open()
         self._claim("ialltoallv")
         try:
@@ -489,19 +491,19 @@ class Communicator:
             self._caller.release()
         return self._progress.submit(plan.name, lambda: self._run(plan, in_worker=True))
 
-    def iallgather(self, sendbuf: Any, recvbuf: Any, algorithm: str = "ring",
+    def iallgather(self, sendbuf: Any, recvbuf: Any, algorithm: str | None = None,
                    pairs: int = 1) -> Request:
         return self.start("allgather", sendbuf, recvbuf, algorithm, pairs=pairs)
 
     def iallreduce(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
-                   algorithm: str = "ring") -> Request:
+                   algorithm: str | None = None) -> Request:
         return self.start("allreduce", sendbuf, recvbuf, algorithm, op=op)
 
     def ireduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
-                        algorithm: str = "ring") -> Request:
+                        algorithm: str | None = None) -> Request:
         return self.start("reduce_scatter", sendbuf, recvbuf, algorithm, op=op)
 
-    def ibcast(self, buf: Any, root: int = 0, algorithm: str = "binomial") -> Request:
+    def ibcast(self, buf: Any, root: int = 0, algorithm: str | None = None) -> Request:
         return self.start("bcast", buf, None, algorithm, root=root)
 
     def barrier(self) -> None:
