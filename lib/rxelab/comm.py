@@ -65,11 +65,15 @@ _RUNNERS: dict[str, Callable[[Call], None]] = {}  # "module:function" -> the fun
 class Plan:
     """A collective call made ready: its checked layout and the algorithm that runs it."""
 
-    __slots__ = ("operation", "algorithm", "name", "run", "layout", "exports", "held_version")
+    __slots__ = ("operation", "algorithm", "name", "run", "layout", "exports", "held_version",
+                 "given")
 
     def __init__(self, operation: str, algorithm: str, run: Callable[[Call], None],
-                 layout: Layout) -> None:
+                 layout: Layout, given: tuple[Any, ...] = ()) -> None:
         self.operation, self.algorithm, self.run, self.layout = operation, algorithm, run, layout
+        # the caller's own objects, which the plan is found by (their ids): held, so no other
+        # object can take an id while the plan is kept, even if a layout copied them
+        self.given = given
         self.name = f"{operation}/{algorithm}"
         # numpy arrays cannot be resized while referenced; anything else is held by an export
         self.exports = [memoryview(b.owner) for b in (layout.send, layout.recv)
@@ -140,7 +144,18 @@ class Communicator:
         self.close()
 
     def close(self) -> None:
-        """Release QPs, registrations, CQ, PD, context and sockets, children first."""
+        """Release QPs, registrations, CQ, PD, context and sockets, children first. A call
+        another thread is inside is let finish first (bounded by that call's own deadlines)."""
+        if self.closed:
+            return
+        claimed = self._caller.acquire(timeout=self.timeout + 10)
+        try:
+            self._close()
+        finally:
+            if claimed:
+                self._caller.release()
+
+    def _close(self) -> None:
         if self.closed:
             return
         self._progress.stop()
@@ -199,66 +214,84 @@ class Communicator:
         side by side, which this engine cannot (it serves one caller at a time), and waiting
         would deadlock where a peer's request waits for this call; so they are refused."""
         assert self.registry is not None
-        if self._progress.pending:
-            raise ConfigError(f"{what}: nonblocking collectives of this rank are still pending",
-                              hint="wait() for them first (point-to-point calls do not overlap "
-                                   "with them here)")
-        self._claim(what)
-        try:
-            yield
-        except BaseException as err:
-            self._fail(what, tag, err)
-            raise
-        finally:
-            self._caller.release()
-            self.registry.end_call()
+        with self._exclusive(what):
+            if self._progress.pending:
+                raise ConfigError(f"{what}: nonblocking collectives of this rank are still pending",
+                                  hint="wait() for them first (point-to-point calls do not overlap "
+                                       "with them here)")
+            try:
+                yield
+            except BaseException as err:
+                self._fail(what, tag, err)
+                raise
+            finally:
+                self.registry.end_call()
 
     def _fail(self, what: str, tag: int, err: BaseException) -> None:
-        """The communicator is failed: first no peer may write into this rank's memory any
-        more (a late writer fails at its end), then the peers are told to stop waiting."""
+        """The communicator is failed: the peers are told to stop waiting (RDMA notices posted
+        first, before anything they would queue behind could fail), no peer may write into this
+        rank's memory any more (a late writer fails at its end), and the control plane says
+        why."""
         self.failed = f"{what}: {type(err).__name__}: {err}"
-        if self.registry is not None:
-            try:
-                self.registry.revoke(verbs.e.IBV_ACCESS_REMOTE_WRITE)
-            except BaseException:  # the rest must still happen
-                pass
         why, blamed = engine_mod.FAILED, getattr(err, "peer", None)
         if isinstance(err, ProtocolError | ConfigError):
             why = engine_mod.MISMATCH
         elif isinstance(err, PeerError):
             why = engine_mod.DIED if "is gone" in str(err) else \
                 engine_mod.STALLED if "no progress" in str(err) else engine_mod.FAILED
+        notices: list[Any] = []
+        try:  # the notices go out first: a work request that still reads our memory would
+            notices = self.engine.post_aborts(tag, why, blamed)  # fail, and take them along
+        except BaseException:  # telling peers is best effort
+            pass
+        if self.registry is not None:
+            try:
+                with self._lock:  # the progress thread may fail while the caller plans
+                    self.registry.revoke(verbs.e.IBV_ACCESS_REMOTE_WRITE)
+            except BaseException:  # the rest must still happen
+                pass
         try:
-            self.engine.abort_all(tag, why, blamed)
             self.control.abort(f"rank {self.rank} failed in {what}: {err}",
                                self.rank if blamed is None else blamed)
+            self.engine.await_notices(notices)
         except BaseException:  # telling peers is best effort
             pass
 
     def _claim(self, what: str) -> None:
         """One application thread in the library at a time (MPI_THREAD_SERIALIZED): a second
         one is refused before anything is posted, rather than interleaving its work with the
-        first's (wrong data, or a stall)."""
+        first's (wrong data, or a stall). Taken first, before anything else is looked at; the
+        progress thread never takes it."""
         if not self._caller.acquire(blocking=False):
             raise ConfigError(f"{what}: this communicator is in use by another thread",
                               hint="rxelab serves one thread at a time per communicator: "
                                    "serialize the calls, or give each thread a communicator")
 
+    @contextmanager
+    def _exclusive(self, what: str) -> Iterator[None]:
+        self._claim(what)
+        try:
+            yield
+        finally:
+            self._caller.release()
+
     def _run(self, plan: Plan, in_worker: bool = False) -> Stats:
         """Every collective's hot path (spelt out, as _communicating and _claim do it)."""
-        # started requests first (a no-op on the progress thread itself): they took their
-        # call numbers before this one, on every rank in the same order
-        self._progress.quiesce()
         if not in_worker and not self._caller.acquire(False):
             self._claim(plan.name)  # raises, saying why
         try:
+            # started requests first (a no-op on the progress thread itself): they took their
+            # call numbers before this one, on every rank in the same order
+            self._progress.quiesce()
             if self.closed or self.failed is not None:
                 self._check_open()
             registry = self.registry
             assert registry is not None
             counters = self.engine.counters
             sent0, recv0 = counters.bytes_sent, counters.bytes_received
-            counters.peak_inflight = counters.inflight
+            # this call's own bytes in flight: earlier calls' unacknowledged eager blocks are
+            # counted until a later completion answers for them, and are not this call's
+            base = counters.peak_inflight = counters.inflight
             registry.peak = registry.pinned
             started = time.perf_counter()
             self.seq = (self.seq + 1) & 0x3FFF
@@ -272,7 +305,7 @@ class Communicator:
                 registry.end_call()
             return Stats(plan.operation, plan.algorithm, counters.bytes_sent - sent0,
                          counters.bytes_received - recv0, registry.peak,
-                         counters.peak_inflight, time.perf_counter() - started)
+                         counters.peak_inflight - base, time.perf_counter() - started)
         finally:
             if not in_worker:
                 self._caller.release()
@@ -324,6 +357,9 @@ class Communicator:
         for plan in self._plans.values():
             for view in plan.exports:
                 holders[id(view.obj)] = holders.get(id(view.obj), 0) + 1
+            for obj in plan.given:  # the caller's objects, held by the plan itself
+                if id(obj) in holders:
+                    holders[id(obj)] += 1
             for arr in plan.layout.held_arrays():  # reductions' flat views
                 if isinstance(arr, np.ndarray) and id(arr.base) in holders:
                     holders[id(arr.base)] += 1
@@ -382,7 +418,9 @@ class Communicator:
         an earlier one (same collective, algorithm, buffers and arguments, as the caller gave
         them), that call's plan, found before anything else is looked at: one path for every
         collective and its i-variant, and a short one for a training loop's thousandth call."""
-        key = (name, algorithm, id(sendbuf), id(recvbuf), *given.values())
+        # names and types too: pairs=2.0 or root=True must not find the plan of pairs=2, root=1
+        key = (name, algorithm, id(sendbuf), id(recvbuf),
+               *[(k, type(v), v) for k, v in given.items()])
         try:
             plan = self._plans.get(key)
         except TypeError:  # an argument that cannot be hashed: the checks below say which
@@ -391,6 +429,7 @@ class Communicator:
         assert registry is not None
         if plan is not None and plan.usable() and plan.held_version == registry.held_version:
             return plan
+        self._check_open()
         c = ops.collective(name)
         chosen = c.default if algorithm is None else algorithm
         names(algorithm=chosen)
@@ -399,7 +438,7 @@ class Communicator:
         def make() -> Plan:
             run = self._algorithm(c, chosen)
             layout = c.layout(sendbuf, recvbuf, self.size, self.rank, **args)
-            return Plan(name, chosen, run, layout)
+            return Plan(name, chosen, run, layout, (sendbuf, recvbuf))
         return self._plan(key, make)
 
     # ---- collectives ----------------------------------------------------------------
@@ -414,13 +453,15 @@ class Communicator:
         """Any described collective, started: its arguments are checked now (errors are
         raised here, as the blocking call raises them); it runs on the progress thread
         (rxelab.requests) and the Request says when it is done."""
+        return self._submit(f"i{name}", lambda: self._prepare(name, sendbuf, recvbuf, algorithm,
+                                                                arguments))
+
+    def _submit(self, what: str, prepare: Callable[[], Plan]) -> Request:
+        """Prepare a plan and hand it to the progress thread, as one step of this thread's."""
         self._check_open()
-        self._claim(f"i{name}")
-        try:
-            plan = self._prepare(name, sendbuf, recvbuf, algorithm, arguments)
-        finally:
-            self._caller.release()
-        return self._progress.submit(plan.name, lambda: self._run(plan, in_worker=True))
+        with self._exclusive(what):
+            plan = prepare()
+            return self._progress.submit(plan.name, lambda: self._run(plan, in_worker=True))
 
     def alltoall(self, sendbuf: Any, recvbuf: Any, algorithm: str | None = None,
                  pairs: int = 1) -> Stats:
@@ -472,7 +513,7 @@ class Communicator:
         def make() -> Plan:
             run = self._algorithm(c, algorithm)
             return Plan("alltoallv", algorithm, run, layouts.varying(
-                sendbuf, recvbuf, self.size, self.rank, sc, rc, window))
+                sendbuf, recvbuf, self.size, self.rank, sc, rc, window), (sendbuf, recvbuf))
         return self._plan(key, make)
 
     # ---- nonblocking --------------------------------------------------------------------
@@ -483,13 +524,8 @@ class Communicator:
 
     def ialltoallv(self, sendbuf: Any, send_counts: list[int], recvbuf: Any,
                    recv_counts: list[int], algorithm: str | None = None, pairs: int = 1) -> Request:
-        self._check_open()
-        self._claim("ialltoallv")
-        try:
-            plan = self._prepare_v(sendbuf, send_counts, recvbuf, recv_counts, algorithm, pairs)
-        finally:
-            self._caller.release()
-        return self._progress.submit(plan.name, lambda: self._run(plan, in_worker=True))
+        return self._submit("ialltoallv", lambda: self._prepare_v(
+            sendbuf, send_counts, recvbuf, recv_counts, algorithm, pairs))
 
     def iallgather(self, sendbuf: Any, recvbuf: Any, algorithm: str | None = None,
                    pairs: int = 1) -> Request:
@@ -511,15 +547,13 @@ class Communicator:
         or an abort ends it at once on every rank, naming who; anything else inside it (Ctrl-C)
         fails the communicator and the peers are told."""
         self._check_open()
-        self._progress.quiesce()
-        self._claim("barrier")
-        try:
-            self.control.barrier()
-        except BaseException as err:
-            self._fail("barrier", 0, err)
-            raise
-        finally:
-            self._caller.release()
+        with self._exclusive("barrier"):
+            self._progress.quiesce()
+            try:
+                self.control.barrier()
+            except BaseException as err:
+                self._fail("barrier", 0, err)
+                raise
 
     # ---- point to point -------------------------------------------------------------
     def send(self, buf: Any, peer: int) -> None:
@@ -581,23 +615,27 @@ class Communicator:
         (wait_imm) and imm (0..2^24-1) is the notice's value. Returns when acknowledged."""
         self._check_open()
         b = as_buffer(buf, "write buffer")
+        offset = whole(offset, "offset")
         if offset < 0 or offset + b.nbytes > target.length:
             raise ConfigError(f"{b.nbytes} bytes at offset {offset} do not fit the remote "
                               f"buffer of {target.length} bytes")
-        if imm is not None and not 0 <= imm < 1 << 24:
-            raise ConfigError(f"imm {imm} is outside 0..2^24-1")
-        tag = USER_BIT | (1 << 29) | (imm or 0)
+        tag = USER_BIT | (1 << 29) | (0 if imm is None else immediate(imm))
         with self._communicating(f"write to rank {target.peer}", tag):
             mr = self._mr(b, remote=False)
+            # no progress notices: the target may not be waiting (it polls in wait_imm only)
             op = self.engine.write(target.peer, b.address, mr.lkey if mr else 0, b.nbytes,
-                                   target.addr + offset, target.rkey, tag, imm=imm is not None)
+                                   target.addr + offset, target.rkey, tag, imm=imm is not None,
+                                   notify=False)
             self.engine.wait_ops([op], "write")
 
     def wait_imm(self, peer: int, imm: int, nbytes: int) -> None:
         """Wait for a write-with-immediate of nbytes from peer carrying imm."""
         self._check_open()
         peer = self._peer(peer)
-        tag = USER_BIT | (1 << 29) | imm
+        tag = USER_BIT | (1 << 29) | immediate(imm)
+        nbytes = whole(nbytes, "nbytes")
+        if nbytes < 0:
+            raise ConfigError(f"nbytes={nbytes} must be 0 or more")
         with self._communicating(f"wait_imm from rank {peer}", tag):
             self.engine.wait_data(peer, tag, nbytes, "write_imm")
 
@@ -610,6 +648,14 @@ def whole(value: Any, what: str) -> int:
         return operator.index(value)
     except TypeError:
         raise ConfigError(f"{what}={value!r} must be a whole number") from None
+
+
+def immediate(value: Any) -> int:
+    """A write's immediate value: a whole number of 24 bits (the rest of the tag is ours)."""
+    value = whole(value, "imm")
+    if not 0 <= value < 1 << 24:
+        raise ConfigError(f"imm={value} is outside 0..2^24-1")
+    return value
 
 
 def names(**given: Any) -> None:

@@ -303,8 +303,8 @@ class ControlPlane:
         if kind == "abort":
             if self.job.rank == 0:  # pass it on; say who stopped and why
                 self._end(f"rank {r} stopped: {message['reason']}", message["rank"], skip=r)
-            else:
-                self._end(f"rank 0 aborted: {message['reason']}", message["rank"])
+            else:  # rank 0 passes on what another said, or says what it found: say it as is
+                self._end(str(message["reason"]), message["rank"])
             return
         with self.state:
             if kind == "barrier" and self.job.rank == 0:
@@ -378,8 +378,11 @@ class ControlPlane:
                                 f"{self.timeout:g} s", peer=missing[0])
             with self.state:
                 self.at_barrier.pop(seq, None)
-            for sock in self.peers.values():
-                self._send(sock, {"type": "release", "seq": seq})
+            for r, sock in self.peers.items():
+                try:
+                    self._send(sock, {"type": "release", "seq": seq})
+                except OSError as err:
+                    raise PeerError(f"rank {r} is gone: {err}", peer=r) from None
         else:
             assert self.root is not None
             try:

@@ -34,11 +34,12 @@ from rxelab.verbs import Connection, Device, status_str
 
 CTRL = struct.Struct("!BBHIIIQQ")  # kind, version, reserved, tag, rkey, pad, addr, length
 CTRL_VERSION = 1
-RTR, TOKEN, ABORT, RTS = 1, 2, 3, 4
+RTR, TOKEN, ABORT, RTS, MOVING = 1, 2, 3, 4, 5
 FAILED, STALLED, DIED, MISMATCH = 0, 1, 2, 3  # why a rank aborted
 ABORT_REASONS = {FAILED: "it failed", STALLED: "no progress from", DIED: "it found dead",
                  MISMATCH: "counts disagree with"}
-KIND_NAMES = {RTR: "ready-to-receive", TOKEN: "token", ABORT: "abort", RTS: "ready-to-send"}
+KIND_NAMES = {RTR: "ready-to-receive", TOKEN: "token", ABORT: "abort", RTS: "ready-to-send",
+              MOVING: "progress"}
 # The immediate of a progress notice: no tag is all ones (collective tags use 30 bits, p2p
 # and user tags leave bits clear), and it reads the same in either byte order.
 PROGRESS_IMM = 0xFFFFFFFF
@@ -62,6 +63,8 @@ class WriteOp:
     remote_addr: int
     rkey: int
     imm: bool = True
+    notify: bool = True  # progress notices every window (the receiver is in a wait, polling)
+    watchers: tuple[int, ...] = ()  # other ranks that wait on this transfer: told it moves too
     posted: int = 0
     done: int = 0
     chunks_posted: int = 0
@@ -191,6 +194,17 @@ class Engine:
                   signaled=signaled)
         return op
 
+    def _tell_moving(self, peer: int) -> None:
+        """A progress notice to a rank that waits for this transfer to end (its turn comes
+        after it), if a send slot is free at once: never waited for (this runs while posting,
+        inside progress())."""
+        conn = self.conns[peer]
+        if conn.free_send_slots and self.outstanding[peer] + 1 < self.send_depth:
+            slot = conn.free_send_slots.pop()
+            conn.send_mr.write(CTRL.pack(MOVING, CTRL_VERSION, 0, 0, 0, 0, 0, 0), CTRL.size,
+                               slot * conn.slot_size)
+            self._post_slot(conn, slot, e.IBV_WR_SEND, CTRL.size, 0)
+
     def flush(self, peer: int) -> SendOp:
         """A signaled zero-length RDMA write (it touches no memory and no receive): when it
         completes, everything posted to `peer` before it has."""
@@ -198,12 +212,16 @@ class Engine:
         return self._post_slot(conn, slot, e.IBV_WR_RDMA_WRITE, 0, 0, acked=True)
 
     def write(self, peer: int, addr: int, lkey: int, length: int, remote_addr: int, rkey: int,
-              tag: int, imm: bool = True) -> WriteOp:
-        """Start writing `length` bytes; the engine posts chunks as the window allows."""
+              tag: int, imm: bool = True, notify: bool = True,
+              watchers: tuple[int, ...] = ()) -> WriteOp:
+        """Start writing `length` bytes; the engine posts chunks as the window allows. With
+        notify, a long message carries progress notices: only where the receiver waits for
+        it (collectives, send/recv), since each takes one of its receive slots, and a receiver
+        that does not poll (a one-sided target, busy elsewhere) would hold the writer up."""
         if length == 0:  # still one (empty) write, so the receiver is notified
             conn = self.conns[peer]
             addr, lkey = conn.send_mr.buf, conn.send_mr.lkey
-        op = WriteOp(peer, tag, addr, lkey, length, remote_addr, rkey, imm)
+        op = WriteOp(peer, tag, addr, lkey, length, remote_addr, rkey, imm, notify, watchers)
         self.pending.append(op)
         self._post_pending()
         return op
@@ -224,12 +242,16 @@ class Engine:
                 # no-progress deadline is for transfers that stall, not for slow ones).
                 end = op.posted + n
                 last = end == op.length
-                moving = not last and op.imm and end // self.window != op.posted // self.window
+                moving = not last and op.notify and op.imm \
+                    and end // self.window != op.posted // self.window
                 opcode = e.IBV_WR_RDMA_WRITE_WITH_IMM if op.imm and last or moving \
                     else e.IBV_WR_RDMA_WRITE
                 conn.post(wr_id, opcode, op.addr + op.posted, n, op.lkey,
                           op.remote_addr + op.posted, op.rkey,
                           PROGRESS_IMM if moving else socket.htonl(op.tag))
+                if moving:
+                    for watcher in op.watchers:
+                        self._tell_moving(watcher)
                 self.in_flight_chunks[wr_id] = (op, n)
                 self.outstanding[op.peer] += 1
                 op.posted += n
@@ -341,6 +363,8 @@ class Engine:
             self.box.rts[(peer, tag)] = nbytes
         elif kind == TOKEN:
             self.box.tokens.add((peer, tag))
+        elif kind == MOVING:  # only that a transfer this rank waits behind moves: the
+            pass  # completion itself was the news (the wait's deadline starts again)
         elif kind == ABORT:
             reason = ABORT_REASONS.get(rkey, "it failed")
             self.box.aborts[peer] = reason if rkey == FAILED or not addr else f"{reason} rank {addr - 1}"
@@ -492,10 +516,9 @@ class Engine:
                 time.sleep(0.0001)
         return True
 
-    def abort_all(self, tag: int, why: int = FAILED, blamed: int | None = None) -> None:
+    def post_aborts(self, tag: int, why: int = FAILED, blamed: int | None = None) -> list[SendOp]:
         """Best effort: tell every peer to stop waiting for this rank, and why (one of
-        ABORT_REASONS, and the rank this one blames, if any); wait up to a second for the
-        notices to be acknowledged, whatever else fails meanwhile."""
+        ABORT_REASONS, and the rank this one blames, if any)."""
         notices = []
         for peer in self.conns:
             try:
@@ -503,6 +526,13 @@ class Engine:
                                               addr=0 if blamed is None else blamed + 1, acked=True))
             except Exception:  # the peer may be the one that is gone
                 pass
+        return notices
+
+    def abort_all(self, tag: int, why: int = FAILED, blamed: int | None = None) -> None:
+        self.await_notices(self.post_aborts(tag, why, blamed))
+
+    def await_notices(self, notices: list[SendOp]) -> None:
+        """Wait up to a second for the notices to be acknowledged, whatever else fails."""
         end = time.monotonic() + 1.0
         while time.monotonic() < end and not all(n.done for n in notices):
             try:

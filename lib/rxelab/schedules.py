@@ -87,6 +87,8 @@ class Turn:
     role: int  # STARTED: sends at once; ANSWERED: sends once the partner's block came; BOTH
     token_from: int | None  # BOTH after the first window: the leader whose token it waits for
     hands_to: tuple[int, ...]  # when this rank leads the step: who gets the turn at its end
+    patience: int  # deadlines a wait for this turn allows: one per step since this rank's last
+    watchers: tuple[int, ...]  # the other ranks of later steps: they wait behind this one
 
 
 @functools.lru_cache(maxsize=256)
@@ -95,6 +97,7 @@ def sequential_turns(p: int, rank: int, window: int = 1) -> tuple[Turn, ...]:
     (every call of a sequential collective walks them)."""
     steps = sequential_steps(p)
     turns = []
+    last = -1  # this rank's previous step
     for k, step in enumerate(steps):
         if rank not in step.pair:
             continue
@@ -103,7 +106,11 @@ def sequential_turns(p: int, rank: int, window: int = 1) -> tuple[Turn, ...]:
         role = STARTED if first == rank else ANSWERED if first == partner else BOTH
         token_from = steps[k - window].leader if role == BOTH and k >= window else None
         hands_to = tuple(token_receivers(steps, k, window)) if rank == step.leader else ()
-        turns.append(Turn(k, partner, role, token_from, hands_to))
+        # the steps between this rank's last one and this, `window` at a time, plus its own
+        patience = -(-(k - last - 1) // window) + 1
+        watchers = tuple(sorted({r for s in steps[k + 1:] for r in s.pair} - {rank, partner}))
+        turns.append(Turn(k, partner, role, token_from, hands_to, patience, watchers))
+        last = k
     return tuple(turns)
 
 

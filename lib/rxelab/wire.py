@@ -18,7 +18,7 @@ from typing import Any
 from rxelab.errors import PeerError, ProtocolError
 
 MAGIC = b"RXLB"
-VERSION = 3  # 2: hellos carry the job token; 3: a digest of the job's secret
+VERSION = 4  # 2: hellos carry the job token; 3: a digest of the job's secret; 4: settings
 HEADER = struct.Struct("!4sHI")
 MAX_BODY = 1 << 20  # a table for thousands of ranks fits; a stray stream does not
 

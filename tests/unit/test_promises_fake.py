@@ -344,7 +344,7 @@ def test_a_late_writer_cannot_touch_a_buffer_whose_receiver_gave_up(aborts_first
     closed to peers the moment it fails (tested both ways: with the abort notices lost too)."""
     if not aborts_first:  # the abort never arrives: only the closed registration protects
         from rxelab import engine
-        monkeypatch.setattr(engine.Engine, "abort_all", lambda self, *a, **k: None)
+        monkeypatch.setattr(engine.Engine, "post_aborts", lambda self, *a, **k: [])
         from rxelab import control
         monkeypatch.setattr(control.ControlPlane, "abort", lambda self, *a, **k: None)
 
@@ -396,3 +396,157 @@ def test_a_rank_waiting_its_turn_in_the_sequential_walk_is_not_cut_off():
     out = run_ranks(4, job, timeout=1.0, max_delay=0.05, chunk=1024, window=1024, eager_limit=0,
                     deadline=120)
     assert out == [[0, 1, 2, 3]] * 4
+
+
+# ---- a second reader's findings -------------------------------------------------------------
+@pytest.mark.parametrize("valid, invalid", [
+    (dict(pairs=2), dict(pairs=2.0)), (dict(pairs=1), dict(pairs=True)),
+    (dict(pairs=1), dict(bogus=1)), (dict(pairs=1), dict(root=1)),
+])
+def test_a_bad_argument_is_refused_even_after_a_valid_call_on_the_same_buffers(valid, invalid):
+    """The plan is found by the call's own arguments: 2.0 == 2 and True == 1 must not find it."""
+    def job(comm):
+        s, r = np.ones(comm.size * 8, np.uint8), np.zeros(comm.size * 8, np.uint8)
+        comm.collective("alltoall", s, r, algorithm="sequential", **valid)
+        with pytest.raises(ConfigError):
+            comm.collective("alltoall", s, r, algorithm="sequential", **invalid)
+        return "ok"
+    assert run_ranks(2, job) == ["ok", "ok"]
+
+
+def test_a_root_of_the_wrong_type_is_refused_after_a_valid_bcast():
+    def job(comm):
+        b = np.ones(8, np.uint8)
+        comm.bcast(b, root=1)
+        for bad in (True, 1.0):
+            with pytest.raises(ConfigError, match="root"):
+                comm.bcast(b, root=bad)
+        return "ok"
+    assert run_ranks(2, job) == ["ok", "ok"]
+
+
+def test_a_thread_cannot_slip_a_request_in_while_another_starts_a_call():
+    """The claim is taken before anything else: a second thread's start() while the first is
+    between the start of its call and its work is refused (it ran beside it on one engine)."""
+    def job(comm):
+        entered, refused = threading.Event(), []
+        real = comm._progress.quiesce
+
+        def slow_quiesce():
+            if threading.current_thread().name == "first":
+                entered.set()
+                time.sleep(0.3)  # the first thread is inside its call, before its work
+            real()
+
+        comm._progress.quiesce = slow_quiesce
+
+        def first() -> None:
+            comm.allreduce(np.ones(8), np.zeros(8))
+
+        t = threading.Thread(target=first, name="first")
+        t.start()
+        entered.wait(10)
+        try:
+            comm.start("allreduce", np.ones(8), np.zeros(8)).wait(10)
+        except ConfigError as err:
+            refused.append(str(err))
+        t.join(10)
+        return refused
+    for refused in run_ranks(2, job, timeout=5):
+        assert refused and "another thread" in refused[0], refused
+
+
+def test_a_long_one_sided_write_reaches_a_target_that_is_not_polling():
+    """Progress notices take the receiver's slots; a one-sided target in a barrier does not
+    poll, so the writer stalled once they ran out. One-sided writes carry none."""
+    def job(comm):
+        n = 65536
+        if comm.rank == 1:
+            buf = np.zeros(n, np.uint8)
+            comm.expose(buf, 0)
+            comm.barrier()
+            comm.barrier()  # rank 0 writes before this one (a put and a fence)
+            comm.wait_imm(0, 5, n)
+            return int(buf.min())
+        target = comm.remote(1)
+        comm.barrier()
+        comm.write(np.full(n, 9, np.uint8), target, imm=5)
+        comm.barrier()
+        return "wrote"
+    assert run_ranks(2, job, timeout=3, slots=4, window=1024, chunk=1024, eager_limit=0) == \
+        ["wrote", 9]
+
+
+def test_peak_inflight_is_the_calls_own():
+    """Earlier calls' unacknowledged eager blocks stayed counted into a later call's peak."""
+    def job(comm):
+        p = comm.size
+        for _ in range(3):
+            comm.alltoall(np.ones(p * 64, np.uint8), np.zeros(p * 64, np.uint8), algorithm="parallel")
+        return comm.bcast(np.zeros(0, np.uint8)).peak_inflight
+    assert run_ranks(3, job) == [0, 0, 0]
+
+
+def test_a_rank_that_hangs_late_in_the_sequential_walk_is_found_in_a_few_deadlines():
+    """Patience counts the pairs between a rank's last step and its turn, not those since the
+    call began: at p = 6 rank 4 waited 15 deadlines for a rank that hung before their pair."""
+    from rxelab.collectives import common
+
+    real = common.Call.send_block
+
+    def send_block(self, peer, *a, **k):
+        if self.rank == 5 and peer == 4 and threading.current_thread().name.startswith("rank"):
+            time.sleep(12)  # hangs, alive, before its last exchange
+        return real(self, peer, *a, **k)
+
+    def job(comm):
+        p = comm.size
+        started = time.monotonic()
+        try:
+            comm.alltoall(np.ones(p * 64, np.uint8), np.zeros(p * 64, np.uint8),
+                          algorithm="sequential")
+            return None
+        except PeerError:
+            return time.monotonic() - started
+    common.Call.send_block = send_block
+    try:
+        out = run_ranks(6, job, timeout=1.0, keep_errors=True, deadline=60)
+    finally:
+        common.Call.send_block = real
+    assert out[4] is not None and out[4] < 5, out
+
+
+def test_close_from_another_thread_waits_for_the_call_inside():
+    def job(comm):
+        results = []
+
+        def call() -> None:
+            y = np.zeros(1 << 16)
+            comm.allreduce(np.ones(1 << 16), y)
+            results.append(float(y[0]))
+
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(0.05)
+        comm.close()
+        t.join(10)
+        return results
+    assert run_ranks(2, job, max_delay=0.002) == [[2.0], [2.0]]
+
+
+@pytest.mark.parametrize("call, argument", [
+    (lambda c, t: c.write(np.ones(4, np.uint8), t, imm=1.5), "imm"),
+    (lambda c, t: c.write(np.ones(4, np.uint8), t, offset="0"), "offset"),
+    (lambda c, t: c.write(np.ones(4, np.uint8), t, offset=1.5), "offset"),
+    (lambda c, t: c.wait_imm(1 - c.rank, 1 << 24, 4), "imm"),
+    (lambda c, t: c.wait_imm(1 - c.rank, 5, -1), "nbytes"),
+])
+def test_one_sided_arguments_are_checked(call, argument):
+    def job(comm):
+        comm.expose(np.zeros(16, np.uint8), 1 - comm.rank)
+        target = comm.remote(1 - comm.rank)
+        with pytest.raises(ConfigError, match=argument):
+            call(comm, target)
+        comm.barrier()
+        return "ok"
+    assert run_ranks(2, job) == ["ok", "ok"]

@@ -31,7 +31,7 @@ class Call:
     """One collective call: engine, ranks, this call's tags, and the buffers' layout.
     (A plain class with slots: one is made per call.)"""
 
-    __slots__ = ("engine", "rank", "size", "seq", "name", "layout", "register", "_mrs")
+    __slots__ = ("engine", "rank", "size", "seq", "name", "layout", "register", "_mrs", "watchers")
 
     def __init__(self, engine: Engine, rank: int, size: int, seq: int, name: str, layout: Layout,
                  register: Callable[[Buffer, bool], Any]) -> None:
@@ -39,6 +39,7 @@ class Call:
         self.name, self.layout = name, layout
         self.register = register  # (buffer, remote access) -> MR or None
         self._mrs: dict[tuple[int, bool], Any] = {}
+        self.watchers: tuple[int, ...] = ()  # ranks to tell that our long transfers move
 
     def mr(self, buf: Buffer, remote: bool) -> Any:
         """Registered on first use: eager blocks never need the caller's buffers registered."""
@@ -127,7 +128,7 @@ class Call:
         mr = self.mr(buf, buf is self.layout.recv)
         lkey = mr.lkey if mr is not None else 0
         return self.engine.write(peer, buf.address + offset, lkey, length, addr, rkey,
-                                 self.tag(sub))
+                                 self.tag(sub), watchers=self.watchers)
 
     def receive(self, peer: int, sub: int, length: int) -> None:
         self.engine.wait_data(peer, self.tag(sub), length, self.name)
@@ -140,11 +141,9 @@ class Call:
     def pass_turn(self, peer: int, step: int) -> None:
         self.engine.send_ctrl(peer, TOKEN, self.tag(STEP0 + step))
 
-    def await_turn(self, leader: int, step: int) -> None:
-        """The turn of step `step` comes after every step before it: each may take the
-        no-progress deadline."""
+    def await_turn(self, leader: int, step: int, patience: float) -> None:
         self.engine.wait_token(leader, self.tag(STEP0 + step), f"{self.name} step {step}",
-                               patience=step + 1)
+                               patience=patience)
 
     def finish(self, ops: Sequence[WriteOp | SendOp], strict: bool = False) -> None:
         """Wait until the peers acknowledged our writes (they read our buffers until then);
@@ -184,13 +183,17 @@ def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
 
     for turn in schedules.sequential_turns(c.size, c.rank, w):
         k = turn.step
+        # A wait for a turn allows each step between this rank's last and it the deadline;
+        # and the ranks of later steps wait behind this one: a long transfer of ours tells
+        # them it moves (a wait that sees nothing would give up on a slow pair).
         if turn.role == STARTED:
             close_all(k - w)
-        elif turn.role == ANSWERED:  # the starter's block is the turn: it comes after step k - 1
+        elif turn.role == ANSWERED:  # the starter's block is the turn
             close_all(k)
-            receive(turn.partner, k + 1)
+            receive(turn.partner, turn.patience)
         elif turn.token_from is not None:
             close_all(k)
-            c.await_turn(turn.token_from, k)
+            c.await_turn(turn.token_from, k, turn.patience)
+        c.watchers = turn.watchers
         open_pairs[k] = (turn, send(turn.partner))
     close_all()
