@@ -11,7 +11,6 @@ Open MPI's coll_tuned MCA parameters); --algorithm only labels the output.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    r, p, m = comm.Get_rank(), comm.Get_size(), args.size
-    mine = np.zeros(args.stages * 2, np.float64)
+    r, p = comm.Get_rank(), comm.Get_size()
     call = getattr(comm, described.mpi.call)  # the description's mpi4py method
 
     def collective(send: np.ndarray, recv: np.ndarray) -> None:
@@ -43,21 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             call(send, recv)
     comm.Barrier()  # the "start signal"
-    progress = stages.Progress("mpi") if r == 0 else None
-    send, want = stages.buffers(args.op, 0, r, p, m)
-    recv = np.zeros_like(want)
-    got = described.result(send, recv)
-    for s in range(-args.warmup, args.stages):
-        data, want = stages.buffers(args.op, max(s, 0), r, p, m)
-        np.copyto(send, data)  # the same buffers every stage
-        t0 = time.perf_counter()
-        collective(send, recv)
-        took = time.perf_counter() - t0
-        if s >= 0:
-            mine[2 * s] = took
-            mine[2 * s + 1] = np.count_nonzero(got != want)
-            if progress:
-                progress.stage(took)
+    mine = stages.run(args, r, p, collective, comm.Barrier, "mpi")
     table = np.zeros(p * mine.size, np.float64)
     comm.Allgather(mine, table)
     if r == 0:

@@ -13,7 +13,6 @@ the same, so one parser reads both.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--algorithm {args.algorithm} is not an {args.op} algorithm: {', '.join(valid)}")
     try:
         with rxelab.init(**settings.from_flags(args)) as comm:
-            r, p, m = comm.rank, comm.size, args.size
+            r, p = comm.rank, comm.size
             start = np.zeros(1, np.uint8)
             if r == 0:
                 print(f"# server: {p - 1} clients connected; sending the start signal", flush=True)
@@ -47,32 +46,20 @@ def main(argv: list[str] | None = None) -> int:
                     comm.send(np.ones(1, np.uint8), client)
             else:
                 comm.recv(start, 0)  # wait for the server's start signal
-            send, want = stages.buffers(args.op, 0, r, p, m)
-            recv = np.zeros_like(want)
-            got = ops.COLLECTIVES[args.op].result(send, recv)
-            mine = np.zeros(args.stages * 2, np.float64)
-            peak_pinned = peak_inflight = 0
-            progress = stages.Progress("rxelab") if r == 0 else None
-            for s in range(-args.warmup, args.stages):
-                # the same buffers every stage, as a training loop has them; new data in them
-                data, want = stages.buffers(args.op, max(s, 0), r, p, m)
-                np.copyto(send, data)
-                t0 = time.perf_counter()
+            peaks = [0, 0]  # pinned, in flight
+
+            def collective(send: np.ndarray, recv: np.ndarray) -> None:
                 st = ops.run(comm, args.op, args.algorithm, send, recv, pairs=args.pairs)
-                took = time.perf_counter() - t0
-                if s >= 0:
-                    mine[2 * s] = took
-                    mine[2 * s + 1] = np.count_nonzero(got != want)
-                    peak_pinned = max(peak_pinned, st.peak_pinned)
-                    peak_inflight = max(peak_inflight, st.peak_inflight)
-                    if progress:
-                        progress.stage(took)
+                peaks[0] = max(peaks[0], st.peak_pinned)
+                peaks[1] = max(peaks[1], st.peak_inflight)
+
+            mine = stages.run(args, r, p, collective, comm.barrier, "rxelab")
             table = np.zeros(p * mine.size, np.float64)
             comm.allgather(mine, table, algorithm="ring")
-            peaks = np.zeros(2 * p, np.float64)
-            comm.allgather(np.array([peak_pinned, peak_inflight], np.float64), peaks, "ring")
+            every = np.zeros(2 * p, np.float64)
+            comm.allgather(np.array(peaks, np.float64), every, "ring")
             if r == 0:
-                extra = {"peak_pinned": int(peaks[0::2].max()), "peak_inflight": int(peaks[1::2].max())}
+                extra = {"peak_pinned": int(every[0::2].max()), "peak_inflight": int(every[1::2].max())}
                 for line in stages.report("rxelab", args, p, table, extra):
                     print(line, flush=True)
                 ok = bool(table.reshape(p, args.stages, 2)[:, :, 1].sum() == 0)

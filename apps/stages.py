@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,11 @@ def arguments(description: str, algorithms: Iterable[str], default_algorithm: st
     ap.add_argument("--algorithm", choices=list(algorithms), default=default_algorithm)
     ap.add_argument("--warmup", type=int, default=1, help="unrecorded stages first (default 1)")
     ap.add_argument("--quiet", action="store_true", help="no per-stage lines, only the summary")
+    ap.add_argument("--tight", action="store_true",
+                    help="back to back: the stages run on the same data with nothing between "
+                         "them (as a training step's collectives do), the time per call is each "
+                         "rank's whole span over the stages (the slowest rank's), and the data "
+                         "is checked after the last stage only")
     return ap
 
 
@@ -60,27 +65,63 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def report(app: str, args: argparse.Namespace, p: int, table: np.ndarray, extra: dict[str, Any]) -> list[str]:
     """Lines rank 0 prints: one per stage (max time over ranks, wrong bytes summed), then the
-    summary. table has one row per rank: [t_stage0, wrong_stage0, t_stage1, ...]."""
+    summary. table has one row per rank: [t_stage0, wrong_stage0, t_stage1, ...]. Stages one
+    after another each wait for the slowest rank, so the total is the sum of each stage's
+    slowest; back to back (--tight) ranks drift apart between calls and wait only where the
+    data needs it, so the total is the slowest rank's own span."""
     per = table.reshape(p, args.stages, 2)
     times = per[:, :, 0].max(axis=0)
     wrong = per[:, :, 1].sum(axis=0)
+    tight = bool(getattr(args, "tight", False))
+    total = float(per[:, :, 0].sum(axis=1).max()) if tight else float(times.sum())
     lines = []
     if not args.quiet:
         for s in range(args.stages):
             lines.append(json.dumps({"record": "stage", "app": app, "stage": s,
                                      "seconds": float(times[s]), "wrong": int(wrong[s])}))
-    total = float(times.sum())
     lines.append(json.dumps({
         "record": "summary", "app": app, "op": args.op, "algorithm": args.algorithm,
         "ranks": p, "size": args.size, "stages": args.stages, "warmup": args.warmup,
+        "tight": tight,
         "total_seconds": total, "avg_stage_us": total / args.stages * 1e6,
         "min_stage_us": float(times.min()) * 1e6, "max_stage_us": float(times.max()) * 1e6,
         "wrong": int(wrong.sum()), "ok": bool(wrong.sum() == 0), **extra,
     }))
-    lines.append(f"# {app} {args.op}/{args.algorithm}: {p} ranks, {args.size} B, {args.stages} stages "
+    lines.append(f"# {app} {args.op}/{args.algorithm}: {p} ranks, {args.size} B, {args.stages} "
+                 f"{'calls back to back' if tight else 'stages'} "
                  f"in {total:.3f} s ({total / args.stages * 1e6:.0f} us/stage), "
                  + ("all data verified" if wrong.sum() == 0 else f"{int(wrong.sum())} WRONG BYTES"))
     return lines
+
+
+def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.ndarray, np.ndarray], Any],
+        barrier: Callable[[], Any], app: str) -> np.ndarray:
+    """The stages of either app on the same buffers (as a training loop has them), each timed:
+    this rank's [seconds, wrong bytes] per stage. Stage by stage, each stage puts new data in
+    and checks what came out; back to back (--tight), the data goes in once, the calls follow
+    one another from a common start (a barrier) and the last one is checked."""
+    send, want = buffers(args.op, 0, rank, p, args.size)
+    recv = np.zeros_like(want)
+    got = ops.COLLECTIVES[args.op].result(send, recv)
+    mine = np.zeros(args.stages * 2, np.float64)
+    progress = Progress(app) if rank == 0 else None
+    tight = bool(getattr(args, "tight", False))
+    for s in range(-args.warmup, args.stages):
+        if not tight:  # new data every stage
+            data, want = buffers(args.op, max(s, 0), rank, p, args.size)
+            np.copyto(send, data)
+        elif s == 0:
+            barrier()
+        t0 = time.perf_counter()
+        collective(send, recv)
+        took = time.perf_counter() - t0
+        if s >= 0:
+            mine[2 * s] = took
+            if not tight or s == args.stages - 1:
+                mine[2 * s + 1] = np.count_nonzero(got != want)
+            if progress:
+                progress.stage(took)
+    return mine
 
 
 class Progress:

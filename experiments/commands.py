@@ -61,7 +61,7 @@ def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: s
     p = fleet.remote_paths()
     app = ["python3", f"{p['apps']}/server_client.py", "--op", case["op"], "--algorithm",
            case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
-           "--warmup", str(case["warmup"])]
+           "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else [])]
     for key in (*library.BY_NAME, "pairs"):  # the app takes init()'s options as flags
         if case.get(key) is not None:
             app += [f"--{key.replace('_', '-')}", str(case[key])]
@@ -119,7 +119,8 @@ def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: s
             *mpi_transport_args(case["transport"], hosts, network), *mca,
             "python3", f"{p['apps']}/mpi_compare.py", "--op", case["op"],
             "--algorithm", case["algorithm"], "--size", str(case["size"]),
-            "--stages", str(case["stages"]), "--warmup", str(case["warmup"])]
+            "--stages", str(case["stages"]), "--warmup", str(case["warmup"]),
+            *(["--tight"] if case.get("tight") else [])]
     return started_by(run_id) + _remote_join(argv)
 
 

@@ -56,10 +56,11 @@ def size_scaling(flat: list[Row], link_MBps: float | None) -> dict[str, bytes]:
         for metric, ylabel, name in (("avg_us", "latency per call (us)", "latency"),
                                      ("busbw", "busbw (MB/s)", "busbw")):
             fig, ax = plt.subplots(figsize=(6.5, 4))
-            for label, series in sorted(_by(rs, "contender", "algorithm").items()):
+            modes = len({r["mode"] for r in rs}) > 1
+            for label, series in sorted(_by(rs, "contender", "algorithm", "mode").items()):
                 series.sort(key=lambda r: r["size"])
                 ax.plot([r["size"] for r in series], [r[metric] for r in series],
-                        label=" ".join(label), **_style(series[0]))
+                        label=" ".join(label if modes else label[:2]), **_style(series[0]))
             if name == "busbw" and link_MBps:
                 ax.axhline(link_MBps, color="grey", linestyle=":", label="perftest ib_write_bw")
             ax.set_xscale("log", base=2)
@@ -71,6 +72,34 @@ def size_scaling(flat: list[Row], link_MBps: float | None) -> dict[str, bytes]:
             ax.legend(fontsize=7)
             out[f"{name}-{suffix}.png"] = _png(fig)
     return out
+
+
+def ratio_to(flat: list[Row], rival: str) -> bytes | None:
+    """Each contender's time per call over the rival's (mpi-ucx) at the same size, op, nodes,
+    network, MTU and way of calling: below 1 is faster. One panel per op."""
+    theirs = {(r["op"], r["nodes"], r["network"], r["mtu"], r["mode"], r["size"]): r["avg_us"]
+              for r in flat if r["contender"] == rival and r["status"] == "ok"}
+    mine = [r for r in flat if r["contender"] != rival and r["status"] == "ok" and theirs.get(
+        (r["op"], r["nodes"], r["network"], r["mtu"], r["mode"], r["size"]))]
+    by_op = _by(mine, "op")
+    if not any(len({r["size"] for r in rs}) > 1 for rs in by_op.values()):
+        return None
+    fig, axes = plt.subplots(1, len(by_op), figsize=(6.5 * len(by_op), 4), squeeze=False)
+    for ax, ((op,), rs) in zip(axes[0], sorted(by_op.items()), strict=True):
+        for label, series in sorted(_by(rs, "contender", "algorithm", "mode", "nodes",
+                                        "network", "mtu").items(), key=str):
+            series.sort(key=lambda r: r["size"])
+            ax.plot([r["size"] for r in series],
+                    [r["avg_us"] / theirs[(r["op"], r["nodes"], r["network"], r["mtu"], r["mode"],
+                                           r["size"])] for r in series],
+                    label=" ".join(str(x) for x in label[:3]), **_style(series[0]))
+        ax.axhline(1.0, color="grey", linestyle=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes per peer" if op in ("alltoall", "allgather") else "bytes")
+        ax.set_ylabel(f"time per call / {rival}'s")
+        ax.set_title(f"{op}: time relative to {rival} (below 1: faster)")
+        ax.legend(fontsize=7)
+    return _png(fig)
 
 
 def memory(flat: list[Row]) -> bytes | None:

@@ -211,8 +211,39 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "rxe_pkts": counters.total(rxe, "sent_pkts") if rxe else None,
                     "retries": counters.total(rxe, "completer_retry_err") if rxe else None,
                     "stage_seconds": r.get("stage_seconds"), "case": r["case"],
-                    "ranks": ranks(r), "pairs": r.get("pairs")})
+                    "ranks": ranks(r), "pairs": r.get("pairs"),
+                    "mode": BACK_TO_BACK if r.get("tight") else "stages",
+                    "round": r.get("round", 0), "rounds": 1})
     return out
+
+
+BACK_TO_BACK = "back to back"
+SAME_CASE = ("case", "contender", "op", "algorithm", "nodes", "ranks", "pairs", "size", "stages",
+             "network", "mtu", "mode")
+
+
+def medians(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per case: of a case run in several rounds, the round with the median time (the
+    lower middle of an even count), which says how many rounds it is the median of. Rows of
+    one round are each their own median."""
+    by_case: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for r in flat:  # a case's number, and what it is (records put together by hand keep apart)
+        by_case[tuple(r[k] for k in SAME_CASE)].append(r)
+    out = []
+    for rs in by_case.values():
+        ranked = sorted(rs, key=lambda r: r["avg_us"])
+        out.append({**ranked[(len(ranked) - 1) // 2], "rounds": len(ranked)})
+    return out
+
+
+def link_share(flat: list[dict[str, Any]], link_MBps: float | None) -> None:
+    """Each row's "% of link": the bytes each rank must send (and receive) for its collective
+    over the rate one direction of the link carries (perftest's ib_write_bw in the same run):
+    busbw over that rate (nccl-tests' busbw is exactly those bytes per second). One rank per
+    node only: ranks sharing a node share its link."""
+    for r in flat:
+        alone = r["ranks"] == r["nodes"]
+        r["link_pct"] = 100 * r["busbw"] / link_MBps if link_MBps and alone and r["busbw"] else None
 
 
 def peak_to_mean(samples: list[dict[str, Any]]) -> tuple[list[float], list[float], float]:
@@ -238,17 +269,24 @@ def busy_samples(rates: list[float]) -> list[float]:
     return [x for x in rates if peak > 0 and x > 0.1 * peak]
 
 
+def link_rate(records: list[dict[str, Any]]) -> float | None:
+    """The link's one-way rate in this run (MB/s): ib_write_bw's best, where it ran."""
+    limit = [r["summary"]["bw_MBps"] for r in records
+             if r["app"] == "perftest" and r["algorithm"] == "ib_write_bw"
+             and r.get("summary", {}).get("bw_MBps")]
+    return max(limit) if limit else None
+
+
 def figures(flat: list[dict[str, Any]], records: list[dict[str, Any]],
             loads: list[dict[str, Any]]) -> dict[str, bytes]:
-    limit = [r["summary"]["bw_MBps"] for r in records
-             if r["app"] == "perftest" and r.get("summary", {}).get("bw_MBps")]
-    out = plots.size_scaling(flat, max(limit) if limit else None)
+    out = plots.size_scaling(flat, link_rate(records))
     load_ratio: dict[int, float] = {}
     for entry in loads:
         ratio = peak_to_mean(entry["samples"])[2]
         load_ratio[entry["case"]] = max(load_ratio.get(entry["case"], 0.0), ratio)
     for name, png in (("pairs.png", plots.pairs_dial(flat, load_ratio)),
                       ("stages.png", plots.stages(flat)),
+                      ("ratio-to-ucx.png", plots.ratio_to(flat, "mpi-ucx")),
                       ("distribution.png", plots.distributions(flat)),
                       ("loss.png", plots.loss(flat)), ("memory.png", plots.memory(flat)),
                       ("load.png", plots.load_over_time(records, loads, peak_to_mean))):
@@ -267,12 +305,13 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
     lines.append(f"{ok} of {len(records)} cases ran and verified their data"
                  + (f"; not ok: {failed}" if bad else "."))
     done = [r for r in flat if r["status"] == "ok"]
-    for (op, nodes, size, stages, net, mtu), rs in sorted(_groups(done).items(), key=str):
+    for (op, nodes, size, stages, net, mtu, mode), rs in sorted(_groups(done).items(), key=str):
         if len(rs) < 2:
             continue
         rs = sorted(rs, key=lambda r: r["avg_us"])
         best, worst = rs[0], rs[-1]
-        where = f"{op}, {nodes} nodes, {size} B {size_unit(op)}, {stages} stages" + \
+        calls = f"{stages} calls back to back" if mode == BACK_TO_BACK else f"{stages} stages"
+        where = f"{op}, {nodes} nodes, {size} B {size_unit(op)}, {calls}" + \
             (f", {net}" if net != "none" else "") + (f", RoCE MTU {mtu}" if mtu != "-" else "")
         text = (f"{where}: fastest {best['contender']} {best['algorithm']} ({best['avg_us']:.0f} us "
                 f"per call), {worst['avg_us'] / best['avg_us']:.1f}x faster than the slowest "
@@ -283,7 +322,11 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
             theirs = min((r["avg_us"] for r in rs if r["contender"] == mpi), default=None)
             if ours and theirs:
                 ratios.append(f"{ours / theirs:.2f}x {mpi}'s time")
-        lines.append(text + (f"; best rxelab takes {' and '.join(ratios)}" if ratios else "") + ".")
+        mine = [r for r in rs if r["contender"] == "rxelab"]  # sorted: the first is the best
+        share = mine[0].get("link_pct") if mine else None
+        rounds = f" (medians of {best['rounds']} rounds)" if best["rounds"] > 1 else ""
+        lines.append(text + (f"; best rxelab takes {' and '.join(ratios)}" if ratios else "")
+                     + (f", {share:.0f} % of the link" if share is not None else "") + rounds + ".")
     moved = defaultdict(list)
     for r in records:
         if r.get("rxe") and r["app"] != "perftest":
@@ -313,7 +356,8 @@ def size_unit(op: str) -> str:
 def _groups(flat: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in flat:
-        groups[(r["op"], r["nodes"], r["size"], r["stages"], r["network"], r["mtu"])].append(r)
+        groups[(r["op"], r["nodes"], r["size"], r["stages"], r["network"], r["mtu"],
+                r["mode"])].append(r)
     return groups
 
 
@@ -377,9 +421,10 @@ def seed_table(flat: list[dict[str, Any]]) -> tuple[list[int], list[tuple[str, l
 
 TABLE_COLS = [("contender", "contender"), ("op", "op"), ("algorithm", "algorithm"),
               ("nodes", "nodes"), ("ranks", "ranks"), ("pairs", "pairs at once"), ("size", "Size"),
-              ("stages", "stages"), ("network", "network"),
+              ("stages", "stages"), ("mode", "calls"), ("rounds", "rounds"), ("network", "network"),
               ("mtu", "RoCE MTU"), ("avg_us", "Avg Latency(us)"), ("min_us", "Min Latency(us)"),
               ("max_us", "Max Latency(us)"), ("algbw", "algbw(MB/s)"), ("busbw", "busbw(MB/s)"),
+              ("link_pct", "% of link"),
               ("wrong", "#wrong"), ("rxe_pkts", "rxe pkts"), ("retries", "rxe retries"),
               ("status", "status")]
 
@@ -392,7 +437,8 @@ def _fmt(v: Any) -> str:
 
 def write(results: Path) -> tuple[Path, Path]:
     env, records, loads = load(results)
-    flat = rows(records)
+    flat = medians(rows(records))
+    link_share(flat, link_rate(records))
     images = figures(flat, records, loads)
     summary = summary_lines(flat, records, loads)
     perf = [r for r in records if r["app"] == "perftest" and r.get("summary")]

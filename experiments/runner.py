@@ -81,9 +81,11 @@ class Runner:
                          rdma_devices={h.name: h.rdma.device for h in self.hosts})
             with open(self.dir / "records.jsonl", "x") as records, \
                     open(self.dir / "load.jsonl", "x") as loads:
-                for i, case in enumerate(cases):
-                    self.say(f"[{i + 1}/{len(cases)}] {case_label(case)}")
-                    record, load = self._case(head, i, case)
+                for rnd, i, case in self._order(cases):
+                    self.say(f"[{i + 1}/{len(cases)}"
+                             + (f", round {rnd + 1}/{self.spec.rounds}" if self.spec.rounds > 1 else "")
+                             + f"] {case_label(case)}")
+                    record, load = self._case(head, i, case, rnd)
                     records.write(json.dumps(record) + "\n")
                     records.flush()
                     for line in load:
@@ -103,6 +105,11 @@ class Runner:
                 state["finished"] = time.time()
                 self._write_env(state)
         return self.dir
+
+    def _order(self, cases: list[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]:
+        """(round, case index, case): every case once per round, so contenders alternate (A, B,
+        A, B, ...) and a drift of the lab spreads over all of them."""
+        return [(rnd, i, case) for rnd in range(self.spec.rounds) for i, case in enumerate(cases)]
 
     def _discover(self) -> None:
         """Each node's data NIC (the netdev under its RDMA port's GID) and the data network
@@ -177,9 +184,11 @@ class Runner:
         self.netem_on -= {name for name, got in readings.items() if got.get("netem_gone")}
         return readings
 
-    def _case(self, head: Any, index: int, case: dict[str, Any]) -> tuple[dict[str, Any], list[dict]]:
+    def _case(self, head: Any, index: int, case: dict[str, Any],
+              rnd: int = 0) -> tuple[dict[str, Any], list[dict]]:
         hosts = list(self.inv.hosts[:case["nodes"]])
-        record: dict[str, Any] = {"case": index, **case, "netem_label": netem.label(case["netem"]),
+        record: dict[str, Any] = {"case": index, "round": rnd, **case,
+                                  "netem_label": netem.label(case["netem"]),
                                   "hosts": [h.name for h in hosts]}
         samplers: list[Host] = []
         before: dict[str, dict[str, Any]] = {}
@@ -319,7 +328,7 @@ def case_label(case: dict[str, Any]) -> str:
                      f", MTU {case['mtu']}" if case.get("mtu") else "",
                      f", {netem.label(case['netem'])}" if any(case.get("netem", {}).values()) else ""])
     return (f"{contender(case)} {case['op']}/{case['algorithm']} {case['nodes']} nodes "
-            f"{case['size']} B x {case['stages']}{extra}")
+            f"{case['size']} B x {case['stages']}{' back to back' if case.get('tight') else ''}{extra}")
 
 
 def outcome(record: dict[str, Any]) -> str:
@@ -327,7 +336,7 @@ def outcome(record: dict[str, Any]) -> str:
     moved = counters.total(record.get("rxe", {}), "sent_pkts")
     pkts = f", {moved} rxe packets" if record.get("rxe") else ""
     if "avg_stage_us" in shown:
-        return f"{shown['avg_stage_us']:.0f} us/stage{pkts}"
+        return f"{shown['avg_stage_us']:.0f} us/{'call' if shown.get('tight') else 'stage'}{pkts}"
     if shown:
         return f"{shown.get('bw_MBps', shown.get('lat_us', 0)):.2f}{pkts}"
     partial = record.get("partial")

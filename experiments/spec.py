@@ -3,6 +3,8 @@
     name = "smoke"            # a plain name (it names the results directory): a letter or
                               #   digit, then up to 63 letters, digits, '.', '_' or '-'
     description = "..."       # at most 2000 characters
+    rounds = 1                # every case runs this many times, all cases once per round
+                              #   (A, B, A, B, ...); the report gives each case's median, 1..20
     [[runs]]                  # 1 to 64 runs
     app = "rxelab"            # rxelab | mpi | perftest
     op = "allgather"          # allgather | alltoall | allreduce | reduce_scatter | bcast
@@ -15,6 +17,8 @@
     warmup = 1                # 0..1000000
     transport = ["ucx", "tcp"]  # mpi: Open MPI over UCX on the RDMA device, and/or over TCP
     sample_load = false       # sample each node's data NIC counters during the run
+    tight = false             # rxelab, mpi: the calls back to back on the same data, timed as
+                              #   the slowest rank's span (apps' --tight), not stage by stage
     netem = [{}, {loss = 1}]  # impairments of the data NICs, one case each (experiments/netem.py)
     mtu = [1500, 9000]        # data NIC MTU for the case, 1280..9000 (default: as provisioned)
     timeout_s = 300           # a case's deadline, 10..604800 (default: grows with the work)
@@ -76,7 +80,7 @@ MTU_RANGE = (1280, 9000)
 # Whole numbers' ranges: what the lab can do, far below where a deadline or a buffer overflows.
 BOUNDS = {"nodes": (1, 64), "sizes": (0, 1 << 30), "stages": (1, 10_000_000),
           "warmup": (0, 1_000_000), "timeout_s": (10, 604_800), "mtu": MTU_RANGE,
-          "pairs": (1, 64 * 8 * (64 * 8 - 1) // 2), **RXELAB_ONLY}
+          "pairs": (1, 64 * 8 * (64 * 8 - 1) // 2), "rounds": (1, 20), **RXELAB_ONLY}
 MAX_ENTRIES = 64  # of every list
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # pydantic's regex: $ is the very end, no newline
 MAX_BYTES = documents.MAX_BYTES
@@ -103,6 +107,7 @@ class Run:
     timeout_s: int | None = None
     options: tuple[tuple[str, int | float], ...] = ()  # rxelab: init()'s options
     pairs: tuple[int | None, ...] = (None,)
+    tight: bool = False
 
     def cases(self) -> list[dict[str, Any]]:
         """One case per (nodes, mtu, impairment, transport, algorithm or tool, size), in a
@@ -111,7 +116,8 @@ class Run:
                  "stages": self.stages, "warmup": self.warmup, "transport": t,
                  "sample_load": self.sample_load, "netem": dict(imp), "mtu": mtu,
                  "timeout_s": self.timeout_s, **dict(self.options),
-                 **({"pairs": k} if k is not None else {})}
+                 **({"pairs": k} if k is not None else {}),
+                 **({"tight": True} if self.tight else {})}
                 for n in self.nodes for mtu in self.mtus for imp in self.netem
                 for t in self.transports for a in self.algorithms for k in self.pairs
                 for s in self.sizes]
@@ -123,6 +129,7 @@ class Spec:
     description: str
     runs: tuple[Run, ...]
     source: str
+    rounds: int = 1
 
     def cases(self) -> list[dict[str, Any]]:
         return [c for r in self.runs for c in r.cases()]
@@ -224,6 +231,7 @@ class _RunFields(_Strict):
                                "a list of them", optional=True),
                          BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] = None
     sample_load: Annotated[bool, Field(description="must be true or false")] = False
+    tight: Annotated[bool, Field(description="must be true or false")] = False
     netem: _list(Annotated[Any, AfterValidator(_impairment)],
                  f"must be a non-empty list of at most {MAX_ENTRIES} tables, e.g. "
                  "[{}, {loss = 1.0}]") = [{}]
@@ -259,6 +267,13 @@ class _RunFields(_Strict):
         if info.data.get("app") not in (None, app):
             raise _bad(refusal)
         return value
+
+    @field_validator("tight")
+    @classmethod
+    def _collectives_only(cls, tight: bool, info: ValidationInfo) -> bool:
+        if tight and info.data.get("app") == "perftest":
+            raise _bad("perftest runs its own loop: only rxelab and mpi runs take `tight`")
+        return tight
 
     @field_validator("nodes")
     @classmethod
@@ -297,6 +312,7 @@ class _SpecDoc(_Strict):
         "letters, digits, '.', '_' or '-'"))]
     description: Annotated[str, Field(max_length=2000, description=(
         "must be text of at most 2000 characters"))] = ""
+    rounds: _whole("rounds") = 1
     runs: _list(_RunDoc, f"must be a non-empty list of at most {MAX_ENTRIES} [[runs]] tables")
 
 
@@ -351,7 +367,7 @@ def _run(r: _RunDoc) -> Run:
                tuple(r.transport or TRANSPORTS) if r.app == "mpi" else (None,), r.sample_load,
                tuple(dict(imp) for imp in r.netem), tuple(r.mtu or (None,)), r.timeout_s,
                tuple((k, getattr(r, k)) for k in RXELAB_ONLY if getattr(r, k) is not None),
-               tuple(r.pairs or (None,)))
+               tuple(r.pairs or (None,)), r.tight)
 
 
 def parse(doc: dict[str, Any], source: str = "spec") -> Spec:
@@ -362,7 +378,8 @@ def parse(doc: dict[str, Any], source: str = "spec") -> Spec:
     except ValidationError as err:
         problems = _listing([_problem(e, doc) for e in err.errors(include_url=False)])
         raise SpecError(f"{source} is not a valid experiment spec:\n  {problems}") from None
-    return Spec(checked.name, checked.description, tuple(_run(r) for r in checked.runs), source)
+    return Spec(checked.name, checked.description, tuple(_run(r) for r in checked.runs), source,
+                checked.rounds)
 
 
 # --- the file ------------------------------------------------------------------------------

@@ -58,6 +58,11 @@ def test_smoke_verifies_every_algorithm_and_runs_mpi_on_the_same_nodes(smoke):
               "avg_stage_us", "wrong", "ok"}
     assert shared <= rx.keys() and shared <= mpi.keys(), "one parser reads both apps"
     assert rx["wrong"] == 0 and mpi["wrong"] == 0
+    tight = [r for r in records if r.get("tight")]
+    assert {(r["app"], r["size"]) for r in tight} == {("rxelab", 65536), ("mpi", 65536)}
+    assert all(r["summary"]["tight"] is True and r["summary"]["stages"] == 20 for r in tight)
+    assert not any(r["summary"].get("tight") for r in records if r["app"] != "perftest"
+                   and not r.get("tight")), "stage by stage unless the spec says back to back"
     env = json.loads((smoke / "environment.json").read_text())
     assert env["complete"] is True and env["kernel"] and env["accel"] in ("tcg", "kvm")
     assert "rdma-core" in env["packages"] and "openmpi-bin" in env["packages"]

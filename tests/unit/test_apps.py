@@ -48,3 +48,52 @@ def test_report_and_parse_round_trip():
     assert summary["avg_stage_us"] == pytest.approx(0.7 / 3 * 1e6)
     assert lines[-1].startswith("# rxelab alltoall/pairwise") and "WRONG" in lines[-1]
     assert json.loads(lines[-2])["ranks"] == 2
+
+
+def test_back_to_back_total_is_the_slowest_ranks_span():
+    """Back to back, ranks drift: rank 0 is slow on stage 0, rank 1 on stage 1. Summing each
+    stage's slowest (0.3 + 0.3) overstates what the loop took; the slowest span is 0.4."""
+    args = argparse.Namespace(op="alltoall", algorithm="parallel", size=64, stages=2, warmup=0,
+                              quiet=True, tight=True)
+    table = np.array([[0.3, 0, 0.1, 0], [0.1, 0, 0.3, 0]], np.float64).ravel()
+    summary = stages.parse_output("\n".join(stages.report("mpi", args, 2, table, {})))[-1]
+    assert summary["tight"] is True
+    assert summary["total_seconds"] == pytest.approx(0.4)
+    assert summary["avg_stage_us"] == pytest.approx(0.2e6)
+    args.tight = False
+    assert stages.parse_output("\n".join(stages.report("mpi", args, 2, table, {})))[-1][
+        "total_seconds"] == pytest.approx(0.6)
+
+
+def _one_rank_alltoall(corrupt_at: int | None = None):
+    """A 1-rank all-to-all (recv = send) that records what it was given, and can spoil one call."""
+    seen = []
+
+    def collective(send, recv):
+        seen.append(send.copy())
+        np.copyto(recv, send)
+        if len(seen) == corrupt_at:
+            recv[0] ^= 0xFF
+    return collective, seen
+
+
+@pytest.mark.parametrize("tight", [False, True])
+def test_stage_loop(tight):
+    args = argparse.Namespace(op="alltoall", size=16, stages=4, warmup=1, tight=tight)
+    collective, seen = _one_rank_alltoall()
+    barriers = []
+    mine = stages.run(args, 0, 1, collective, lambda: barriers.append(len(seen)), "rxelab")
+    assert len(seen) == 5 and (mine[0::2] > 0).all() and not mine[1::2].any()
+    same = all((s == seen[0]).all() for s in seen)
+    assert same is tight, "stage by stage new data goes in; back to back the same data stays"
+    assert barriers == ([1] if tight else []), "back to back starts together after the warm-up"
+
+
+@pytest.mark.parametrize("tight,spoiled,caught", [(False, 3, True), (True, 5, True), (True, 3, False)])
+def test_stage_loop_checks(tight, spoiled, caught):
+    """Stage by stage every call is checked; back to back only the last (a spoiled earlier
+    call is overwritten by the next one, as it would be in a training loop)."""
+    args = argparse.Namespace(op="alltoall", size=16, stages=4, warmup=1, tight=tight)
+    collective, _ = _one_rank_alltoall(corrupt_at=spoiled)
+    mine = stages.run(args, 0, 1, collective, lambda: None, "rxelab")
+    assert bool(mine[1::2].sum()) is caught

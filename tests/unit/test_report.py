@@ -240,3 +240,58 @@ def test_env_values_cannot_inject_html(results):
         assert "<script" not in text and "&lt;script&gt;x&lt;/script&gt;" in text
     page, md = with_env(results, accel="kvm", versions={"open_mpi": "5.0.3\"><img src=x>"})
     assert "<img src=x>" not in page and "<img src=x>" not in md
+
+
+def _rounds(records, factors):
+    """The records as if each case ran once per round, its time scaled by the round's factor."""
+    out = []
+    for rnd, f in enumerate(factors):
+        for r in records:
+            r = json.loads(json.dumps(r))
+            r["round"] = rnd
+            if r.get("summary", {}).get("avg_stage_us"):
+                r["summary"]["avg_stage_us"] *= f
+                r["summary"]["total_seconds"] *= f
+            out.append(r)
+    return out
+
+
+def test_rounds_give_each_case_its_median(results):
+    records = report.load(results)[1]
+    once = {r["case"]: r["avg_us"] for r in report.rows(records)}
+    flat = report.medians(report.rows(_rounds(records, [1.3, 1.0, 7.0])))
+    assert sorted(r["case"] for r in flat) == sorted(once), "one row per case"
+    assert all(r["avg_us"] == pytest.approx(once[r["case"]] * 1.3) and r["rounds"] == 3
+               for r in flat), "the middle of 1.0, 1.3 and 7.0"
+    two = report.medians(report.rows(_rounds(records, [2.0, 1.0])))
+    assert all(r["avg_us"] == pytest.approx(once[r["case"]]) for r in two), "the lower middle"
+    (results / "records.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in _rounds(records, [1.3, 1.0, 7.0])) + "\n")
+    md = report.write(results)[1].read_text()
+    assert "(medians of 3 rounds)" in md and md.count("| rxelab | alltoall | parallel |") == 2
+
+
+def test_back_to_back_rows_are_compared_apart_from_stage_rows(results):
+    records = report.load(results)[1]
+    tight = [{**r, "case": r["case"] + 100, "tight": True} for r in records if r["app"] != "perftest"]
+    lines = report.summary_lines(report.rows(records + tight), records + tight, [])
+    assert any("1024 B per peer, 3 calls back to back: fastest" in x for x in lines)
+    assert any("1024 B per peer, 3 stages: fastest" in x for x in lines)
+
+
+def test_share_of_the_link_and_the_ratio_to_ucx(results):
+    records = report.load(results)[1]
+    link = report.link_rate(records)
+    assert link == pytest.approx(7.854875)
+    flat = report.rows(records)
+    report.link_share(flat, link)
+    big = next(r for r in flat if r["algorithm"] == "parallel" and r["size"] == 262144)
+    # each rank moves 2 x 256 KiB each way; busbw is those bytes over the time
+    assert big["link_pct"] == pytest.approx(100 * 2 * 262144 / (big["avg_us"] / 1e6) / 1e6 / link)
+    assert report.plots.ratio_to(flat, "mpi-ucx") is None, "no UCX rows, nothing to divide by"
+    ucx = [{**r, "transport": "ucx"} if r["app"] == "mpi" else r for r in records]
+    png = report.plots.ratio_to(report.rows(ucx), "mpi-ucx")
+    assert png and png.startswith(b"\x89PNG") and len(png) > 5000
+    (results / "records.jsonl").write_text("\n".join(json.dumps(r) for r in ucx) + "\n")
+    md = report.write(results)[1].read_text()
+    assert "ratio-to-ucx.png" in md and "% of the link" in md and "% of link" in md

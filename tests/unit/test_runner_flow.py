@@ -245,3 +245,16 @@ def test_an_mtu_that_cannot_be_read_is_not_changed(tmp_path, monkeypatch):
     (rec,) = records(r.run({"nodes": 3}))
     assert rec["status"] == "failed" and "cannot read node2's data NIC MTU" in rec["error"]
     assert not cmds(nodes, "mtu 1500"), "no MTU was changed anywhere"
+
+
+def test_rounds_alternate_the_cases_and_back_to_back_reaches_the_apps(tmp_path, monkeypatch):
+    r, nodes = make_runner(tmp_path, monkeypatch, "rounds = 3\n" + RXELAB + "tight = true\n"
+                           '[[runs]]\napp = "mpi"\nop = "alltoall"\nnodes = [3]\nsizes = [8]\n'
+                           'transport = "ucx"\ntight = true\n')
+    nodes.outputs = [summary(True, "rxelab")] * 3 + [summary(True, "mpi")]
+    nodes.outputs = nodes.outputs * 3
+    got = records(r.run({}))
+    assert [(x["round"], x["case"]) for x in got] == \
+        [(rnd, i) for rnd in range(3) for i in range(4)], "A, B, A, B: every case once per round"
+    launched = cmds(nodes, "rxelab.launch --hosts") + cmds(nodes, "mpirun -np")
+    assert len(launched) == 12 and all(" --tight" in c for _, c in launched)

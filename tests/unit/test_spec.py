@@ -83,6 +83,10 @@ def test_impairments_mtus_and_rxelab_options_multiply_cases():
         (lambda d: d["runs"][2].update(nodes=[3]), "perftest measures one link"),
         (lambda d: d["runs"][2].update(algorithms=["x"]), "perftest runs take `tools`"),
         (lambda d: d.update(runs=[]), "runs: must be a non-empty list"),
+        (lambda d: d.update(rounds=0), "rounds: must be from 1 to 20"),
+        (lambda d: d.update(rounds=21), "rounds: must be from 1 to 20"),
+        (lambda d: d["runs"][0].update(tight="yes"), "runs[0].tight: must be true or false"),
+        (lambda d: d["runs"][2].update(tight=True), "only rxelab and mpi runs take `tight`"),
     ],
 )
 def test_bad_specs_name_the_problem(mutate, problem):
@@ -171,7 +175,7 @@ def test_every_problem_is_listed_once_in_one_error():
 
 
 def test_the_module_docstring_documents_every_key_and_range():
-    for key in spec.KEYS | {"name", "description"}:
+    for key in spec.KEYS | {"name", "description", "rounds"}:
         assert f"    {key} = " in spec.__doc__, key
     for key, (low, high) in spec.BOUNDS.items():
         assert f"{low}..{high}" in spec.__doc__, key
@@ -221,3 +225,13 @@ def test_an_unreadable_file_is_a_one_line_error(tmp_path, monkeypatch):
         monkeypatch.setattr(Path, "open", refuse)
     with pytest.raises(spec.SpecError, match=r"^.*x\.toml: not readable \(permission denied\)$"):
         spec.load(str(path))
+
+
+def test_back_to_back_and_rounds_reach_the_cases():
+    doc = copy.deepcopy(GOOD)
+    doc["rounds"] = 3
+    doc["runs"][1]["tight"] = True
+    s = spec.parse(doc)
+    assert s.rounds == 3
+    assert [c.get("tight") for c in s.cases()] == [None] * 4 + [True, True, None]
+    assert spec.parse(GOOD).rounds == 1
