@@ -67,15 +67,16 @@ def show(value: int | float) -> str:
 OPTIONS: tuple[Option, ...] = (
     Option("timeout", float, 60.0, 0.01, 86400.0,
            "seconds a wait may pass without a single completion before it gives up"),
-    Option("eager_limit", int, 4096, 0, 65536,
+    Option("eager_limit", int, 65536, 0, 65536,
            "blocks up to this many bytes are copied through slots (eager); larger ones go by "
            "rendezvous (0: always rendezvous)", shared=True),
     Option("chunk", int, 1 << 20, 1, 1 << 30, "bytes per RDMA write of a rendezvous message",
            shared=True),
     Option("window", int, 4 << 20, 1, 1 << 30,
            "bytes of one rendezvous message in flight at most", shared=True),
-    Option("slots", int, 64, 2, 4096,
-           "receive and send slots per peer (control messages and eager blocks)", shared=True),
+    Option("slots", int, 16, 2, 4096,
+           "receive and send slots per peer (control messages and eager blocks), each as large "
+           "as the eager limit", shared=True),
     Option("send_depth", int, 128, 2, 16384, "work requests in flight towards one peer"),
     Option("pin_limit", int, 1 << 30, 1 << 16, 1 << 44,
            "bytes of caller memory the registration cache may keep pinned"),
