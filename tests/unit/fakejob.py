@@ -55,3 +55,13 @@ def run_ranks(p: int, fn: Callable[[Any], Any], *, deadline: float = 60, seed: i
     if errors and not keep_errors:
         raise RankFailed(errors)
     return [results.get(r, errors.get(r)) for r in range(p)]
+
+
+def die(comm: Any) -> None:
+    """This rank's process vanishes: sockets closed without a goodbye, QPs gone."""
+    comm.control.stopping = True
+    for sock in [*comm.control.peers.values(), *([comm.control.root] if comm.control.root else [])]:
+        sock.close()
+    for conn in comm.conns.values():
+        conn.qp.close()
+    comm.closed = True

@@ -15,7 +15,7 @@ from rxelab import settings
 from rxelab.errors import ClosedError, ConfigError, PeerError
 
 from infra.config import REPO
-from tests.unit.fakejob import run_ranks
+from tests.unit.fakejob import die, run_ranks
 
 
 # ---- settings: one table -------------------------------------------------------------------
@@ -256,16 +256,6 @@ def test_peak_inflight_counts_eager_blocks_too():
 
 
 # ---- #4, #5: a dead or failed rank is reported everywhere at once ---------------------------
-def die(comm) -> None:
-    """This rank's process vanishes: sockets closed without a goodbye, QPs gone."""
-    comm.control.stopping = True
-    for sock in [*comm.control.peers.values(), *([comm.control.root] if comm.control.root else [])]:
-        sock.close()
-    for conn in comm.conns.values():
-        conn.qp.close()
-    comm.closed = True
-
-
 def test_a_peer_dying_during_a_barrier_is_named_at_once_on_every_rank():
     """Before: reported after the full timeout, blaming rank 0."""
     def job(comm):

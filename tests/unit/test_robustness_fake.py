@@ -12,16 +12,7 @@ import rxelab
 from pyverbs import _fabric
 from rxelab.errors import ClosedError, ConfigError, PeerError, ProtocolError
 
-from tests.unit.fakejob import run_ranks
-
-
-def die(comm) -> None:
-    """This rank's process vanishes: sockets closed without a goodbye, QPs gone."""
-    for sock in [*comm.control.peers.values(), *([comm.control.root] if comm.control.root else [])]:
-        sock.close()
-    for conn in comm.conns.values():
-        conn.qp.close()
-    comm.closed = True
+from tests.unit.fakejob import die, run_ranks
 
 
 def test_a_dead_peer_is_named_by_its_closed_connection_long_before_the_timeout():
