@@ -364,18 +364,23 @@ def _groups(flat: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
 def loss_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
     """In plain words, who degrades how: each contender's time per call under each impairment,
     as a multiple of its time on the clean network in the same run."""
-    impaired = [r for r in records if any((r.get("netem") or {}).values())]
+    # a case run in rounds speaks once: by its median round (or, with none, its first)
+    chosen = {(r["case"], r["round"]) for r in flat}
+    with_rows = {r["case"] for r in flat}
+    impaired = [r for r in records if any((r.get("netem") or {}).values())
+                and ((r["case"], r.get("round", 0)) in chosen
+                     or (r["case"] not in with_rows and r.get("round", 0) == 0))]
     if not impaired:
         return []
-    base = {(r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"]): r["avg_us"]
+    base = {(r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"], r["mode"]): r["avg_us"]
             for r in flat if r["network"] == "none" and r["status"] == "ok"}
-    shown = {(r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"], r["network"]): r
-             for r in flat}
+    shown = {(r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"], r["mode"],
+              r["network"]): r for r in flat}
     out = []
     by_who: dict[tuple, list[str]] = defaultdict(list)
     for rec in impaired:
         who = (contender({"transport": "tcp", **rec}), rec["algorithm"], rec["op"], rec["size"],
-               rec.get("active_mtu") or "-")
+               rec.get("active_mtu") or "-", BACK_TO_BACK if rec.get("tight") else "stages")
         net = netem.label(rec["netem"])
         row = shown.get((*who, net))
         clean = base.get(who)
@@ -394,7 +399,8 @@ def loss_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]]) -> lis
     worst = max((r["loss"] for r in flat if r["loss_only"]), default=0)
     at_worst = sorted((r["avg_us"] / base[k], f"{r['contender']} {r['algorithm']}")
                       for r in flat if r["loss_only"] and r["loss"] == worst and r["status"] == "ok"
-                      and (k := (r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"])) in base)
+                      and (k := (r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"],
+                                 r["mode"])) in base)
     if worst and at_worst:
         out.append(f"At {worst:g} % loss, time per call as a multiple of the clean network's: "
                    + ", ".join(f"{who} {x:.1f}x" for x, who in at_worst)

@@ -295,3 +295,23 @@ def test_share_of_the_link_and_the_ratio_to_ucx(results):
     (results / "records.jsonl").write_text("\n".join(json.dumps(r) for r in ucx) + "\n")
     md = report.write(results)[1].read_text()
     assert "ratio-to-ucx.png" in md and "% of the link" in md and "% of link" in md
+
+
+def test_an_impaired_case_run_in_rounds_speaks_once_against_its_own_kind_of_clean_run(results):
+    """Three rounds of a lossy case are one statement (its median round), and its clean
+    reference is a case of the same kind: stage by stage, not back to back."""
+    records = [r for r in report.load(results)[1] if r["app"] != "perftest" and r["size"] == 1024]
+    base = records[0]
+    clean = {**base, "case": 0}
+    fast = {**base, "case": 1, "tight": True,
+            "summary": {**base["summary"], "avg_stage_us": base["summary"]["avg_stage_us"] / 10}}
+    lossy = []
+    for rnd, factor in enumerate((3, 2, 9)):
+        lossy.append({**base, "case": 2, "round": rnd, "netem": {"loss": 1.0},
+                      "summary": {**base["summary"],
+                                  "avg_stage_us": base["summary"]["avg_stage_us"] * factor}})
+    recs = [clean, fast, *lossy]
+    flat = report.medians(report.rows(recs))
+    lines = [x for x in report.loss_lines(flat, recs) if x.startswith("Under impairment")]
+    assert len(lines) == 1 and lines[0].count("loss 1%") == 1, lines
+    assert "loss 1%: 3.0x its clean time" in lines[0], "the median round over the stage-by-stage clean run"
