@@ -5,10 +5,11 @@ export NODES IMAGE ACCEL MEM_MB DATA_NET MTU LAB SSH_PORT_BASE INVENTORY
 export RXELAB_STATE RXELAB_CACHE RXELAB_BOOT_TIMEOUT RXELAB_UBUNTU_URL RXELAB_UBUNTU_KEYRING RXELAB_APT_SOURCES
 export RXELAB_ACCEPT_NEW_HOST_KEYS
 
-.PHONY: help deps provision status ssh destroy test test-unit
+.PHONY: help deps provision status boot-profile ssh destroy test test-unit
 help:
 	@echo "make provision   # boot the lab (NODES=3 IMAGE=auto ACCEL=auto MEM_MB=1024 MTU=9000)"
 	@echo "make status      # node, state, SSH endpoint, data IP, RDMA port state"
+	@echo "make boot-profile # where each node's boot went: kernel, systemd, cloud-init, readiness"
 	@echo "make ssh NODE=node1"
 	@echo "make destroy     # remove VMs, network, overlays and state"
 	@echo "make test        # the whole test suite (boots its own lab); test-unit: no VMs"
@@ -23,6 +24,9 @@ provision: deps
 
 status: deps
 	$(PY) -m infra status
+
+boot-profile: deps
+	$(PY) -m infra boot-profile
 
 ssh: deps
 	@test -n "$(NODE)" || { echo "usage: make ssh NODE=node1"; exit 2; }

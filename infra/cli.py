@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from infra import images, inventory, lab, network, settings, status, terraform, vm
+from infra import bootprofile, images, inventory, lab, network, settings, status, terraform, vm
 from infra import run as runner
 from infra.config import DataNet, Image, LabConfig, default_state_dir
 from infra.errors import LabError
@@ -47,6 +47,7 @@ def parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=helptext)
         sp.add_argument("--inventory", type=Path, default=os.environ.get("INVENTORY") or None,
                         help="an inventory file (default: the lab's)")
+    sub.add_parser("boot-profile", help="where each node's boot went (the lab's nodes)")
     sp = sub.add_parser("ssh", help="a shell (or a command) on a node")
     sp.add_argument("node")
     sp.add_argument("--inventory", type=Path, default=os.environ.get("INVENTORY") or None)
@@ -179,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
             case "status":
                 status.show(status.collect(_inventory(args, state),
                                            None if args.inventory else _running(state)))
+            case "boot-profile":
+                if not state.inventory_file.exists():
+                    raise LabError(f"no lab is provisioned in {state.root}",
+                                   hint="`make provision` first; the profile reads its nodes")
+                bootprofile.show(bootprofile.collect(
+                    list(inventory.load(state.inventory_file).hosts), state))
             case "inventory":
                 sys.stdout.write(_inventory(args, state).to_json())
             case "ssh":

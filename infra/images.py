@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import tarfile
 import tempfile
@@ -27,6 +28,7 @@ from infra import run as runner
 from infra import settings
 from infra.config import Image, cache_dir
 from infra.errors import LabError
+from infra.units import rdma_device_unit
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 DEBIAN_SUITE = "bookworm"
@@ -138,6 +140,8 @@ def debian_recipe_key() -> str:
     h.update(" ".join(debian_mmdebstrap_options()).encode())
     for path in sorted((RECIPES / "debian-12").iterdir()):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    name, text = rdma_device_unit()
+    h.update(name.encode() + b"\0" + text.encode() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -175,6 +179,9 @@ def ensure_debian() -> BaseImage:
           f"into {dest}", flush=True)
     try:
         tar = work / "root.tar"
+        unit_name, unit_text = rdma_device_unit()
+        unit = work / unit_name
+        unit.write_text(unit_text)
         runner.run_streaming(
             [
                 "mmdebstrap",
@@ -182,7 +189,9 @@ def ensure_debian() -> BaseImage:
                 '--setup-hook=mkdir -p "$1"/var/cache/apt/archives/',
                 f"--setup-hook=sync-in {debs} /var/cache/apt/archives/",
                 f"--customize-hook=sync-out /var/cache/apt/archives {debs}",
-                f'--customize-hook={RECIPES / "debian-12" / "customize.sh"} "$1"',
+                # a shell command line: the paths quoted (a cache directory may hold spaces)
+                f'--customize-hook={shlex.quote(str(RECIPES / "debian-12" / "customize.sh"))} '
+                f'"$1" {shlex.quote(str(unit))}',
                 DEBIAN_SUITE,
                 tar,
                 sources,

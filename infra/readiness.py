@@ -2,8 +2,12 @@
 what it waited for. Ready means: SSH answers, cloud-init finished without errors, and the
 RDMA port is ACTIVE.
 
-Polling reads files (boot-finished, result.json, sysfs) instead of running `cloud-init
-status`, which costs seconds of guest CPU per call under emulation.
+The wait is driven by the serial console, which costs the guest nothing to watch: cloud-init
+prints each stage there and its final message last. Only then is the node probed over SSH
+(an SSH handshake costs seconds of guest CPU under emulation, stolen from the boot). A node
+whose console says nothing new is probed every SLOW_POLL_S all the same. The probe reads files
+(boot-finished, result.json, sysfs) instead of running `cloud-init status`, which costs
+seconds of guest CPU per call.
 """
 
 from __future__ import annotations
@@ -20,17 +24,32 @@ from infra.inventory import Host
 from infra.ssh import shell_vars, ssh_run
 
 POLL_S = 3.0
-# Once SSH answers, every probe is an SSH handshake that steals guest CPU from cloud-init
-# (seconds of it under TCG), so probe again only when the serial console says cloud-init
-# finished, or after this long.
 SLOW_POLL_S = 20.0
 FINISHED_MARK = "finished at"
+# What the console shows, latest first: (text printed, the stage it starts).
+CONSOLE_STAGES = (
+    (FINISHED_MARK, "cloud-init finished"),
+    ("running 'modules:final'", "cloud-init final stage"),
+    ("running 'modules:config'", "cloud-init config stage"),
+    ("running 'init' ", "cloud-init network stage"),
+    ("running 'init-local'", "cloud-init local stage"),
+    ("Run /init as init process", "initrd"),
+    ("Linux version", "kernel"),
+)
 HEARTBEAT_S = 15.0
 PROBE = (
     "test -f /var/lib/cloud/instance/boot-finished && echo boot-finished; "
     "cat /run/cloud-init/result.json 2>/dev/null; echo; "
     'cat "/sys/class/infiniband/$dev/ports/$port/state" 2>/dev/null || echo no-rdma-device'
 )
+
+
+def console_stage(text: str) -> str | None:
+    """The latest boot stage the serial console shows, or None."""
+    for mark, stage in CONSOLE_STAGES:
+        if mark in text:
+            return stage
+    return None
 
 
 @dataclass
@@ -60,13 +79,29 @@ def parse_probe(output: str, device: str) -> tuple[str, str | None, bool]:
     return f"cloud-init done, {device} not ACTIVE yet", None, False
 
 
-def _wait_for_console(log: Path | None, mark: str, limit: float, stop: threading.Event) -> None:
-    deadline = time.monotonic() + limit
-    while not stop.is_set() and time.monotonic() < deadline:
-        if log is not None and log.exists() and mark in log.read_text(errors="replace"):
-            stop.wait(1.0)  # cloud-init is done or nearly; a short pause, then probe
-            return
-        stop.wait(1.0)
+class Console:
+    """A node's serial log, read from where the last look stopped."""
+
+    def __init__(self, log: Path | None) -> None:
+        self.log, self.offset = log, 0
+        self.stage: str | None = None
+        self.finished = False
+        self._tail = ""
+
+    def look(self) -> str | None:
+        """The stage the console has reached, if it moved since the last look."""
+        if self.log is None or not self.log.exists():
+            return None
+        with self.log.open("rb") as f:
+            f.seek(self.offset)
+            new = f.read().decode(errors="replace")
+            self.offset = f.tell()
+        text, self._tail = self._tail + new, (self._tail + new)[-200:]  # marks split by a read
+        stage = console_stage(text)
+        if stage is None or stage == self.stage:
+            return None
+        self.stage, self.finished = stage, self.finished or stage == "cloud-init finished"
+        return stage
 
 
 def wait_ready(
@@ -84,33 +119,43 @@ def wait_ready(
     lock = threading.Lock()
     stop = threading.Event()
 
+    def show(p: Progress, host: Host, stage: str) -> None:
+        with lock:
+            if stage != p.stage:
+                p.stage, p.since = stage, time.monotonic()
+                say(f"{host.name}: {stage} ({time.monotonic() - start:.0f} s)")
+
     def watch(host: Host) -> None:
         p = progress[host.name]
+        console = Console(serial_log(host))
         probe = shell_vars(dev=host.rdma.device, port=host.rdma.port) + PROBE
+        last_probe = time.monotonic()
         while not stop.is_set():
             if not alive(host):
                 p.error = "its VM exited"
                 return
+            if (stage := console.look()) is not None:
+                show(p, host, stage)
+            # Probe once the console says cloud-init finished, or when it has been quiet long.
+            patience = SLOW_POLL_S if console.log is not None else POLL_S
+            if not console.finished and time.monotonic() - last_probe < patience:
+                stop.wait(0.5)
+                continue
             r = ssh_run(host, probe, timeout=30, check=False)
+            last_probe = time.monotonic()
             if r.returncode == 0:
                 stage, error, done = parse_probe(r.stdout, host.rdma.device)
-            else:
-                stage, error, done = "booting", None, False
-            with lock:
-                if stage != p.stage:
-                    p.stage, p.since = stage, time.monotonic()
-                    say(f"{host.name}: {stage} ({time.monotonic() - start:.0f} s)")
-            if error:
-                p.error = error
-                return
-            if done:
-                p.done = True
-                ready_at[host.name] = time.monotonic() - start
-                return
-            if r.returncode != 0:
-                stop.wait(POLL_S)
-            else:
-                _wait_for_console(serial_log(host), FINISHED_MARK, SLOW_POLL_S, stop)
+                show(p, host, stage)
+                if error:
+                    p.error = error
+                    return
+                if done:
+                    p.done = True
+                    ready_at[host.name] = time.monotonic() - start
+                    return
+            # cloud-init finishes a moment before sshd starts (sshd follows it): a refused
+            # connection costs the guest nothing, so ask again soon
+            stop.wait(1.0 if console.finished else 0.5)
 
     threads = [threading.Thread(target=watch, args=(h,), daemon=True) for h in hosts]
     for t in threads:

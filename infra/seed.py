@@ -20,9 +20,10 @@ from pathlib import Path
 import jinja2
 
 from infra import run as runner
-from infra.config import GID_INDEX, RDMA_DEVICE, REPO, VM_USER, Image, LabConfig, Node
+from infra.config import DATA_NIC, MGMT_NIC, REPO, VM_USER, Image, LabConfig, Node
 from infra.images import UBUNTU_PACKAGES
 from infra.state import LabState, mkdir_private, write_atomic
+from infra.units import rdma_device_unit
 
 TEMPLATES = REPO / "cloud-init"
 
@@ -79,13 +80,15 @@ def render(
         "prefixlen": config.prefixlen,
         "mtu": config.mtu,
         "user": VM_USER,
-        "rdma_device": RDMA_DEVICE,
-        "gid_index": GID_INDEX,
+        "data_nic": DATA_NIC,
+        "mgmt_nic": MGMT_NIC,
+        "rdma_unit": dict(zip(("name", "text"), rdma_device_unit(), strict=True)),
+        # Debian's image is built here with the unit baked in; Ubuntu's is not ours to build.
+        "baked": not ubuntu,
         "host_key": host_keys[node.name],
         "lab_key": lab_key,
         "cluster_key": cluster_key,
         "packages": UBUNTU_PACKAGES if ubuntu else [],
-        "needs_modules_extra": ubuntu,
         "instance_tag": instance_tag,
     }
     env = _env()

@@ -31,10 +31,14 @@ def qemu_argv(config: LabConfig, state: LabState, image: BaseImage, accel: Accel
         boot = [
             "-kernel", str(image.kernel),
             "-initrd", str(image.initrd),
-            "-append", "console=ttyS0 root=/dev/vda rw rootfstype=ext4 ds=nocloud",
+            # quiet: the kernel's chatter on an emulated serial port is boot time; cloud-init's
+            # stages and errors still reach the console (the serial log)
+            "-append", "console=ttyS0 quiet root=/dev/vda rw rootfstype=ext4 ds=nocloud",
         ]  # fmt: skip
     else:
         boot = []  # the Ubuntu cloud image boots through its own bootloader
+    # romfile= on the NICs: no PXE option ROM for the firmware to run (a direct boot never
+    # boots from the network; under TCG each ROM is time before the kernel starts).
     # The management NIC reaches nothing but the host's forward on 127.0.0.1. Ubuntu's first
     # boot installs packages, so its NIC is allowed out; Debian's image has them baked in.
     restrict = "off" if not image.direct_boot else "on"
@@ -50,7 +54,7 @@ def qemu_argv(config: LabConfig, state: LabState, image: BaseImage, accel: Accel
         "-drive", f"file={state.seed_iso(node.name)},if=virtio,format=raw,readonly=on",
         "-netdev", f"user,id=mgmt,restrict={restrict},"
                    f"hostfwd=tcp:127.0.0.1:{node.ssh_port}-:22",
-        "-device", f"virtio-net-pci,netdev=mgmt,mac={node.mgmt_mac}",
+        "-device", f"virtio-net-pci,netdev=mgmt,mac={node.mgmt_mac},romfile=",
         *network.qemu_args(config, state, node),
         "-device", "virtio-rng-pci",
         "-serial", f"file:{state.serial_log(node.name)}",

@@ -54,6 +54,19 @@ def test_cloud_init_done_without_errors_and_its_schema_check_passes(lab, index):
     assert "Valid" in r.stdout, r.stdout
 
 
+def test_boot_profile_accounts_for_every_node_s_boot(lab):
+    r = subprocess.run(["make", "boot-profile"], cwd=REPO, env=lab.env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    header = next(line for line in r.stdout.splitlines() if line.startswith("┃ phase"))
+    assert all(n.name in header for n in lab.hosts), header
+    for phase in ("kernel", "initrd", "cloud-init init-local", "init-local: Python start-up",
+                  "rxe0.service active", "host saw it ready"):
+        row = next((x for x in r.stdout.splitlines() if phase in x), None)
+        assert row is not None and row.count("-") < 3, f"{phase}: {row}"
+    assert "slowest node ready" in r.stdout and "cloud-init modules" in r.stdout, r.stdout
+
+
 def pingpong(lab, client: Host, server: Host, port: int, iters: int = 200) -> str:
     """ibv_rc_pingpong over rxe (GID index 1) from client to server's data IP."""
     base = f"timeout 90 ibv_rc_pingpong -d rxe0 -g 1 -n {iters} -p {port}"

@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from infra import seed
+from infra import images, seed, units
 from infra.config import Image, LabConfig
 from infra.state import LabState
 
@@ -30,17 +30,35 @@ def test_user_data_is_valid_cloud_config_for_both_images(tmp_path, image):
     assert "10.10.0.11 node1\n" in hosts and "10.10.0.13 node3\n" in hosts
     known = files_by_path["/etc/ssh/ssh_known_hosts"]["content"]
     assert "node3,10.10.0.13 ssh-ed25519 AAAAhost3 host3" in known
-    unit = files_by_path["/etc/systemd/system/rxe0.service"]["content"]
-    assert "rdma link add rxe0 type rxe netdev data0" in unit
-    assert "WantedBy=multi-user.target" in unit, "enabled, so rxe comes back after a reboot"
     private = files_by_path["/home/lab/.ssh/id_ed25519"]
     assert private["permissions"] == "0600" and private["defer"] is True
-    assert ["systemctl", "enable", "--now", "rxe0.service"] in ud["runcmd"]
     if image is Image.UBUNTU:
         assert "python3-pyverbs" in ud["packages"] and "perftest" in ud["packages"]
         assert any("linux-modules-extra-$(uname -r)" in " ".join(c) for c in ud["runcmd"])
+        unit = files_by_path["/etc/systemd/system/rxe0.service"]["content"]
+        assert unit == units.rdma_device_unit()[1], "the one template, written by cloud-init"
+        assert ["systemctl", "enable", "--now", "rxe0.service"] in ud["runcmd"]
     else:
         assert "packages" not in ud, "Debian's image has its packages baked in"
+        assert "runcmd" not in ud and "/etc/systemd/system/rxe0.service" not in files_by_path, (
+            "Debian's image has the rxe unit baked in and enabled: nothing to run at boot")
+
+
+def test_the_rxe_unit_comes_back_after_a_reboot_and_waits_only_for_its_nic():
+    name, unit = units.rdma_device_unit()
+    assert name == "rxe0.service"
+    assert "rdma link add rxe0 type rxe netdev data0" in unit
+    assert "WantedBy=multi-user.target" in unit, "enabled, so rxe comes back after a reboot"
+    assert "BindsTo=sys-subsystem-net-devices-data0.device" in unit
+    deps = [line for line in unit.splitlines() if line.startswith(("After=", "Wants=", "Requires="))]
+    assert deps and not any("network-online" in line for line in deps), deps
+
+
+def test_the_debian_recipe_key_follows_the_rxe_unit(monkeypatch):
+    before = images.debian_recipe_key()
+    monkeypatch.setattr(units, "rdma_device_unit", lambda: ("rxe0.service", "[Unit]\n"))
+    monkeypatch.setattr(images, "rdma_device_unit", units.rdma_device_unit)
+    assert images.debian_recipe_key() != before, "a changed unit builds a new image"
 
 
 def test_network_config_matches_nics_by_mac(tmp_path):

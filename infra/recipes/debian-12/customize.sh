@@ -1,7 +1,9 @@
 #!/bin/sh
-# mmdebstrap customize hook: $1 is the new root. Runs inside mmdebstrap's namespace.
+# mmdebstrap customize hook: $1 is the new root, $2 the SoftRoCE unit (rendered from
+# cloud-init/rdma-device.service.j2). Runs inside mmdebstrap's namespace.
 set -eu
 root=$1
+unit=$2
 here=$(dirname "$0")
 
 echo "/dev/vda / ext4 defaults,noatime 0 1" > "$root/etc/fstab"
@@ -15,6 +17,38 @@ printf '[Service]\nExecStart=\nExecStart=/lib/systemd/systemd-networkd-wait-onli
   > "$root/etc/systemd/system/systemd-networkd-wait-online.service.d/any.conf"
 chroot "$root" systemctl disable e2scrub_reap.service e2scrub_all.timer apt-daily.timer \
   apt-daily-upgrade.timer fstrim.timer dpkg-db-backup.timer 2>/dev/null || true
+
+# The SoftRoCE device: the same on every node, so enabled here, not by cloud-init at boot.
+install -m 0644 "$unit" "$root/etc/systemd/system/$(basename "$unit")"
+chroot "$root" systemctl enable "$(basename "$unit")"
+
+# What a lab node never uses, each a unit (and often a process) under emulation at every boot:
+# consoles nobody logs in on, file systems and modules nothing mounts or loads, RDMA node
+# descriptions (an InfiniBand subnet-manager matter), hotplug of NICs, utmp records.
+chroot "$root" systemctl mask getty@tty1.service serial-getty@ttyS0.service \
+  systemd-binfmt.service proc-sys-fs-binfmt_misc.automount proc-sys-fs-binfmt_misc.mount \
+  sys-kernel-debug.mount sys-kernel-tracing.mount sys-kernel-config.mount \
+  sys-fs-fuse-connections.mount dev-hugepages.mount dev-mqueue.mount \
+  modprobe@drm.service modprobe@efi_pstore.service modprobe@fuse.service modprobe@loop.service \
+  modprobe@dm_mod.service modprobe@configfs.service systemd-pstore.service \
+  rdma-ndd.service cloud-init-hotplugd.socket systemd-update-utmp.service \
+  systemd-update-utmp-runlevel.service
+# Drivers for the PC board's devices a lab node never uses (IDE, floppy, speaker, SMBus, PS/2
+# mouse, nested KVM): udev would load and probe each at every boot, under emulation.
+printf 'blacklist %s\n' ata_piix ata_generic pata_acpi floppy pcspkr i2c_piix4 psmouse serio_raw \
+  kvm_amd kvm_intel kvm ccp evdev > "$root/etc/modprobe.d/rxelab-unused.conf"
+
+# cloud-init's network, config and final stages in one Python process (cloud-init-stages says
+# why); the two units that would start them apart are masked.
+install -D -m 0755 "$here/cloud-init-stages" "$root/usr/local/libexec/rxelab-cloud-init-stages"
+mkdir -p "$root/etc/systemd/system/cloud-init.service.d"
+printf '[Service]\nExecStart=\nExecStart=/usr/local/libexec/rxelab-cloud-init-stages\n' \
+  > "$root/etc/systemd/system/cloud-init.service.d/rxelab-one-process.conf"
+chroot "$root" systemctl mask cloud-config.service cloud-final.service
+
+# The journal in memory: nothing to flush to disk at boot (the serial log outlives the node).
+mkdir -p "$root/etc/systemd/journald.conf.d"
+printf '[Journal]\nStorage=volatile\n' > "$root/etc/systemd/journald.conf.d/rxelab.conf"
 
 # Only what SoftRoCE user space needs at boot (no iSER, no NFS over RDMA).
 printf 'ib_uverbs\nrdma_ucm\n' > "$root/etc/rdma/modules/rdma.conf"
