@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -237,43 +238,42 @@ def collect(hosts: list[Host], state: LabState) -> list[NodeProfile]:
         return list(pool.map(one, hosts))
 
 
+def _small_table(title: str, column: str, unit: str, rows: list[tuple[float, str]],
+                 digits: int) -> Table:
+    table = Table(title=title)
+    table.add_column(column)
+    table.add_column(unit, justify="right")
+    for seconds, name in rows:
+        table.add_row(name, f"{seconds:.{digits}f}")
+    return table
+
+
 def show(profiles: list[NodeProfile], console: Console | None = None) -> None:
     console = console or Console(width=None)
     table = Table(title="boot profile: seconds of wall time per phase (under TCG, CPU-bound)")
     table.add_column("phase")
     for p in profiles:
         table.add_column(p.name, justify="right")
-    phases: list[str] = []
-    for p in profiles:
-        phases += [k for k in p.phases if k not in phases]
-    for phase in phases:
-        table.add_row(phase, *(f"{p.phases[phase]:.1f}" if phase in p.phases else "-"
+
+    def rows(label: str, value: Callable[[NodeProfile], float | None]) -> None:
+        table.add_row(label, *(f"{v:.1f}" if (v := value(p)) is not None else "-"
                                for p in profiles))
-    marks: list[str] = []
-    for p in profiles:
-        marks += [k for k in p.marks if k not in marks]
-    for mark in marks:
-        table.add_row(f"{mark}, at", *(f"{p.marks[mark]:.1f}" if mark in p.marks else "-"
-                                       for p in profiles))
-    table.add_row("guest ready (all three), s after the kernel started",
-                  *(f"{p.guest_ready:.1f}" if p.guest_ready else "-" for p in profiles))
-    table.add_row("host saw it ready, s after qemu started",
-                  *(f"{p.seen_ready:.1f}" if p.seen_ready else "-" for p in profiles))
+
+    for kind, suffix in (("phases", ""), ("marks", ", at")):
+        names: list[str] = []
+        for p in profiles:
+            names += [k for k in getattr(p, kind) if k not in names]
+        for name in names:
+            rows(name + suffix, lambda p, n=name, k=kind: getattr(p, k).get(n))
+    rows("guest ready (all three), s after the kernel started", lambda p: p.guest_ready)
+    rows("host saw it ready, s after qemu started", lambda p: p.seen_ready)
     console.print(table)
     slowest = max(profiles, key=lambda p: p.seen_ready or p.guest_ready or 0)
-    cpu = Table(title=f"guest CPU seconds by cgroup ({slowest.name}, top {TOP_CPU})")
-    cpu.add_column("cgroup")
-    cpu.add_column("CPU s", justify="right")
-    for seconds, group in slowest.cpu[:TOP_CPU]:
-        cpu.add_row(group, f"{seconds:.1f}")
-    console.print(cpu)
+    console.print(_small_table(f"guest CPU seconds by cgroup ({slowest.name}, top {TOP_CPU})",
+                               "cgroup", "CPU s", slowest.cpu[:TOP_CPU], 1))
     if slowest.modules:
-        mods = Table(title=f"cloud-init modules ({slowest.name}, top {TOP_MODULES})")
-        mods.add_column("stage/module")
-        mods.add_column("s", justify="right")
-        for seconds, module in slowest.modules[:TOP_MODULES]:
-            mods.add_row(module, f"{seconds:.2f}")
-        console.print(mods)
+        console.print(_small_table(f"cloud-init modules ({slowest.name}, top {TOP_MODULES})",
+                                   "stage/module", "s", slowest.modules[:TOP_MODULES], 2))
     if slowest.chain:
         console.print(f"critical chains to ssh and the RDMA device ({slowest.name}):")
         console.print(slowest.chain, markup=False, highlight=False)

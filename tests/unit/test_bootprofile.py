@@ -49,3 +49,19 @@ def test_module_times_pair_the_latest_boot_s_events():
 def test_a_node_that_says_nothing_gives_an_empty_profile_not_a_crash():
     p = bootprofile.parse("n", "== end\n")
     assert p.phases == {} and p.guest_ready is None and p.modules == []
+
+
+def test_the_table_shows_every_phase_of_every_node_and_the_target():
+    import io
+
+    from rich.console import Console
+
+    a = bootprofile.parse("node2", SAMPLE, seen_ready=54.6)
+    b = bootprofile.parse("node9", "== end\n")
+    out = io.StringIO()
+    bootprofile.show([a, b], Console(file=out, width=200))
+    text = out.getvalue()
+    row = next(x for x in text.splitlines() if "init-local: Python start-up" in x)
+    assert f"{a.phases['  init-local: Python start-up']:.1f}" in row and row.rstrip("│ ").endswith("-")
+    assert "rxe0.service active, at" in text and "config-users-groups" in text
+    assert "slowest node ready 54.6 s after its qemu started (target <= 45 s)" in text
