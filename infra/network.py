@@ -178,7 +178,7 @@ def qemu_args(config: LabConfig, state: LabState, node: Node) -> list[str]:
         netdev = f"vde,id=data,sock={vde_socket(state)}"
     return [
         "-netdev", netdev,
-        "-device", f"virtio-net-pci,netdev=data,mac={node.data_mac},romfile=",
+        "-device", f"virtio-net-pci,netdev=data,mac={node.data_mac}",
     ]  # fmt: skip
 
 

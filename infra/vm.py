@@ -32,13 +32,13 @@ def qemu_argv(config: LabConfig, state: LabState, image: BaseImage, accel: Accel
             "-kernel", str(image.kernel),
             "-initrd", str(image.initrd),
             # quiet: the kernel's chatter on an emulated serial port is boot time; cloud-init's
-            # stages and errors still reach the console (the serial log)
-            "-append", "console=ttyS0 quiet root=/dev/vda rw rootfstype=ext4 ds=nocloud",
+            # stages and errors still reach the console (the serial log). cloud-init=enabled:
+            # the image enables it statically, without its generator (the Debian recipe)
+            "-append", "console=ttyS0 quiet root=/dev/vda rw rootfstype=ext4 ds=nocloud "
+                       "cloud-init=enabled",
         ]  # fmt: skip
     else:
         boot = []  # the Ubuntu cloud image boots through its own bootloader
-    # romfile= on the NICs: no PXE option ROM for the firmware to run (a direct boot never
-    # boots from the network; under TCG each ROM is time before the kernel starts).
     # The management NIC reaches nothing but the host's forward on 127.0.0.1. Ubuntu's first
     # boot installs packages, so its NIC is allowed out; Debian's image has them baked in.
     restrict = "off" if not image.direct_boot else "on"
@@ -54,7 +54,7 @@ def qemu_argv(config: LabConfig, state: LabState, image: BaseImage, accel: Accel
         "-drive", f"file={state.seed_iso(node.name)},if=virtio,format=raw,readonly=on",
         "-netdev", f"user,id=mgmt,restrict={restrict},"
                    f"hostfwd=tcp:127.0.0.1:{node.ssh_port}-:22",
-        "-device", f"virtio-net-pci,netdev=mgmt,mac={node.mgmt_mac},romfile=",
+        "-device", f"virtio-net-pci,netdev=mgmt,mac={node.mgmt_mac}",
         *network.qemu_args(config, state, node),
         "-device", "virtio-rng-pci",
         "-serial", f"file:{state.serial_log(node.name)}",

@@ -38,13 +38,18 @@ chroot "$root" systemctl mask getty@tty1.service serial-getty@ttyS0.service \
 printf 'blacklist %s\n' ata_piix ata_generic pata_acpi floppy pcspkr i2c_piix4 psmouse serio_raw \
   kvm_amd kvm_intel kvm ccp evdev > "$root/etc/modprobe.d/rxelab-unused.conf"
 
-# cloud-init's network, config and final stages in one Python process (cloud-init-stages says
-# why); the two units that would start them apart are masked.
+# cloud-init's four stages in one Python process (cloud-init-stages says why), started where
+# the first one was; the units that would start the others apart are masked. The generator that
+# enables cloud-init at every boot runs ds-identify, a long shell script, before any unit can
+# start: enabled here once instead (the kernel command line says cloud-init=enabled).
 install -D -m 0755 "$here/cloud-init-stages" "$root/usr/local/libexec/rxelab-cloud-init-stages"
-mkdir -p "$root/etc/systemd/system/cloud-init.service.d"
+mkdir -p "$root/etc/systemd/system/cloud-init-local.service.d"
 printf '[Service]\nExecStart=\nExecStart=/usr/local/libexec/rxelab-cloud-init-stages\n' \
-  > "$root/etc/systemd/system/cloud-init.service.d/rxelab-one-process.conf"
-chroot "$root" systemctl mask cloud-config.service cloud-final.service
+  > "$root/etc/systemd/system/cloud-init-local.service.d/rxelab-one-process.conf"
+chroot "$root" systemctl mask cloud-init.service cloud-config.service cloud-final.service
+mkdir -p "$root/etc/systemd/system-generators" "$root/etc/systemd/system/multi-user.target.wants"
+ln -sf /dev/null "$root/etc/systemd/system-generators/cloud-init-generator"
+ln -sf /lib/systemd/system/cloud-init.target "$root/etc/systemd/system/multi-user.target.wants/cloud-init.target"
 
 # The journal in memory: nothing to flush to disk at boot (the serial log outlives the node).
 mkdir -p "$root/etc/systemd/journald.conf.d"
