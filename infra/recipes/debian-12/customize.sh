@@ -51,6 +51,10 @@ mkdir -p "$root/etc/systemd/system-generators" "$root/etc/systemd/system/multi-u
 ln -sf /dev/null "$root/etc/systemd/system-generators/cloud-init-generator"
 ln -sf /lib/systemd/system/cloud-init.target "$root/etc/systemd/system/multi-user.target.wants/cloud-init.target"
 
+# sshd starts last on the way to ready: no second run of it (`sshd -t`) to test a fixed config.
+mkdir -p "$root/etc/systemd/system/ssh.service.d"
+printf '[Service]\nExecStartPre=\n' > "$root/etc/systemd/system/ssh.service.d/rxelab.conf"
+
 # The journal in memory: nothing to flush to disk at boot (the serial log outlives the node).
 mkdir -p "$root/etc/systemd/journald.conf.d"
 printf '[Journal]\nStorage=volatile\n' > "$root/etc/systemd/journald.conf.d/rxelab.conf"
@@ -60,11 +64,9 @@ printf 'ib_uverbs\nrdma_ucm\n' > "$root/etc/rdma/modules/rdma.conf"
 printf '* soft memlock unlimited\n* hard memlock unlimited\n' > "$root/etc/security/limits.d/90-rdma.conf"
 echo "net.ipv4.ping_group_range = 0 2147483647" > "$root/etc/sysctl.d/90-ping.conf"
 
-# Smaller image and initrd: drop module trees a virtio guest never loads; a short initrd list.
+# Smaller image: drop module trees a virtio guest never loads.
 cd "$root"/usr/lib/modules/*/kernel
 rm -rf drivers/gpu drivers/media drivers/staging drivers/iio drivers/hwmon drivers/net/wireless \
   drivers/net/ethernet drivers/bluetooth drivers/isdn sound net/wireless net/mac80211 net/bluetooth
 chroot "$root" sh -c 'depmod -a $(ls /usr/lib/modules)'
-echo MODULES=list > "$root/etc/initramfs-tools/conf.d/rxelab.conf"
-printf 'virtio_pci\nvirtio_blk\next4\n' >> "$root/etc/initramfs-tools/modules"
-chroot "$root" update-initramfs -u
+"$here/make-initrd.sh" "$root"
