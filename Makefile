@@ -35,8 +35,9 @@ ssh: deps
 destroy: deps
 	$(PY) -m infra destroy
 
+# Two workers: the VM tests in order on one (one xdist group), the unit tests on the other.
 test: deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 test-unit: deps
 	$(PY) -m pytest -m 'not vm' $(PYTEST_ARGS)
