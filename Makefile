@@ -5,7 +5,7 @@ export NODES IMAGE ACCEL MEM_MB DATA_NET MTU LAB SSH_PORT_BASE INVENTORY
 export RXELAB_STATE RXELAB_CACHE RXELAB_BOOT_TIMEOUT RXELAB_UBUNTU_URL RXELAB_UBUNTU_KEYRING RXELAB_APT_SOURCES
 export RXELAB_ACCEPT_NEW_HOST_KEYS
 
-.PHONY: help deps provision status boot-profile ssh destroy test test-unit
+.PHONY: help deps test-deps provision status boot-profile ssh destroy test test-unit
 help:
 	@echo "make provision   # boot the lab (NODES=3 IMAGE=auto ACCEL=auto MEM_MB=1024 MTU=9000)"
 	@echo "make status      # node, state, SSH endpoint, data IP, RDMA port state"
@@ -18,6 +18,11 @@ deps: .venv/.deps-ok
 .venv/.deps-ok: pyproject.toml infra/install-deps.sh
 	bash infra/install-deps.sh
 	touch $@
+
+test-deps: .venv/.test-deps-ok
+.venv/.test-deps-ok: pyproject.toml infra/install-deps.sh
+	bash infra/install-deps.sh test
+	touch .venv/.deps-ok $@
 
 provision: deps
 	$(PY) -m infra provision
@@ -35,9 +40,9 @@ ssh: deps
 destroy: deps
 	$(PY) -m infra destroy
 
-# Two workers: the VM tests in order on one (one xdist group), the unit tests on the other.
-test: deps
-	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+# Two workers: the VM tests in order on one (tests/conftest.py says how), the unit tests beside.
+test: test-deps
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
-test-unit: deps
+test-unit: test-deps
 	$(PY) -m pytest -m 'not vm' $(PYTEST_ARGS)

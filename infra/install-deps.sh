@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the testbed needs on a Debian/Ubuntu host: the host programs from apt and the
-# Python packages into .venv. Safe to re-run; the Makefile runs it when pyproject.toml changes.
+# Python packages into .venv (with `test`: the test tools too). Safe to re-run; the Makefile
+# runs it when pyproject.toml or this file changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +24,10 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   exit 1
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+# The test tools (pytest, mypy, ruff, ...) only for the tests: `install-deps.sh test`.
+extras=""
+[ "${1:-}" = test ] && extras="[test]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".$extras"
 if ! command -v terraform >/dev/null; then
   echo "deps: terraform is not installed: install Terraform >= 1.4 from HashiCorp" \
        "(it is not in Debian's archive); everything else is in place" >&2

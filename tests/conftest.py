@@ -13,6 +13,11 @@ from pathlib import Path
 
 import pytest
 
+try:  # pytest-xdist, with the test tools (make test-deps); without it, tests run in one process
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:
+    LoadScopeScheduling = None
+
 from infra import inventory as inventory_mod
 from infra import lab as lab_mod
 from infra import run as runner
@@ -70,14 +75,23 @@ class Lab:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that destroy the shared lab run after every other test. Every test that boots VMs
-    is in one xdist group: under `make test` (pytest -n 2 --dist loadgroup) they run in order
-    on one worker, one lab at a time, while the other worker runs the unit tests, which spend
-    most of their time waiting on the fake fabric's deadlines."""
+    """Tests that destroy the shared lab run after every other test."""
     items.sort(key=lambda item: item.get_closest_marker("destroys_lab") is not None)
-    for item in items:
-        if item.get_closest_marker("vm") is not None:
-            item.add_marker(pytest.mark.xdist_group("lab"))
+
+
+if LoadScopeScheduling is not None:
+    class OneLabAtATime(LoadScopeScheduling):
+        """Under `make test` (pytest -n 2): every test under tests/e2e is one unit of work,
+        sent whole and in order to one worker (one lab at a time, the shared one destroyed
+        last), while the other worker runs the unit tests, which spend most of their time
+        waiting on the fake fabric's deadlines. (xdist's --dist loadgroup would say the same
+        with markers, but under pytest 9 it groups nothing.)"""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return "lab" if nodeid.startswith("tests/e2e/") else super()._split_scope(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> OneLabAtATime:
+        return OneLabAtATime(config, log)
 
 
 def yield_cpu(pid: int, niceness: int = 10) -> None:
