@@ -12,13 +12,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rxelab.errors import ClosedError, ConfigError, PeerError, ProtocolError, RdmaError
-from rxelab.ops import COLLECTIVES
-
-ALLTOALL_ALGORITHMS = tuple(COLLECTIVES["alltoall"].algorithms)
-ALLGATHER_ALGORITHMS = tuple(COLLECTIVES["allgather"].algorithms)
 
 if TYPE_CHECKING:
     from rxelab.comm import Communicator
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """The algorithm lists come from the collectives' descriptions, which import numpy: read
+    when asked for, so that `python3 -m rxelab.launch` (which needs neither) starts in a
+    fraction of the time (under TCG, ~0.9 s less per job)."""
+    if name in ("ALLTOALL_ALGORITHMS", "ALLGATHER_ALGORITHMS"):
+        from rxelab.ops import COLLECTIVES
+
+        return tuple(COLLECTIVES[name.split("_")[0].lower()].algorithms)
+    raise AttributeError(f"module 'rxelab' has no attribute {name!r}")
 
 
 def init(*args: Any, **kwargs: Any) -> Communicator:
