@@ -118,7 +118,7 @@ def test_ctrl_c_during_a_run_keeps_results_and_leaves_nothing_running_or_impaire
         while "server_client" not in (lab.try_ssh(lab.hosts[2], "pgrep -af '[s]erver_client'") or ""):
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline, "the case never started"
-            time.sleep(2)
+            time.sleep(1)
         time.sleep(3)
         os.killpg(proc.pid, getattr(signal, f"SIG{sig}"))
         out, _ = proc.communicate(timeout=180)

@@ -105,7 +105,7 @@ def test_a_dead_or_hung_peer_is_a_clear_error_within_the_timeout(deployed, how):
     # short (the survivors name the victim at their own timeout, 10 s, and report at once)
     rc, by_rank, out = launch(deployed, names,
                               f"python3 -m rxelab.selftest --mode {how} --victim 2 --timeout 10",
-                              port=29630 + len(how), timeout=30)
+                              port=29630 + len(how), timeout=20)
     assert rc != 0, "the job as a whole fails"
     for rank in (0, 1):
         (fault,) = [r for r in by_rank.get(rank, []) if r.get("check") == f"fault/{how}"]
