@@ -74,21 +74,29 @@ class Lab:
         return subprocess.CompletedProcess(["make", target], proc.returncode, log.read_text(), "")
 
 
+OWN_LABS = "tests/e2e/test_provision_failures.py"  # short-lived labs of their own
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that destroy the shared lab run after every other test."""
-    items.sort(key=lambda item: item.get_closest_marker("destroys_lab") is not None)
+    """Tests that destroy the shared lab run after every other test; the tests that boot labs of
+    their own and need nothing of the shared one come after the unit tests."""
+    items.sort(key=lambda item: (item.get_closest_marker("destroys_lab") is not None,
+                                 item.nodeid.startswith(OWN_LABS)))
 
 
 if LoadScopeScheduling is not None:
     class OneLabAtATime(LoadScopeScheduling):
-        """Under `make test` (pytest -n 2): every test under tests/e2e is one unit of work,
-        sent whole and in order to one worker (one lab at a time, the shared one destroyed
-        last), while the other worker runs the unit tests, which spend most of their time
-        waiting on the fake fabric's deadlines. (xdist's --dist loadgroup would say the same
-        with markers, but under pytest 9 it groups nothing.)"""
+        """Under `make test` (pytest -n 2): every test of the shared lab (tests/e2e) is one
+        unit of work, sent whole and in order to one worker (the lab destroyed last), while
+        the other worker runs the unit tests, which spend most of their time waiting on the
+        fake fabric's deadlines, and then the provision-failure tests, whose labs live seconds.
+        (xdist's --dist loadgroup would say the same with markers, but under pytest 9 it
+        groups nothing.)"""
 
         def _split_scope(self, nodeid: str) -> str:
-            return "lab" if nodeid.startswith("tests/e2e/") else super()._split_scope(nodeid)
+            if nodeid.startswith("tests/e2e/") and not nodeid.startswith(OWN_LABS):
+                return "lab"
+            return super()._split_scope(nodeid)
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> OneLabAtATime:
         return OneLabAtATime(config, log)
