@@ -21,6 +21,7 @@ from rxelab import ops
 from rxelab import settings as library
 
 from experiments import counters, fleet, netem
+from experiments.spec import PERFTEST_TOOLS
 from infra.inventory import Host
 
 RUN_ID = "RXELAB_RUN_ID"
@@ -132,7 +133,8 @@ def perftest_command(case: dict[str, Any], host: Host, run_id: str, server_ip: s
 
 def perftest_argv(case: dict[str, Any], host: Host) -> list[str]:
     tool = case["algorithm"]
-    argv = [tool, "-d", host.rdma.device, "-i", str(host.rdma.port), "-x", str(host.rdma.gid_index),
+    argv = [*PERFTEST_TOOLS[tool], "-d", host.rdma.device, "-i", str(host.rdma.port),
+            "-x", str(host.rdma.gid_index),
             "-F", "-s", str(max(case["size"], 1 if tool != "ib_send_lat" else 2)),
             "-n", str(case["stages"]), "-p", str(PERFTEST_PORT)]
     return argv if tool == "ib_send_lat" else [*argv, "--report_gbits"]
@@ -146,7 +148,7 @@ def parse_perftest(tool: str, text: str, size: int) -> dict[str, Any] | None:
                                    "iterations": int(f[1]), "ok": True}
             if tool == "ib_send_lat":  # bytes iters t_min t_max t_typical t_avg ...
                 rec["lat_us"] = float(f[4])
-            else:  # bytes iters bw_peak bw_avg[Gb/s] msg_rate
+            else:  # bytes iters bw_peak bw_avg[Gb/s] msg_rate (-b: both directions' sum)
                 rec["bw_MBps"] = float(f[3]) * 1e9 / 8 / 1e6
             return rec
     return None

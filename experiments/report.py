@@ -238,9 +238,9 @@ def medians(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def link_share(flat: list[dict[str, Any]], link_MBps: float | None) -> None:
     """Each row's "% of link": the bytes each rank must send (and receive) for its collective
-    over the rate one direction of the link carries (perftest's ib_write_bw in the same run):
-    busbw over that rate (nccl-tests' busbw is exactly those bytes per second). One rank per
-    node only: ranks sharing a node share its link."""
+    over the rate the link carries (`share_rate`): busbw over that rate (nccl-tests' busbw is
+    exactly those bytes per second). One rank per node only: ranks sharing a node share its
+    link."""
     for r in flat:
         alone = r["ranks"] == r["nodes"]
         r["link_pct"] = 100 * r["busbw"] / link_MBps if link_MBps and alone and r["busbw"] else None
@@ -269,12 +269,28 @@ def busy_samples(rates: list[float]) -> list[float]:
     return [x for x in rates if peak > 0 and x > 0.1 * peak]
 
 
-def link_rate(records: list[dict[str, Any]]) -> float | None:
-    """The link's one-way rate in this run (MB/s): ib_write_bw's best, where it ran."""
+def link_rate(records: list[dict[str, Any]], tool: str = "ib_write_bw") -> float | None:
+    """The link's rate in this run (MB/s): the tool's best, where it ran (ib_write_bw_bidir's
+    is both directions' sum)."""
     limit = [r["summary"]["bw_MBps"] for r in records
-             if r["app"] == "perftest" and r["algorithm"] == "ib_write_bw"
+             if r["app"] == "perftest" and r["algorithm"] == tool
              and r.get("summary", {}).get("bw_MBps")]
     return max(limit) if limit else None
+
+
+def share_rate(records: list[dict[str, Any]]) -> tuple[float | None, str]:
+    """What "% of link" divides by, and how to say it. Every rank of a collective sends and
+    receives at once, and rxe spends the CPU of both ends on every byte, so where the run
+    measured both directions at once (ib_write_bw -b) the rate is each direction's share of
+    that; else one direction alone (ib_write_bw), which a collective cannot reach."""
+    both, one = link_rate(records, "ib_write_bw_bidir"), link_rate(records, "ib_write_bw")
+    if both:
+        alone = f"; one direction alone {one:.1f} MB/s" if one else ""
+        return both / 2, (f"% of link: busbw over {both / 2:.1f} MB/s, each direction's share of "
+                          f"ib_write_bw -b (both directions at once, as in a collective){alone}")
+    if one:
+        return one, f"% of link: busbw over ib_write_bw's {one:.1f} MB/s (one direction alone)"
+    return None, ""
 
 
 def figures(flat: list[dict[str, Any]], records: list[dict[str, Any]],
@@ -444,12 +460,13 @@ def _fmt(v: Any) -> str:
 def write(results: Path) -> tuple[Path, Path]:
     env, records, loads = load(results)
     flat = medians(rows(records))
-    link_share(flat, link_rate(records))
+    rate, rate_note = share_rate(records)
+    link_share(flat, rate)
     images = figures(flat, records, loads)
     summary = summary_lines(flat, records, loads)
     perf = [r for r in records if r["app"] == "perftest" and r.get("summary")]
     title = f"rxelab report: {_text(env.get('spec')) or results.name}"
-    fact_lines = facts(env, results)
+    fact_lines = facts(env, results) + ([rate_note] if rate_note else [])
     note = how_nodes_ran(env)[1]
     mpi_note = mpi_rdma_note(env)
     for name, data in images.items():

@@ -10,7 +10,7 @@
     op = "allgather"          # allgather | alltoall | allreduce | reduce_scatter | bcast
     algorithms = ["star"]     # rxelab: the library's; mpi: mpi-default|mpi-linear|mpi-pairwise|
                               #   mpi-ring|mpi-bruck (forced through Open MPI's coll_tuned)
-    tools = ["ib_write_bw"]   # perftest: ib_write_bw | ib_send_bw | ib_send_lat
+    tools = ["ib_write_bw"]   # perftest: ib_write_bw | ib_write_bw_bidir | ib_send_bw | ib_send_lat
     nodes = [2, 3]            # how many nodes take part (1 rank each), 1..64
     sizes = [1024, 65536]     # bytes per peer, 0..1073741824 (1 GiB)
     stages = 10               # repetitions (perftest: iterations), 1..10000000
@@ -71,7 +71,11 @@ RXELAB_ALGORITHMS = {name: tuple(c.algorithms) for name, c in ops.COLLECTIVES.it
 # Open MPI coll_tuned algorithm numbers (ompi/mca/coll/tuned): what each label forces, for
 # every collective with an MPI counterpart (their descriptions say).
 MPI_ALGORITHMS = {name: dict(c.mpi.tuned) for name, c in ops.COLLECTIVES.items() if c.mpi}
-TOOLS = ("ib_write_bw", "ib_send_bw", "ib_send_lat")
+# perftest's tools by their spec names, each its command; ib_write_bw_bidir is `ib_write_bw -b`:
+# both directions at once, as every rank of a collective sends and receives at once
+PERFTEST_TOOLS = {"ib_write_bw": ("ib_write_bw",), "ib_write_bw_bidir": ("ib_write_bw", "-b"),
+                  "ib_send_bw": ("ib_send_bw",), "ib_send_lat": ("ib_send_lat",)}
+TOOLS = tuple(PERFTEST_TOOLS)
 TRANSPORTS = ("ucx", "tcp")
 # rxelab runs take every option of init(), under its own name and in its own range
 LIBRARY = {o.name: (o.low, o.high) for o in library.OPTIONS}

@@ -297,6 +297,25 @@ def test_share_of_the_link_and_the_ratio_to_ucx(results):
     assert "ratio-to-ucx.png" in md and "% of the link" in md and "% of link" in md
 
 
+def test_the_share_of_the_link_is_of_each_direction_s_share_when_both_ways_were_measured(results):
+    records = report.load(results)[1]
+    one = report.link_rate(records)
+    assert report.share_rate(records)[0] == pytest.approx(one), "one way only: its rate"
+    perf = next(r for r in records if r["app"] == "perftest" and r["algorithm"] == "ib_write_bw")
+    both = {**perf, "case": 999, "algorithm": "ib_write_bw_bidir",
+            "summary": {**perf["summary"], "bw_MBps": 1.5 * one}}
+    rate, said = report.share_rate([*records, both])
+    assert rate == pytest.approx(0.75 * one), "each direction's half of the sum"
+    assert "ib_write_bw -b" in said and f"{one:.1f}" in said
+    (results / "records.jsonl").write_text("\n".join(json.dumps(r) for r in [*records, both]) + "\n")
+    md = report.write(results)[1].read_text()
+    assert f"busbw over {0.75 * one:.1f} MB/s" in md
+    flat = report.rows(records)
+    report.link_share(flat, rate)
+    big = next(r for r in flat if r["algorithm"] == "parallel" and r["size"] == 262144)
+    assert big["link_pct"] == pytest.approx(100 * big["busbw"] / (0.75 * one))
+
+
 def test_an_impaired_case_run_in_rounds_speaks_once_against_its_own_kind_of_clean_run(results):
     """Three rounds of a lossy case are one statement (its median round), and its clean
     reference is a case of the same kind: stage by stage, not back to back."""

@@ -114,6 +114,8 @@ def test_perftest_argv_and_parsing():
 """
     assert commands.parse_perftest("ib_send_lat", lat, 2)["lat_us"] == pytest.approx(310.2)
     assert commands.parse_perftest("ib_write_bw", "Couldn't connect", 1) is None
+    both = commands.perftest_argv({**case, "algorithm": "ib_write_bw_bidir"}, HOSTS[1])
+    assert both[:2] == ["ib_write_bw", "-b"] and both[2:] == argv[1:], "the same run, both ways"
 
 
 def test_timeouts_grow_with_the_work_and_a_spec_can_set_them():
