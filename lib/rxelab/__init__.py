@@ -34,5 +34,12 @@ def init(*args: Any, **kwargs: Any) -> Communicator:
     return _init(*args, **kwargs)
 
 
-__all__ = ["init", "RdmaError", "ConfigError", "PeerError", "ProtocolError", "ClosedError",
+def join(*args: Any, **kwargs: Any) -> Communicator:
+    """A newcomer to a running elastic job (rxelab.comm.join)."""
+    from rxelab.comm import join as _join
+
+    return _join(*args, **kwargs)
+
+
+__all__ = ["init", "join", "RdmaError", "ConfigError", "PeerError", "ProtocolError", "ClosedError",
            "ALLTOALL_ALGORITHMS", "ALLGATHER_ALGORITHMS"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import operator
+import os
 import sys
 import threading
 import time
@@ -21,7 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rxelab import bootstrap, layouts, ops, settings, verbs
+from rxelab import bootstrap, layouts, membership, ops, settings, verbs
 from rxelab import engine as engine_mod
 from rxelab.buffers import Buffer, as_buffer
 from rxelab.collectives.common import DATA, Call
@@ -87,10 +88,19 @@ class Plan:
 
 class Communicator:
     def __init__(self, job: bootstrap.JobInfo, *, device: str | None = None,
-                 port: int | None = None, gid_index: int | None = None, **options: Any) -> None:
+                 port: int | None = None, gid_index: int | None = None, elastic: bool = False,
+                 _listener: Any = None, _generation: int = 0, **options: Any) -> None:
         """options: those of rxelab.settings (timeout, eager_limit, chunk, window, slots,
-        send_depth, pin_limit, qp_timeout, retry_cnt), each checked there."""
+        send_depth, pin_limit, qp_timeout, retry_cnt), each checked there. elastic: this
+        rank keeps a listener, so the job can shrink() and admit() (rxelab.membership)."""
+        if not isinstance(elastic, bool):
+            raise ConfigError(f"elastic={elastic!r} must be True or False")
         self.options = settings.resolve(options)
+        self.job = job
+        self.opened = {"device": device, "port": port, "gid_index": gid_index}
+        self.formed: dict[str, Any] = {}  # how membership made it (shrink, admit, join)
+        # a listener handed over by a change of membership stays its giver's until we stand
+        self._keep_listener = _listener is not None
         timeout = float(self.options["timeout"])
         slots, send_depth = int(self.options["slots"]), int(self.options["send_depth"])
         eager_limit = int(self.options["eager_limit"])
@@ -99,7 +109,8 @@ class Communicator:
         self.closed = False
         self.failed: str | None = None  # set when a collective failed part-way
         self.conns: dict[int, verbs.Connection] = {}
-        self.control = ControlPlane(job, timeout)
+        self.control = ControlPlane(job, timeout, elastic=elastic, listener=_listener,
+                                    generation=_generation)
         self.dev: verbs.Device | None = None
         self.registry: Registry | None = None
         self.seq = 0
@@ -135,6 +146,7 @@ class Communicator:
         except BaseException:
             self.close()
             raise
+        self._keep_listener = False
 
     # ---- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Communicator:
@@ -180,6 +192,8 @@ class Communicator:
         if self.dev is not None:
             self.dev.close()
         self.control.close()
+        if self.control.listener is not None and not self._keep_listener:
+            self.control.listener.close()
 
     def _check_open(self) -> None:
         if self.closed:
@@ -555,6 +569,104 @@ class Communicator:
                 self._fail("barrier", 0, err)
                 raise
 
+    # ---- membership (elastic jobs) --------------------------------------------------
+    @property
+    def rendezvous(self) -> tuple[str, int] | None:
+        """Where newcomers knock (rank 0's listener, as this rank reaches it); None unless
+        elastic."""
+        return self.control.directory.get(0) if self.control.elastic else None
+
+    def shrink(self, timeout: float | None = None, quorum: str | int = "majority") -> Communicator:
+        """The survivors' communicator, after a rank died (a PeerError) - every surviving rank
+        calls it. They agree on one set of survivors (whatever each saw), renumbered densely
+        in the old order, on a fresh mesh; this communicator is closed (its collective that
+        failed has an undefined result: redo it on the new one). quorum: "majority" (default:
+        more than half of this communicator, or exactly half holding its lowest rank, go on;
+        in a partition one side at most), "any", or a number of ranks. Bounded by timeout
+        (default: the communicator's); the error names what it waited for."""
+        quorum = membership.check_quorum(quorum, self.size)
+        deadline = membership.deadline_of(timeout, self.timeout)
+        seat = self._leave("shrink", farewell=False)
+        try:
+            return membership.shrink(seat, self._builder(seat), deadline, quorum)
+        except BaseException:
+            seat.listener.close()
+            raise
+
+    def admit(self, timeout: float = 0.0, wanted: int = 1) -> Communicator:
+        """Let newcomers in (rxelab.join() on their side) - every rank calls it, between
+        collectives. Rank 0 takes those waiting at the rendezvous, listening up to `timeout`
+        seconds for `wanted` of them; if any came, every rank gets a new, larger communicator
+        (ranks kept, newcomers after them) and this one is closed; if none, this one is
+        returned. If a rank dies while the larger one is built, the old members shrink
+        among themselves instead (the newcomers may knock again)."""
+        self._check_open()
+        if not self.control.elastic:
+            raise ConfigError("admit: this communicator is not elastic",
+                              hint="rxelab.init(elastic=True) on every rank")
+        wanted = whole(wanted, "wanted")
+        if not 0 <= wanted <= membership.MAX_NEWCOMERS:
+            raise ConfigError(f"wanted={wanted} must be 0..{membership.MAX_NEWCOMERS}")
+        membership.deadline_of(timeout, 0.0)  # checked
+        seat = self._seat()
+        newcomers = membership.hear_newcomers(seat, float(timeout), wanted) if self.rank == 0 else []
+        count = np.array([len(newcomers)], dtype=np.int64)
+        try:
+            self.bcast(count)
+        except BaseException:
+            membership.turn_away(newcomers, "a rank of the job failed while admitting")
+            raise
+        if not count[0]:
+            return self
+        generation, size = seat.generation, self.size
+        membership.welcome(newcomers, size, generation + 1)
+        seat = self._leave("admit", farewell=True)
+        started = time.monotonic()
+        host, port = seat.directory[0]
+        job = bootstrap.JobInfo(self.rank, size + int(count[0]), host, port, "admit",
+                                seat.job.token, seat.job.token_source)
+        build = self._builder(seat)
+        try:
+            try:
+                comm = build(job, generation + 1)
+            except PeerError:  # the old members go on among themselves
+                seat.generation = generation + 1
+                return membership.shrink(seat, build, time.monotonic() + self.timeout, "majority")
+        except BaseException:
+            seat.listener.close()
+            raise
+        comm.formed = {"how": "admit", "members": list(range(size)), "lost": [],
+                       "admitted": list(range(size, comm.size)), "build_s": time.monotonic() - started,
+                       "generation": generation + 1}
+        return comm
+
+    def _seat(self) -> membership.Seat:
+        return membership.Seat(self.job, self.control.listener, dict(self.control.directory),
+                               self.control.generation, {**self.opened, **self.options})
+
+    def _leave(self, what: str, farewell: bool) -> membership.Seat:
+        """Close this communicator for a change of membership, keeping the listener."""
+        if not self.control.elastic:
+            raise ConfigError(f"{what}: this communicator is not elastic",
+                              hint="rxelab.init(elastic=True) on every rank")
+        if self.closed:
+            raise ClosedError(f"{what}: the communicator is closed")
+        if self.control.listener is None:  # pragma: no cover - an elastic one always has one
+            raise ConfigError(f"{what}: this rank has no listener")
+        seat = self._seat()
+        self._keep_listener = True
+        if not farewell and self.failed is None:  # the survivors do not wait for the dead
+            self.failed = f"left for {what}"
+        self.close()
+        return seat
+
+    @staticmethod
+    def _builder(seat: membership.Seat) -> Callable[[bootstrap.JobInfo, int], Communicator]:
+        def build(job: bootstrap.JobInfo, generation: int) -> Communicator:
+            return Communicator(job, elastic=True, _listener=seat.listener,
+                                _generation=generation, **seat.opened)
+        return build
+
     # ---- point to point -------------------------------------------------------------
     def send(self, buf: Any, peer: int) -> None:
         """Two-sided send: waits until `peer` posted the matching recv, then writes into it."""
@@ -680,6 +792,31 @@ def whole_numbers(counts: Any, size: int, name: str) -> list[int]:
 def init(rank: int | None = None, world_size: int | None = None, master_addr: str | None = None,
          master_port: int | None = None, **options: Any) -> Communicator:
     """Start a communicator as torchrun, mpirun, srun or our launcher describe the job.
-    options: device=, port=, gid_index= (the RDMA port to use) and those of rxelab.settings."""
+    options: device=, port=, gid_index= (the RDMA port to use), elastic= and those of
+    rxelab.settings."""
     job = bootstrap.discover(rank, world_size, master_addr, master_port)
     return Communicator(job, **options)
+
+
+def join(master_addr: str | None = None, master_port: int | None = None,
+         timeout: float = 600.0, **options: Any) -> Communicator:
+    """A newcomer to a running elastic job: knock at its rendezvous (MASTER_ADDR/MASTER_PORT
+    as for init, with the job's secret) until the job admits it (comm.admit() on its ranks),
+    then take the rank it is given in the job's new communicator. Bounded by timeout."""
+    if master_addr is None and not (os.environ.get("MASTER_ADDR")
+                                    or os.environ.get("RXELAB_MASTER_ADDR")):
+        raise ConfigError("join: no rendezvous address", hint="set MASTER_ADDR (the job's rank "
+                                                                "0 host) or pass master_addr=")
+    deadline = membership.deadline_of(timeout, 600.0)
+    job = bootstrap.discover(0, 1, master_addr, master_port)
+    settings.resolve({k: v for k, v in options.items()
+                      if k not in ("device", "port", "gid_index", "elastic")})  # checked first
+    started = time.monotonic()
+    welcome = membership.knock(job, deadline)
+    job = bootstrap.JobInfo(welcome["rank"], welcome["world_size"], job.master_addr,
+                            job.master_port, "join", job.token, job.token_source)
+    options["elastic"] = True
+    comm = Communicator(job, _generation=welcome["generation"], **options)
+    comm.formed = {"how": "join", "generation": welcome["generation"],
+                   "wait_s": time.monotonic() - started}
+    return comm

@@ -73,9 +73,17 @@ def listen(job: JobInfo) -> socket.socket:
 
 
 class ControlPlane:
-    def __init__(self, job: JobInfo, timeout: float) -> None:
+    def __init__(self, job: JobInfo, timeout: float, *, elastic: bool = False,
+                 listener: socket.socket | None = None, generation: int = 0) -> None:
+        """elastic: this rank keeps a listener for the job's life (rxelab.membership), given
+        (a later generation's) or made here (rank 0's is the rendezvous; another rank's is on
+        the address it reaches rank 0 from), and every rank learns where the others listen."""
         self.job = job
         self.timeout = timeout
+        self.elastic = elastic or listener is not None
+        self.listener = listener  # elastic: never closed here (the membership owns it)
+        self.generation = generation
+        self.directory: dict[int, tuple[str, int]] = {}  # elastic: where each rank listens
         self.peers: dict[int, socket.socket] = {}  # rank 0: every other rank
         self.root: socket.socket | None = None  # other ranks: rank 0
         self.barrier_seq = 0
@@ -94,6 +102,9 @@ class ControlPlane:
         """Give our endpoint for each peer; get each peer's endpoint for us. `options` are the
         settings every rank must share: rank 0 compares each rank's with its own."""
         if self.job.world_size == 1:
+            if self.elastic:  # alone, but others may join: the rendezvous stays open
+                self.listener = self.listener or listen(self.job)
+                self.directory = {0: (self.job.master_addr, self.listener.getsockname()[1])}
             return {}
         if self.job.rank == 0:
             found = self._serve(endpoints, options or {})
@@ -109,8 +120,11 @@ class ControlPlane:
         malformed or oversized message - and keep serving; then send each rank its table."""
         job = self.job
         deadline = time.monotonic() + self.timeout
-        listener = listen(job)
+        listener = self.listener or listen(job)
+        if self.elastic:
+            self.listener = listener
         hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
+        where: dict[int, str] = {}  # the address each rank reached us from
         pending: dict[socket.socket, bytearray] = {}  # in the order they came
         since: dict[socket.socket, float] = {}
         dropped: list[str] = []
@@ -182,6 +196,8 @@ class ControlPlane:
                         sock.setblocking(True)
                         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         self.peers[got[0]["rank"]] = sock
+                        with contextlib.suppress(OSError):
+                            where[got[0]["rank"]] = sock.getpeername()[0]
         except BaseException:
             self.close()
             raise
@@ -189,15 +205,20 @@ class ControlPlane:
             for sock in pending:
                 sock.close()
             sel.close()
-            listener.close()
+            if not self.elastic:
+                listener.close()
         for r in sorted(hellos):  # every rank is in: all of them hear why, if it must end
             if r and (why := settings.disagreement(options, hellos[r]["settings"], r)):
                 self.abort(why, r)
                 self.close()
                 raise ConfigError(why, hint="give init() (or the flags) the same values on every rank")
+        if self.elastic:
+            self.directory = {0: (job.master_addr, listener.getsockname()[1]), **{
+                r: (where.get(r, "?"), hellos[r]["listen"]) for r in self.peers}}
+        shown = {str(r): list(a) for r, a in self.directory.items()}
         for r, sock in self.peers.items():
             table = {str(p): hellos[p]["endpoints"][str(r)] for p in hellos if p != r}
-            wire.send(sock, {"type": "table", "endpoints": table})
+            wire.send(sock, {"type": "table", "endpoints": table, "directory": shown})
         return {p: hellos[p]["endpoints"]["0"] for p in hellos if p != 0}
 
     def _accept_hello(self, hello: dict[str, Any], hellos: dict[int, dict[str, Any]]) -> None:
@@ -214,6 +235,11 @@ class ControlPlane:
         if hello["world_size"] != job.world_size:
             raise ProtocolError(f"a process of a job of {hello['world_size']} ranks claimed rank {r} "
                                 f"(this job has {job.world_size})")
+        if hello["generation"] != self.generation:
+            raise ProtocolError(f"rank {r} of membership generation {hello['generation']} "
+                                f"(this one is {self.generation})")
+        if self.elastic and not hello["listen"]:
+            raise ProtocolError(f"rank {r} keeps no listener in an elastic job")
         if not 0 < r < job.world_size:
             raise ProtocolError(f"a hello from rank {r}, outside 1..{job.world_size - 1}")
         if r in hellos:
@@ -238,14 +264,24 @@ class ControlPlane:
                                     f"within {self.timeout:g} s: {last_error}", peer=0) from None
                 time.sleep(0.2)
         self.root.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.elastic and self.listener is None:  # where the others can reach us: the
+            # address rank 0 sees us from (the job's network), any free port
+            self.listener = socket.create_server((self.root.getsockname()[0], 0))
         wire.send(self.root, {"type": "hello", "rank": job.rank, "world_size": job.world_size,
                               "host": socket.gethostname()[:200] or "?", "token": job.token,
-                              "settings": options,
+                              "settings": options, "generation": self.generation,
+                              "listen": self.listener.getsockname()[1] if self.listener else 0,
                               "endpoints": {str(k): v for k, v in mine.items()}})
         table = wire.recv(self.root, deadline=deadline, peer="rank 0", expect="table")
         got = {int(k): v for k, v in table["endpoints"].items()}
         if set(got) != set(range(job.world_size)) - {job.rank}:
             raise ProtocolError(f"rank 0 sent endpoints for ranks {sorted(got)}")
+        if self.elastic:
+            directory = {int(k): (str(a[0]), int(a[1])) for k, a in table["directory"].items()}
+            if set(directory) != set(range(job.world_size)):
+                raise ProtocolError(f"rank 0 sent listeners of ranks {sorted(directory)}")
+            directory[0] = (job.master_addr, job.master_port)  # as this rank reaches it
+            self.directory = directory
         return got
 
     # ---- after the exchange: the reader thread and what it files ------------------------

@@ -18,7 +18,8 @@ from typing import Any
 from rxelab.errors import PeerError, ProtocolError
 
 MAGIC = b"RXLB"
-VERSION = 4  # 2: hellos carry the job token; 3: a digest of the job's secret; 4: settings
+VERSION = 5  # 2: hellos carry the job token; 3: a digest of the job's secret; 4: settings;
+# 5: membership (listeners, generations, shrink and join)
 HEADER = struct.Struct("!4sHI")
 MAX_BODY = 1 << 20  # a table for thousands of ranks fits; a stray stream does not
 
@@ -30,18 +31,44 @@ _LOWER_HEX = set("0123456789abcdef")
 _GID = (str, lambda v: len(v) == 39 and all(len(g) == 4 and set(g) <= _HEX for g in v.split(":"))
         and v.count(":") == 7)
 _ENDPOINT = {"qpn": _U24, "psn": _U24, "gid": _GID, "lid": (int, lambda v: 0 <= v < 1 << 16)}
+_TOKEN = (str, lambda v: v == "" or (len(v) == 64 and set(v) <= _LOWER_HEX))
+_PORT = (int, lambda v: 0 <= v < 1 << 16)  # 0: this rank keeps no listener (not elastic)
+_GENERATION = (int, lambda v: 0 <= v < 1 << 31)
+_HOST_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:_%")
+_HOST = (str, lambda v: 0 < len(v) < 256 and set(v) <= _HOST_CHARS)
+_REASON = (str, lambda v: len(v) <= 2000)
+
+
+def _directory(v: Any) -> bool:
+    """{rank: [host, port]}: where each rank of an elastic job listens."""
+    return len(v) <= 1 << 20 and all(
+        k.isdigit() and len(k) <= 7 and isinstance(a, list) and len(a) == 2
+        and isinstance(a[0], str) and _HOST[1](a[0]) and isinstance(a[1], int)
+        and not isinstance(a[1], bool) and 0 < a[1] < 1 << 16 for k, a in v.items())
+
+
 SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
     "hello": {"rank": _RANK, "world_size": _RANK, "host": (str, lambda v: 0 < len(v) < 256),
-              "token": (str, lambda v: v == "" or (len(v) == 64 and set(v) <= _LOWER_HEX)),
+              "token": _TOKEN,
               "settings": (dict, lambda v: len(v) <= 32 and all(
                   isinstance(k, str) and len(k) <= 32 and isinstance(x, int | float)
                   and not isinstance(x, bool) for k, x in v.items())),
+              "listen": _PORT, "generation": _GENERATION,
               "endpoints": (dict, None)},
-    "table": {"endpoints": (dict, None)},
+    "table": {"endpoints": (dict, None), "directory": (dict, _directory)},
     "barrier": {"rank": _RANK, "seq": (int, lambda v: v >= 0)},
     "release": {"seq": (int, lambda v: v >= 0)},
     "bye": {"rank": _RANK},
     "abort": {"rank": _RANK, "reason": (str, None)},
+    # membership (rxelab.membership): a survivor to the coordinator it found, and the answers
+    "shrink": {"rank": _RANK, "generation": _GENERATION, "token": _TOKEN},
+    "members": {"generation": _GENERATION, "members": (list, lambda v: 0 < len(v) <= 1 << 20 and all(
+        isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 20 for x in v))},
+    "failed": {"reason": _REASON},
+    # a newcomer to the job's rank 0, and the answers: come in as this rank, or try again
+    "join": {"token": _TOKEN, "host": (str, lambda v: 0 < len(v) < 256)},
+    "welcome": {"rank": _RANK, "world_size": _RANK, "generation": _GENERATION},
+    "later": {"reason": _REASON},
 }
 
 

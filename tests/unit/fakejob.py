@@ -64,4 +64,6 @@ def die(comm: Any) -> None:
         sock.close()
     for conn in comm.conns.values():
         conn.qp.close()
+    if comm.control.listener is not None:  # an elastic rank's listener goes with its process
+        comm.control.listener.close()
     comm.closed = True
