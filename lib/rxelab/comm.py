@@ -89,7 +89,8 @@ class Plan:
 class Communicator:
     def __init__(self, job: bootstrap.JobInfo, *, device: str | None = None,
                  port: int | None = None, gid_index: int | None = None, elastic: bool = False,
-                 _listener: Any = None, _generation: int = 0, **options: Any) -> None:
+                 _listener: Any = None, _generation: int = 0,
+                 _alive: Callable[[int], bool] | None = None, **options: Any) -> None:
         """options: those of rxelab.settings (timeout, eager_limit, chunk, window, slots,
         send_depth, pin_limit, qp_timeout, retry_cnt), each checked there. elastic: this
         rank keeps a listener, so the job can shrink() and admit() (rxelab.membership)."""
@@ -110,7 +111,7 @@ class Communicator:
         self.failed: str | None = None  # set when a collective failed part-way
         self.conns: dict[int, verbs.Connection] = {}
         self.control = ControlPlane(job, timeout, elastic=elastic, listener=_listener,
-                                    generation=_generation)
+                                    generation=_generation, alive=_alive)
         self.dev: verbs.Device | None = None
         self.registry: Registry | None = None
         self.seq = 0
@@ -628,7 +629,7 @@ class Communicator:
         build = self._builder(seat)
         try:
             try:
-                comm = build(job, generation + 1)
+                comm = build(job, generation + 1, None)
             except PeerError:  # the old members go on among themselves
                 seat.generation = generation + 1
                 return membership.shrink(seat, build, time.monotonic() + self.timeout, "majority")
@@ -661,10 +662,11 @@ class Communicator:
         return seat
 
     @staticmethod
-    def _builder(seat: membership.Seat) -> Callable[[bootstrap.JobInfo, int], Communicator]:
-        def build(job: bootstrap.JobInfo, generation: int) -> Communicator:
+    def _builder(seat: membership.Seat) -> membership.Build:
+        def build(job: bootstrap.JobInfo, generation: int,
+                  alive: Callable[[int], bool] | None = None) -> Communicator:
             return Communicator(job, elastic=True, _listener=seat.listener,
-                                _generation=generation, **seat.opened)
+                                _generation=generation, _alive=alive, **seat.opened)
         return build
 
     # ---- point to point -------------------------------------------------------------

@@ -74,15 +74,19 @@ def listen(job: JobInfo) -> socket.socket:
 
 class ControlPlane:
     def __init__(self, job: JobInfo, timeout: float, *, elastic: bool = False,
-                 listener: socket.socket | None = None, generation: int = 0) -> None:
+                 listener: socket.socket | None = None, generation: int = 0,
+                 alive: Callable[[int], bool] | None = None) -> None:
         """elastic: this rank keeps a listener for the job's life (rxelab.membership), given
         (a later generation's) or made here (rank 0's is the rendezvous; another rank's is on
-        the address it reaches rank 0 from), and every rank learns where the others listen."""
+        the address it reaches rank 0 from), and every rank learns where the others listen.
+        alive(rank): whether a rank that has not said hello yet still lives (a shrink's
+        members, whose listeners are known): rank 0 stops waiting for one that is gone."""
         self.job = job
         self.timeout = timeout
         self.elastic = elastic or listener is not None
         self.listener = listener  # elastic: never closed here (the membership owns it)
         self.generation = generation
+        self.alive = alive
         self.directory: dict[int, tuple[str, int]] = {}  # elastic: where each rank listens
         self.peers: dict[int, socket.socket] = {}  # rank 0: every other rank
         self.root: socket.socket | None = None  # other ranks: rank 0
@@ -125,6 +129,7 @@ class ControlPlane:
             self.listener = listener
         hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
         where: dict[int, str] = {}  # the address each rank reached us from
+        looked = time.monotonic()  # when alive() was last asked
         pending: dict[socket.socket, bytearray] = {}  # in the order they came
         since: dict[socket.socket, float] = {}
         dropped: list[str] = []
@@ -152,6 +157,12 @@ class ControlPlane:
                 now = time.monotonic()
                 for sock in [s for s, t in since.items() if now - t > HELLO_S]:
                     drop(sock, f"said no hello within {HELLO_S:g} s")
+                if self.alive is not None and now - looked >= 1.0:
+                    looked = now
+                    for r in sorted(set(range(job.world_size)) - set(hellos)):
+                        if not self.alive(r):
+                            raise PeerError(f"rank {r} is gone (its listener closed) before "
+                                            "it joined", peer=r)
                 for key, _ in sel.select(timeout=min(remaining, 1.0)):
                     if key.fileobj is listener:
                         if len(pending) >= MAX_PENDING:  # make room: the oldest silent one goes
@@ -198,7 +209,9 @@ class ControlPlane:
                         self.peers[got[0]["rank"]] = sock
                         with contextlib.suppress(OSError):
                             where[got[0]["rank"]] = sock.getpeername()[0]
-        except BaseException:
+        except BaseException as err:
+            # those that said hello hear why (not a goodbye, which says all is well)
+            self.abort(f"rank 0 could not gather the job: {err}", getattr(err, "peer", None) or 0)
             self.close()
             raise
         finally:

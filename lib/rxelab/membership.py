@@ -49,6 +49,9 @@ CONNECT_S = 3.0  # a listener that has not answered a connection by then is take
 PROBE_EVERY_S = 1.0  # the coordinator looks again at the listeners of ranks not yet come
 READ_S = 2.0  # a connection to a listener must say what it wants within this long
 MAX_NEWCOMERS = 64  # per admit
+# makes the communicator of a job and generation on the seat's listener; alive(new rank) says
+# whether a member that has not come yet still lives
+Build = Callable[[JobInfo, int, Callable[[int], bool] | None], "Communicator"]
 GRACE_S = 0.3  # admit listens at least this long: newcomers queued before it say their join
 
 
@@ -94,8 +97,7 @@ def deadline_of(timeout: Any, default: float) -> float:
 
 
 # ---- shrink --------------------------------------------------------------------------------
-def shrink(seat: Seat, build: Callable[[JobInfo, int], Communicator], deadline: float,
-           quorum: str | int) -> Communicator:
+def shrink(seat: Seat, build: Build, deadline: float, quorum: str | int) -> Communicator:
     """The survivors' new communicator (see the module's docstring). `build` makes the
     communicator of a job and generation on the seat's listener; the seat's communicator is
     closed already."""
@@ -113,8 +115,10 @@ def shrink(seat: Seat, build: Callable[[JobInfo, int], Communicator], deadline: 
         seat.formed = {"how": "shrink", "members": decided,
                        "lost": [m for m in range(seat.job.world_size) if m not in decided],
                        "agree_s": agreed - started}
+        def alive(rank: int, decided: list[int] = decided) -> bool:
+            return answers(seat.directory[decided[rank]], deadline)
         try:
-            comm = build(job, generation + 1)
+            comm = build(job, generation + 1, alive)
         except PeerError as err:  # a member died while the mesh was built: agree again
             if time.monotonic() >= deadline:
                 raise PeerError(f"shrink: the new communicator of ranks {decided} could not be "
@@ -156,7 +160,8 @@ def ask(seat: Seat, candidate: int, generation: int, deadline: float) -> list[in
         try:
             wire.send(sock, {"type": "shrink", "rank": seat.job.rank, "generation": generation,
                              "token": seat.job.token})
-            reply = wire.recv(sock, deadline=deadline, peer=f"rank {candidate}")
+            # a little past our deadline: the coordinator's verdict at its own comes first
+            reply = wire.recv(sock, deadline=deadline + READ_S, peer=f"rank {candidate}")
         except (OSError, ProtocolError, PeerError) as err:
             if time.monotonic() >= deadline:
                 raise PeerError(f"shrink: rank {candidate} (the lowest rank whose listener "
