@@ -642,6 +642,7 @@ class Communicator:
         return comm
 
     def _seat(self) -> membership.Seat:
+        assert self.control.listener is not None, "an elastic communicator has a listener"
         return membership.Seat(self.job, self.control.listener, dict(self.control.directory),
                                self.control.generation, {**self.opened, **self.options})
 

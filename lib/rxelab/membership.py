@@ -141,10 +141,9 @@ def agree(seat: Seat, members: list[int], dead: set[int], generation: int, deadl
             continue
         while (decided := ask(seat, candidate, generation, deadline)) == "later":
             time.sleep(0.2)  # it is busy (admitting, say): it will come to the shrink
-        if decided is None:
-            dead.add(candidate)
-            continue
-        return decided, candidate
+        if isinstance(decided, list):
+            return decided, candidate
+        dead.add(candidate)
     raise AssertionError("a rank is always among the members it agrees with")  # pragma: no cover
 
 

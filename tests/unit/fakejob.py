@@ -57,6 +57,21 @@ def run_ranks(p: int, fn: Callable[[Any], Any], *, deadline: float = 60, seed: i
     return [results.get(r, errors.get(r)) for r in range(p)]
 
 
+_GATES: dict[int, threading.Barrier] = {}
+_GATES_LOCK = threading.Lock()
+
+
+def settle(comm: Any) -> None:
+    """A barrier every rank has passed before any of them goes on (to die, say): the job's
+    own barrier returns on a rank before rank 0's release reached the others, and a rank that
+    dies at once can be gone before another's barrier returns. The ranks are threads of one
+    process, so a threading barrier after the job's own one says they all passed it."""
+    comm.barrier()
+    with _GATES_LOCK:
+        gate = _GATES.setdefault(comm.job.master_port, threading.Barrier(comm.size))
+    gate.wait(30)
+
+
 def die(comm: Any) -> None:
     """This rank's process vanishes: sockets closed without a goodbye, QPs gone."""
     comm.control.stopping = True

@@ -138,7 +138,8 @@ def test_under_torchrun_the_store_port_is_left_to_torch():
 def hello(rank: int, world: int, token: str, eps: object = None) -> bytes:
     """A frame as a stranger writes it: by hand, not through our (validating) encoder."""
     body = json.dumps({"type": "hello", "rank": rank, "world_size": world, "host": "x",
-                       "token": token, "settings": {}, "endpoints": eps if eps is not None else
+                       "token": token, "settings": {}, "listen": 0, "generation": 0,
+                       "endpoints": eps if eps is not None else
                        {str(k): v for k, v in endpoints(rank, world).items()}}).encode()
     return wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(body)) + body
 

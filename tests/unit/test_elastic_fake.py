@@ -17,7 +17,7 @@ from rxelab import elastic, membership, wire
 from rxelab.comm import Communicator
 from rxelab.errors import ClosedError, ConfigError, PeerError
 
-from tests.unit.fakejob import die, run_ranks
+from tests.unit.fakejob import die, run_ranks, settle
 
 
 class Died(BaseException):
@@ -35,19 +35,6 @@ def checked_allreduce(comm: Communicator, ids: list[int], me: int) -> float:
     comm.allreduce(x, y)
     assert np.all(y == total(ids)), (y[0], ids)
     return float(y[0])
-
-
-GATES: dict[int, threading.Barrier] = {}
-GATES_LOCK = threading.Lock()
-
-
-def settle(comm: Communicator) -> None:
-    """Every rank has passed a barrier before any victim dies (threads of one process: a
-    threading barrier after the job's own one says so)."""
-    comm.barrier()
-    with GATES_LOCK:
-        gate = GATES.setdefault(comm.job.master_port, threading.Barrier(comm.size))
-    gate.wait(30)
 
 
 def until_failure(comm: Communicator) -> None:

@@ -15,7 +15,7 @@ from rxelab import settings
 from rxelab.errors import ClosedError, ConfigError, PeerError
 
 from infra.config import REPO
-from tests.unit.fakejob import die, run_ranks
+from tests.unit.fakejob import die, run_ranks, settle
 
 
 # ---- settings: one table -------------------------------------------------------------------
@@ -259,7 +259,7 @@ def test_peak_inflight_counts_eager_blocks_too():
 def test_a_peer_dying_during_a_barrier_is_named_at_once_on_every_rank():
     """Before: reported after the full timeout, blaming rank 0."""
     def job(comm):
-        comm.barrier()
+        settle(comm)
         if comm.rank == 2:
             die(comm)
             return None
@@ -306,7 +306,7 @@ def test_a_dead_peer_is_reported_while_rank_0_is_busy_elsewhere():
     watcher of every connection) had finished its part and was not in an RDMA wait, so rank 3
     waited the full timeout. Now rank 0's reader passes the death on at once."""
     def job(comm):
-        comm.barrier()
+        settle(comm)
         buf = np.zeros(4096, np.uint8)
         if comm.rank == 2:
             die(comm)

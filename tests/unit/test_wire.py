@@ -15,15 +15,17 @@ EP = {"qpn": 17, "psn": 123456, "gid": GID, "lid": 0}
 
 def hello(**over):
     msg = {"type": "hello", "rank": 1, "world_size": 3, "host": "node2", "token": "ab" * 32, "settings": {},
-           "endpoints": {"0": EP, "2": EP}}
+           "listen": 0, "generation": 0, "endpoints": {"0": EP, "2": EP}}
     msg.update(over)
     return msg
 
 
 def test_round_trip():
     assert wire.decode(wire.encode(hello())) == hello()
-    table = {"type": "table", "endpoints": {"0": EP, "2": EP}}
+    table = {"type": "table", "endpoints": {"0": EP, "2": EP}, "directory": {}}
     assert wire.decode(wire.encode(table)) == table
+    elastic = {**table, "directory": {"0": ["node1", 29500], "2": ["10.10.0.13", 40001]}}
+    assert wire.decode(wire.encode(elastic)) == elastic
 
 
 def frame(body: bytes, version=wire.VERSION, magic=wire.MAGIC, length=None):

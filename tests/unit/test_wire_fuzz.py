@@ -64,5 +64,6 @@ def test_messages_of_known_types_with_arbitrary_fields(kind, fields):
 def test_valid_hellos_round_trip(args):
     world, rank, eps = args
     hello = {"type": "hello", "rank": rank, "world_size": world, "host": "h", "token": "", "settings": {},
+             "listen": 0, "generation": 0,
              "endpoints": {str(p): eps[p] for p in range(world) if p != rank}}
     assert wire.decode(wire.encode(hello)) == hello
