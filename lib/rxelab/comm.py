@@ -802,15 +802,16 @@ def init(rank: int | None = None, world_size: int | None = None, master_addr: st
 
 
 def join(master_addr: str | None = None, master_port: int | None = None,
-         timeout: float = 600.0, **options: Any) -> Communicator:
+         wait: float = 600.0, **options: Any) -> Communicator:
     """A newcomer to a running elastic job: knock at its rendezvous (MASTER_ADDR/MASTER_PORT
     as for init, with the job's secret) until the job admits it (comm.admit() on its ranks),
-    then take the rank it is given in the job's new communicator. Bounded by timeout."""
+    then take the rank it is given in the job's new communicator. Bounded by `wait` seconds;
+    options are init()'s (timeout= is the communicator's, as there)."""
     if master_addr is None and not (os.environ.get("MASTER_ADDR")
                                     or os.environ.get("RXELAB_MASTER_ADDR")):
         raise ConfigError("join: no rendezvous address", hint="set MASTER_ADDR (the job's rank "
                                                                 "0 host) or pass master_addr=")
-    deadline = membership.deadline_of(timeout, 600.0)
+    deadline = membership.deadline_of(wait, 600.0, "wait")
     job = bootstrap.discover(0, 1, master_addr, master_port)
     settings.resolve({k: v for k, v in options.items()
                       if k not in ("device", "port", "gid_index", "elastic")})  # checked first

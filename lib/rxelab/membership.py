@@ -88,12 +88,12 @@ def check_quorum(quorum: Any, size: int) -> str | int:
                       f"from 1 to {size}")
 
 
-def deadline_of(timeout: Any, default: float) -> float:
-    if timeout is None:
+def deadline_of(seconds: Any, default: float, name: str = "timeout") -> float:
+    if seconds is None:
         return time.monotonic() + default
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 <= timeout <= 86400:
-        raise ConfigError(f"timeout={timeout!r} must be a number of seconds from 0 to 86400")
-    return time.monotonic() + float(timeout)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= 86400:
+        raise ConfigError(f"{name}={seconds!r} must be a number of seconds from 0 to 86400")
+    return time.monotonic() + float(seconds)
 
 
 # ---- shrink --------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ steps; every wait is bounded and says what it waited for."""
 
 from __future__ import annotations
 
+import json
 import random
 import socket
 import threading
@@ -276,7 +277,7 @@ def test_repeated_shrinks_and_a_shrink_without_a_death():
 def newcomer(port: int, results: dict, key: str, **options) -> threading.Thread:
     def run():
         try:
-            with rxelab.join("127.0.0.1", port, timeout=30, device="fake0", **options) as comm:
+            with rxelab.join("127.0.0.1", port, wait=30, device="fake0", **options) as comm:
                 me = 100 + int(key[-1])
                 ids = members_of(comm, me)
                 checked_allreduce(comm, ids, me)
@@ -326,7 +327,7 @@ def test_a_newcomer_without_the_secret_is_never_admitted(monkeypatch):
             with monkeypatch.context() as m:  # the stranger's own environment
                 m.setenv("RXELAB_JOB_TOKEN", "a guess")
                 with pytest.raises(PeerError) as err:
-                    rxelab.join("127.0.0.1", port, timeout=1.5, device="fake0")
+                    rxelab.join("127.0.0.1", port, wait=1.5, device="fake0")
                 results["stranger"] = str(err.value)
         comm.barrier()
         return comm.admit(timeout=0.5).size
@@ -341,7 +342,7 @@ def test_a_job_that_grew_can_shrink_again_even_losing_a_newcomer():
     def arrive(port: int, key: str, dies: bool) -> threading.Thread:
         def run():
             try:
-                comm = rxelab.join("127.0.0.1", port, timeout=30, device="fake0")
+                comm = rxelab.join("127.0.0.1", port, wait=30, device="fake0")
                 me = 100 + comm.rank
                 settle(comm)
                 if dies:
@@ -490,10 +491,10 @@ def test_the_loop_shares_step_and_state_with_newcomers_and_reports_every_change(
     def newcomer_loop(port: int) -> threading.Thread:
         def run():
             try:
-                comm = rxelab.join("127.0.0.1", port, timeout=30, device="fake0")
+                comm = rxelab.join("127.0.0.1", port, wait=30, device="fake0")
                 step, params, _ = training(100, {})
                 got: list = []
-                last = elastic.run(comm, step, 8, [params], admit_every=2, report=got.append)
+                last = elastic.run(comm, step, 8, [params], admit_every=4, report=got.append)
                 last.close()
                 joined["events"], joined["params"] = got, params.copy()
             except BaseException as err:  # reported to the test
@@ -509,13 +510,13 @@ def test_the_loop_shares_step_and_state_with_newcomers_and_reports_every_change(
         step, params, _ = training(me, {2: 5})
         mine: list = events.setdefault(me, [])
 
-        def knock_at_step_3(event):
+        def knock_early(event):
             mine.append(event)
-            if me == 0 and event["event"] == "step" and event["step"] == 2:
+            if me == 0 and event["event"] == "step" and event["step"] == 0:
                 threads.append(newcomer_loop(comm.rendezvous[1]))
         try:
-            last = elastic.run(comm, step, 8, [params], admit_every=2, admit_timeout=5,
-                               report=knock_at_step_3)
+            last = elastic.run(comm, step, 8, [params], admit_every=4, admit_timeout=20,
+                               report=knock_early)
         except Died:
             return None
         last.close()
@@ -546,3 +547,56 @@ def test_the_loop_checks_its_arguments():
         comm.barrier()
         return True
     assert run_ranks(2, job, elastic=True) == [True, True]
+
+
+def test_the_demo_app_trains_through_a_death_and_a_newcomer(monkeypatch, capsys):
+    """apps/elastic_train.py as the lab runs it, its ranks as threads: rank 3 of 5 dies at
+    step 4, a newcomer joins at step 6; every step is checked by the app, survivors end with
+    the same parameters, and the JSON lines tell the story."""
+    from apps import elastic_train
+    from pyverbs import _fabric
+
+    from tests.unit.fakejob import free_port
+
+    _fabric.FABRIC.reset(seed=1, max_delay=0.0002)
+    port, p = free_port(), 5
+    real_init, real_join = rxelab.init, rxelab.join
+    rank_of = {f"rank{r}": r for r in range(p)}
+    monkeypatch.setattr(rxelab, "init", lambda **kw: real_init(
+        rank_of[threading.current_thread().name], p, "127.0.0.1", port, device="fake0", **kw))
+    monkeypatch.setattr(rxelab, "join", lambda **kw: real_join(
+        "127.0.0.1", port, device="fake0", **kw))
+
+    def dies(comm):
+        die(comm)
+        raise Died()
+    monkeypatch.setattr(elastic_train, "die", dies)
+    codes: dict[str, Any] = {}
+    common = ["--steps", "10", "--size", "4096", "--admit-every", "6", "--admit-timeout", "20",
+              "--timeout", "20"]
+
+    def start(name: str, argv: list[str]) -> threading.Thread:
+        def run():
+            try:
+                codes[name] = elastic_train.main(argv)
+            except Died:
+                codes[name] = "died"
+            except BaseException as err:  # reported to the test
+                codes[name] = err
+        t = threading.Thread(target=run, name=name, daemon=True)
+        t.start()
+        return t
+    threads = [start(f"rank{r}", [*common, "--victim", "3", "--die-at", "4"]) for r in range(p)]
+    threads.append(start("new", ["--join", "--join-timeout", "30", "--size", "4096", "--steps",
+                                 "10", "--admit-every", "6", "--timeout", "20"]))
+    for t in threads:
+        t.join(90)
+    assert codes == {"rank0": 0, "rank1": 0, "rank2": 0, "rank3": "died", "rank4": 0, "new": 0}
+    events = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    done = [e for e in events if e["event"] == "done"]
+    assert len(done) == 5 and len({e["params"] for e in done}) == 1, done
+    assert all(e["size"] == 5 for e in done), "4 survivors and the newcomer"
+    kinds = {e["event"] for e in events}
+    assert {"start", "dying", "shrink", "admit", "joined", "step", "done"} <= kinds
+    steps = [e["step"] for e in events if e["event"] == "step"]
+    assert sorted(set(steps)) == list(range(10))
