@@ -553,9 +553,9 @@ def test_the_demo_app_trains_through_a_death_and_a_newcomer(monkeypatch, capsys)
     """apps/elastic_train.py as the lab runs it, its ranks as threads: rank 3 of 5 dies at
     step 4, a newcomer joins at step 6; every step is checked by the app, survivors end with
     the same parameters, and the JSON lines tell the story."""
-    from apps import elastic_train
     from pyverbs import _fabric
 
+    from apps import elastic_train
     from tests.unit.fakejob import free_port
 
     _fabric.FABRIC.reset(seed=1, max_delay=0.0002)
