@@ -9,6 +9,12 @@ shows command lines to every user of a host).
 Ranks are placed host by host; rank 0 runs on the first host, which is also the rendezvous.
 A host that is this machine runs its ranks directly, without SSH.
 
+Elastic jobs (rxelab.init(elastic=True)): with --elastic a rank that ends badly does not end
+the job (the others shrink and go on), and the job ends well if any rank did. Newcomers are
+started by another launcher with --join --master HOST (the job's first host): they get
+MASTER_ADDR and MASTER_PORT but no rank. Both launchers then need the same secret:
+--secret-file names a file only its owner can read that holds it.
+
 No rank outlives its launcher. Each rank runs under a small shell guard that reads a pipe from
 the launcher on its standard input: when the launcher ends - normally, on SIGTERM, SIGHUP or
 SIGINT, at its --timeout, or killed outright - or the SSH connection drops, the pipe closes
@@ -28,6 +34,9 @@ import sys
 import threading
 import time
 from typing import Any
+
+from rxelab.bootstrap import job_secret
+from rxelab.errors import ConfigError
 
 LOCAL_NAMES = {"localhost", "127.0.0.1"}
 GRACE = 5  # seconds between TERM and KILL
@@ -83,6 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-host", type=int, default=1, help="ranks per host (default 1)")
     ap.add_argument("--port", type=int, default=29500, help="rendezvous port on the first host")
     ap.add_argument("--timeout", type=float, default=600, help="seconds before the job is stopped")
+    ap.add_argument("--elastic", action="store_true",
+                    help="a rank that fails does not end the job (the others shrink and go on)")
+    ap.add_argument("--join", action="store_true",
+                    help="start newcomers to the running job at --master (no ranks: the job "
+                         "admits them)")
+    ap.add_argument("--master", default="", help="--join: the job's rendezvous host")
+    ap.add_argument("--secret-file", default="",
+                    help="the job's secret, from a file only its owner can read (default: a "
+                         "new random one)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program and its arguments")
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -92,7 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.port <= 65535:
         ap.error(f"--port {args.port} is outside 1..65535")
     world = len(hosts) * args.per_host
-    token = secrets.token_hex(16)
+    if args.join and not (args.master and args.secret_file):
+        ap.error("--join needs --master (the job's first host) and --secret-file (its secret)")
+    if args.secret_file:
+        try:
+            token, _ = job_secret({"RXELAB_JOB_TOKEN_FILE": args.secret_file})
+        except ConfigError as err:
+            ap.error(str(err))
+    else:
+        token = secrets.token_hex(16)
     # passed on as they are: where the library is, and the id by which an experiment's
     # clean-up finds the processes it started
     forwarded = {k: os.environ[k] for k in ("PYTHONPATH", "RXELAB_RUN_ID") if os.environ.get(k)}
@@ -112,9 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         for rank in range(world):
-            env = {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": hosts[0],
-                   "MASTER_PORT": str(args.port), "LOCAL_RANK": str(rank % args.per_host),
-                   **forwarded}
+            env = ({"MASTER_ADDR": args.master, "MASTER_PORT": str(args.port), **forwarded}
+                   if args.join else
+                   {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": hosts[0],
+                    "MASTER_PORT": str(args.port), "LOCAL_RANK": str(rank % args.per_host),
+                    **forwarded})
             # stdin: the secret, then a pipe nobody writes to; its end is the guard's signal
             # to stop the rank
             proc = subprocess.Popen(rank_argv(hosts[rank // args.per_host], env, command),
@@ -140,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         deadline = time.monotonic() + args.timeout
         while any(p.poll() is None for p in procs):
             failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-            if failed and status == 0:
+            if failed and status == 0 and not args.elastic:
                 status = failed[0]
                 deadline = min(deadline, time.monotonic() + 90)  # the rest notice and end
             if time.monotonic() > deadline:
@@ -162,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         _stop_all(procs)
         for t in pumps:
             t.join(timeout=5)
+    if status == 0 and args.elastic and any(p.returncode == 0 for p in procs):
+        return 0  # the survivors finished: those that died or stopped were the job's to lose
     if status == 0:
         status = next((p.returncode for p in procs if p.returncode), 0)
     return status

@@ -120,3 +120,39 @@ def test_a_second_signal_during_the_stop_does_not_interrupt_the_clean_up(tmp_pat
     assert p.returncode == status, out
     assert "Traceback" not in out and "stopping every rank" in out, out
     assert wait_gone(pids) == []
+
+
+def test_an_elastic_job_goes_on_past_a_failed_rank_and_ends_well_if_any_rank_did(tmp_path, cleanup):
+    """Without --elastic the first failure ends the job (the rest within 90 s); with it, rank
+    1's failure leaves rank 0 running to its own end, and the job's status is a success."""
+    p = launcher(tmp_path, "--elastic", "--hosts", "localhost,127.0.0.1",
+                 command="if [ $RANK = 1 ]; then exit 3; fi; sleep 2; echo survived; exit 0")
+    cleanup.append(p)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0 and "[0] survived" in out, out
+    p = launcher(tmp_path, "--elastic", "--hosts", "localhost,127.0.0.1", command="exit 3")
+    cleanup.append(p)
+    p.communicate(timeout=60)
+    assert p.returncode == 3, "nobody finished: the failure is the job's"
+
+
+def test_newcomers_get_the_rendezvous_and_the_job_s_secret_from_a_private_file(tmp_path, cleanup):
+    secret = tmp_path / "secret"
+    secret.write_text("the job's secret\n")
+    secret.chmod(0o600)
+    p = launcher(tmp_path, "--join", "--master", "node1", "--port", "29611", "--secret-file",
+                 str(secret), "--hosts", "localhost",
+                 command="echo master=$MASTER_ADDR:$MASTER_PORT rank=${{RANK-none}} "
+                         "token=$RXELAB_JOB_TOKEN")
+    cleanup.append(p)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0 and "master=node1:29611 rank=none token=the job's secret" in out, out
+    secret.chmod(0o644)
+    p = launcher(tmp_path, "--secret-file", str(secret), "--hosts", "localhost", command="true")
+    cleanup.append(p)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 2 and "readable by others" in out, out
+    p = launcher(tmp_path, "--join", "--hosts", "localhost", command="true")
+    cleanup.append(p)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 2 and "--master" in out, out
