@@ -17,7 +17,7 @@ import paramiko
 from fabric import task
 from invoke.exceptions import CommandTimedOut, Exit
 
-from experiments import fleet, runner
+from experiments import elastic_report, fleet, runner
 from experiments import report as report_mod
 from experiments import spec as spec_mod
 from infra import inventory as inventory_mod
@@ -95,7 +95,8 @@ def run_experiment(c, spec="smoke", inventory=None, results=None, accept_new_hos
         lab = LabState(lab_state) if lab_state else None
         lab_mtu = lab.load_config().mtu if lab and lab.config_file.exists() else None
         run = runner.Runner(chosen, inv, Path(results) if results else RESULTS, lab_mtu=lab_mtu)
-        print(f"{chosen.name}: {len(chosen.cases())} cases -> {run.dir}")
+        print(f"{chosen.name}: " + ("an elastic scenario" if chosen.elastic else
+                                    f"{len(chosen.cases())} cases") + f" -> {run.dir}")
         out = run.run(env)
     except KeyboardInterrupt:
         raise Exit("interrupted: partial results kept (marked incomplete); nothing left running",
@@ -107,6 +108,11 @@ def run_experiment(c, spec="smoke", inventory=None, results=None, accept_new_hos
     except OSError as err:  # e.g. a full disk while writing the results
         raise Exit(f"error: {err}; partial results are kept", code=1) from None
     records = report_mod.load(out)[1]
+    if chosen.elastic:
+        wrong = elastic_report.problems(elastic_report.load(out))
+        print(f"results: {out}" + (f" ({'; '.join(wrong)})" if wrong else ""))
+        if wrong:
+            raise Exit("the elastic scenario did not end well: " + "; ".join(wrong), code=1)
     bad = [r for r in records if r["status"] != "ok"]
     print(f"results: {out} ({len(records) - len(bad)}/{len(records)} cases ok)")
     # Wrong data is always a failure; a case that fails or runs out of time on an impaired

@@ -1,11 +1,11 @@
 """Elastic data-parallel training on numpy: every step each rank makes a gradient (a float32
 vector of --size bytes), the ranks allreduce it, average it and update their parameters. A rank
-that dies (--victim R --die-at K: rank R kills itself with SIGKILL at step K, as kill -9 would)
+that dies (--kill K:R: rank R kills itself with SIGKILL at step K, as kill -9 would)
 or a node that drops off the network leaves the others going on, shrunk (rxelab.elastic); every
 --admit-every steps the job lets in newcomers (this app started with --join).
 
     python3 -m rxelab.launch --elastic --hosts node1,node2,node3 --per-host 2 -- \\
-        python3 apps/elastic_train.py --steps 60 --admit-every 5 --victim 3 --die-at 10
+        python3 apps/elastic_train.py --steps 60 --admit-every 5 --kill 10:3
     MASTER_ADDR=node1 RXELAB_JOB_TOKEN_FILE=... python3 apps/elastic_train.py --join
 
 Every step's allreduce is checked against the sum over the ranks alive in that step (each
@@ -51,14 +51,17 @@ def arguments() -> argparse.ArgumentParser:
                     help="seconds an admit waits for a newcomer (default 0: those waiting)")
     ap.add_argument("--quorum", default="majority",
                     help="who may go on after a death: majority (default), any, or a number")
-    ap.add_argument("--victim", type=int, default=-1, help="the rank that dies (--die-at)")
-    ap.add_argument("--die-at", type=int, default=-1, help="the step at which --victim dies")
+    ap.add_argument("--kill", action="append", default=[], metavar="STEP:RANK",
+                    help="rank RANK (its first number) dies at step STEP, as kill -9 would "
+                         "(repeatable)")
     ap.add_argument("--join", action="store_true",
                     help="a newcomer: join the running job at MASTER_ADDR/MASTER_PORT")
     ap.add_argument("--join-timeout", type=float, default=300,
                     help="seconds a newcomer waits to be admitted (default 300)")
     ap.add_argument("--pause", type=float, default=0.0,
                     help="seconds of computation each step (sleep; default 0)")
+    ap.add_argument("--mpi", action="store_true",
+                    help="the same loop with mpi4py (under mpirun): a death ends the job")
     settings.add_flags(ap, ("timeout",))
     return ap
 
@@ -72,6 +75,12 @@ def check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> str | int:
         ap.error("--admit-every must be >= 0 and --admit-timeout 0..3600")
     if not 0 <= args.pause <= 60:
         ap.error("--pause must be 0..60 seconds")
+    try:
+        args.kill = {int(r): int(k) for k, _, r in (x.partition(":") for x in args.kill)}
+    except ValueError:
+        ap.error("--kill takes STEP:RANK, whole numbers")
+    if any(k < 0 or r < 0 for r, k in args.kill.items()):
+        ap.error("--kill takes STEP:RANK, whole numbers >= 0")
     if args.quorum in ("majority", "any"):
         return str(args.quorum)
     if args.quorum.isdigit() and int(args.quorum) >= 1:
@@ -95,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     quorum = check(ap, args)
     n = args.size // 4
+    if args.mpi:
+        return mpi_loop(args, n)
     options = settings.from_flags(args)
     started = time.monotonic()
     try:
@@ -114,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     seen: dict[str, Any] = {"comm": None, "ids": []}
 
     def step(c: rxelab.comm.Communicator, k: int) -> None:
-        if k == args.die_at and identity == args.victim:
+        if args.kill.get(identity) == k:
             say(event="dying", id=identity, step=k)
             die(c)
         if c is not seen["comm"]:  # who is in this communicator, by id
@@ -153,6 +164,39 @@ def main(argv: list[str] | None = None) -> int:
         say(event="done", id=identity, rank=last.rank, size=last.size, steps=args.steps,
             params=hashlib.sha256(params.tobytes()).hexdigest()[:16],
             seconds=time.monotonic() - started)
+    return 0
+
+
+def mpi_loop(args: argparse.Namespace, n: int) -> int:
+    """Open MPI's side of the comparison: the same steps and checks; a death ends the job
+    (MPI_ERRORS_ARE_FATAL), which is what this loop is there to show."""
+    started = time.monotonic()
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    identity, size = comm.Get_rank(), comm.Get_size()
+    say(event="start", id=identity, rank=identity, size=size, pid=os.getpid(),
+        host=os.uname().nodename, init_s=time.monotonic() - started)
+    params = np.zeros(n, np.float32)
+    total = np.empty(n, np.float32)
+    for k in range(args.steps):
+        begun = time.monotonic()
+        if args.kill.get(identity) == k:
+            say(event="dying", id=identity, step=k)
+            die(comm)
+        if args.pause:
+            time.sleep(args.pause)
+        comm.Allreduce(gradient(identity, k, n), total, op=MPI.SUM)
+        expected = sum(float(gradient(i, k, 1)[0]) for i in range(size))
+        if not np.all(total == expected):
+            say(event="wrong", id=identity, error=f"step {k}: {total[0]} != {expected}")
+            return 1
+        params[:] -= np.float32(LEARNING_RATE) * (total / np.float32(size))
+        if identity == 0:
+            say(event="step", id=identity, step=k, size=size, seconds=time.monotonic() - begun)
+    say(event="done", id=identity, rank=identity, size=size, steps=args.steps,
+        params=hashlib.sha256(params.tobytes()).hexdigest()[:16],
+        seconds=time.monotonic() - started)
     return 0
 
 

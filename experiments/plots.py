@@ -261,3 +261,35 @@ def load_over_time(records: list[Row], loads: list[Row],
 
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text).strip("-").replace("--", "-")
+
+
+def elastic_steps(records: list[Row], changes: list[list[Row]]) -> bytes | None:
+    """Time per step over the run (seconds since each job started), one line per contender,
+    with each change of members marked where it happened."""
+    if not any(r["events"] for r in records):
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4))
+    colors = {"kill": "red", "partition": "purple", "join": "green"}
+    for rec, marks in zip(records, changes, strict=True):
+        steps = [e for e in rec["events"] if e["event"] == "step"]
+        if not steps:
+            continue
+        t0 = rec["started"]
+        ax.plot([e["arrived"] - t0 for e in steps], [e["seconds"] * 1000 for e in steps],
+                marker=".", linestyle="-" if rec["contender"] == "rxelab" else "--",
+                label=f"{rec['contender']} (step time)")
+        for e in rec["events"]:
+            if rec["contender"] != "rxelab" and e["event"] == "dying":
+                ax.axvline(e["arrived"] - t0, color="red", linestyle=":", alpha=0.6)
+        if rec["contender"] != "rxelab" and isinstance(rec.get("ended"), float):
+            ax.axvline(rec["ended"] - t0, color="black", linestyle="--", alpha=0.6,
+                       label=f"{rec['contender']} job ended")
+        for c in marks:
+            ax.axvline(c["time"] - t0, color=colors.get(c["kind"], "grey"), alpha=0.6,
+                       label=f"{c['kind']} {c['who']} (step {c['step']})")
+    ax.set_xlabel("seconds since the job started (host clock)")
+    ax.set_ylabel("ms per step (rank 0)")
+    ax.set_title("Elastic training: time per step, and what happened")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _png(fig)

@@ -16,7 +16,7 @@ from typing import Any
 
 from rxelab import ops
 
-from experiments import counters, netem, plots
+from experiments import counters, elastic_report, netem, plots
 from experiments.spec import contender, ranks
 
 EMULATION_NOTE = ("Absolute numbers here come from VMs under emulation (TCG) and are not hardware "
@@ -464,6 +464,12 @@ def write(results: Path) -> tuple[Path, Path]:
     link_share(flat, rate)
     images = figures(flat, records, loads)
     summary = summary_lines(flat, records, loads)
+    scenario = elastic_report.load(results)
+    if scenario:
+        summary = [*elastic_report.summary_lines(scenario), *summary[1:]]
+        if (png := elastic_report.figure(scenario)) is not None:
+            images = {"elastic.png": png, **images}
+    el_head, el_rows = elastic_report.table(scenario)
     perf = [r for r in records if r["app"] == "perftest" and r.get("summary")]
     title = f"rxelab report: {_text(env.get('spec')) or results.name}"
     fact_lines = facts(env, results) + ([rate_note] if rate_note else [])
@@ -475,11 +481,17 @@ def write(results: Path) -> tuple[Path, Path]:
     # Markdown
     md = [f"# {_md(title)}", "", *([f"> {_md(note)}", ""] if note else []),
           *[f"- {_md(f)}" for f in fact_lines], "",
-          "## Summary", "", *[f"- {x}" for x in summary], "", "## Collectives", "",
-          _md(mpi_note), "",
-          "| " + " | ".join(h for _, h in TABLE_COLS) + " |",
-          "|" + "---|" * len(TABLE_COLS)]
-    md += ["| " + " | ".join(_fmt(r[k]) for k, _ in TABLE_COLS) + " |" for r in flat]
+          "## Summary", "", *[f"- {x}" for x in summary], ""]
+    if el_rows:
+        md += ["## Changes of members", "", "| " + " | ".join(el_head) + " |",
+               "|" + "---|" * len(el_head)]
+        md += ["| " + " | ".join(_md(c) for c in row) + " |" for row in el_rows]
+        md.append("")
+    if flat:
+        md += ["## Collectives", "", _md(mpi_note), "",
+               "| " + " | ".join(h for _, h in TABLE_COLS) + " |",
+               "|" + "---|" * len(TABLE_COLS)]
+        md += ["| " + " | ".join(_fmt(r[k]) for k, _ in TABLE_COLS) + " |" for r in flat]
     if seed_rows:
         md += ["", "## Stages (total seconds)", "",
                "| run | " + " | ".join(f"{n} stages" for n in counts) + " |",
@@ -501,13 +513,19 @@ def write(results: Path) -> tuple[Path, Path]:
              f"<h1>{esc(title)}</h1>" + (f"<p class='note'>{esc(note)}</p>" if note else "") + "<ul>",
              *[f"<li>{esc(f)}</li>" for f in fact_lines], "</ul><h2>Summary</h2><ul>",
              *[f"<li>{esc(x)}</li>" for x in summary], "</ul>"]
-    first = [n for n in ("stages.png", "loss.png", "pairs.png") if n in images]
+    first = [n for n in ("elastic.png", "stages.png", "loss.png", "pairs.png") if n in images]
     parts += [_img(n, images[n]) for n in first]  # the answer first, as a picture
-    parts += ["<h2>Collectives</h2>", f"<p>{esc(mpi_note)}</p><div class='wide'><table><tr>",
-              *[f"<th>{esc(h)}</th>" for _, h in TABLE_COLS], "</tr>"]
-    parts += ["<tr>" + "".join(f"<td>{esc(_fmt(r[k]))}</td>" for k, _ in TABLE_COLS) + "</tr>"
-              for r in flat]
-    parts.append("</table></div>")
+    if el_rows:
+        parts += ["<h2>Changes of members</h2><div class='wide'><table><tr>",
+                  *[f"<th>{esc(h)}</th>" for h in el_head], "</tr>"]
+        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in el_rows]
+        parts.append("</table></div>")
+    if flat:
+        parts += ["<h2>Collectives</h2>", f"<p>{esc(mpi_note)}</p><div class='wide'><table><tr>",
+                  *[f"<th>{esc(h)}</th>" for _, h in TABLE_COLS], "</tr>"]
+        parts += ["<tr>" + "".join(f"<td>{esc(_fmt(r[k]))}</td>" for k, _ in TABLE_COLS)
+                  + "</tr>" for r in flat]
+        parts.append("</table></div>")
     if seed_rows:
         parts.append("<h2>Stages (total seconds)</h2><table><tr><th>run</th>"
                      + "".join(f"<th>{n} stages</th>" for n in counts) + "</tr>")

@@ -29,7 +29,7 @@ from typing import Any
 from invoke.exceptions import CommandTimedOut
 
 from apps.stages import parse_output
-from experiments import commands, counters, fleet, netem
+from experiments import commands, counters, elastic, fleet, netem
 from experiments.commands import TIMED_OUT, case_timeout
 from experiments.spec import Spec, contender
 from infra.inventory import Host, Inventory
@@ -53,6 +53,8 @@ class Runner:
         self.original_mtu: dict[str, int] = {}  # per node, as found before the first change
         self.netem_on: set[str] = set()  # nodes that carry our impairment right now
         self.netdevs: dict[str, str] = {}  # per node: the NIC behind its RDMA device
+        self.inets: dict[str, list[str]] = {}  # per node: that NIC's addresses, as found
+        self.links_down: dict[str, list[str]] = {}  # nodes whose data NIC we took down
         self.network = ""  # the data network as Open MPI's if_include takes it
         self.connections: dict[str, Any] = {}  # one SSH connection per node for the whole run
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -81,6 +83,11 @@ class Runner:
                          rdma_devices={h.name: h.rdma.device for h in self.hosts})
             with open(self.dir / "records.jsonl", "x") as records, \
                     open(self.dir / "load.jsonl", "x") as loads:
+                if self.spec.elastic is not None:
+                    with open(self.dir / "elastic.jsonl", "x") as out:
+                        for record in elastic.Scenario(self).run():
+                            out.write(json.dumps(record) + "\n")
+                            out.flush()
                 for rnd, i, case in self._order(cases):
                     self.say(f"[{i + 1}/{len(cases)}"
                              + (f", round {rnd + 1}/{self.spec.rounds}" if self.spec.rounds > 1 else "")
@@ -124,6 +131,7 @@ class Runner:
                                 f"{h.rdma.port} GID {h.rdma.gid_index} carries {h.data_ip}")
                 continue
             self.netdevs[h.name] = got["netdev"]
+            self.inets[h.name] = list(got.get("inet", []))
             networks.append(net)
         if problems:
             raise fleet.FleetError("cannot find the data network: " + "; ".join(problems))
@@ -155,10 +163,13 @@ class Runner:
         def undo(h: Host) -> str:
             restore = commands.restore_command(h, self.original_mtu.get(h.name), self.run_id,
                                                h.name in self.netem_on)
+            if h.name in self.links_down:  # first: the NIC we took down comes back up
+                restore = f"{elastic.heal_command(h, self.links_down[h.name])}; {restore}"
             return (f"{commands.stop_command(self.run_id, self.run_id + '-load')}; {restore}; "
                     f"rm -rf {self.remote_dir}")
-        self._on_hosts(self.hosts, undo, timeout=60)
+        self._on_hosts(self.hosts, undo, timeout=60 + elastic.HEAL_S)
         self.netem_on.clear()
+        self.links_down.clear()
 
     def _prepare(self, hosts: list[Host], case: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if any(case["netem"].values()):

@@ -29,6 +29,24 @@
 An rxelab run also takes every option of init() (rxelab.settings), under its own name:
 {options}
 
+Instead of [[runs]], a spec may describe one elastic scenario (apps/elastic_train.py under
+rxelab, then the same loop under Open MPI over UCX; experiments/elastic.py):
+
+    [elastic]
+    nodes = 3                 # 2..64
+    ranks_per_node = 2        # 1..8
+    steps = 40                # training steps, 2..100000
+    size = 65536              # gradient bytes (float32), a multiple of 4, 4..1 GiB
+    admit_every = 5           # newcomers are let in every N steps, 1..100000
+    pause = 0.05              # seconds of computation per step, 0..10
+    timeout_s = 900           # the scenario's deadline, 10..604800
+    mpi = true                # also run Open MPI's loop with the same kill (its abort)
+    events = [                # 1..16, each at a step, in order, one action each:
+      {step = 10, kill = 3},          # rank 3 (its first number) dies as kill -9 would
+      {step = 20, partition = 3},     # node 3's data NIC goes down (back up afterwards)
+      {step = 30, join = 1},          # a newcomer starts on node 1 and joins
+    ]
+
 A list-valued key (nodes, sizes, algorithms, tools, transport, netem, mtu, pairs) holds 1 to 64
 values and makes one case per value. Numbers are whole numbers (not true/false, not 1.0). An
 unknown key or an impossible value is an error that names the file, the run and the key; the
@@ -51,6 +69,7 @@ from pydantic import (
     ValidationInfo,
     create_model,
     field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
@@ -134,12 +153,15 @@ class Spec:
     runs: tuple[Run, ...]
     source: str
     rounds: int = 1
+    elastic: dict[str, Any] | None = None  # the elastic scenario, instead of runs
 
     def cases(self) -> list[dict[str, Any]]:
         return [c for r in self.runs for c in r.cases()]
 
     @property
     def max_nodes(self) -> int:
+        if self.elastic is not None:
+            return int(self.elastic["nodes"])
         return max(n for r in self.runs for n in r.nodes)
 
 
@@ -306,6 +328,58 @@ def _option(o: library.Option) -> Any:
                                          description=f"must be a number from {o.low} to {o.high}")]
 
 
+def _span(low: int | float, high: int | float, whole: bool = True) -> Any:
+    kind = "a whole number" if whole else "a number"
+    return Annotated[int if whole else float, Field(ge=low, le=high, description=(
+        f"must be from {low} to {high} ({kind})"))]
+
+
+class _Event(_Strict):
+    step: _span(1, 100_000)
+    kill: _span(0, 64 * 8 - 1) | None = None
+    partition: _span(1, 64) | None = None
+    join: _span(1, 64) | None = None
+
+    @model_validator(mode="after")
+    def _one_action(self) -> "_Event":
+        if sum(x is not None for x in (self.kill, self.partition, self.join)) != 1:
+            raise _bad("an event does one thing: kill = rank, partition = node or join = node")
+        return self
+
+
+class _ElasticDoc(_Strict):
+    nodes: _span(2, 64) = 3
+    ranks_per_node: _span(1, 8) = 2
+    steps: _span(2, 100_000) = 40
+    size: _span(4, 1 << 30) = 65536
+    admit_every: _span(1, 100_000) = 5
+    pause: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False,
+                                  description="must be from 0 to 10 seconds")] = 0.0
+    timeout_s: _span(10, 604_800) = 900
+    mpi: Annotated[bool, Field(strict=True, description="must be true or false")] = True
+    events: Annotated[list[_Event], Field(min_length=1, max_length=16, description=(
+        "must be a list of 1 to 16 events"))]
+
+    @model_validator(mode="after")
+    def _possible(self) -> "_ElasticDoc":
+        if self.size % 4:
+            raise _bad("size must be a multiple of 4 (float32)")
+        ranks = self.nodes * self.ranks_per_node
+        steps = [e.step for e in self.events]
+        if steps != sorted(steps) or steps[-1] >= self.steps:
+            raise _bad(f"events must come in order of their steps, all before step {self.steps}")
+        for e in self.events:
+            if e.kill is not None and not 0 < e.kill < ranks:
+                raise _bad(f"kill = {e.kill}: a rank from 1 to {ranks - 1} (rank 0 is the "
+                           "newcomers' rendezvous)")
+            node = e.partition if e.partition is not None else e.join
+            if node is not None and not (1 < node <= self.nodes if e.partition else
+                                         1 <= node <= self.nodes):
+                raise _bad(f"node {node}: from {2 if e.partition else 1} to {self.nodes} "
+                           "(node 1 holds rank 0, the newcomers' rendezvous)")
+        return self
+
+
 _RunDoc = create_model("_RunDoc", __base__=_RunFields,
                        **{o.name: (_option(o), None) for o in library.OPTIONS})
 
@@ -317,7 +391,15 @@ class _SpecDoc(_Strict):
     description: Annotated[str, Field(max_length=2000, description=(
         "must be text of at most 2000 characters"))] = ""
     rounds: _whole("rounds") = 1
-    runs: _list(_RunDoc, f"must be a non-empty list of at most {MAX_ENTRIES} [[runs]] tables")
+    runs: _list(_RunDoc, f"must be a non-empty list of at most {MAX_ENTRIES} [[runs]] tables",
+                optional=True) = None
+    elastic: _ElasticDoc | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "_SpecDoc":
+        if (self.runs is None) == (self.elastic is None):
+            raise _bad("a spec has either [[runs]] or one [elastic] table")
+        return self
 
 
 KEYS = set(_RunDoc.model_fields)
@@ -325,7 +407,10 @@ KEYS = set(_RunDoc.model_fields)
 
 def _where(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
     """Which part of the document an error is about: a list of numbers or names is one field
-    (runs[0].sizes), a run and an impairment are each their own (runs[1], runs[1].netem[2])."""
+    (runs[0].sizes), a run and an impairment are each their own (runs[1], runs[1].netem[2]),
+    and so is an elastic event's field (elastic.events[0].kill)."""
+    if loc[:1] == ("elastic",):
+        return loc[:4]
     return loc[:4] if loc[2:3] == ("netem",) else loc[:3]
 
 
@@ -333,6 +418,9 @@ def _field(where: tuple[str | int, ...]) -> FieldInfo:
     """The model field an error is about; the document or a run is a table, not a field."""
     if len(where) == 1:
         return _SpecDoc.model_fields[str(where[0])]
+    if where[0] == "elastic":
+        return (_ElasticDoc.model_fields[str(where[1])] if len(where) == 2 else
+                _Event.model_fields[str(where[3])] if len(where) == 4 else FieldInfo())
     return _RunDoc.model_fields[str(where[2])] if len(where) > 2 else FieldInfo()
 
 
@@ -382,8 +470,9 @@ def parse(doc: dict[str, Any], source: str = "spec") -> Spec:
     except ValidationError as err:
         problems = _listing([_problem(e, doc) for e in err.errors(include_url=False)])
         raise SpecError(f"{source} is not a valid experiment spec:\n  {problems}") from None
-    return Spec(checked.name, checked.description, tuple(_run(r) for r in checked.runs), source,
-                checked.rounds)
+    return Spec(checked.name, checked.description, tuple(_run(r) for r in checked.runs or ()),
+                source, checked.rounds,
+                checked.elastic.model_dump(exclude_none=True) if checked.elastic else None)
 
 
 # --- the file ------------------------------------------------------------------------------

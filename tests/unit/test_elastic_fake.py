@@ -586,7 +586,7 @@ def test_the_demo_app_trains_through_a_death_and_a_newcomer(monkeypatch, capsys)
         t = threading.Thread(target=run, name=name, daemon=True)
         t.start()
         return t
-    threads = [start(f"rank{r}", [*common, "--victim", "3", "--die-at", "4"]) for r in range(p)]
+    threads = [start(f"rank{r}", [*common, "--kill", "4:3"]) for r in range(p)]
     threads.append(start("new", ["--join", "--join-timeout", "30", "--size", "4096", "--steps",
                                  "10", "--admit-every", "6", "--timeout", "20"]))
     for t in threads:

@@ -1,0 +1,272 @@
+"""The elastic scenario of a spec's [elastic] table: apps/elastic_train.py trains under our
+launcher while ranks die (the app's --kill: SIGKILL at a step, exact), a node drops off the
+data network (its data NIC down, from outside) and a newcomer joins (another launcher with
+--join); then Open MPI over UCX runs the same loop with the same kills, to show what a job
+without shrink does. The run watches each job's output as it comes (the step it has reached
+triggers the outside events) and keeps every JSON line with the host's time of arrival, so
+intervals across nodes are measured on one clock.
+
+Everything touches only what the run made: the processes carry its id, the secret file lives
+in its run directory, and a NIC it took down is brought back up (with its address, and its
+RDMA port ACTIVE again) by the run's clean-up too.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from typing import Any
+
+from experiments import commands, fleet
+from experiments.commands import RUN_ID, remote_word, started_by
+from infra.inventory import Host
+
+PORT = 29650  # the job's rendezvous on the first node
+POLL_S = 0.2
+HEAL_S = 60  # a NIC brought back up must have its address and its RDMA port within this
+LOOK_S = 2.0  # how often a partitioned node is looked at (over its management network)
+PARTITION_MAX_S = 180  # a partitioned node whose ranks have not ended by then is healed anyway
+
+
+def kills(el: dict[str, Any]) -> list[str]:
+    return [f"{e['step']}:{e['kill']}" for e in el["events"] if "kill" in e]
+
+
+def app_argv(el: dict[str, Any], *extra: str) -> list[str]:
+    p = fleet.remote_paths()
+    return ["python3", f"{p['apps']}/elastic_train.py", "--steps", str(el["steps"]),
+            "--size", str(el["size"]), "--admit-every", str(el["admit_every"]),
+            "--pause", f"{el['pause']:g}", *[a for k in kills(el) for a in ("--kill", k)], *extra]
+
+
+def launcher(hosts_arg: list[str], secret: str, timeout: float, *extra: str) -> list[str]:
+    return ["python3", "-m", "rxelab.launch", "--hosts", ",".join(hosts_arg), "--port", str(PORT),
+            "--timeout", f"{timeout:.0f}", "--secret-file", secret, *extra]
+
+
+def job_command(el: dict[str, Any], hosts: list[Host], run_id: str, secret: str) -> str:
+    p = fleet.remote_paths()
+    argv = [*launcher([h.data_ip for h in hosts], secret, el["timeout_s"], "--elastic",
+                      "--per-host", str(el["ranks_per_node"])), "--", *app_argv(el)]
+    return started_by(run_id) + remote_word(f"PYTHONPATH={p['lib']}") + " " + _join(argv)
+
+
+def newcomer_command(el: dict[str, Any], host: Host, head: Host, run_id: str, secret: str) -> str:
+    p = fleet.remote_paths()
+    argv = [*launcher([host.data_ip], secret, el["timeout_s"], "--join", "--master", head.data_ip),
+            "--", *app_argv(el, "--join", "--join-timeout", f"{el['timeout_s']:.0f}")]
+    return started_by(run_id) + remote_word(f"PYTHONPATH={p['lib']}") + " " + _join(argv)
+
+
+def mpi_command(el: dict[str, Any], hosts: list[Host], network: str, run_id: str) -> str:
+    p = fleet.remote_paths()
+    per = el["ranks_per_node"]
+    exports = [a for k, v in commands.ucx_settings(hosts[0], per).items() for a in ("-x", f"{k}={v}")]
+    argv = ["timeout", f"{el['timeout_s']:.0f}", "mpirun", "-np", str(len(hosts) * per),
+            "--host", ",".join(f"{h.data_ip}:{per}" for h in hosts),
+            "--mca", "oob_tcp_if_include", network, "-x", RUN_ID, "-x", f"PYTHONPATH={p['lib']}",
+            "--mca", "pml", "ucx", "--mca", "btl", "^openib,uct", *exports,
+            *app_argv(el, "--mpi")]
+    return started_by(run_id) + _join(argv)
+
+
+def _join(argv: list[str]) -> str:
+    return " ".join(remote_word(a) for a in argv)
+
+
+def secret_command(path: str, secret: str) -> str:
+    """The job's secret in a file only its owner can read, made so from its first byte
+    (path: as the launcher takes it, $HOME left for the node's shell)."""
+    word = remote_word(path)
+    return (f"mkdir -p \"$(dirname {word})\" && (umask 077 && printf '%s\\n' "
+            f"{shlex.quote(secret)} > {word})")
+
+
+def ours_command(run_id: str) -> str:
+    """How many processes of the run live on a host."""
+    return (f"grep -lsxzF {shlex.quote(f'{RUN_ID}={run_id}')} /proc/[0-9]*/environ 2>/dev/null "
+            "| wc -l")
+
+
+def partition_command(host: Host) -> str:
+    return f"{commands.netdev_expr(host)} && sudo -n ip link set dev \"$nd\" down"
+
+
+def heal_command(host: Host, inets: list[str]) -> str:
+    """The NIC up again, its addresses back (networkd may have dropped them), and wait until
+    the RDMA port is ACTIVE; prints the port's state."""
+    r = host.rdma
+    state = shlex.quote(f"/sys/class/infiniband/{r.device}/ports/{r.port}/state")
+    readd = "; ".join(f"ip -o addr show dev \"$nd\" | grep -qF {shlex.quote(' ' + i + ' ')} || "
+                      f"sudo -n ip addr replace {shlex.quote(i)} dev \"$nd\"" for i in inets)
+    return (f"{commands.netdev_expr(host)}; sudo -n ip link set dev \"$nd\" up; "
+            f"for i in $(seq {HEAL_S * 2}); do grep -q ACTIVE {state} && break; sleep 0.5; done; "
+            f"{readd + '; ' if readd else ''}echo \"port $(cat {state})\"")
+
+
+def parse(text: str, arrived: float | None = None) -> list[dict[str, Any]]:
+    """The app's JSON lines (a launcher's `[rank] ` prefix allowed), each with the host's
+    time of arrival when given."""
+    out = []
+    for line in text.splitlines():
+        body = line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
+        body = body.strip()
+        if not body.startswith("{"):
+            continue
+        try:
+            rec = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and rec.get("record") == "elastic":
+            if arrived is not None:
+                rec["arrived"] = arrived
+            out.append(rec)
+    return out
+
+
+class Watch:
+    """A remote command started without waiting: its output read as it comes."""
+
+    def __init__(self, connection: Any, command: str, timeout: float) -> None:
+        self.started = time.time()
+        self.promise = connection.run(command, hide=True, warn=True, timeout=timeout,
+                                      asynchronous=True)
+        self.seen = 0
+        self.partial = ""
+        self.events: list[dict[str, Any]] = []
+
+    def poll(self) -> list[dict[str, Any]]:
+        """The events that arrived since the last look, stamped with the time now."""
+        text = "".join(self.promise.runner.stdout)
+        new, self.seen = text[self.seen:], len(text)
+        lines = (self.partial + new).split("\n")
+        self.partial = lines.pop()
+        found = parse("\n".join(lines), time.time())
+        self.events += found
+        return found
+
+    @property
+    def done(self) -> bool:
+        r = self.promise.runner
+        return bool(r.process_is_finished or r.has_dead_threads)
+
+    def finish(self) -> dict[str, Any]:
+        result = self.promise.join()
+        self.poll()
+        if self.partial:
+            self.events += parse(self.partial, time.time())
+            self.partial = ""
+        return {"exit": result.exited, "ended": time.time(),
+                "tail": "\n".join((result.stdout + result.stderr).splitlines()[-15:])[-3000:]}
+
+
+class Scenario:
+    """One run of the spec's [elastic] table on the runner's nodes (see the module's
+    docstring); the runner supplies connections, its run id and directory, the nodes' data
+    NICs, and its clean-up."""
+
+    def __init__(self, runner: Any) -> None:
+        self.r = runner
+        self.el: dict[str, Any] = runner.spec.elastic
+        self.hosts: list[Host] = runner.hosts[:self.el["nodes"]]
+        self.secret_file = f"$HOME/{fleet.REMOTE_HOME}/runs/{runner.run_id}/secret"
+
+    def run(self) -> list[dict[str, Any]]:
+        import secrets as random_secrets
+
+        secret = random_secrets.token_hex(16)
+        self.r._on_hosts(self.hosts, lambda h: secret_command(self.secret_file, secret))
+        records = [self._rxelab()]
+        if self.el["mpi"]:
+            records.append(self._mpi())
+        return records
+
+    def _rxelab(self) -> dict[str, Any]:
+        el, head = self.el, self.hosts[0]
+        self.r.say(f"elastic: {len(self.hosts) * el['ranks_per_node']} ranks on "
+                   f"{len(self.hosts)} nodes, {el['steps']} steps of {el['size']} B")
+        job = Watch(self.r._connection(head), job_command(el, self.hosts, self.r.run_id,
+                                                          self.secret_file), el["timeout_s"] + 60)
+        pending = [e for e in el["events"] if "kill" not in e]
+        actions: list[dict[str, Any]] = []
+        newcomers: list[Watch] = []
+        reached = -1
+        deadline = time.monotonic() + el["timeout_s"] + 60
+        looked = 0.0
+        try:
+            while not job.done and time.monotonic() < deadline:
+                if self.r.links_down and time.monotonic() - looked > LOOK_S:
+                    looked = time.monotonic()
+                    self._heal(actions, when_idle=True)
+                for e in job.poll():
+                    if e["event"] == "step":
+                        reached = max(reached, int(e["step"]))
+                    if e["event"] in ("shrink", "admit", "dying", "stopped", "joined"):
+                        self.r.say(f"    {e['event']} (rank id {e.get('id')}): step "
+                                   f"{e.get('step')}, size {e.get('size', '-')}")
+                while pending and reached + 1 >= pending[0]["step"]:
+                    actions.append(self._act(pending.pop(0), reached + 1, newcomers))
+                time.sleep(POLL_S)
+            outcome = job.finish() if job.done else {"exit": "timeout", "ended": time.time()}
+        finally:
+            self._heal(actions)
+        for w in newcomers:
+            if w.done:
+                w.finish()
+                job.events += w.events
+        return {"contender": "rxelab", "started": job.started, **outcome, "actions": actions,
+                "events": job.events, "spec": el}
+
+    def _act(self, event: dict[str, Any], step: int, newcomers: list[Watch]) -> dict[str, Any]:
+        at = time.time()
+        if "partition" in event:
+            host = self.hosts[event["partition"] - 1]
+            self.r.links_down[host.name] = self.r.inets.get(host.name, [])
+            result = self.r._connection(host).run(partition_command(host), hide=True, warn=True,
+                                                  timeout=30)
+            self.r.say(f"    partition: {host.name}'s data NIC down at step {step}")
+            return {"kind": "partition", "node": host.name, "step": step, "time": at,
+                    "ok": result.exited == 0}
+        host = self.hosts[event["join"] - 1]
+        newcomers.append(Watch(self.r._connection(host), newcomer_command(
+            self.el, host, self.hosts[0], self.r.run_id, self.secret_file), self.el["timeout_s"]))
+        self.r.say(f"    join: a newcomer starts on {host.name} at step {step}")
+        return {"kind": "join", "node": host.name, "step": step, "time": at, "ok": True}
+
+    def _heal(self, actions: list[dict[str, Any]], when_idle: bool = False) -> None:
+        """Bring partitioned NICs back up: at the end, or (when_idle) once the node's ranks
+        have ended - their launcher's SSH sessions ride the data network, so their last words
+        arrive only then - or after PARTITION_MAX_S."""
+        for name in list(self.r.links_down):
+            host = next(h for h in self.hosts if h.name == name)
+            if when_idle:
+                since = next((a["time"] for a in reversed(actions) if a.get("node") == name
+                              and a["kind"] == "partition"), time.time())
+                left = self.r._connection(host).run(ours_command(self.r.run_id), hide=True,
+                                                    warn=True, timeout=30).stdout.strip()
+                if left != "0" and time.time() - since < PARTITION_MAX_S:
+                    continue
+            result = self.r._connection(host).run(heal_command(host, self.r.links_down[name]),
+                                                  hide=True, warn=True, timeout=HEAL_S + 30)
+            if "ACTIVE" in result.stdout:
+                del self.r.links_down[name]
+                actions.append({"kind": "heal", "node": name, "time": time.time(), "ok": True})
+                self.r.say(f"    heal: {name}'s data NIC up again, its RDMA port ACTIVE")
+            else:
+                self.r.say(f"    {name}: the data NIC is up but its RDMA port is not ACTIVE: "
+                           f"{result.stdout.strip()} {result.stderr.strip()}")
+
+    def _mpi(self) -> dict[str, Any]:
+        el = self.el
+        self.r.say("elastic: the same loop under Open MPI over UCX, with the same kills")
+        job = Watch(self.r._connection(self.hosts[0]), mpi_command(
+            el, self.hosts, self.r.network, self.r.run_id), el["timeout_s"] + 60)
+        deadline = time.monotonic() + el["timeout_s"] + 60
+        while not job.done and time.monotonic() < deadline:
+            job.poll()
+            time.sleep(POLL_S)
+        outcome = job.finish() if job.done else {"exit": "timeout", "ended": time.time()}
+        self.r._on_hosts(self.hosts, lambda h: commands.stop_command(self.r.run_id), timeout=30)
+        return {"contender": "mpi-ucx", "started": job.started, **outcome, "actions": [],
+                "events": job.events, "spec": el}

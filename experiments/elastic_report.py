@@ -1,0 +1,173 @@
+"""What an elastic scenario's records (elastic.jsonl) say: per change of members, how long the
+survivors took to notice, agree and rebuild, how many steps were redone, and the time per
+step before and after; Open MPI's time from the same kill to the end of its job; and a plot of
+the time per step over the run with the events marked.
+
+Times between nodes are measured on the host's clock (when each line arrived); times within a
+rank (detection from its step's start, agreement, rebuild) are the app's own.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from experiments import plots
+
+Record = dict[str, Any]
+
+
+def load(results: Path) -> list[Record]:
+    path = results / "elastic.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def steps_of(rec: Record) -> list[Record]:
+    """The steps the job's rank 0 reported, in the order they came."""
+    return [e for e in rec["events"] if e["event"] == "step"]
+
+
+def changes(rec: Record) -> list[Record]:
+    """Each change of members of an rxelab run: what caused it (a kill, a partition, a join),
+    and what it cost."""
+    events = sorted(rec["events"], key=lambda e: e.get("arrived", 0))
+    causes = [{"kind": "kill", "time": e["arrived"], "step": e["step"], "who": f"rank {e['id']}"}
+              for e in events if e["event"] == "dying"]
+    causes += [{"kind": a["kind"], "time": a["time"], "step": a["step"], "who": a["node"]}
+               for a in rec.get("actions", []) if a["kind"] in ("partition", "join")]
+    out = []
+    for cause in sorted(causes, key=lambda c: c["time"]):
+        kind = "admit" if cause["kind"] == "join" else "shrink"
+        after = [e for e in events if e["event"] == kind and e["arrived"] >= cause["time"]]
+        if not after:
+            out.append({**cause, "outcome": "no change of members followed"})
+            continue
+        first = after[0]
+        same = [e for e in after if e.get("generation") == first.get("generation")]
+        resumed = min(e["step"] for e in same)
+        row = {**cause, "outcome": f"{kind} to {first['size']} ranks", "size": first["size"],
+               "host_s": first["arrived"] - cause["time"],
+               "agree_s": max((e.get("agree_s", 0.0) for e in same), default=None),
+               "build_s": max((e.get("build_s", 0.0) for e in same), default=None)}
+        if kind == "shrink":
+            row["detect_s"] = max((e.get("detect_s", 0.0) for e in same), default=None)
+            row["redone"] = cause["step"] - resumed + 1 if cause["kind"] == "kill" else None
+            row["lost"] = first.get("lost")
+        out.append(row)
+    return out
+
+
+def step_times(rec: Record) -> tuple[float | None, float | None]:
+    """Median seconds per step before the first event and after the last change."""
+    steps = steps_of(rec)
+    marks = [c["time"] for c in changes(rec)] if rec["contender"] == "rxelab" else []
+    first = min((a["time"] for a in rec.get("actions", [])), default=None)
+    kills = [e["arrived"] for e in rec["events"] if e["event"] == "dying"]
+    start = min([t for t in [first, *kills] if t is not None], default=None)
+    before = [e["seconds"] for e in steps if start is None or e["arrived"] < start]
+    after = [e["seconds"] for e in steps if marks and e["arrived"] > max(marks) + 1]
+    return (statistics.median(before) if before else None,
+            statistics.median(after) if after else None)
+
+
+def mpi_outcome(rec: Record) -> dict[str, Any]:
+    dying = [e["arrived"] for e in rec["events"] if e["event"] == "dying"]
+    steps = steps_of(rec)
+    return {"exit": rec.get("exit"), "steps_done": len(steps),
+            "abort_s": rec["ended"] - dying[0] if dying and isinstance(rec.get("ended"), float)
+            else None}
+
+
+def summary_lines(records: list[Record]) -> list[str]:
+    lines = []
+    for rec in records:
+        if rec["contender"] == "rxelab":
+            done = [e for e in rec["events"] if e["event"] == "done"]
+            digests = {e["params"] for e in done}
+            before, after = step_times(rec)
+            lines.append(
+                f"rxelab elastic: {len(done)} ranks finished all {rec['spec']['steps']} steps "
+                f"(exit {rec.get('exit')}); their parameters "
+                + ("agree" if len(digests) == 1 else f"DIFFER ({len(digests)} versions)")
+                + (f"; {_ms(before)} per step before the first event, {_ms(after)} after the last"
+                   if before and after else "") + ".")
+            for c in changes(rec):
+                lines.append(_change_line(c))
+        else:
+            out = mpi_outcome(rec)
+            lines.append(f"{rec['contender']}: the job ended "
+                         + (f"{out['abort_s']:.1f} s after the kill" if out["abort_s"] is not None
+                            else "without a kill")
+                         + f" (exit {out['exit']}), after {out['steps_done']} of "
+                           f"{rec['spec']['steps']} steps: every rank's work stopped.")
+    return lines
+
+
+def _change_line(c: Record) -> str:
+    if "host_s" not in c:
+        return f"{c['kind']} of {c['who']} at step {c['step']}: {c['outcome']}."
+    parts = [f"{c['kind']} of {c['who']} at step {c['step']}: {c['outcome']} "
+             f"{c['host_s']:.1f} s later (host clock)"]
+    if c.get("detect_s") is not None:
+        parts.append(f"noticed {c['detect_s']:.1f} s into the step")
+    if c.get("agree_s") is not None:
+        parts.append(f"agreement {c['agree_s']:.2f} s")
+    if c.get("build_s") is not None:
+        parts.append(f"new mesh {c['build_s']:.2f} s")
+    if c.get("redone") is not None:
+        parts.append(f"{c['redone']} step(s) redone")
+    return "; ".join(parts) + "."
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+def table(records: list[Record]) -> tuple[list[str], list[list[str]]]:
+    head = ["contender", "event", "at step", "outcome", "until the job went on (s)",
+            "noticed after (s)", "agreement (s)", "new mesh (s)", "steps redone"]
+    rows = []
+    for rec in records:
+        if rec["contender"] == "rxelab":
+            for c in changes(rec):
+                rows.append(["rxelab", f"{c['kind']} {c['who']}", str(c["step"]), c["outcome"],
+                             *[_s(c.get(k)) for k in ("host_s", "detect_s", "agree_s", "build_s")],
+                             "-" if c.get("redone") is None else str(c["redone"])])
+        else:
+            out = mpi_outcome(rec)
+            rows.append([rec["contender"], "kill", "-", f"job ended (exit {out['exit']})",
+                         _s(out["abort_s"]) + " (to the end)", "-", "-", "-",
+                         f"all after step {out['steps_done']}"])
+    return head, rows
+
+
+def _s(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def figure(records: list[Record]) -> bytes | None:
+    return plots.elastic_steps(records, [changes(r) if r["contender"] == "rxelab" else []
+                                         for r in records])
+
+
+def problems(records: list[Record]) -> list[str]:
+    """What makes an elastic run a failure: a wrong result anywhere, rxelab's job not ending
+    well, survivors that disagree, or nobody finishing. (Open MPI's job ending is its result.)"""
+    out = []
+    for rec in records:
+        wrong = [e for e in rec["events"] if e["event"] == "wrong"]
+        if wrong:
+            out.append(f"{rec['contender']}: {wrong[0].get('error')}")
+        if rec["contender"] != "rxelab":
+            continue
+        done = [e for e in rec["events"] if e["event"] == "done"]
+        if rec.get("exit") != 0 or not done:
+            out.append(f"rxelab: the elastic job ended with {rec.get('exit')} and "
+                       f"{len(done)} ranks done: {rec.get('tail', '')[-300:]}")
+        elif len({e["params"] for e in done}) != 1:
+            out.append("rxelab: the survivors' parameters differ")
+    return out
