@@ -235,3 +235,27 @@ def test_back_to_back_and_rounds_reach_the_cases():
     assert s.rounds == 3
     assert [c.get("tight") for c in s.cases()] == [None] * 4 + [True, True, None]
     assert spec.parse(GOOD).rounds == 1
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("[elastic]\nevents=[{step=1,kill=1,join=2}]", "elastic.events[0]: an event does one thing"),
+    ("[elastic]\nevents=[{step=50,kill=1}]", "all before step 40"),
+    ("[elastic]\nsize=5\nevents=[{step=1,kill=1}]", "multiple of 4"),
+    ("[elastic]\nevents=[{step=2,kill=0}]", "kill = 0: a rank from 1 to 5"),
+    ("[elastic]\nevents=[{step=2,kill=6}]", "kill = 6: a rank from 1 to 5"),
+    ("[elastic]\nevents=[{step=2,partition=1}]", "node 1: from 2 to 3"),
+    ("[elastic]\nevents=[{step=2,join=4}]", "node 4: from 1 to 3"),
+    ("[elastic]\nevents=[{step=5,kill=1},{step=2,kill=2}]", "in order of their steps"),
+    ("[elastic]\nsteps=true\nevents=[{step=2,kill=1}]", "elastic.steps: must be from 2 to 100000"),
+    ("[elastic]\nevents=[{step=2,kil=1}]", "unknown key 'kil'"),
+    ("[elastic]\nmpi=1\nevents=[{step=2,kill=1}]", "elastic.mpi: must be true or false"),
+    ("[elastic]\nevents=[]", "elastic.events: must be a list of 1 to 16 events"),
+    ("[elastic]\nevents=[{step=2,kill=1}]\n[[runs]]\napp='rxelab'\nop='alltoall'\nnodes=[2]\n"
+     "sizes=[1]", "either [[runs]] or one [elastic] table"),
+    ("", "either [[runs]] or one [elastic] table"),
+])
+def test_an_elastic_scenario_is_checked_before_anything_runs(text, said):
+    import tomllib
+    with pytest.raises(spec.SpecError) as err:
+        spec.parse({"name": "x", **tomllib.loads(text)})
+    assert said in str(err.value), str(err.value)
