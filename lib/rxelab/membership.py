@@ -52,7 +52,7 @@ MAX_NEWCOMERS = 64  # per admit
 # makes the communicator of a job and generation on the seat's listener; alive(new rank) says
 # whether a member that has not come yet still lives
 Build = Callable[[JobInfo, int, Callable[[int], bool] | None], "Communicator"]
-GRACE_S = 0.3  # admit listens at least this long: newcomers queued before it say their join
+GRACE_S = 0.1  # admit listens at least this long: newcomers queued before it say their join
 
 
 @dataclass
