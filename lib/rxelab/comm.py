@@ -96,6 +96,11 @@ class Communicator:
         rank keeps a listener, so the job can shrink() and admit() (rxelab.membership)."""
         if not isinstance(elastic, bool):
             raise ConfigError(f"elastic={elastic!r} must be True or False")
+        if elastic and not job.token:
+            raise ConfigError("an elastic job needs a secret: every rank keeps a listener for the "
+                              "job's life, and newcomers get the training state",
+                              hint="our launcher makes one; else export RXELAB_JOB_TOKEN (or "
+                                   "RXELAB_JOB_TOKEN_FILE) to every rank")
         self.options = settings.resolve(options)
         self.job = job
         self.opened = {"device": device, "port": port, "gid_index": gid_index}
@@ -594,13 +599,15 @@ class Communicator:
             seat.listener.close()
             raise
 
-    def admit(self, timeout: float = 0.0, wanted: int = 1) -> Communicator:
+    def admit(self, timeout: float = 0.0, wanted: int = 1,
+              quorum: str | int = "majority") -> Communicator:
         """Let newcomers in (rxelab.join() on their side) - every rank calls it, between
         collectives. Rank 0 takes those waiting at the rendezvous, listening up to `timeout`
         seconds for `wanted` of them; if any came, every rank gets a new, larger communicator
         (ranks kept, newcomers after them) and this one is closed; if none, this one is
         returned. If a rank dies while the larger one is built, the old members shrink
-        among themselves instead (the newcomers may knock again)."""
+        among themselves instead (with this quorum; the newcomers may knock again). The
+        wait is at most the communicator's timeout (the other ranks wait for rank 0)."""
         self._check_open()
         if not self.control.elastic:
             raise ConfigError("admit: this communicator is not elastic",
@@ -609,11 +616,16 @@ class Communicator:
         if not 0 <= wanted <= membership.MAX_NEWCOMERS:
             raise ConfigError(f"wanted={wanted} must be 0..{membership.MAX_NEWCOMERS}")
         membership.deadline_of(timeout, 0.0)  # checked
+        quorum = membership.check_quorum(quorum, self.size)
         seat = self._seat()
-        newcomers = membership.hear_newcomers(seat, float(timeout), wanted) if self.rank == 0 else []
+        wait = min(float(timeout), max(0.0, self.timeout - 1.0))
+        newcomers = (membership.hear_newcomers(seat, wait, wanted, self.control.watch)
+                     if self.rank == 0 else [])
         count = np.array([len(newcomers)], dtype=np.int64)
         try:
             self.bcast(count)
+            if count[0]:  # every rank has the count before anyone acts on it
+                self.barrier()
         except BaseException:
             membership.turn_away(newcomers, "a rank of the job failed while admitting")
             raise
@@ -630,9 +642,8 @@ class Communicator:
         try:
             try:
                 comm = build(job, generation + 1, None)
-            except PeerError:  # the old members go on among themselves
-                seat.generation = generation + 1
-                return membership.shrink(seat, build, time.monotonic() + self.timeout, "majority")
+            except PeerError:  # the old members go on among themselves, leaving this one
+                return membership.shrink(seat, build, time.monotonic() + self.timeout, quorum)
         except BaseException:
             seat.listener.close()
             raise

@@ -239,6 +239,13 @@ class ControlPlane:
         process, whatever claims a rank this job does not have). Two processes of this job
         (same secret) that claim one rank are an error of the job (PeerError ends it)."""
         job = self.job
+        if (hello["type"] == "shrink" and self.elastic and hello["generation"] == self.generation - 1
+                and hmac.compare_digest(hello["token"], job.token)):
+            # a member of the communicator being left saw it fail and shrinks it: this one
+            # cannot be built (ends the gather; the caller agrees again)
+            raise PeerError(f"rank {hello['rank']} of generation {hello['generation']} shrinks it "
+                            "while this rank builds the next: the membership changed",
+                            peer=hello["rank"])
         if hello["type"] != "hello":
             raise ProtocolError(f"a {hello['type']} message where a hello belongs")
         if not hmac.compare_digest(hello["token"], job.token):

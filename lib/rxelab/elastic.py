@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from rxelab.comm import Communicator
-from rxelab.errors import ConfigError, PeerError
+from rxelab.errors import ConfigError, PeerError, RdmaError
 
 Step = Callable[[Communicator, int], Any]
 Report = Callable[[dict[str, Any]], None]
@@ -45,11 +45,16 @@ def run(comm: Communicator, step: Step, steps: int, state: Sequence[np.ndarray] 
     if isinstance(admit_every, bool) or not isinstance(admit_every, int) or admit_every < 0:
         raise ConfigError(f"admit_every={admit_every!r} must be a whole number >= 0")
     say = report or (lambda event: None)
+
+    def shrink(c: Communicator) -> Communicator:
+        return c.shrink(timeout=shrink_timeout, quorum=quorum)
+
     done = 0
     if comm.formed.get("how") == "join":  # a newcomer: where the job is, and its state
-        done = _share(comm, done, arrays)
+        joined = comm.formed
+        comm, done = _shared(comm, done, arrays, shrink)
         say({"event": "joined", "rank": comm.rank, "size": comm.size, "step": done,
-             **_times(comm.formed)})
+             **_times(joined)})
     before = [a.copy() for a in arrays]  # the state at the start of the step before this one
     current = [a.copy() for a in arrays]  # and at the start of this one
     while done < steps:
@@ -60,12 +65,11 @@ def run(comm: Communicator, step: Step, steps: int, state: Sequence[np.ndarray] 
             step(comm, done)
         except PeerError as err:
             noticed = time.monotonic()
-            comm = comm.shrink(timeout=shrink_timeout, quorum=quorum)
             # this rank did not finish `done`: back to its start (the step may have changed
             # the state before it failed), and one step further if another did not finish
             # the one before (never more: nobody finishes a step others have not entered)
             _restore(arrays, current)
-            done = _agree_step(comm, done, arrays, before)
+            comm, done = _recover(shrink(comm), done, arrays, before, shrink)
             say({"event": "shrink", "step": done, "size": comm.size, "failed": str(err)[:300],
                  "detect_s": noticed - started, **_times(comm.formed)})
             continue
@@ -75,38 +79,58 @@ def run(comm: Communicator, step: Step, steps: int, state: Sequence[np.ndarray] 
         before, current = current, before  # `current` is refilled at the next step's start
         if admit_every and done % admit_every == 0 and done < steps:
             try:
-                grown = comm.admit(timeout=admit_timeout)
+                grown = comm.admit(timeout=admit_timeout, quorum=quorum)
             except PeerError as err:  # a death found while admitting: shrink, and go back
-                comm = comm.shrink(timeout=shrink_timeout, quorum=quorum)
-                done = _agree_step(comm, done, arrays, before)
+                comm, done = _recover(shrink(comm), done, arrays, before, shrink)
                 say({"event": "shrink", "step": done, "size": comm.size, "failed": str(err)[:300],
                      **_times(comm.formed)})
                 continue
             if grown is not comm:
-                comm = grown
-                done = _share(comm, done, arrays)
-                say({"event": "admit", "step": done, "size": comm.size,
-                     "admitted": comm.formed.get("admitted", []), **_times(comm.formed)})
+                formed = grown.formed
+                comm, done = _shared(grown, done, arrays, shrink)
+                say({"event": "admit" if formed.get("how") == "admit" else "shrink", "step": done,
+                     "size": comm.size, "admitted": formed.get("admitted", []), **_times(formed)})
     return comm
+
+
+def _recover(comm: Communicator, done: int, arrays: list[np.ndarray], before: list[np.ndarray],
+             shrink: Callable[[Communicator], Communicator]) -> tuple[Communicator, int]:
+    """After a shrink: the step to go on from, agreed - again after each further death."""
+    while True:
+        try:
+            return comm, _agree_step(comm, done, arrays, before)
+        except PeerError:
+            comm = shrink(comm)
 
 
 def _agree_step(comm: Communicator, done: int, arrays: list[np.ndarray],
                 before: list[np.ndarray]) -> int:
-    """After a shrink outside a step: the lowest step finished, this rank rolled back to it."""
-    low = np.array([done], np.int64)
-    comm.allreduce(low.copy(), low, op="min")
-    if int(low[0]) < done:
+    """The lowest step any rank finished, this rank rolled back to it."""
+    steps = np.array([done, -done], np.int64)
+    comm.allreduce(steps.copy(), steps, op="min")
+    low, high = int(steps[0]), -int(steps[1])
+    if high - low > 1:
+        raise RdmaError(f"ranks are {high - low} steps apart after a shrink (steps {low} to "
+                        f"{high}): a step must hold a collective that every rank waits in "
+                        "(an allreduce does; a bcast root's sends do not)")
+    if low < done:
         _restore(arrays, before)
-    return int(low[0])
+    return low
 
 
-def _share(comm: Communicator, done: int, arrays: list[np.ndarray]) -> int:
-    """Rank 0's step and state, on every rank (newcomers start from them)."""
-    at = np.array([done], np.int64)
-    comm.bcast(at)
-    for a in arrays:
-        comm.bcast(a)
-    return int(at[0])
+def _shared(comm: Communicator, done: int, arrays: list[np.ndarray],
+            shrink: Callable[[Communicator], Communicator]) -> tuple[Communicator, int]:
+    """Rank 0's step and state, on every rank (newcomers start from them); after a death
+    meanwhile, from the shrunk communicator's rank 0 (an old member, or one that has them)."""
+    while True:
+        try:
+            at = np.array([done], np.int64)
+            comm.bcast(at)
+            for a in arrays:
+                comm.bcast(a)
+            return comm, int(at[0])
+        except PeerError:
+            comm = shrink(comm)
 
 
 def _restore(arrays: list[np.ndarray], saved: list[np.ndarray]) -> None:

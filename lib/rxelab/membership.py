@@ -103,7 +103,9 @@ def shrink(seat: Seat, build: Build, deadline: float, quorum: str | int) -> Comm
     closed already."""
     me = seat.job.rank
     members = list(range(seat.job.world_size))
-    dead: set[int] = set()
+    dead: set[int] = set()  # whose listener a connection no longer reaches
+    # the communicator being left: a build that fails makes none, so every retry (and every
+    # rank, whichever attempt it saw fail) still speaks of this one, in its numbering
     generation = seat.generation
     started = time.monotonic()
     while True:
@@ -123,7 +125,7 @@ def shrink(seat: Seat, build: Build, deadline: float, quorum: str | int) -> Comm
             if time.monotonic() >= deadline:
                 raise PeerError(f"shrink: the new communicator of ranks {decided} could not be "
                                 f"built in time: {err}", peer=err.peer) from None
-            members, generation = decided, generation + 1
+            time.sleep(0.2)
             continue
         comm.formed = {**seat.formed, "build_s": time.monotonic() - agreed,
                        "generation": comm.control.generation}
@@ -148,8 +150,9 @@ def agree(seat: Seat, members: list[int], dead: set[int], generation: int, deadl
 
 
 def ask(seat: Seat, candidate: int, generation: int, deadline: float) -> list[int] | str | None:
-    """The candidate's decision, None when it is gone (no listener, or it closed on us), or
-    "later" when it is not shrinking yet."""
+    """The candidate's decision, None when it is gone (its listener no longer answers), or
+    "later" when it is not shrinking yet (it said so, or closed on us: a live process keeps
+    its listener, so only a failed connection means it is gone)."""
     addr = seat.directory[candidate]
     try:
         sock = socket.create_connection(addr, timeout=max(0.1, min(CONNECT_S, deadline - time.monotonic())))
@@ -166,7 +169,7 @@ def ask(seat: Seat, candidate: int, generation: int, deadline: float) -> list[in
                 raise PeerError(f"shrink: rank {candidate} (the lowest rank whose listener "
                                 f"answers) did not coordinate it in time: {err}",
                                 peer=candidate) from None
-            return None
+            return "later"
     if reply["type"] == "members" and seat.job.rank in reply["members"]:
         return [int(m) for m in reply["members"]]
     if reply["type"] == "failed":
@@ -216,10 +219,23 @@ def coordinate(seat: Seat, members: list[int], dead: set[int], generation: int, 
                     sock.close()
                 elif (message["type"] == "shrink" and message["generation"] == generation
                       and message["rank"] in members and message["rank"] not in joined
+                      and message["rank"] != me
                       and hmac.compare_digest(message["token"], seat.job.token)):
                     joined[message["rank"]] = sock
                     dead.discard(message["rank"])  # it is here: whatever a probe thought
                     hall.keep(sock)
+                elif (message["type"] == "shrink" and message["rank"] in members
+                      and message["rank"] != me
+                      and hmac.compare_digest(message["token"], seat.job.token)):
+                    # a member that saw another membership (it built, or failed to build, a
+                    # communicator the others did not): it cannot be taken in; it is told
+                    # why and left out, so no two groups form
+                    dead.add(message["rank"])
+                    say(sock, {"type": "failed", "reason": (
+                        f"rank {message['rank']} left generation {message['generation']}, "
+                        f"this shrink leaves generation {generation}: the ranks saw different "
+                        "memberships, and this one is left out")})
+                    sock.close()
                 else:  # a newcomer (admitted later), another generation's, a stranger
                     say(sock, {"type": "later", "reason": "the job is changing its members"}
                         if message is not None and message["type"] == "join" else None)
@@ -271,9 +287,6 @@ class Hall:
 
     def hear(self, wait: float) -> list[tuple[socket.socket, dict[str, Any] | None]]:
         out: list[tuple[socket.socket, dict[str, Any] | None]] = []
-        now = time.monotonic()
-        for sock in [s for s, (_, t) in self.pending.items() if now - t > READ_S]:
-            self._drop(sock)
         for key, _ in self.sel.select(timeout=wait):
             if key.fileobj is self.listener:
                 try:
@@ -313,6 +326,9 @@ class Hall:
                 del self.pending[sock]
                 sock.setblocking(True)
                 out.append((sock, got[0]))
+        now = time.monotonic()  # what came has been read: only the silent ones go
+        for sock in [s for s, (_, t) in self.pending.items() if now - t > READ_S]:
+            self._drop(sock)
         return out
 
     def _drop(self, sock: socket.socket) -> None:
@@ -330,15 +346,18 @@ class Hall:
 
 
 # ---- grow ----------------------------------------------------------------------------------
-def hear_newcomers(seat: Seat, wait: float, wanted: int) -> list[socket.socket]:
+def hear_newcomers(seat: Seat, wait: float, wanted: int,
+                   watch: Callable[[], None] = lambda: None) -> list[socket.socket]:
     """Rank 0: the newcomers at the rendezvous (with the job's secret), waiting up to `wait`
-    seconds for `wanted` of them; whoever is there already comes in too."""
+    seconds for `wanted` of them; whoever is there already comes in too. watch() raises a
+    failure of the job found meanwhile (a rank gone)."""
     hall = Hall(seat.listener)
     found: list[socket.socket] = []
     grace = time.monotonic() + GRACE_S
     end = max(grace, time.monotonic() + wait)
     try:
         while len(found) < MAX_NEWCOMERS:
+            watch()
             now = time.monotonic()
             enough = len(found) >= wanted and now >= grace
             if ((enough or now >= end) and not hall.pending) or now >= end + READ_S:
