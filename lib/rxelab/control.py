@@ -28,6 +28,9 @@ from rxelab.errors import ConfigError, PeerError, ProtocolError
 
 HELLO_S = 10.0  # a connection must say hello within this long, or it is dropped
 MAX_PENDING = 64  # connections that have not said hello yet: beyond this the oldest goes
+# an elastic rank's listener is read only while the membership changes: room for the probes
+# and knocks that wait until then (the kernel caps it at net.core.somaxconn)
+BACKLOG = 1024
 
 
 def _loopback(address: str) -> bool:
@@ -61,7 +64,8 @@ def listen(job: JobInfo) -> socket.socket:
     last: OSError | None = None
     for host, family in addresses:
         try:
-            return socket.create_server((host, port), family=family, reuse_port=False)
+            return socket.create_server((host, port), family=family, reuse_port=False,
+                                        backlog=BACKLOG)
         except OSError as err:
             last = err
     if last is not None and last.errno == 99:  # EADDRNOTAVAIL
@@ -226,8 +230,11 @@ class ControlPlane:
                 self.close()
                 raise ConfigError(why, hint="give init() (or the flags) the same values on every rank")
         if self.elastic:
+            lost = sorted(set(self.peers) - set(where))
+            if lost:
+                raise PeerError(f"rank {lost[0]}'s connection broke as it joined", peer=lost[0])
             self.directory = {0: (job.master_addr, listener.getsockname()[1]), **{
-                r: (where.get(r, "?"), hellos[r]["listen"]) for r in self.peers}}
+                r: (where[r], hellos[r]["listen"]) for r in self.peers}}
         shown = {str(r): list(a) for r, a in self.directory.items()}
         for r, sock in self.peers.items():
             table = {str(p): hellos[p]["endpoints"][str(r)] for p in hellos if p != r}
@@ -286,7 +293,11 @@ class ControlPlane:
         self.root.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.elastic and self.listener is None:  # where the others can reach us: the
             # address rank 0 sees us from (the job's network), any free port
-            self.listener = socket.create_server((self.root.getsockname()[0], 0))
+            try:
+                self.listener = socket.create_server((self.root.getsockname()[0], 0),
+                                                     backlog=BACKLOG)
+            except OSError as err:
+                raise ConfigError(f"this rank cannot listen for the job's membership: {err}") from None
         wire.send(self.root, {"type": "hello", "rank": job.rank, "world_size": job.world_size,
                               "host": socket.gethostname()[:200] or "?", "token": job.token,
                               "settings": options, "generation": self.generation,
