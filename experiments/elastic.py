@@ -14,8 +14,11 @@ RDMA port ACTIVE again) by the run's clean-up too.
 from __future__ import annotations
 
 import json
+import secrets as random_secrets
 import shlex
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from experiments import commands, fleet
@@ -93,14 +96,15 @@ def partition_command(host: Host) -> str:
     return f"{commands.netdev_expr(host)} && sudo -n ip link set dev \"$nd\" down"
 
 
-def heal_command(host: Host, inets: list[str]) -> str:
+def heal_command(host: Host, netdev: str, inets: list[str]) -> str:
     """The NIC up again, its addresses back (networkd may have dropped them), and wait until
-    the RDMA port is ACTIVE; prints the port's state."""
+    the RDMA port is ACTIVE; prints the port's state. The NIC is named as found before it
+    went down: while it is down the RDMA port's GID table no longer leads to it."""
     r = host.rdma
     state = shlex.quote(f"/sys/class/infiniband/{r.device}/ports/{r.port}/state")
     readd = "; ".join(f"ip -o addr show dev \"$nd\" | grep -qF {shlex.quote(' ' + i + ' ')} || "
                       f"sudo -n ip addr replace {shlex.quote(i)} dev \"$nd\"" for i in inets)
-    return (f"{commands.netdev_expr(host)}; sudo -n ip link set dev \"$nd\" up; "
+    return (f"nd={shlex.quote(netdev)}; sudo -n ip link set dev \"$nd\" up; "
             f"for i in $(seq {HEAL_S * 2}); do grep -q ACTIVE {state} && break; sleep 0.5; done; "
             f"{readd + '; ' if readd else ''}echo \"port $(cat {state})\"")
 
@@ -128,8 +132,9 @@ def parse(text: str, arrived: float | None = None) -> list[dict[str, Any]]:
 class Watch:
     """A remote command started without waiting: its output read as it comes."""
 
-    def __init__(self, connection: Any, command: str, timeout: float) -> None:
+    def __init__(self, connection: Any, command: str, timeout: float, host: Host | None = None) -> None:
         self.started = time.time()
+        self.host = host
         self.promise = connection.run(command, hide=True, warn=True, timeout=timeout,
                                       asynchronous=True)
         self.seen = 0
@@ -145,6 +150,16 @@ class Watch:
         found = parse("\n".join(lines), time.time())
         self.events += found
         return found
+
+    def stop(self, connection: Any, run_id: str) -> None:
+        """End it: the run's processes on its host, then (if its channel still waits) the
+        channel and its timer, which would otherwise keep this process alive."""
+        connection.run(commands.stop_command(run_id), hide=True, warn=True, timeout=30)
+        end = time.monotonic() + 15
+        while not self.done and time.monotonic() < end:
+            time.sleep(0.2)
+        if not self.done:
+            self.promise.runner.stop()
 
     @property
     def done(self) -> bool:
@@ -172,15 +187,13 @@ class Scenario:
         self.hosts: list[Host] = runner.hosts[:self.el["nodes"]]
         self.secret_file = f"$HOME/{fleet.REMOTE_HOME}/runs/{runner.run_id}/secret"
 
-    def run(self) -> list[dict[str, Any]]:
-        import secrets as random_secrets
-
+    def run(self) -> Iterator[dict[str, Any]]:
+        """Each contender's record as soon as it has one (an interrupted run keeps them)."""
         secret = random_secrets.token_hex(16)
         self.r._on_hosts(self.hosts, lambda h: secret_command(self.secret_file, secret))
-        records = [self._rxelab()]
+        yield self._rxelab()
         if self.el["mpi"]:
-            records.append(self._mpi())
-        return records
+            yield self._mpi()
 
     def _rxelab(self) -> dict[str, Any]:
         el, head = self.el, self.hosts[0]
@@ -194,11 +207,14 @@ class Scenario:
         reached = -1
         deadline = time.monotonic() + el["timeout_s"] + 60
         looked = 0.0
+        healing: Future[None] | None = None
+        pool = ThreadPoolExecutor(max_workers=1)  # heals wait for a port: not in this loop
         try:
             while not job.done and time.monotonic() < deadline:
-                if self.r.links_down and time.monotonic() - looked > LOOK_S:
+                if (self.r.links_down and time.monotonic() - looked > LOOK_S
+                        and (healing is None or healing.done())):
                     looked = time.monotonic()
-                    self._heal(actions, when_idle=True)
+                    healing = pool.submit(self._heal, actions, True)
                 for e in job.poll():
                     if e["event"] == "step":
                         reached = max(reached, int(e["step"]))
@@ -210,8 +226,11 @@ class Scenario:
                 time.sleep(POLL_S)
             outcome = job.finish() if job.done else {"exit": "timeout", "ended": time.time()}
         finally:
+            pool.shutdown(wait=True)
             self._heal(actions)
         for w in newcomers:
+            if not w.done:  # never admitted (no admit point left): stopped, and waited for
+                w.stop(self.r._connection(w.host), self.r.run_id)
             if w.done:
                 w.finish()
                 job.events += w.events
@@ -230,7 +249,8 @@ class Scenario:
                     "ok": result.exited == 0}
         host = self.hosts[event["join"] - 1]
         newcomers.append(Watch(self.r._connection(host), newcomer_command(
-            self.el, host, self.hosts[0], self.r.run_id, self.secret_file), self.el["timeout_s"]))
+            self.el, host, self.hosts[0], self.r.run_id, self.secret_file), self.el["timeout_s"],
+            host))
         self.r.say(f"    join: a newcomer starts on {host.name} at step {step}")
         return {"kind": "join", "node": host.name, "step": step, "time": at, "ok": True}
 
@@ -247,8 +267,9 @@ class Scenario:
                                                     warn=True, timeout=30).stdout.strip()
                 if left != "0" and time.time() - since < PARTITION_MAX_S:
                     continue
-            result = self.r._connection(host).run(heal_command(host, self.r.links_down[name]),
-                                                  hide=True, warn=True, timeout=HEAL_S + 30)
+            result = self.r._connection(host).run(
+                heal_command(host, self.r.netdevs[name], self.r.links_down[name]),
+                hide=True, warn=True, timeout=HEAL_S + 30)
             if "ACTIVE" in result.stdout:
                 del self.r.links_down[name]
                 actions.append({"kind": "heal", "node": name, "time": time.time(), "ok": True})

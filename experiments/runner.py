@@ -164,7 +164,8 @@ class Runner:
             restore = commands.restore_command(h, self.original_mtu.get(h.name), self.run_id,
                                                h.name in self.netem_on)
             if h.name in self.links_down:  # first: the NIC we took down comes back up
-                restore = f"{elastic.heal_command(h, self.links_down[h.name])}; {restore}"
+                restore = (f"{elastic.heal_command(h, self.netdevs[h.name], self.links_down[h.name])}"
+                           f"; {restore}")
             return (f"{commands.stop_command(self.run_id, self.run_id + '-load')}; {restore}; "
                     f"rm -rf {self.remote_dir}")
         self._on_hosts(self.hosts, undo, timeout=60 + elastic.HEAL_S)

@@ -31,6 +31,12 @@ MAX_PENDING = 64  # connections that have not said hello yet: beyond this the ol
 # an elastic rank's listener is read only while the membership changes: room for the probes
 # and knocks that wait until then (the kernel caps it at net.core.somaxconn)
 BACKLOG = 1024
+# Elastic jobs: a node that powers off or drops off the network closes no connection, and a
+# rank waiting to receive from it posts nothing that could fail; without heartbeats it would
+# be found only by the no-progress timeout. Each end beats once a second; a link silent for
+# SILENT_S means the rank behind it is gone.
+BEAT_S = 1.0
+SILENT_S = 10.0
 
 
 def _loopback(address: str) -> bool:
@@ -103,6 +109,9 @@ class ControlPlane:
         self.send_locks: dict[socket.socket, threading.Lock] = {}
         self.said_bye: set[socket.socket] = set()
         self.reader: threading.Thread | None = None
+        self.beater: threading.Thread | None = None
+        self.quiet = threading.Event()  # set when the beats must stop
+        self.heard: dict[int, float] = {}  # elastic: when each link last said anything
         self.stopping = False
 
     def exchange(self, endpoints: dict[int, dict[str, Any]],
@@ -325,6 +334,18 @@ class ControlPlane:
             self.send_locks[sock] = threading.Lock()
         self.reader = threading.Thread(target=self._read, name="rxelab-control", daemon=True)
         self.reader.start()
+        if self.elastic:
+            self.beater = threading.Thread(target=self._beat, name="rxelab-beat", daemon=True)
+            self.beater.start()
+
+    def _beat(self) -> None:
+        while not self.quiet.wait(BEAT_S):
+            for sock in list(self._links().values()):
+                if sock not in self.said_bye:
+                    try:
+                        self._send(sock, {"type": "beat", "rank": self.job.rank})
+                    except OSError:  # the reader finds out why
+                        pass
 
     def _send(self, sock: socket.socket, message: dict[str, Any]) -> None:
         with self.send_locks.setdefault(sock, threading.Lock()):
@@ -337,8 +358,11 @@ class ControlPlane:
         sel = selectors.DefaultSelector()
         for sock in links.values():
             sel.register(sock, selectors.EVENT_READ)  # read only when readable: never blocks
+        self.heard = {r: time.monotonic() for r in links}
         try:
             while not self.stopping and sel.get_map():
+                if self.elastic:
+                    self._silence(sel, rank_of)
                 for key, _ in sel.select(timeout=0.2):
                     sock = key.fileobj  # type: ignore[assignment]
                     r = rank_of[sock]
@@ -352,6 +376,7 @@ class ControlPlane:
                         sel.unregister(sock)
                         self._gone(r)
                         continue
+                    self.heard[r] = time.monotonic()
                     buf = buffers[sock]
                     buf += data
                     try:
@@ -365,8 +390,20 @@ class ControlPlane:
         finally:
             sel.close()
 
+    def _silence(self, sel: selectors.BaseSelector, rank_of: dict[socket.socket, int]) -> None:
+        """A link that has not beaten for SILENT_S: the rank behind it is gone."""
+        now = time.monotonic()
+        for sock in [k.fileobj for k in list(sel.get_map().values())]:
+            r = rank_of[sock]  # type: ignore[index]
+            if now - self.heard.get(r, now) > SILENT_S and r not in self.left:
+                sel.unregister(sock)
+                self._end(f"rank {r} has been silent for {SILENT_S:g} s (no heartbeat): its node "
+                          "is down or cut off from this one", r, skip=r)
+
     def _file(self, r: int, message: dict[str, Any]) -> None:
         kind = message["type"]
+        if kind == "beat":
+            return
         if kind == "abort":
             if self.job.rank == 0:  # pass it on; say who stopped and why
                 self._end(f"rank {r} stopped: {message['reason']}", message["rank"], skip=r)
@@ -493,6 +530,9 @@ class ControlPlane:
             self._say_bye(sock)
         with self.state:
             self.stopping = True
+        self.quiet.set()
+        if self.beater is not None and self.beater is not threading.current_thread():
+            self.beater.join(timeout=2)
         for sock in socks:
             try:
                 sock.shutdown(socket.SHUT_RDWR)

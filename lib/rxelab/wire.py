@@ -59,6 +59,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
     "barrier": {"rank": _RANK, "seq": (int, lambda v: v >= 0)},
     "release": {"seq": (int, lambda v: v >= 0)},
     "bye": {"rank": _RANK},
+    "beat": {"rank": _RANK},  # elastic jobs: I am alive (control.BEAT_S)
     "abort": {"rank": _RANK, "reason": (str, None)},
     # membership (rxelab.membership): a survivor to the coordinator it found, and the answers
     "shrink": {"rank": _RANK, "generation": _GENERATION, "token": _TOKEN},

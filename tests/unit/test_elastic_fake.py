@@ -678,3 +678,30 @@ def test_a_rank_that_saw_another_membership_is_told_and_left_out():
     out = run_ranks(5, job, timeout=20, deadline=90, elastic=True)
     assert out[3]["type"] == "failed" and "generation 7" in out[3]["reason"]
     assert out[0] == out[1] == out[4] == [0, 1, 4]
+
+
+def test_a_rank_cut_off_without_a_closed_connection_is_found_by_its_silence(monkeypatch):
+    """A node that powers off or drops off the network closes nothing, and the others may be
+    waiting to receive (nothing of theirs could fail): the heartbeats find it, long before
+    the no-progress timeout."""
+    from rxelab import control
+    monkeypatch.setattr(control, "SILENT_S", 2.0)
+
+    def job(comm):
+        me = comm.rank
+        settle(comm)
+        if me == 2:  # frozen: no beats, no data, its sockets open
+            comm.control.quiet.set()
+            comm.control.stopping = True
+            time.sleep(5)
+            die(comm)
+            return None
+        started = time.monotonic()
+        with pytest.raises(PeerError) as err:
+            comm.allreduce(np.ones(64), np.empty(64))
+        took = time.monotonic() - started
+        return str(err.value), took
+    out = run_ranks(4, job, timeout=60, deadline=60, elastic=True, keep_errors=True)
+    for r in (0, 1, 3):
+        why, took = out[r]
+        assert "silent" in why and "rank 2" in why and took < 10, (why, took)

@@ -45,7 +45,8 @@ def test_the_secret_file_is_private_from_its_first_byte(tmp_path):
 
 
 def test_heal_puts_back_the_addresses_it_found_and_waits_for_the_port():
-    cmd = elastic.heal_command(HOSTS[2], ["10.10.0.13/24"])
+    cmd = elastic.heal_command(HOSTS[2], "ens7", ["10.10.0.13/24"])
+    assert cmd.startswith("nd=ens7; ") and "gid_attrs" not in cmd, "named as found: no GID then"
     assert 'sudo -n ip link set dev "$nd" up' in cmd
     assert "sudo -n ip addr replace 10.10.0.13/24 dev \"$nd\"" in cmd
     assert "/sys/class/infiniband/rxe0/ports/1/state" in cmd and "ACTIVE" in cmd
