@@ -703,5 +703,6 @@ def test_a_rank_cut_off_without_a_closed_connection_is_found_by_its_silence(monk
         return str(err.value), took
     out = run_ranks(4, job, timeout=60, deadline=60, elastic=True, keep_errors=True)
     for r in (0, 1, 3):
-        why, took = out[r]
-        assert "silent" in why and "rank 2" in why and took < 10, (why, took)
+        assert out[r][1] < 10, out  # the no-progress timeout is 60 s
+    # whoever heard of it first says why (the others may hear a peer's abort first)
+    assert any("rank 2 has been silent" in out[r][0] for r in (0, 1, 3)), out
