@@ -124,7 +124,7 @@ def test_the_report_has_the_table_the_summary_and_the_plot(tmp_path: Path):
     md = md_path.read_text()
     assert "## Changes of members" in md and "## Collectives" not in md
     assert "| rxelab | kill rank 3 | 10 | shrink to 5 ranks | 1.50 |" in md
-    assert "mpi-ucx: the job ended 1.5 s after the kill (exit 137), after 10 of 40 steps" in md
+    assert "mpi-ucx: the job ended 1.5 s after the kill (exit 137), after 10 of 50 steps" in md
     assert "their parameters agree" in md and "0 of 0 cases" not in md
     png = (tmp_path / "elastic.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10000
