@@ -1,5 +1,6 @@
 """Elastic training on the lab (issue 18), small: 3 ranks, one killed (SIGKILL) at step 3, a
-newcomer joining at step 6; the survivors finish with the same parameters, every step's
+newcomer starting at step 4 (admitted at an admit point once it knocks: its start-up under
+emulation spans a few steps of 0.3 s); the survivors finish with the same parameters, every step's
 allreduce checked; then Open MPI's job with the same kill ends. The report says so."""
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ SPEC = """name = "elastic-small"
 [elastic]
 nodes = 3
 ranks_per_node = 1
-steps = 12
+steps = 20
 size = 4096
 admit_every = 3
+pause = 0.3
 timeout_s = 300
 mpi = true
-events = [{step = 3, kill = 2}, {step = 6, join = 2}]
+events = [{step = 3, kill = 2}, {step = 4, join = 2}]
 """
 
 
@@ -42,7 +44,7 @@ def test_a_kill_and_a_join_on_the_lab(lab, tmp_path):
     assert shrink and all(e["lost"] == [2] and e["size"] == 2 for e in shrink)
     admit = [e for e in rx["events"] if e["event"] == "admit"]
     assert admit and admit[0]["size"] == 3
-    assert [e["step"] for e in rx["events"] if e["event"] == "step"][-1] == 11
+    assert [e["step"] for e in rx["events"] if e["event"] == "step"][-1] == 19
     assert mpi["exit"] != 0 and any(e["event"] == "dying" for e in mpi["events"])
     assert not any(e["event"] == "done" for e in mpi["events"]), "Open MPI's job ended"
     r = fab(lab, "report", "--results", str(run), timeout=300)
