@@ -25,6 +25,7 @@ from typing import Any
 from rxelab import settings, wire
 from rxelab.bootstrap import JobInfo
 from rxelab.errors import ConfigError, PeerError, ProtocolError
+from rxelab.hall import Hall
 
 HELLO_S = 10.0  # a connection must say hello within this long, or it is dropped
 MAX_PENDING = 64  # connections that have not said hello yet: beyond this the oldest goes
@@ -143,94 +144,46 @@ class ControlPlane:
         hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
         where: dict[int, str] = {}  # the address each rank reached us from
         looked = time.monotonic()  # when alive() was last asked
-        pending: dict[socket.socket, bytearray] = {}  # in the order they came
-        since: dict[socket.socket, float] = {}
-        dropped: list[str] = []
-        sel = selectors.DefaultSelector()
-        sel.register(listener, selectors.EVENT_READ)
-
-        def drop(sock: socket.socket, why: str) -> None:
-            with contextlib.suppress(OSError):
-                dropped.append(f"{sock.getpeername()[0]}: {why}")
-            sel.unregister(sock)
-            pending.pop(sock, None)
-            since.pop(sock, None)
-            sock.close()
-
+        hall = Hall(listener, patience=HELLO_S, limit=MAX_PENDING)
         try:
             while len(hellos) < job.world_size:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     missing = sorted(set(range(job.world_size)) - set(hellos))
                     raise PeerError(f"ranks {missing} did not join within {self.timeout:g} s"
-                                    + (f" (connections dropped: {'; '.join(dropped[-3:])})"
-                                       if dropped else ""), peer=missing[0],
+                                    + (f" (connections dropped: {'; '.join(hall.dropped[-3:])})"
+                                       if hall.dropped else ""), peer=missing[0],
                                     hint=f"are they started, with MASTER_ADDR={job.master_addr} "
                                          f"and MASTER_PORT={job.master_port}?")
                 now = time.monotonic()
-                for sock in [s for s, t in since.items() if now - t > HELLO_S]:
-                    drop(sock, f"said no hello within {HELLO_S:g} s")
                 if self.alive is not None and now - looked >= 1.0:
                     looked = now
                     for r in sorted(set(range(job.world_size)) - set(hellos)):
                         if not self.alive(r):
                             raise PeerError(f"rank {r} is gone (its listener closed) before "
                                             "it joined", peer=r)
-                for key, _ in sel.select(timeout=min(remaining, 1.0)):
-                    if key.fileobj is listener:
-                        if len(pending) >= MAX_PENDING:  # make room: the oldest silent one goes
-                            drop(next(iter(pending)), "crowded out by newer connections")
-                        try:
-                            sock, _ = listener.accept()
-                        except OSError:  # out of descriptors, say: free one, do not spin
-                            if pending:
-                                drop(next(iter(pending)), "crowded out by newer connections")
-                            else:
-                                time.sleep(0.05)
-                            continue
-                        sock.setblocking(False)
-                        pending[sock] = bytearray()
-                        since[sock] = time.monotonic()
-                        sel.register(sock, selectors.EVENT_READ)
+                for sock, hello in hall.hear(min(remaining, 1.0)):
+                    if hello is None:  # pragma: no cover - only kept connections report None
                         continue
-                    sock = key.fileobj  # type: ignore[assignment]
                     try:
-                        data = sock.recv(1 << 16)
-                    except BlockingIOError:
-                        continue
-                    except OSError as err:
-                        drop(sock, str(err))
-                        continue
-                    if not data:
-                        drop(sock, "closed before saying hello")
-                        continue
-                    buf = pending[sock]
-                    buf += data
-                    try:
-                        got = wire.split_frame(buf)
-                        if got is not None:
-                            self._accept_hello(got[0], hellos)
+                        self._accept_hello(hello, hellos)
                     except ProtocolError as err:
-                        drop(sock, str(err))
+                        hall.reject(sock, str(err))
                         continue
-                    if got is not None:
-                        sel.unregister(sock)
-                        del pending[sock]
-                        del since[sock]
-                        sock.setblocking(True)
-                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                        self.peers[got[0]["rank"]] = sock
-                        with contextlib.suppress(OSError):
-                            where[got[0]["rank"]] = sock.getpeername()[0]
+                    except BaseException:
+                        sock.close()
+                        raise
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    self.peers[hello["rank"]] = sock
+                    with contextlib.suppress(OSError):
+                        where[hello["rank"]] = sock.getpeername()[0]
         except BaseException as err:
             # those that said hello hear why (not a goodbye, which says all is well)
             self.abort(f"rank 0 could not gather the job: {err}", getattr(err, "peer", None) or 0)
             self.close()
             raise
         finally:
-            for sock in pending:
-                sock.close()
-            sel.close()
+            hall.close()
             if not self.elastic:
                 listener.close()
         for r in sorted(hellos):  # every rank is in: all of them hear why, if it must end

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import selectors
 import socket
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from rxelab import wire
 from rxelab.bootstrap import JobInfo
 from rxelab.errors import ConfigError, PeerError, ProtocolError, RdmaError
+from rxelab.hall import Hall
 
 if TYPE_CHECKING:
     from rxelab.comm import Communicator
@@ -193,7 +193,7 @@ def coordinate(seat: Seat, members: list[int], dead: set[int], generation: int, 
                quorum: str | int) -> list[int]:
     me = seat.job.rank
     joined: dict[int, socket.socket] = {}
-    hall = Hall(seat.listener)
+    hall = Hall(seat.listener, patience=READ_S, limit=MAX_NEWCOMERS)
     probed = 0.0
     try:
         while True:
@@ -269,89 +269,13 @@ def say(sock: socket.socket, message: dict[str, Any] | None) -> None:
         sock.close()
 
 
-class Hall:
-    """Connections to a listener and the first message of each, heard without blocking on any
-    one of them: a silent or malformed one is dropped after READ_S, a closed one reported."""
-
-    def __init__(self, listener: socket.socket) -> None:
-        self.listener = listener
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(listener, selectors.EVENT_READ)
-        self.pending: dict[socket.socket, tuple[bytearray, float]] = {}
-        self.kept: set[socket.socket] = set()
-
-    def keep(self, sock: socket.socket) -> None:
-        """Watch it after its message: report it when it closes (its process died)."""
-        self.kept.add(sock)
-        self.sel.register(sock, selectors.EVENT_READ)
-
-    def hear(self, wait: float) -> list[tuple[socket.socket, dict[str, Any] | None]]:
-        out: list[tuple[socket.socket, dict[str, Any] | None]] = []
-        for key, _ in self.sel.select(timeout=wait):
-            if key.fileobj is self.listener:
-                try:
-                    sock, _ = self.listener.accept()
-                except OSError:
-                    continue
-                if len(self.pending) >= MAX_NEWCOMERS:
-                    self._drop(next(iter(self.pending)))
-                sock.setblocking(False)
-                self.pending[sock] = (bytearray(), time.monotonic())
-                self.sel.register(sock, selectors.EVENT_READ)
-                continue
-            sock = key.fileobj  # type: ignore[assignment]
-            try:
-                data = sock.recv(1 << 16)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
-            if sock in self.kept:  # after its message a member says nothing: data or not,
-                self.sel.unregister(sock)  # it has closed or broken the protocol
-                self.kept.discard(sock)
-                out.append((sock, None))
-                continue
-            if not data:
-                self._drop(sock)
-                continue
-            buf = self.pending[sock][0]
-            buf += data
-            try:
-                got = wire.split_frame(buf)
-            except ProtocolError:
-                self._drop(sock)
-                continue
-            if got is not None:
-                self.sel.unregister(sock)
-                del self.pending[sock]
-                sock.setblocking(True)
-                out.append((sock, got[0]))
-        now = time.monotonic()  # what came has been read: only the silent ones go
-        for sock in [s for s, (_, t) in self.pending.items() if now - t > READ_S]:
-            self._drop(sock)
-        return out
-
-    def _drop(self, sock: socket.socket) -> None:
-        self.sel.unregister(sock)
-        self.pending.pop(sock, None)
-        sock.close()
-
-    def close(self) -> None:
-        for sock in list(self.pending):
-            self._drop(sock)
-        for sock in self.kept:
-            with contextlib.suppress(KeyError, ValueError):
-                self.sel.unregister(sock)
-        self.sel.close()
-
-
 # ---- grow ----------------------------------------------------------------------------------
 def hear_newcomers(seat: Seat, wait: float, wanted: int,
                    watch: Callable[[], None] = lambda: None) -> list[socket.socket]:
     """Rank 0: the newcomers at the rendezvous (with the job's secret), waiting up to `wait`
     seconds for `wanted` of them; whoever is there already comes in too. watch() raises a
     failure of the job found meanwhile (a rank gone)."""
-    hall = Hall(seat.listener)
+    hall = Hall(seat.listener, patience=READ_S, limit=MAX_NEWCOMERS)
     found: list[socket.socket] = []
     grace = time.monotonic() + GRACE_S
     end = max(grace, time.monotonic() + wait)
