@@ -51,6 +51,20 @@ def until_failure(comm: Communicator) -> None:
             comm.allreduce(np.ones(64), np.empty(64))
 
 
+def after_losing(comm: Communicator, victims: set[int] | tuple[int, ...], **shrink: Any) -> Any:
+    """Every rank settles, the victims die; the others wait for the failure and shrink: the
+    new communicator, None on a victim, "died" on a rank that died in the shrink."""
+    settle(comm)
+    if comm.rank in victims:
+        die(comm)
+        return None
+    until_failure(comm)
+    try:
+        return comm.shrink(**shrink)
+    except Died:
+        return "died"
+
+
 def members_of(comm: Communicator, me: int) -> list[int]:
     """The original ids of the communicator's ranks, in rank order."""
     ids = np.empty(comm.size, np.int64)
@@ -63,13 +77,10 @@ def survive(victims: set[int], *, at_barrier: bool = True, quorum: str | int = "
     on the new communicator, and report what they agreed on."""
     def job(comm):
         me = comm.rank
-        settle(comm)
-        if me in victims:
-            die(comm)
-            return None
-        until_failure(comm)
         started = time.monotonic()
-        new = comm.shrink(quorum=quorum)
+        new = after_losing(comm, victims, quorum=quorum)
+        if new is None:
+            return None
         took = time.monotonic() - started
         with new:
             assert comm.closed and not comm.conns, "the old communicator is gone whole"
@@ -182,18 +193,11 @@ def test_a_coordinator_that_dies_during_the_agreement_hands_it_to_the_next(monke
     monkeypatch.setattr(membership, "coordinate", coordinate)
 
     def job(comm):
-        me = comm.rank
-        settle(comm)
-        if me == 0:
-            die(comm)
-            return None
-        until_failure(comm)
-        try:
-            new = comm.shrink()
-        except Died:
-            return "died"
+        new = after_losing(comm, {0})
+        if new in (None, "died"):
+            return new
         with new:
-            return members_of(new, me), new.formed["lost"]
+            return members_of(new, comm.rank), new.formed["lost"]
     out = run_ranks(5, job, timeout=20, deadline=90, elastic=True)
     assert out[1] == "died"
     for r in (2, 3, 4):
@@ -215,19 +219,12 @@ def test_a_member_that_dies_while_the_new_mesh_is_built_makes_them_agree_again(m
     monkeypatch.setattr(Communicator, "_builder", staticmethod(builder))
 
     def job(comm):
-        me = comm.rank
-        settle(comm)
-        if me == 4:
-            die(comm)
-            return None
-        until_failure(comm)
         started = time.monotonic()
-        try:
-            new = comm.shrink()
-        except Died:
-            return "died"
+        new = after_losing(comm, {4})
+        if new in (None, "died"):
+            return new
         with new:
-            return members_of(new, me), new.formed["lost"], time.monotonic() - started
+            return members_of(new, comm.rank), new.formed["lost"], time.monotonic() - started
     out = run_ranks(5, job, timeout=30, deadline=90, elastic=True)
     for r in (0, 1, 2):
         ids, lost, took = out[r]
@@ -350,13 +347,11 @@ def test_a_job_that_grew_can_shrink_again_even_losing_a_newcomer():
             try:
                 comm = rxelab.join("127.0.0.1", port, wait=30, device="fake0")
                 me = 100 + comm.rank
-                settle(comm)
-                if dies:
-                    die(comm)
+                small = after_losing(comm, {comm.rank} if dies else set())
+                if small is None:
                     results[key] = "died"
                     return
-                until_failure(comm)
-                with comm.shrink() as small:
+                with small:
                     results[key] = members_of(small, me)
             except BaseException as err:  # reported to the test
                 results[key] = err
@@ -373,12 +368,10 @@ def test_a_job_that_grew_can_shrink_again_even_losing_a_newcomer():
         comm.barrier()
         comm = comm.admit(timeout=10, wanted=2)
         assert comm.size == 5
-        settle(comm)
-        if me == 1:
-            die(comm)
+        small = after_losing(comm, {1})
+        if small is None:
             return None
-        until_failure(comm)
-        with comm.shrink() as small:
+        with small:
             return members_of(small, me)
     out = run_ranks(3, job, timeout=20, deadline=90, elastic=True)
     for t in threads:

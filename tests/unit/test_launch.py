@@ -20,10 +20,13 @@ RANK = "echo $$ > {dir}/$RANK.pid; exec sleep 300"
 
 def launcher(tmp_path: Path, *args: str, command: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "lib")}
+    # SIGINT as a terminal gives it, whatever this test runs under (a background job of a
+    # script starts with SIGINT ignored, and a launcher would inherit that)
     return subprocess.Popen([sys.executable, "-m", "rxelab.launch", *args, "--", "sh", "-c",
                              command.format(dir=tmp_path)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def rank_pids(tmp_path: Path, n: int, timeout: float = 20) -> list[int]:
