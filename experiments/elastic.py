@@ -13,6 +13,7 @@ RDMA port ACTIVE again) by the run's clean-up too.
 
 from __future__ import annotations
 
+import io
 import json
 import secrets as random_secrets
 import shlex
@@ -30,6 +31,7 @@ POLL_S = 0.2
 HEAL_S = 60  # a NIC brought back up must have its address and its RDMA port within this
 LOOK_S = 2.0  # how often a partitioned node is looked at (over its management network)
 PARTITION_MAX_S = 180  # a partitioned node whose ranks have not ended by then is healed anyway
+WATCHDOG_S = PARTITION_MAX_S + 2 * HEAL_S  # a node brings its NIC back up by itself after this
 
 
 def kills(el: dict[str, Any]) -> list[str]:
@@ -78,12 +80,12 @@ def _join(argv: list[str]) -> str:
     return " ".join(remote_word(a) for a in argv)
 
 
-def secret_command(path: str, secret: str) -> str:
-    """The job's secret in a file only its owner can read, made so from its first byte
-    (path: as the launcher takes it, $HOME left for the node's shell)."""
+def secret_command(path: str) -> str:
+    """The job's secret (from standard input: never on a command line, which `ps` shows to
+    every user) into a file only its owner can read, made so from its first byte (path: as
+    the launcher takes it, $HOME left for the node's shell)."""
     word = remote_word(path)
-    return (f"mkdir -p \"$(dirname {word})\" && (umask 077 && printf '%s\\n' "
-            f"{shlex.quote(secret)} > {word})")
+    return f"mkdir -p \"$(dirname {word})\" && (umask 077 && head -n 1 > {word})"
 
 
 def ours_command(run_id: str) -> str:
@@ -92,8 +94,22 @@ def ours_command(run_id: str) -> str:
             "| wc -l")
 
 
-def partition_command(host: Host) -> str:
-    return f"{commands.netdev_expr(host)} && sudo -n ip link set dev \"$nd\" down"
+def watchdog_id(run_id: str) -> str:
+    return f"{run_id}-watchdog"
+
+
+def partition_command(host: Host, run_id: str) -> str:
+    """The data NIC down - unless this very SSH session rides it (then nothing could bring
+    it back) - with a watchdog on the node that brings it up again if the run never does
+    (the controller killed, its network gone). The watchdog carries an id of its own: the
+    run's clean-up stops it, and it does not count as one of the run's ranks."""
+    return (f"{commands.netdev_expr(host)} && [ -n \"$nd\" ] || exit 5; "
+            "set -- $SSH_CLIENT; "
+            'if [ -n "$1" ] && ip -o route get "$1" 2>/dev/null | grep -qw "dev $nd"; then '
+            'echo "this SSH session rides $nd: not taking it down" >&2; exit 6; fi; '
+            f"{started_by(watchdog_id(run_id))}nohup sh -c "
+            f"\"sleep {WATCHDOG_S}; sudo -n ip link set dev $nd up\" >/dev/null 2>&1 & "
+            'sudo -n ip link set dev "$nd" down')
 
 
 def heal_command(host: Host, netdev: str, inets: list[str]) -> str:
@@ -104,9 +120,17 @@ def heal_command(host: Host, netdev: str, inets: list[str]) -> str:
     state = shlex.quote(f"/sys/class/infiniband/{r.device}/ports/{r.port}/state")
     readd = "; ".join(f"ip -o addr show dev \"$nd\" | grep -qF {shlex.quote(' ' + i + ' ')} || "
                       f"sudo -n ip addr replace {shlex.quote(i)} dev \"$nd\"" for i in inets)
+    check = " && ".join(f"ip -o addr show dev \"$nd\" | grep -qF {shlex.quote(' ' + i + ' ')}"
+                        for i in inets) or "true"
     return (f"nd={shlex.quote(netdev)}; sudo -n ip link set dev \"$nd\" up; "
             f"for i in $(seq {HEAL_S * 2}); do grep -q ACTIVE {state} && break; sleep 0.5; done; "
-            f"{readd + '; ' if readd else ''}echo \"port $(cat {state})\"")
+            f"{readd + '; ' if readd else ''}echo \"port $(cat {state})\"; "
+            f"{check} && echo addresses back")
+
+
+def healed(output: str) -> bool:
+    """Whether heal_command's output says the port is ACTIVE and the addresses are back."""
+    return "ACTIVE" in output and "addresses back" in output
 
 
 def parse(text: str, arrived: float | None = None) -> list[dict[str, Any]]:
@@ -151,6 +175,17 @@ class Watch:
         self.events += found
         return found
 
+    def admitted(self) -> bool:
+        """Whether its output says it joined (an admitted newcomer finishes with the job)."""
+        self.poll()
+        return any(e["event"] == "joined" for e in self.events)
+
+    def abandon(self) -> None:
+        """Close its channel and cancel its timer (a non-daemon thread that would keep this
+        process alive until the command's deadline); the run's clean-up ends the process."""
+        if not self.done:
+            self.promise.runner.stop()
+
     def stop(self, connection: Any, run_id: str) -> None:
         """End it: the run's processes on its host, then (if its channel still waits) the
         channel and its timer, which would otherwise keep this process alive."""
@@ -190,10 +225,20 @@ class Scenario:
     def run(self) -> Iterator[dict[str, Any]]:
         """Each contender's record as soon as it has one (an interrupted run keeps them)."""
         secret = random_secrets.token_hex(16)
-        self.r._on_hosts(self.hosts, lambda h: secret_command(self.secret_file, secret))
+        for h in self.hosts:
+            r = self.r._connection(h).run(secret_command(self.secret_file), hide=True, warn=True,
+                                          timeout=30, in_stream=io.StringIO(secret + "\n"))
+            if r.exited != 0:
+                raise fleet.FleetError(f"{h.name}: cannot write the job's secret file: "
+                                       f"{r.stderr.strip()}")
         yield self._rxelab()
-        if self.el["mpi"]:
-            yield self._mpi()
+        if not self.el["mpi"]:
+            return
+        if self.r.links_down:
+            self.r.say(f"elastic: not running Open MPI: {', '.join(self.r.links_down)} still "
+                       "cut off")
+            return
+        yield self._mpi()
 
     def _rxelab(self) -> dict[str, Any]:
         el, head = self.el, self.hosts[0]
@@ -209,6 +254,7 @@ class Scenario:
         looked = 0.0
         healing: Future[None] | None = None
         pool = ThreadPoolExecutor(max_workers=1)  # heals wait for a port: not in this loop
+        finished = False
         try:
             while not job.done and time.monotonic() < deadline:
                 if (self.r.links_down and time.monotonic() - looked > LOOK_S
@@ -225,28 +271,40 @@ class Scenario:
                     actions.append(self._act(pending.pop(0), reached + 1, newcomers))
                 time.sleep(POLL_S)
             outcome = job.finish() if job.done else {"exit": "timeout", "ended": time.time()}
+            joined = []
+            end = time.monotonic() + 60  # an admitted newcomer finishes with the job
+            for w in newcomers:
+                while not w.done and time.monotonic() < end and w.admitted():
+                    time.sleep(POLL_S)
+                if not w.done:  # never admitted (no admit point left): stopped
+                    w.stop(self.r._connection(w.host), self.r.run_id)
+                if w.done:
+                    joined.append(w.finish())
+                    job.events += w.events
+            finished = True
         finally:
             pool.shutdown(wait=True)
+            if not finished:  # interrupted: no channel or timer of ours may outlive the run
+                for w in [job, *newcomers]:
+                    w.abandon()
             self._heal(actions)
-        for w in newcomers:
-            if not w.done:  # never admitted (no admit point left): stopped, and waited for
-                w.stop(self.r._connection(w.host), self.r.run_id)
-            if w.done:
-                w.finish()
-                job.events += w.events
         return {"contender": "rxelab", "started": job.started, **outcome, "actions": actions,
-                "events": job.events, "spec": el}
+                "newcomers": joined, "events": job.events, "spec": el}
 
     def _act(self, event: dict[str, Any], step: int, newcomers: list[Watch]) -> dict[str, Any]:
         at = time.time()
         if "partition" in event:
             host = self.hosts[event["partition"] - 1]
             self.r.links_down[host.name] = self.r.inets.get(host.name, [])
-            result = self.r._connection(host).run(partition_command(host), hide=True, warn=True,
-                                                  timeout=30)
-            self.r.say(f"    partition: {host.name}'s data NIC down at step {step}")
-            return {"kind": "partition", "node": host.name, "step": step, "time": at,
-                    "ok": result.exited == 0}
+            result = self.r._connection(host).run(partition_command(host, self.r.run_id),
+                                                  hide=True, warn=True, timeout=30)
+            ok = result.exited == 0
+            if not ok:
+                del self.r.links_down[host.name]
+            self.r.say(f"    partition: {host.name}'s data NIC down at step {step}" if ok else
+                       f"    partition of {host.name} failed: {result.stderr.strip()[-300:]}")
+            return {"kind": "partition", "node": host.name, "step": step, "time": at, "ok": ok,
+                    **({} if ok else {"error": result.stderr.strip()[-300:]})}
         host = self.hosts[event["join"] - 1]
         newcomers.append(Watch(self.r._connection(host), newcomer_command(
             self.el, host, self.hosts[0], self.r.run_id, self.secret_file), self.el["timeout_s"],
@@ -270,7 +328,7 @@ class Scenario:
             result = self.r._connection(host).run(
                 heal_command(host, self.r.netdevs[name], self.r.links_down[name]),
                 hide=True, warn=True, timeout=HEAL_S + 30)
-            if "ACTIVE" in result.stdout:
+            if healed(result.stdout):
                 del self.r.links_down[name]
                 actions.append({"kind": "heal", "node": name, "time": time.time(), "ok": True})
                 self.r.say(f"    heal: {name}'s data NIC up again, its RDMA port ACTIVE")
@@ -284,10 +342,14 @@ class Scenario:
         job = Watch(self.r._connection(self.hosts[0]), mpi_command(
             el, self.hosts, self.r.network, self.r.run_id), el["timeout_s"] + 60)
         deadline = time.monotonic() + el["timeout_s"] + 60
-        while not job.done and time.monotonic() < deadline:
-            job.poll()
-            time.sleep(POLL_S)
-        outcome = job.finish() if job.done else {"exit": "timeout", "ended": time.time()}
+        try:
+            while not job.done and time.monotonic() < deadline:
+                job.poll()
+                time.sleep(POLL_S)
+            outcome = job.finish() if job.done else {"exit": "timeout", "ended": time.time()}
+        except BaseException:
+            job.abandon()
+            raise
         self.r._on_hosts(self.hosts, lambda h: commands.stop_command(self.r.run_id), timeout=30)
         return {"contender": "mpi-ucx", "started": job.started, **outcome, "actions": [],
                 "events": job.events, "spec": el}

@@ -40,36 +40,45 @@ def changes(rec: Record) -> list[Record]:
     causes += [{"kind": a["kind"], "time": a["time"], "step": a["step"], "who": a["node"]}
                for a in rec.get("actions", []) if a["kind"] in ("partition", "join")]
     out = []
+    used: set[Any] = set()  # generations already put down to a cause
     for cause in sorted(causes, key=lambda c: c["time"]):
         kind = "admit" if cause["kind"] == "join" else "shrink"
-        after = [e for e in events if e["event"] == kind and e["arrived"] >= cause["time"]]
+        after = [e for e in events if e["event"] == kind and e["arrived"] >= cause["time"]
+                 and e.get("generation") not in used]
         if not after:
             out.append({**cause, "outcome": "no change of members followed"})
             continue
         first = after[0]
+        used.add(first.get("generation"))
         same = [e for e in after if e.get("generation") == first.get("generation")]
         resumed = min(e["step"] for e in same)
         row = {**cause, "outcome": f"{kind} to {first['size']} ranks", "size": first["size"],
-               "host_s": first["arrived"] - cause["time"],
-               "agree_s": max((e.get("agree_s", 0.0) for e in same), default=None),
-               "build_s": max((e.get("build_s", 0.0) for e in same), default=None)}
+               "host_s": first["arrived"] - cause["time"], "done": max(e["arrived"] for e in same),
+               "agree_s": _most(same, "agree_s"), "build_s": _most(same, "build_s")}
         if kind == "shrink":
-            row["detect_s"] = max((e.get("detect_s", 0.0) for e in same), default=None)
+            row["detect_s"] = _most(same, "detect_s")
             row["redone"] = cause["step"] - resumed + 1 if cause["kind"] == "kill" else None
             row["lost"] = first.get("lost")
         out.append(row)
     return out
 
 
+def _most(events: list[Record], key: str) -> float | None:
+    """The slowest rank's figure, where the ranks gave one."""
+    values = [e[key] for e in events if e.get(key) is not None]
+    return max(values) if values else None
+
+
 def step_times(rec: Record) -> tuple[float | None, float | None]:
     """Median seconds per step before the first event and after the last change."""
     steps = steps_of(rec)
-    marks = [c["time"] for c in changes(rec)] if rec["contender"] == "rxelab" else []
+    # after the last change of members is complete (its last rank's line), not its cause
+    marks = [c.get("done", c["time"]) for c in changes(rec)] if rec["contender"] == "rxelab" else []
     first = min((a["time"] for a in rec.get("actions", [])), default=None)
     kills = [e["arrived"] for e in rec["events"] if e["event"] == "dying"]
     start = min([t for t in [first, *kills] if t is not None], default=None)
     before = [e["seconds"] for e in steps if start is None or e["arrived"] < start]
-    after = [e["seconds"] for e in steps if marks and e["arrived"] > max(marks) + 1]
+    after = [e["seconds"] for e in steps if marks and e["arrived"] > max(marks)]
     return (statistics.median(before) if before else None,
             statistics.median(after) if after else None)
 
@@ -77,9 +86,9 @@ def step_times(rec: Record) -> tuple[float | None, float | None]:
 def mpi_outcome(rec: Record) -> dict[str, Any]:
     dying = [e["arrived"] for e in rec["events"] if e["event"] == "dying"]
     steps = steps_of(rec)
+    ended = isinstance(rec.get("ended"), float) and rec.get("exit") != "timeout"
     return {"exit": rec.get("exit"), "steps_done": len(steps),
-            "abort_s": rec["ended"] - dying[0] if dying and isinstance(rec.get("ended"), float)
-            else None}
+            "abort_s": rec["ended"] - dying[0] if dying and ended else None}
 
 
 def summary_lines(records: list[Record]) -> list[str]:
@@ -99,11 +108,14 @@ def summary_lines(records: list[Record]) -> list[str]:
                 lines.append(_change_line(c))
         else:
             out = mpi_outcome(rec)
-            lines.append(f"{rec['contender']}: the job ended "
-                         + (f"{out['abort_s']:.1f} s after the kill" if out["abort_s"] is not None
-                            else "without a kill")
-                         + f" (exit {out['exit']}), after {out['steps_done']} of "
-                           f"{rec['spec']['steps']} steps: every rank's work stopped.")
+            steps = f"after {out['steps_done']} of {rec['spec']['steps']} steps"
+            if out["exit"] == "timeout":
+                lines.append(f"{rec['contender']}: the job did not end by its deadline ({steps}).")
+            elif out["abort_s"] is not None:
+                lines.append(f"{rec['contender']}: the job ended {out['abort_s']:.1f} s after the "
+                             f"kill (exit {out['exit']}), {steps}: every rank's work stopped.")
+            else:
+                lines.append(f"{rec['contender']}: the job ended (exit {out['exit']}), {steps}.")
     return lines
 
 
@@ -170,4 +182,11 @@ def problems(records: list[Record]) -> list[str]:
                        f"{len(done)} ranks done: {rec.get('tail', '')[-300:]}")
         elif len({e["params"] for e in done}) != 1:
             out.append("rxelab: the survivors' parameters differ")
+        for a in rec.get("actions", []):
+            if not a.get("ok", True):
+                out.append(f"rxelab: the {a['kind']} of {a['node']} did not happen: "
+                           f"{a.get('error', '')}")
+        for n in rec.get("newcomers", []):
+            if n.get("exit") not in (0, None):
+                out.append(f"rxelab: a newcomer ended with {n['exit']}: {n.get('tail', '')[-300:]}")
     return out

@@ -166,10 +166,17 @@ class Runner:
             if h.name in self.links_down:  # first: the NIC we took down comes back up
                 restore = (f"{elastic.heal_command(h, self.netdevs[h.name], self.links_down[h.name])}"
                            f"; {restore}")
-            return (f"{commands.stop_command(self.run_id, self.run_id + '-load')}; {restore}; "
+            ids = (self.run_id, self.run_id + "-load", elastic.watchdog_id(self.run_id))
+            return (f"{commands.stop_command(*ids)}; {restore}; "
                     f"rm -rf {self.remote_dir}")
-        self._on_hosts(self.hosts, undo, timeout=60 + elastic.HEAL_S)
+        results = self._on_hosts(self.hosts, undo, timeout=60 + elastic.HEAL_S)
         self.netem_on.clear()
+        for name in list(self.links_down):
+            out = results.get(name)
+            if isinstance(out, Exception) or not elastic.healed(out.stdout):
+                self.say(f"WARNING: {name}'s data NIC ({self.netdevs.get(name)}) may still be "
+                         f"down: {out if isinstance(out, Exception) else out.stdout.strip()}; "
+                         f"its own watchdog brings it up within {elastic.WATCHDOG_S} s")
         self.links_down.clear()
 
     def _prepare(self, hosts: list[Host], case: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -38,10 +38,12 @@ def test_the_job_is_elastic_and_carries_the_run_id_and_the_secret_file():
     assert "--mpi" in mpi and "--kill 10:3" in mpi and "UCX_TLS=rc_v,self,sm" in mpi
 
 
-def test_the_secret_file_is_private_from_its_first_byte(tmp_path):
+def test_the_secret_file_is_private_from_its_first_byte_and_never_on_a_command_line(tmp_path):
     path = tmp_path / "run dir" / "secret"
-    subprocess.run(["sh", "-c", elastic.secret_command(str(path), "s3cret")], check=True)
+    cmd = elastic.secret_command(str(path))
+    subprocess.run(["sh", "-c", cmd], check=True, input="s3cret\nrest\n", text=True)
     assert path.read_text() == "s3cret\n" and path.stat().st_mode & 0o777 == 0o600
+    assert "s3cret" not in cmd
 
 
 def test_heal_puts_back_the_addresses_it_found_and_waits_for_the_port():
@@ -50,7 +52,11 @@ def test_heal_puts_back_the_addresses_it_found_and_waits_for_the_port():
     assert 'sudo -n ip link set dev "$nd" up' in cmd
     assert "sudo -n ip addr replace 10.10.0.13/24 dev \"$nd\"" in cmd
     assert "/sys/class/infiniband/rxe0/ports/1/state" in cmd and "ACTIVE" in cmd
-    assert 'ip link set dev "$nd" down' in elastic.partition_command(HOSTS[2])
+    cut = elastic.partition_command(HOSTS[2], RUN)
+    assert cut.endswith('sudo -n ip link set dev "$nd" down') and "SSH_CLIENT" in cut
+    assert f"RXELAB_RUN_ID={RUN}-watchdog nohup sh -c" in cut, "a watchdog of its own id"
+    assert elastic.healed("port 4: ACTIVE\naddresses back\n")
+    assert not elastic.healed("port 4: ACTIVE\n"), "the addresses count too"
 
 
 def test_output_lines_are_parsed_with_the_launcher_prefix_and_stamped():
@@ -98,11 +104,28 @@ def test_each_change_says_what_caused_it_and_what_it_cost():
     assert kill["redone"] == 2, "back to step 9: steps 9 and 10 again"
     assert cut["kind"] == "partition" and cut["size"] == 3 and cut["host_s"] == pytest.approx(6.8)
     assert join["outcome"] == "admit to 4 ranks" and join["host_s"] == pytest.approx(0.9)
+    assert join["agree_s"] is None and "detect_s" not in join, "nothing agreed: not 0.00"
     before, after = elastic_report.step_times(scenario_records()[0])
     assert before == pytest.approx(0.1) and after == pytest.approx(0.12)
     mpi = elastic_report.mpi_outcome(scenario_records()[1])
     assert mpi == {"exit": 137, "steps_done": 10, "abort_s": pytest.approx(1.5)}
     assert elastic_report.problems(scenario_records()) == []
+
+
+def test_two_causes_never_claim_one_change_and_a_timed_out_mpi_is_not_an_abort():
+    rx, mpi = scenario_records()
+    # a second kill right after the first: the shrink that followed goes to the first only
+    twice = {**rx, "events": [*rx["events"], {"event": "dying", "id": 5, "step": 10,
+                                             "arrived": 1010.5}]}
+    rows = elastic_report.changes(twice)
+    claimed = [r["done"] for r in rows if "done" in r]
+    assert len(claimed) == len(set(claimed)) == 3, "each change once"
+    assert rows[0]["who"] == "rank 3" and rows[0]["size"] == 5
+    late = {**mpi, "exit": "timeout"}
+    line = elastic_report.summary_lines([late])[0]
+    assert "did not end by its deadline" in line and "after the kill" not in line
+    finished = {**mpi, "exit": 0, "events": [e for e in mpi["events"] if e["event"] != "dying"]}
+    assert "ended (exit 0)" in elastic_report.summary_lines([finished])[0]
 
 
 def test_a_bad_run_is_named():
@@ -113,6 +136,10 @@ def test_a_bad_run_is_named():
     assert elastic_report.problems([wrong]) == ["mpi-ucx: step 3: 1 != 2"]
     failed = {**rx, "exit": 3}
     assert "ended with 3" in elastic_report.problems([failed])[0]
+    uncut = {**rx, "actions": [{**rx["actions"][0], "ok": False, "error": "sudo: a password"}]}
+    assert "the partition of node3 did not happen: sudo" in elastic_report.problems([uncut])[0]
+    lost = {**rx, "newcomers": [{"exit": 143, "tail": "never admitted"}]}
+    assert "a newcomer ended with 143" in elastic_report.problems([lost])[0]
 
 
 def test_the_report_has_the_table_the_summary_and_the_plot(tmp_path: Path):
