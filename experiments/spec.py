@@ -368,10 +368,30 @@ class _ElasticDoc(_Strict):
         steps = [e.step for e in self.events]
         if steps != sorted(steps) or steps[-1] >= self.steps:
             raise _bad(f"events must come in order of their steps, all before step {self.steps}")
+        cut: dict[int, int] = {}  # node -> the step it is cut off at
+        killed: set[int] = set()
         for e in self.events:
             if e.kill is not None and not 0 < e.kill < ranks:
                 raise _bad(f"kill = {e.kill}: a rank from 1 to {ranks - 1} (rank 0 is the "
                            "newcomers' rendezvous)")
+            if e.kill is not None:
+                if e.kill in killed:
+                    raise _bad(f"kill = {e.kill}: that rank is killed twice")
+                killed.add(e.kill)
+                if e.kill // self.ranks_per_node + 1 in cut:
+                    raise _bad(f"kill = {e.kill}: its node is cut off by then")
+            if e.partition is not None:
+                if e.partition in cut:
+                    raise _bad(f"partition = {e.partition}: that node is cut off twice")
+                cut[e.partition] = e.step
+            if e.join is not None:
+                if e.join in cut:
+                    raise _bad(f"join = {e.join}: that node is cut off by then (a newcomer "
+                               "there could not reach the rendezvous)")
+                if not any(k % self.admit_every == 0 for k in range(e.step, self.steps)):
+                    raise _bad(f"join at step {e.step}: no admit point (every "
+                               f"{self.admit_every} steps) comes after it before step "
+                               f"{self.steps}")
             node = e.partition if e.partition is not None else e.join
             if node is not None and not (1 < node <= self.nodes if e.partition else
                                          1 <= node <= self.nodes):
@@ -399,6 +419,8 @@ class _SpecDoc(_Strict):
     def _one_kind(self) -> "_SpecDoc":
         if (self.runs is None) == (self.elastic is None):
             raise _bad("a spec has either [[runs]] or one [elastic] table")
+        if self.elastic is not None and self.rounds != 1:
+            raise _bad("an elastic scenario runs once: rounds = 1")
         return self
 
 

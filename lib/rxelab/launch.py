@@ -40,6 +40,9 @@ from rxelab.errors import ConfigError
 
 LOCAL_NAMES = {"localhost", "127.0.0.1"}
 GRACE = 5  # seconds between TERM and KILL
+# --elastic: how a rank may end without ending the job badly - finished, killed (SIGKILL, as
+# the guard or SSH reports it), or stopped on the wrong side of a partition (apps' exit 3)
+LOSSES = (0, 3, 137, -9)
 # "$@" is the rank's command. setsid gives the rank, and the watcher, a process group of its
 # own, so each can be signalled whole. The watcher's `cat` reads the launcher's pipe: it
 # returns when the launcher (or the SSH connection) is gone, and the watcher ends the rank.
@@ -112,11 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     world = len(hosts) * args.per_host
     if args.join and not (args.master and args.secret_file):
         ap.error("--join needs --master (the job's first host) and --secret-file (its secret)")
+    if args.master and not args.join:
+        ap.error("--master is the job's host for newcomers: give it with --join")
     if args.secret_file:
         try:
             token, _ = job_secret({"RXELAB_JOB_TOKEN_FILE": args.secret_file})
         except ConfigError as err:
-            ap.error(str(err))
+            ap.error(str(err).replace("RXELAB_JOB_TOKEN_FILE=", "--secret-file "))
     else:
         token = secrets.token_hex(16)
     # passed on as they are: where the library is, and the id by which an experiment's
@@ -190,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         _stop_all(procs)
         for t in pumps:
             t.join(timeout=5)
-    if status == 0 and args.elastic and any(p.returncode == 0 for p in procs):
+    if (status == 0 and args.elastic and any(p.returncode == 0 for p in procs)
+            and all(p.returncode in LOSSES for p in procs)):
         return 0  # the survivors finished: those that died or stopped were the job's to lose
     if status == 0:
         status = next((p.returncode for p in procs if p.returncode), 0)

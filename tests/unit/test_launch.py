@@ -137,6 +137,11 @@ def test_an_elastic_job_goes_on_past_a_failed_rank_and_ends_well_if_any_rank_did
     cleanup.append(p)
     p.communicate(timeout=60)
     assert p.returncode == 3, "nobody finished: the failure is the job's"
+    p = launcher(tmp_path, "--elastic", "--hosts", "localhost,127.0.0.1",
+                 command="if [ $RANK = 1 ]; then exit 1; fi; exit 0")
+    cleanup.append(p)
+    p.communicate(timeout=60)
+    assert p.returncode == 1, "a wrong result is not a loss the job may take"
 
 
 def test_newcomers_get_the_rendezvous_and_the_job_s_secret_from_a_private_file(tmp_path, cleanup):
@@ -154,8 +159,12 @@ def test_newcomers_get_the_rendezvous_and_the_job_s_secret_from_a_private_file(t
     p = launcher(tmp_path, "--secret-file", str(secret), "--hosts", "localhost", command="true")
     cleanup.append(p)
     out, _ = p.communicate(timeout=60)
-    assert p.returncode == 2 and "readable by others" in out, out
+    assert p.returncode == 2 and "--secret-file" in out and "readable by others" in out, out
     p = launcher(tmp_path, "--join", "--hosts", "localhost", command="true")
     cleanup.append(p)
     out, _ = p.communicate(timeout=60)
     assert p.returncode == 2 and "--master" in out, out
+    p = launcher(tmp_path, "--master", "node1", "--hosts", "localhost", command="true")
+    cleanup.append(p)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 2 and "give it with --join" in out, out

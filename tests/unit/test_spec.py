@@ -253,6 +253,12 @@ def test_back_to_back_and_rounds_reach_the_cases():
     ("[elastic]\nevents=[{step=2,kill=1}]\n[[runs]]\napp='rxelab'\nop='alltoall'\nnodes=[2]\n"
      "sizes=[1]", "either [[runs]] or one [elastic] table"),
     ("", "either [[runs]] or one [elastic] table"),
+    ("rounds=3\n[elastic]\nevents=[{step=2,kill=1}]", "runs once: rounds = 1"),
+    ("[elastic]\nevents=[{step=2,kill=1},{step=3,kill=1}]", "kill = 1: that rank is killed twice"),
+    ("[elastic]\nevents=[{step=2,partition=3},{step=3,kill=5}]", "kill = 5: its node is cut off"),
+    ("[elastic]\nevents=[{step=2,partition=3},{step=3,partition=3}]", "cut off twice"),
+    ("[elastic]\nevents=[{step=2,partition=2},{step=3,join=2}]", "join = 2: that node is cut off"),
+    ("[elastic]\nsteps=12\nadmit_every=5\nevents=[{step=11,join=1}]", "no admit point"),
 ])
 def test_an_elastic_scenario_is_checked_before_anything_runs(text, said):
     import tomllib
