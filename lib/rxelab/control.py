@@ -162,7 +162,8 @@ class ControlPlane:
                         if not self.alive(r):
                             raise PeerError(f"rank {r} is gone (its listener closed) before "
                                             "it joined", peer=r)
-                for sock, hello in hall.hear(min(remaining, 1.0)):
+                batch = hall.hear(min(remaining, 1.0))
+                for i, (sock, hello) in enumerate(batch):
                     if hello is None:  # pragma: no cover - only kept connections report None
                         continue
                     try:
@@ -171,7 +172,8 @@ class ControlPlane:
                         hall.reject(sock, str(err))
                         continue
                     except BaseException:
-                        sock.close()
+                        for other, _ in batch[i:]:  # heard with it, not yet taken in
+                            other.close()
                         raise
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     self.peers[hello["rank"]] = sock
@@ -194,7 +196,10 @@ class ControlPlane:
         if self.elastic:
             lost = sorted(set(self.peers) - set(where))
             if lost:
-                raise PeerError(f"rank {lost[0]}'s connection broke as it joined", peer=lost[0])
+                why = f"rank {lost[0]}'s connection broke as it joined"
+                self.abort(why, lost[0])
+                self.close()
+                raise PeerError(why, peer=lost[0])
             self.directory = {0: (job.master_addr, listener.getsockname()[1]), **{
                 r: (where[r], hellos[r]["listen"]) for r in self.peers}}
         shown = {str(r): list(a) for r, a in self.directory.items()}
