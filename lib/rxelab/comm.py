@@ -664,8 +664,6 @@ class Communicator:
                               hint="rxelab.init(elastic=True) on every rank")
         if self.closed:
             raise ClosedError(f"{what}: the communicator is closed")
-        if self.control.listener is None:  # pragma: no cover - an elastic one always has one
-            raise ConfigError(f"{what}: this rank has no listener")
         seat = self._seat()
         self._keep_listener = True
         if not farewell and self.failed is None:  # the survivors do not wait for the dead

@@ -34,7 +34,7 @@ import hmac
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rxelab import wire
@@ -65,7 +65,6 @@ class Seat:
     directory: dict[int, tuple[str, int]]
     generation: int
     opened: dict[str, Any]  # device=, port=, gid_index= and the settings, for the next init
-    formed: dict[str, Any] = field(default_factory=dict)
 
 
 def quorate(decided: list[int], members: list[int], quorum: str | int) -> bool:
@@ -114,9 +113,10 @@ def shrink(seat: Seat, build: Build, deadline: float, quorum: str | int) -> Comm
         host, port = seat.directory[coordinator]
         job = JobInfo(decided.index(me), len(decided), host, port, "shrink", seat.job.token,
                       seat.job.token_source)
-        seat.formed = {"how": "shrink", "members": decided,
-                       "lost": [m for m in range(seat.job.world_size) if m not in decided],
-                       "agree_s": agreed - started}
+        formed = {"how": "shrink", "members": decided,
+                  "lost": [m for m in range(seat.job.world_size) if m not in decided],
+                  "agree_s": agreed - started}
+
         def alive(rank: int, decided: list[int] = decided) -> bool:
             return answers(seat.directory[decided[rank]], deadline)
         try:
@@ -127,7 +127,7 @@ def shrink(seat: Seat, build: Build, deadline: float, quorum: str | int) -> Comm
                                 f"built in time: {err}", peer=err.peer) from None
             time.sleep(0.2)
             continue
-        comm.formed = {**seat.formed, "build_s": time.monotonic() - agreed,
+        comm.formed = {**formed, "build_s": time.monotonic() - agreed,
                        "generation": comm.control.generation}
         return comm
 
