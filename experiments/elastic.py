@@ -107,8 +107,10 @@ def partition_command(host: Host, run_id: str) -> str:
             "set -- $SSH_CLIENT; "
             'if [ -n "$1" ] && ip -o route get "$1" 2>/dev/null | grep -qw "dev $nd"; then '
             'echo "this SSH session rides $nd: not taking it down" >&2; exit 6; fi; '
+            # the NIC's name (the node's own, any characters) as an argument, never as code
             f"{started_by(watchdog_id(run_id))}nohup sh -c "
-            f"\"sleep {WATCHDOG_S}; sudo -n ip link set dev $nd up\" >/dev/null 2>&1 & "
+            f"'sleep {WATCHDOG_S}; sudo -n ip link set dev \"$1\" up' watchdog \"$nd\" "
+            ">/dev/null 2>&1 & "
             'sudo -n ip link set dev "$nd" down')
 
 

@@ -51,12 +51,19 @@ def until_failure(comm: Communicator) -> None:
             comm.allreduce(np.ones(64), np.empty(64))
 
 
-def after_losing(comm: Communicator, victims: set[int] | tuple[int, ...], **shrink: Any) -> Any:
-    """Every rank settles, the victims die; the others wait for the failure and shrink: the
-    new communicator, None on a victim, "died" on a rank that died in the shrink."""
+def dies(comm: Communicator, victims: Any) -> bool:
+    """Every rank settles; a victim then dies (and says so)."""
     settle(comm)
     if comm.rank in victims:
         die(comm)
+        return True
+    return False
+
+
+def after_losing(comm: Communicator, victims: set[int] | tuple[int, ...], **shrink: Any) -> Any:
+    """Every rank settles, the victims die; the others wait for the failure and shrink: the
+    new communicator, None on a victim, "died" on a rank that died in the shrink."""
+    if dies(comm, victims):
         return None
     until_failure(comm)
     try:
@@ -133,9 +140,7 @@ def test_deaths_seen_at_different_moments_end_in_one_set():
     error names whichever it noticed; all end with the same set."""
     def job(comm):
         me = comm.rank
-        settle(comm)
-        if me == 2:
-            die(comm)
+        if dies(comm, {2}):
             return None
         try:
             for _ in range(400):
@@ -159,9 +164,7 @@ def test_a_survivor_that_dies_during_the_agreement_is_left_out():
     the agreement counts it dead; the others go on."""
     def job(comm):
         me = comm.rank
-        settle(comm)
-        if me == 1:
-            die(comm)
+        if dies(comm, {1}):
             return None
         if me == 3:
             seat = comm._seat()
@@ -235,9 +238,7 @@ def test_a_member_that_dies_while_the_new_mesh_is_built_makes_them_agree_again(m
 def test_a_live_rank_that_never_comes_is_named_and_nothing_hangs():
     def job(comm):
         me = comm.rank
-        settle(comm)
-        if me == 2:
-            die(comm)
+        if dies(comm, {2}):
             return None
         if me == 3:  # alive (its listener answers), busy elsewhere, never shrinks
             time.sleep(4)
@@ -653,9 +654,7 @@ def test_a_rank_that_saw_another_membership_is_told_and_left_out():
     build, a communicator the others did not) is answered, never silently taken in."""
     def job(comm):
         me = comm.rank
-        settle(comm)
-        if me == 2:
-            die(comm)
+        if dies(comm, {2}):
             return None
         if me == 3:  # claims to leave generation 7
             seat = comm._seat()

@@ -55,6 +55,7 @@ def test_heal_puts_back_the_addresses_it_found_and_waits_for_the_port():
     cut = elastic.partition_command(HOSTS[2], RUN)
     assert cut.endswith('sudo -n ip link set dev "$nd" down') and "SSH_CLIENT" in cut
     assert f"RXELAB_RUN_ID={RUN}-watchdog nohup sh -c" in cut, "a watchdog of its own id"
+    assert "watchdog \"$nd\"" in cut and "dev $nd up" not in cut, "the name is an argument"
     assert elastic.healed("port 4: ACTIVE\naddresses back\n")
     assert not elastic.healed("port 4: ACTIVE\n"), "the addresses count too"
 
