@@ -109,7 +109,7 @@ def preflight(config: LabConfig, state: LabState) -> None:
             clash.append(f"qemu pid {pid}")
     if clash:
         raise LabError(f"another lab named {config.lab!r} runs on this host ({', '.join(clash)}); "
-                       "nothing was changed", hint="give this lab another name: LAB=...")
+                       "nothing was changed", hint=network.CLASH_HINT)
     for n in config.all_nodes():
         if not vm.is_running(state, n) and not port_is_free(n.ssh_port):
             raise LabError(f"port {n.ssh_port} ({n.name}'s SSH forward) is in use on 127.0.0.1; "

@@ -109,9 +109,21 @@ def conflicts(config: LabConfig, state: LabState) -> list[str]:
         return []
     found = []
     if config.netns in namespaces() and not namespace_is_ours(config, state):
-        found.append(f"network namespace {config.netns}")
-    found += [f"tap {t}" for t in host_taps(config) if not _ours(state, t, link_alias(t))]
+        found.append(f"network namespace {config.netns}{labelled(link_alias(config.bridge, config.netns))}")
+    found += [f"tap {t}{labelled(link_alias(t))}" for t in host_taps(config)
+              if not _ours(state, t, link_alias(t))]
     return found
+
+
+def labelled(alias: str | None) -> str:
+    """The owner's label, for a clash message: the lab whose rxelab-lab.json holds that id
+    is the one whose `make destroy` removes it."""
+    return f", labelled {alias}" if alias else ""
+
+
+CLASH_HINT = ("give this lab another name: LAB=...; if that lab was interrupted, destroy it "
+              "from its own state directory (RXELAB_STATE=<dir> make destroy: the directory "
+              "whose rxelab-lab.json holds the label's id)")
 
 
 def up(config: LabConfig, state: LabState) -> None:
@@ -119,7 +131,7 @@ def up(config: LabConfig, state: LabState) -> None:
     lab_id = state.require_id()
     if clash := conflicts(config, state):
         raise LabError(f"another lab named {config.lab!r} runs on this host ({', '.join(clash)})",
-                       hint="give this lab another name: LAB=...")
+                       hint=CLASH_HINT)
     down(config, state)  # a leftover of this lab's interrupted run must not trip this one
     if kind is DataNet.BRIDGE:
         runner.require("ip")

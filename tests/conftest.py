@@ -25,6 +25,7 @@ from infra.config import REPO, LabConfig
 from infra.inventory import Host, Inventory
 from infra.ssh import ssh_argv
 from infra.state import LabState
+from tests import lab_sessions
 
 PROVISION_TIMEOUT_S = 1800
 DESTROY_TIMEOUT_S = 600
@@ -128,8 +129,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                   borrowed=True)
         return
     root = tmp_path_factory.mktemp("lab")
+    session_lock = lab_sessions.hold(root)
     env = {**os.environ, "RXELAB_STATE": str(root / "state"), "LAB": "rxetest",
            "SSH_PORT_BASE": "2320", "NODES": "3"}
+    reap_abandoned_labs(tmp_path_factory.getbasetemp(), root, env)
     state = LabState(root / "state")
     handle = Lab(env, state, None, None, {})  # type: ignore[arg-type]
     try:
@@ -153,3 +156,16 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 os.kill(pid, 9)
         if handle.config is not None and state.root.exists():
             lab_mod.teardown(state)
+        session_lock.close()
+
+
+def reap_abandoned_labs(basetemp: Path, own: Path, env: dict[str, str]) -> None:
+    """Destroy, each from its own state directory, the labs of test sessions that were killed
+    before they could (see tests/lab_sessions.py)."""
+    root = lab_sessions.sessions_root(basetemp)
+    for state_dir in lab_sessions.abandoned(root, own) if root else []:
+        log = own / f"reap-{state_dir.parent.parent.name}-{state_dir.parent.name}.log"
+        r = Lab({**env, "RXELAB_STATE": str(state_dir)}, LabState(state_dir), None, None,  # type: ignore[arg-type]
+                {}).make("destroy", DESTROY_TIMEOUT_S, log)
+        print(f"\nthe lab of an ended test session ({state_dir}) destroyed: exit {r.returncode}, "
+              f"log {log}")

@@ -150,7 +150,9 @@ def test_a_namespace_of_another_lab_with_this_name_is_refused_and_left_alone(tmp
         runner.run(["ip", "-n", other, "link", "add", "br0", "type", "bridge"])
         runner.run(["ip", "-n", other, "link", "set", "br0", "alias", "rxelab:someoneelse"])
         state = LabState(config.state_dir)
-        with pytest.raises(LabError, match=f"another lab named '{name}' runs on this host"):
+        clash = f"another lab named .{name}. runs on this host .network namespace {other}, " \
+                "labelled rxelab:someoneelse"
+        with pytest.raises(LabError, match=clash):
             lab.preflight(config, state)
         state.claim()
         state.save_config(config)
