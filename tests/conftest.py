@@ -129,10 +129,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                   borrowed=True)
         return
     root = tmp_path_factory.mktemp("lab")
-    session_lock = lab_sessions.hold(root)
     env = {**os.environ, "RXELAB_STATE": str(root / "state"), "LAB": "rxetest",
            "SSH_PORT_BASE": "2320", "NODES": "3"}
-    reap_abandoned_labs(tmp_path_factory.getbasetemp(), root, env)
+    reap_abandoned_labs(tmp_path_factory.getbasetemp(), root)
     state = LabState(root / "state")
     handle = Lab(env, state, None, None, {})  # type: ignore[arg-type]
     try:
@@ -156,16 +155,22 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 os.kill(pid, 9)
         if handle.config is not None and state.root.exists():
             lab_mod.teardown(state)
-        session_lock.close()
 
 
-def reap_abandoned_labs(basetemp: Path, own: Path, env: dict[str, str]) -> None:
+@pytest.fixture(scope="session", autouse=True)
+def session_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """While this test process lives, its labs are its own (tests/lab_sessions.py)."""
+    with lab_sessions.hold(tmp_path_factory.getbasetemp()):
+        yield
+
+
+def reap_abandoned_labs(basetemp: Path, own: Path) -> None:
     """Destroy, each from its own state directory, the labs of test sessions that were killed
     before they could (see tests/lab_sessions.py)."""
     root = lab_sessions.sessions_root(basetemp)
-    for state_dir in lab_sessions.abandoned(root, own) if root else []:
-        log = own / f"reap-{state_dir.parent.parent.name}-{state_dir.parent.name}.log"
-        r = Lab({**env, "RXELAB_STATE": str(state_dir)}, LabState(state_dir), None, None,  # type: ignore[arg-type]
+    for n, state_dir in enumerate(lab_sessions.abandoned(root, basetemp) if root else []):
+        log = own / f"reap-{n}.log"
+        r = Lab({**os.environ, "RXELAB_STATE": str(state_dir)}, LabState(state_dir), None, None,  # type: ignore[arg-type]
                 {}).make("destroy", DESTROY_TIMEOUT_S, log)
         print(f"\nthe lab of an ended test session ({state_dir}) destroyed: exit {r.returncode}, "
               f"log {log}")
