@@ -73,7 +73,7 @@ def cmd_provision(args: argparse.Namespace) -> None:
     state = LabState(config.state_dir)
     runner.require("terraform", vm.QEMU, "qemu-img", "ssh", "ssh-keygen")
     kind, _ = images.resolve(config.image)
-    if kind is Image.DEBIAN and not images.cached_debian():
+    if kind is Image.DEBIAN and not images.cached_debian(config.extras):
         runner.require("mmdebstrap", "mkfs.ext4")
     if network.resolve(config.data_net) is DataNet.BRIDGE:
         runner.require("ip")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from infra import settings
 from infra.errors import LabError
-from infra.settings import Accel, DataNet, Image
+from infra.settings import Accel, DataNet, Extras, Image
 
-__all__ = ["Accel", "DataNet", "Image", "LabConfig", "Node", "REPO"]
+__all__ = ["Accel", "DataNet", "Extras", "Image", "LabConfig", "Node", "REPO"]
 
 REPO = Path(__file__).resolve().parent.parent
 VM_USER = "lab"  # not "rdma": rdma-core owns that group and useradd would fail
@@ -60,6 +60,7 @@ class LabConfig:
 
     nodes: int = 3
     image: Image = Image.AUTO
+    extras: Extras = Extras.NONE
     accel: Accel = Accel.AUTO
     mem_mb: int = 1024
     data_net: DataNet = DataNet.AUTO
@@ -134,6 +135,7 @@ class LabConfig:
         data = json.loads(text)
         data["state_dir"] = Path(data["state_dir"])
         data["image"] = Image(data["image"])
+        data["extras"] = Extras(data.get("extras", Extras.NONE))  # labs made before EXTRAS
         data["accel"] = Accel(data["accel"])
         data["data_net"] = DataNet(data["data_net"])
         return cls(**data)

@@ -26,13 +26,14 @@ from pathlib import Path
 
 from infra import run as runner
 from infra import settings
-from infra.config import Image, cache_dir
+from infra.config import Extras, Image, cache_dir
 from infra.errors import LabError
 from infra.units import rdma_device_unit
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_DISK_SIZE = "3G"
+EXTRAS_DISK_SIZE = {Extras.NONE: DEBIAN_DISK_SIZE, Extras.TORCH: "6G"}  # torch: ~1.3 GB installed
 UBUNTU_FILE = "ubuntu-24.04-server-cloudimg-amd64.img"
 # "UEC Image Automatic Signing Key <cdimage@ubuntu.com>", which signs the cloud images'
 # SHA256SUMS: the primary key fingerprint that SHA256SUMS.gpg must be a good signature by.
@@ -102,8 +103,8 @@ def cached_ubuntu() -> BaseImage | None:
     return None
 
 
-def cached_debian() -> BaseImage | None:
-    manifest = images_dir() / f"debian-12-{debian_recipe_key()}" / "image.json"
+def cached_debian(extras: Extras = Extras.NONE) -> BaseImage | None:
+    manifest = images_dir() / debian_image_name(extras) / "image.json"
     return BaseImage.from_json(manifest.read_text()) if manifest.exists() else None
 
 
@@ -119,25 +120,43 @@ def resolve(requested: Image) -> tuple[Image, str]:
     )
 
 
-def ensure(kind: Image) -> BaseImage:
+def ensure(kind: Image, extras: Extras = Extras.NONE) -> BaseImage:
     if kind is Image.DEBIAN:
-        return ensure_debian()
+        return ensure_debian(extras)
     if kind is Image.UBUNTU:
-        return ensure_ubuntu()
+        return ensure_ubuntu()  # its extras, as its base set, come by cloud-init (infra/seed.py)
     raise LabError(f"image {kind.value!r} must be resolved before it is built")
 
 
 # ---- Debian, built locally ----------------------------------------------------------------
-def debian_packages() -> list[str]:
-    lines = (RECIPES / "debian-12" / "packages.txt").read_text().splitlines()
+def _package_list(path: Path) -> list[str]:
+    lines = path.read_text().splitlines()
     return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
 
 
-def debian_recipe_key() -> str:
+def extra_packages(extras: Extras) -> list[str]:
+    """What EXTRAS adds to either image (Debian's bakes them in, Ubuntu's cloud-init installs)."""
+    return [] if extras is Extras.NONE else _package_list(RECIPES / "extras" / f"{extras.value}.txt")
+
+
+def debian_packages(extras: Extras = Extras.NONE) -> list[str]:
+    return _package_list(RECIPES / "debian-12" / "packages.txt") + extra_packages(extras)
+
+
+def debian_image_name(extras: Extras = Extras.NONE) -> str:
+    """The cache directory of a Debian image: the base image keeps its name without extras."""
+    key = debian_recipe_key(extras)
+    return f"debian-12-{key}" if extras is Extras.NONE else f"debian-12-{extras.value}-{key}"
+
+
+def debian_recipe_key(extras: Extras = Extras.NONE) -> str:
     """Changes whenever anything that goes into the image changes (files, packages, size)."""
     h = hashlib.sha256()
     h.update(f"suite={DEBIAN_SUITE} size={DEBIAN_DISK_SIZE}\n".encode())
     h.update(" ".join(debian_mmdebstrap_options()).encode())
+    if extras is not Extras.NONE:  # the base image's key stays what it was
+        h.update(f"extras={extras.value} size={EXTRAS_DISK_SIZE[extras]} "
+                 f"packages={','.join(extra_packages(extras))}\n".encode())
     for path in sorted((RECIPES / "debian-12").iterdir()):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     name, text = rdma_device_unit()
@@ -145,7 +164,7 @@ def debian_recipe_key() -> str:
     return h.hexdigest()[:16]
 
 
-def debian_mmdebstrap_options() -> list[str]:
+def debian_mmdebstrap_options(extras: Extras = Extras.NONE) -> list[str]:
     return [
         "--mode=unshare",  # mounts live in a private namespace: nothing leaks if killed
         "--variant=apt",
@@ -155,13 +174,13 @@ def debian_mmdebstrap_options() -> list[str]:
         "--dpkgopt=path-include=/usr/share/doc/*/copyright",
         "--dpkgopt=path-exclude=/usr/share/man/*",
         "--dpkgopt=path-exclude=/usr/share/locale/*",
-        "--include=" + ",".join(debian_packages()),
+        "--include=" + ",".join(debian_packages(extras)),
     ]
 
 
-def ensure_debian() -> BaseImage:
-    dest = images_dir() / f"debian-12-{debian_recipe_key()}"
-    if (cached := cached_debian()) is not None:
+def ensure_debian(extras: Extras = Extras.NONE) -> BaseImage:
+    dest = images_dir() / debian_image_name(extras)
+    if (cached := cached_debian(extras)) is not None:
         print(f"image: debian-12 found in cache ({dest})", flush=True)
         return cached
     runner.require("mmdebstrap", "mkfs.ext4")
@@ -175,7 +194,7 @@ def ensure_debian() -> BaseImage:
     debs.mkdir(parents=True, exist_ok=True)
     work = _fresh_build_dir(dest.name)
     started = time.monotonic()
-    print(f"image: building debian-12 ({len(debian_packages())} packages and their dependencies) "
+    print(f"image: building debian-12 ({len(debian_packages(extras))} packages and their dependencies) "
           f"into {dest}", flush=True)
     try:
         tar = work / "root.tar"
@@ -185,7 +204,7 @@ def ensure_debian() -> BaseImage:
         runner.run_streaming(
             [
                 "mmdebstrap",
-                *debian_mmdebstrap_options(),
+                *debian_mmdebstrap_options(extras),
                 '--setup-hook=mkdir -p "$1"/var/cache/apt/archives/',
                 f"--setup-hook=sync-in {debs} /var/cache/apt/archives/",
                 f"--customize-hook=sync-out /var/cache/apt/archives {debs}",
@@ -201,7 +220,7 @@ def ensure_debian() -> BaseImage:
             log_file=work / "mmdebstrap.log",
         )
         kernel, initrd = _extract_boot_files(tar, work)
-        _tar_to_ext4(tar, work / "disk.raw", work / "root")
+        _tar_to_ext4(tar, work / "disk.raw", work / "root", EXTRAS_DISK_SIZE[extras])
         tar.unlink()
         image = BaseImage(Image.DEBIAN, dest / "disk.raw", "raw", dest / kernel.name,
                           dest / initrd.name)
@@ -212,15 +231,16 @@ def ensure_debian() -> BaseImage:
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    print(f"image: debian-12 built in {time.monotonic() - started:.0f} s", flush=True)
+    print(f"image: debian-12{'' if extras is Extras.NONE else ' with ' + extras.value} built in "
+          f"{time.monotonic() - started:.0f} s", flush=True)
     return image
 
 
-def _tar_to_ext4(tar: Path, disk: Path, scratch: Path) -> None:
+def _tar_to_ext4(tar: Path, disk: Path, scratch: Path, size: str = DEBIAN_DISK_SIZE) -> None:
     """Unpack and pack into an ext4 file system; without root, fakeroot keeps the owners."""
     scratch.mkdir()
     script = 'tar -C "$1" --numeric-owner -xpf "$2" && mkfs.ext4 -q -F -L root -d "$1" "$3" "$4"'
-    argv = ["sh", "-c", script, "sh", str(scratch), str(tar), str(disk), DEBIAN_DISK_SIZE]
+    argv = ["sh", "-c", script, "sh", str(scratch), str(tar), str(disk), size]
     if os.geteuid() != 0:
         runner.require("fakeroot")
         argv = ["fakeroot", *argv]

@@ -37,7 +37,7 @@ def configure(config: LabConfig, state: LabState) -> LabConfig:
 def prepare_image(state: LabState) -> None:
     """Build or find the base image, then decide the accelerator with its kernel."""
     config = state.load_config()
-    image = images.ensure(config.image)
+    image = images.ensure(config.image, config.extras)
     accel, why = accel_mod.resolve(config.accel, image)
     print(why, flush=True)
     write_atomic(state.root / "boot.json",

@@ -21,7 +21,7 @@ import jinja2
 
 from infra import run as runner
 from infra.config import DATA_NIC, MGMT_NIC, REPO, VM_USER, Image, LabConfig, Node
-from infra.images import UBUNTU_PACKAGES
+from infra.images import UBUNTU_PACKAGES, extra_packages
 from infra.state import LabState, mkdir_private, write_atomic
 from infra.units import rdma_device_unit
 
@@ -88,7 +88,7 @@ def render(
         "host_key": host_keys[node.name],
         "lab_key": lab_key,
         "cluster_key": cluster_key,
-        "packages": UBUNTU_PACKAGES if ubuntu else [],
+        "packages": UBUNTU_PACKAGES + extra_packages(config.extras) if ubuntu else [],
         "instance_tag": instance_tag,
     }
     env = _env()

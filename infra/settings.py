@@ -26,6 +26,13 @@ class Image(StrEnum):
     DEBIAN = "debian-12"
 
 
+class Extras(StrEnum):
+    """Packages baked in beside the base set (infra/recipes/extras/<name>.txt)."""
+
+    NONE = "none"
+    TORCH = "torch"
+
+
 class Accel(StrEnum):
     AUTO = "auto"
     KVM = "kvm"
@@ -88,6 +95,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NODES", "3", "how many VMs", "nodes", int, 2, 8),
     Setting("IMAGE", "auto", "base image; auto: Ubuntu if its cloud image is cached, else Debian",
             "image", Image),
+    Setting("EXTRAS", "none", "packages baked into the image beside the base set: torch adds "
+            "Debian's python3-torch (torch.distributed with Gloo, the `gloo` contender; about "
+            "1 GB more); part of the image's cache key", "extras", Extras),
     Setting("ACCEL", "auto", "accelerator; auto: KVM only if it really boots the guest",
             "accel", Accel),
     Setting("MEM_MB", "1024", "guest memory per VM, MiB", "mem_mb", int, 384, 16384),

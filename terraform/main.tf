@@ -9,6 +9,7 @@ locals {
   config = {
     nodes         = var.nodes
     image         = var.image
+    extras        = var.extras
     accel         = var.accel
     mem_mb        = var.mem_mb
     data_net      = var.data_net
@@ -27,7 +28,7 @@ resource "terraform_data" "lab" {
     working_dir = self.input.repo
     command = join(" ", [
       self.input.infra, "configure",
-      "--nodes", var.nodes, "--image", var.image, "--accel", var.accel,
+      "--nodes", var.nodes, "--image", var.image, "--extras", var.extras, "--accel", var.accel,
       "--mem-mb", var.mem_mb, "--data-net", var.data_net, "--mtu", var.mtu, "--lab", var.lab,
       "--ssh-port-base", var.ssh_port_base,
     ])

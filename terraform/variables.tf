@@ -18,6 +18,16 @@ variable "image" {
   }
 }
 
+variable "extras" {
+  description = "Packages baked into the image beside the base set: none or torch."
+  type        = string
+  default     = "none"
+  validation {
+    condition     = contains(["none", "torch"], var.extras)
+    error_message = "The extras variable must be none or torch."
+  }
+}
+
 variable "accel" {
   description = "Accelerator: auto (KVM only if it really boots the guest), kvm or tcg."
   type        = string

@@ -262,3 +262,35 @@ def test_unreachable_image_server_is_a_clear_error(cache, image_server):
     with pytest.raises(LabError, match="cannot fetch") as e:
         images.ensure_ubuntu("http://127.0.0.1:9/")
     assert "IMAGE=debian-12" in e.value.hint
+
+
+def test_extras_make_an_image_of_their_own_and_leave_the_base_image_alone(tmp_path, monkeypatch):
+    from infra.config import Extras
+    base = images.debian_recipe_key()
+    torch = images.debian_recipe_key(Extras.TORCH)
+    assert torch != base
+    assert images.debian_image_name() == f"debian-12-{base}", "the base image keeps its cache"
+    assert images.debian_image_name(Extras.TORCH) == f"debian-12-torch-{torch}"
+    assert "python3-torch" in images.debian_packages(Extras.TORCH)
+    assert "python3-torch" not in images.debian_packages()
+    assert "--include=" in " ".join(images.debian_mmdebstrap_options(Extras.TORCH))
+    assert "python3-torch" in [o for o in images.debian_mmdebstrap_options(Extras.TORCH)
+                               if o.startswith("--include=")][0]
+    recipes = tmp_path / "recipes"
+    shutil.copytree(images.RECIPES, recipes)
+    monkeypatch.setattr(images, "RECIPES", recipes)
+    with (recipes / "extras" / "torch.txt").open("a") as f:
+        f.write("python3-lz4\n")
+    assert images.debian_recipe_key(Extras.TORCH) != torch, "a changed extras list, a new image"
+    assert images.debian_recipe_key() == base, "the base image does not depend on extras"
+
+
+def test_an_image_with_extras_is_found_in_the_cache_under_its_own_name(cache, monkeypatch):
+    from infra.config import Extras
+    assert images.cached_debian(Extras.TORCH) is None
+    d = images.images_dir() / images.debian_image_name(Extras.TORCH)
+    d.mkdir(parents=True)
+    image = images.BaseImage(images.Image.DEBIAN, d / "disk.raw", "raw", d / "vmlinuz", d / "initrd")
+    (d / "image.json").write_text(image.to_json())
+    assert images.cached_debian(Extras.TORCH) == image
+    assert images.cached_debian() is None

@@ -101,3 +101,22 @@ def test_make_seeds_writes_keys_known_hosts_and_cidata_isos(tmp_path):
     first_key = state.ssh_key.read_text()
     seed.make_seeds(config, state, instance_tag="2")
     assert state.ssh_key.read_text() == first_key, "keys are made once per lab"
+
+
+def test_extras_reach_ubuntu_by_cloud_init_and_debian_by_its_image(tmp_path):
+    from infra.config import Extras
+    for image, installs in ((Image.UBUNTU, True), (Image.DEBIAN, False)):
+        config = LabConfig(nodes=3, image=image, extras=Extras.TORCH, state_dir=tmp_path)
+        ud = yaml.safe_load(seed.render(config, config.node(1), instance_tag="t", **keys())["user-data"])
+        assert ("python3-torch" in ud.get("packages", [])) is installs
+
+
+def test_a_lab_recorded_before_extras_reads_as_none(tmp_path):
+    import json
+
+    from infra.config import Extras
+    data = json.loads(LabConfig(state_dir=tmp_path).to_json())
+    del data["extras"]
+    assert LabConfig.from_json(json.dumps(data)).extras is Extras.NONE
+    with pytest.raises(ValueError):
+        LabConfig.from_json(json.dumps({**data, "extras": "tensorflow"}))
