@@ -1,7 +1,7 @@
-"""What the runner sends to the nodes, as text: the command of each kind of case (our launcher,
-mpirun over UCX or TCP, a perftest pair), the per-node set-up and restore around a case (MTU,
-netem, counters), and the parsing of what comes back. Pure functions, so every command can be
-checked without a lab.
+"""What the runner sends to the nodes, as text: the command of each kind of case (our launcher
+running rxelab or Gloo, mpirun over UCX or TCP, a perftest pair), the per-node set-up and
+restore around a case (MTU, netem, counters), and the parsing of what comes back. Pure
+functions, so every command can be checked without a lab.
 
 The nodes may be a user's own machines, so a run touches only what it starts or changes:
 every process it starts carries the run's id in its environment (RXELAB_RUN_ID), and the
@@ -69,6 +69,19 @@ def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: s
     argv = ["python3", "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
             "--per-host", str(case.get("ranks_per_node") or 1), "--port", str(port),
             "--timeout", f"{case_timeout(case):.0f}", "--", *app]
+    return started_by(run_id) + remote_word(f"PYTHONPATH={p['lib']}") + " " + _remote_join(argv)
+
+
+def gloo_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str) -> str:
+    """torch.distributed over Gloo (apps/gloo_compare.py), started by our launcher as torchrun
+    would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); the app finds the interface on the
+    data network from MASTER_ADDR."""
+    p = fleet.remote_paths()
+    app = ["python3", f"{p['apps']}/gloo_compare.py", "--op", case["op"], "--algorithm",
+           case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
+           "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else [])]
+    argv = ["python3", "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
+            "--port", str(port), "--timeout", f"{case_timeout(case):.0f}", "--", *app]
     return started_by(run_id) + remote_word(f"PYTHONPATH={p['lib']}") + " " + _remote_join(argv)
 
 

@@ -151,7 +151,23 @@ def facts(env: dict[str, Any], results: Path) -> list[str]:
     settings = _mapping(env, "ucx_settings")
     out.append("UCX settings of mpi-ucx cases: " + (
         " ".join(f"{k}={v}" for k, v in settings.items()) if settings else UNKNOWN))
+    out.append(gloo_fact(env))
     return out
+
+
+def gloo_fact(env: dict[str, Any]) -> str:
+    """Whether the nodes could run the gloo contender (torch.distributed over Gloo): the torch
+    each node reported, or which nodes had none."""
+    hosts = {k: v for k, v in _mapping(env, "hosts").items() if isinstance(v, dict)}
+    if not any("torch" in h for h in hosts.values()):
+        return f"Gloo (torch.distributed): {UNKNOWN}"
+    found = {name: _text(h.get("torch")) for name, h in hosts.items()}
+    lacking = sorted(name for name, v in found.items() if v is None)
+    if lacking:
+        return (f"Gloo (torch.distributed): no torch on {', '.join(lacking)}: gloo cases were not "
+                "run (a lab built with EXTRAS=torch has it)")
+    return "Gloo (torch.distributed): torch " + ", ".join(sorted(set(filter(None, found.values())))) \
+        + " on every node, over TCP"
 
 
 def _md(text: str) -> str:
@@ -314,12 +330,16 @@ def figures(flat: list[dict[str, Any]], records: list[dict[str, Any]],
 def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
                   loads: list[dict[str, Any]]) -> list[str]:
     lines = []
-    bad = [r for r in records if r["status"] != "ok"]
-    ok = len(records) - len(bad)
+    skipped = [r for r in records if r["status"] == "skipped"]
+    bad = [r for r in records if r["status"] not in ("ok", "skipped")]
+    ok = len(records) - len(bad) - len(skipped)
     failed = ", ".join(f"{contender({'transport': 'tcp', **r})} {r['algorithm']} ({r['status']})"
                        for r in bad)
     lines.append(f"{ok} of {len(records)} cases ran and verified their data"
                  + (f"; not ok: {failed}" if bad else "."))
+    for who in sorted({contender({"transport": "tcp", **r}) for r in skipped}):
+        mine = [r for r in skipped if contender({"transport": "tcp", **r}) == who]
+        lines.append(f"{len(mine)} {who} cases were not run: {mine[0].get('error', 'skipped')}.")
     done = [r for r in flat if r["status"] == "ok"]
     for (op, nodes, size, stages, net, mtu, mode), rs in sorted(_groups(done).items(), key=str):
         if len(rs) < 2:

@@ -35,6 +35,7 @@ from experiments.spec import Spec, contender
 from infra.inventory import Host, Inventory
 
 NOT_RDMA = "moved no packets over the RDMA device: this run did not use RDMA"
+NO_TORCH = "not run: no torch on these nodes (a lab built with EXTRAS=torch has it)"
 
 
 class Runner:
@@ -57,6 +58,7 @@ class Runner:
         self.links_down: dict[str, list[str]] = {}  # nodes whose data NIC we took down
         self.network = ""  # the data network as Open MPI's if_include takes it
         self.connections: dict[str, Any] = {}  # one SSH connection per node for the whole run
+        self.without_torch: set[str] = set()  # nodes that cannot run the gloo contender
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.dir = results_root / f"{stamp}-{spec.name}"
         n = 1
@@ -75,6 +77,8 @@ class Runner:
         state = {"spec": self.spec.name, "started": time.time(), "complete": False,
                  "run_id": self.run_id, **environment}
         self._write_env(state)
+        self.without_torch = {name for name, h in (environment.get("hosts") or {}).items()
+                              if not (h or {}).get("torch")}
         cases = self.spec.cases()
         head = fleet.connect(self.hosts[0])
         try:
@@ -211,6 +215,10 @@ class Runner:
                                   "hosts": [h.name for h in hosts]}
         samplers: list[Host] = []
         before: dict[str, dict[str, Any]] = {}
+        lacking = sorted({h.name for h in hosts} & self.without_torch)
+        if case["app"] == "gloo" and lacking:  # nothing is touched for a case that cannot run
+            record.update(status="skipped", wall_seconds=0.0, error=f"{NO_TORCH} ({', '.join(lacking)})")
+            return record, []
         started = time.monotonic()
         try:
             if case["mtu"]:
@@ -258,8 +266,9 @@ class Runner:
             text, exit_code = self._perftest(case, hosts), 0
             summary = commands.parse_perftest(case["algorithm"], text, case["size"])
         else:
-            cmd = (commands.rxelab_command(case, hosts, 29700 + index % 200, self.run_id)
-                   if case["app"] == "rxelab"
+            port = 29700 + index % 200
+            cmd = (commands.rxelab_command(case, hosts, port, self.run_id) if case["app"] == "rxelab"
+                   else commands.gloo_command(case, hosts, port, self.run_id) if case["app"] == "gloo"
                    else commands.mpi_command(case, hosts, self.network, self.run_id))
             try:
                 r = run_interruptibly(head, cmd, timeout=deadline + 60)
@@ -379,6 +388,9 @@ ABOUT = (
     'echo "ucx $(ucx_info -v 2>/dev/null | sed -n \'s/.*version=\\([^ ]*\\).*/\\1/p\' | head -n 1)"; '
     "dpkg-query -W -f='pkg ${Package} ${Version}\\n' rdma-core python3-pyverbs openmpi-bin libucx0 "
     "perftest 2>/dev/null; "
+    # torch (the gloo contender) from its metadata: importing it costs seconds under TCG
+    "python3 -c 'import importlib.metadata as m; print(\"torch\", m.version(\"torch\"))' "
+    "2>/dev/null; "
 )
 PACKAGES = ("rdma-core", "python3-pyverbs", "openmpi-bin", "libucx0", "perftest")
 ACCEL = {"qemu": "tcg", "kvm": "kvm", "none": "none"}
@@ -391,7 +403,7 @@ def parse_about(text: str) -> dict[str, Any]:
         if key == "pkg" and value.split(" ", 1)[0] in PACKAGES and " " in value:
             name, version = value.split(" ", 1)
             about["packages"][name] = version
-        elif key in ("kernel", "virt", "open_mpi", "ucx") and value.strip():
+        elif key in ("kernel", "virt", "open_mpi", "ucx", "torch") and value.strip():
             about[key] = value.strip()[:200]
     return about
 
@@ -414,13 +426,14 @@ def environment(hosts: list[Host], lab_state: Path | None) -> dict[str, Any]:
         "accel": ACCEL.get(virt, virt),
         # as the tools say them; the report falls back to the packages' versions
         "versions": {"open_mpi": first.get("open_mpi"), "ucx": first.get("ucx"),
-                     "kernel": first.get("kernel")},
+                     "kernel": first.get("kernel"), "torch": first.get("torch")},
         "packages": first["packages"],
         "mtu": readings.get("active_mtu", "?"),  # the RoCE path MTU
         "netdev_mtu": readings.get("netdev_mtu", "?"),
         "ucx_settings": commands.ucx_settings(hosts[0]),
         "hosts": {name: {"kernel": a.get("kernel"), "virtualization": a.get("virt"),
-                         "open_mpi": a.get("open_mpi"), "rdma_device": h.rdma.device}
+                         "open_mpi": a.get("open_mpi"), "torch": a.get("torch"),
+                         "rdma_device": h.rdma.device}
                   for (name, (a, _)), h in zip(answers.items(), hosts, strict=True)},
     }
     if lab_state is not None and (lab_state / "boot.json").exists():

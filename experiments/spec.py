@@ -6,10 +6,13 @@
     rounds = 1                # every case runs this many times, all cases once per round
                               #   (A, B, A, B, ...); the report gives each case's median, 1..20
     [[runs]]                  # 1 to 64 runs
-    app = "rxelab"            # rxelab | mpi | perftest
+    app = "rxelab"            # rxelab | mpi | gloo | perftest (gloo: torch.distributed's Gloo
+                              #   over TCP, on a lab built with EXTRAS=torch; skipped, and said
+                              #   so, where the nodes have no torch)
     op = "allgather"          # allgather | alltoall | allreduce | reduce_scatter | bcast
     algorithms = ["star"]     # rxelab: the library's; mpi: mpi-default|mpi-linear|mpi-pairwise|
-                              #   mpi-ring|mpi-bruck (forced through Open MPI's coll_tuned)
+                              #   mpi-ring|mpi-bruck (forced through Open MPI's coll_tuned);
+                              #   gloo: gloo-default
     tools = ["ib_write_bw"]   # perftest: ib_write_bw | ib_write_bw_bidir | ib_send_bw | ib_send_lat
     nodes = [2, 3]            # how many nodes take part (1 rank each), 1..64
     sizes = [1024, 65536]     # bytes per peer, 0..1073741824 (1 GiB)
@@ -17,7 +20,7 @@
     warmup = 1                # 0..1000000
     transport = ["ucx", "tcp"]  # mpi: Open MPI over UCX on the RDMA device, and/or over TCP
     sample_load = false       # sample each node's data NIC counters during the run
-    tight = false             # rxelab, mpi: the calls back to back on the same data, timed as
+    tight = false             # rxelab, mpi, gloo: the calls back to back on the same data, timed as
                               #   the slowest rank's span (apps' --tight), not stage by stage
     netem = [{}, {loss = 1}]  # impairments of the data NICs, one case each (experiments/netem.py)
     mtu = [1500, 9000]        # data NIC MTU for the case, 1280..9000 (default: as provisioned)
@@ -84,7 +87,8 @@ __doc__ = __doc__.replace("{options}", "\n".join(  # type: ignore[union-attr]
     f"    {o.name} = {library.show(o.default)}".ljust(30) + f"# {o.meaning}, {o.low}..{o.high}"
     + (" (the same on every rank)" if o.shared else "") for o in library.OPTIONS))
 SPECS = Path(__file__).resolve().parent / "specs"
-APPS = ("rxelab", "mpi", "perftest")
+APPS = ("rxelab", "mpi", "gloo", "perftest")
+GLOO_ALGORITHMS = ("gloo-default",)  # Gloo picks its own; the label names the contender's row
 OPS = tuple(ops.COLLECTIVES)
 RXELAB_ALGORITHMS = {name: tuple(c.algorithms) for name, c in ops.COLLECTIVES.items()}
 # Open MPI coll_tuned algorithm numbers (ompi/mca/coll/tuned): what each label forces, for
@@ -166,7 +170,7 @@ class Spec:
 
 
 def contender(case: dict[str, Any]) -> str:
-    """Who ran a case: rxelab, mpi-ucx, mpi-tcp or perftest (what a reader compares); an
+    """Who ran a case: rxelab, mpi-ucx, mpi-tcp, gloo or perftest (what a reader compares); an
     rxelab run with its own eager limit says so (rxelab-eager0: rendezvous only)."""
     if case["app"] == "mpi":
         return f"mpi-{case['transport']}"
@@ -224,6 +228,8 @@ def _algorithms(app: str | None, op: str | None) -> tuple[str, ...]:
     if app == "mpi":
         described = ops.COLLECTIVES.get(op)
         return tuple(described.mpi.tuned) if described and described.mpi else ()
+    if app == "gloo":
+        return GLOO_ALGORITHMS
     return TOOLS if app == "perftest" else ()
 
 
@@ -270,10 +276,12 @@ class _RunFields(_Strict):
     @classmethod
     def _op_known(cls, op: str, info: ValidationInfo) -> str:
         known = tuple(ops.COLLECTIVES)
-        if info.data.get("app") in ("rxelab", "mpi") and op not in known:
+        if info.data.get("app") in ("rxelab", "mpi", "gloo") and op not in known:
             raise _bad(f"must be one of {', '.join(known)}, not {_short(op)}")
         if info.data.get("app") == "mpi" and ops.COLLECTIVES[op].mpi is None:
             raise _bad(f"{op} has no MPI counterpart (its description names none)")
+        if info.data.get("app") == "gloo" and ops.COLLECTIVES[op].gloo is None:
+            raise _bad(f"{op} has no Gloo counterpart in torch 1.13 (its description names none)")
         return op
 
     @field_validator("algorithms")
@@ -298,7 +306,7 @@ class _RunFields(_Strict):
     @classmethod
     def _collectives_only(cls, tight: bool, info: ValidationInfo) -> bool:
         if tight and info.data.get("app") == "perftest":
-            raise _bad("perftest runs its own loop: only rxelab and mpi runs take `tight`")
+            raise _bad("perftest runs its own loop: only rxelab, mpi and gloo runs take `tight`")
         return tight
 
     @field_validator("nodes")
@@ -474,7 +482,8 @@ def _run(r: _RunDoc) -> Run:
     if r.app == "perftest":
         names = r.tools or ["ib_write_bw"]
     else:
-        names = r.algorithms or (["mpi-default"] if r.app == "mpi"
+        names = r.algorithms or (["mpi-default"] if r.app == "mpi" else
+                                 list(GLOO_ALGORITHMS) if r.app == "gloo"
                                  else list(ops.COLLECTIVES[r.op].algorithms))
     return Run(r.app, r.op if r.app != "perftest" else "link", tuple(names), tuple(r.nodes),
                tuple(r.sizes), r.stages, r.warmup,

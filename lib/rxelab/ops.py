@@ -2,10 +2,11 @@
 algorithms (each a function "module:function", imported when first used) and the default;
 its extra arguments and in-place rule; the builder of a call's layout (rxelab.layouts); the
 test data each rank sends and the exact result it must receive (a numpy reference); its
-bus-bandwidth model; what the apps move; and its MPI counterpart (the mpi4py call and Open
-MPI's coll_tuned algorithm numbers). The communicator runs any described collective; the
-benchmark, the self-test, both demo apps, the experiment specs and the report read the
-description. A new collective is its algorithm module and its description: register() it.
+bus-bandwidth model; what the apps move; its MPI counterpart (the mpi4py call and Open
+MPI's coll_tuned algorithm numbers) and its Gloo counterpart (the torch.distributed call).
+The communicator runs any described collective; the benchmark, the self-test, the demo
+apps, the experiment specs and the report read the description. A new collective is its
+algorithm module and its description: register() it.
 
 Pure Python and numpy: importing it touches no RDMA (experiments read it on the host).
 
@@ -73,6 +74,9 @@ class Collective:
     takes: tuple[str, ...] = ()  # of ARGUMENTS: pairs (the sequential window), root, op
     in_place: bool = False  # one buffer, sent and received (bcast)
     mpi: Mpi | None = None
+    # torch.distributed's call on the Gloo backend; None where torch 1.13 (Debian 12's) has
+    # none for Gloo ("ProcessGroupGloo does not support reduce_scatter" before torch 2.7)
+    gloo: str | None = None
     dtype: str = "uint8"  # what the apps and the benchmark move
     unit: str = "per peer"  # what a size counts (the report's tables say it)
 
@@ -152,25 +156,27 @@ for _c in (
                                        pairwise="alltoall_pairwise", parallel="alltoall_parallel"),
                "pairwise", layouts.personalized, _fraction, lambda size, n: size * n, _alltoall,
                takes=("pairs",), mpi=Mpi("Alltoall", {"mpi-default": None, "mpi-linear": 1,
-                                                      "mpi-pairwise": 2, "mpi-bruck": 3})),
+                                                      "mpi-pairwise": 2, "mpi-bruck": 3}),
+               gloo="all_to_all_single"),
     Collective("allgather", _algorithms(star="allgather_star", ring="allgather_ring",
                                         sequential="allgather_sequential"),
                "ring", layouts.gathered, _fraction, lambda size, n: size * n, _allgather,
                takes=("pairs",), mpi=Mpi("Allgather", {"mpi-default": None, "mpi-linear": 1,
-                                                       "mpi-bruck": 2, "mpi-ring": 4})),
+                                                       "mpi-bruck": 2, "mpi-ring": 4}),
+               gloo="all_gather"),
     Collective("allreduce", _algorithms(ring="reduce_ring:allreduce",
                                         recursive_doubling="allreduce_rd"),
                "ring", layouts.reduced, lambda n: 2 * _fraction(n), lambda size, n: size,
                _allreduce, takes=("op",), dtype="float32", unit="vector",
                mpi=Mpi("Allreduce", {"mpi-default": None, "mpi-recursive-doubling": 3,
-                                     "mpi-ring": 4})),
+                                     "mpi-ring": 4}), gloo="all_reduce"),
     Collective("reduce_scatter", _algorithms(ring="reduce_ring:reduce_scatter_block"),
                "ring", layouts.scattered, _fraction, lambda size, n: size * n, _reduce_scatter,
                takes=("op",), dtype="float32", unit="per block", mpi=Mpi("Reduce_scatter_block")),
     Collective("bcast", _algorithms(binomial="bcast:binomial", star="bcast:star"),
                "binomial", layouts.broadcast, lambda n: 1.0 if n > 1 else 0.0,
                lambda size, n: size, _bcast, takes=("root",), in_place=True, unit="vector",
-               mpi=Mpi("Bcast", {"mpi-default": None, "mpi-binomial": 6})),
+               mpi=Mpi("Bcast", {"mpi-default": None, "mpi-binomial": 6}), gloo="broadcast"),
 ):
     register(_c)
 

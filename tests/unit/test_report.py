@@ -334,3 +334,30 @@ def test_an_impaired_case_run_in_rounds_speaks_once_against_its_own_kind_of_clea
     lines = [x for x in report.loss_lines(flat, recs) if x.startswith("Under impairment")]
     assert len(lines) == 1 and lines[0].count("loss 1%") == 1, lines
     assert "loss 1%: 3.0x its clean time" in lines[0], "the median round over the stage-by-stage clean run"
+
+
+def test_gloo_cases_not_run_are_said_so_and_not_counted_as_failures(results):
+    env, records, loads = report.load(results)
+    skipped = {**records[0], "app": "gloo", "algorithm": "gloo-default", "status": "skipped",
+               "error": "not run: no torch on these nodes (a lab built with EXTRAS=torch has it) (node2)"}
+    skipped.pop("summary", None)
+    records = [*records, skipped]
+    lines = report.summary_lines(report.rows(records), records, loads)
+    assert lines[0].startswith(f"{len(records) - 1} of {len(records)} cases") and "not ok" not in lines[0]
+    assert "1 gloo cases were not run: not run: no torch on these nodes" in "\n".join(lines)
+
+
+@pytest.mark.parametrize("hosts, said", [
+    ({"node1": {"torch": "1.13.1"}, "node2": {"torch": "1.13.1"}},
+     "Gloo (torch.distributed): torch 1.13.1 on every node, over TCP"),
+    ({"node1": {"torch": "1.13.1"}, "node2": {"torch": None}},
+     "Gloo (torch.distributed): no torch on node2: gloo cases were not run (a lab built with "
+     "EXTRAS=torch has it)"),
+    ({"node1": {"kernel": "6.1"}}, "Gloo (torch.distributed): unknown"),
+])
+def test_the_facts_say_whether_the_nodes_had_torch(results, hosts, said):
+    assert report.gloo_fact({"hosts": hosts}) == said
+    env = json.loads((results / "environment.json").read_text())
+    (results / "environment.json").write_text(json.dumps({**env, "hosts": hosts}))
+    _, md = report.write(results)
+    assert said in md.read_text()

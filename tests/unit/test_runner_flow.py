@@ -258,3 +258,29 @@ def test_rounds_alternate_the_cases_and_back_to_back_reaches_the_apps(tmp_path, 
         [(rnd, i) for rnd in range(3) for i in range(4)], "A, B, A, B: every case once per round"
     launched = cmds(nodes, "rxelab.launch --hosts") + cmds(nodes, "mpirun -np")
     assert len(launched) == 12 and all(" --tight" in c for _, c in launched)
+
+
+GLOO = ('[[runs]]\napp = "gloo"\nop = "allreduce"\nnodes = [3]\nsizes = [8]\n'
+        '[[runs]]\napp = "rxelab"\nop = "allreduce"\nalgorithms = ["ring"]\nnodes = [3]\nsizes = [8]\n')
+
+
+def test_gloo_runs_under_our_launcher_where_every_node_has_torch(tmp_path, monkeypatch):
+    r, nodes = make_runner(tmp_path, monkeypatch, GLOO)
+    nodes.outputs += [summary(True, "gloo"), summary(True)]
+    torch = {h.name: {"torch": "1.13.1"} for h in HOSTS}
+    recs = records(r.run({"nodes": 3, "hosts": torch}))
+    assert [(x["app"], x["status"]) for x in recs] == [("gloo", "ok"), ("rxelab", "ok")]
+    (host, cmd), _ = cmds(nodes, "rxelab.launch --hosts")
+    assert host == "node1" and "apps/gloo_compare.py --op allreduce --algorithm gloo-default" in cmd
+    assert f"RXELAB_RUN_ID={r.run_id}" in cmd, "its ranks carry the run's id: the clean-up finds them"
+
+
+def test_gloo_cases_are_not_run_and_say_why_where_a_node_has_no_torch(tmp_path, monkeypatch):
+    r, nodes = make_runner(tmp_path, monkeypatch, GLOO)
+    nodes.outputs += [summary(True)]  # only the rxelab case runs
+    hosts = {"node1": {"torch": "1.13.1"}, "node2": {"torch": None}, "node3": {}}
+    recs = records(r.run({"nodes": 3, "hosts": hosts}))
+    assert [(x["app"], x["status"]) for x in recs] == [("gloo", "skipped"), ("rxelab", "ok")]
+    assert recs[0]["error"] == f"{runner.NO_TORCH} (node2, node3)"
+    assert not cmds(nodes, "gloo_compare"), "nothing was started for it"
+    assert not cmds(nodes, "sudo -n"), "nothing was changed for it"

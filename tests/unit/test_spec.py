@@ -86,7 +86,15 @@ def test_impairments_mtus_and_rxelab_options_multiply_cases():
         (lambda d: d.update(rounds=0), "rounds: must be from 1 to 20"),
         (lambda d: d.update(rounds=21), "rounds: must be from 1 to 20"),
         (lambda d: d["runs"][0].update(tight="yes"), "runs[0].tight: must be true or false"),
-        (lambda d: d["runs"][2].update(tight=True), "only rxelab and mpi runs take `tight`"),
+        (lambda d: d["runs"][2].update(tight=True), "only rxelab, mpi and gloo runs take `tight`"),
+        (lambda d: d["runs"][1].update(app="gloo", op="reduce_scatter", algorithms=None),
+         "reduce_scatter has no Gloo counterpart in torch 1.13"),
+        (lambda d: d["runs"][1].update(app="gloo"), "runs[1].algorithms: must be a non-empty list "
+                                                    "from gloo-default"),
+        (lambda d: d["runs"].append({"app": "gloo", "op": "allreduce", "nodes": [3], "sizes": [8],
+                                     "transport": ["tcp"]}), "only mpi runs choose a transport"),
+        (lambda d: d["runs"].append({"app": "gloo", "op": "allreduce", "nodes": [3], "sizes": [8],
+                                     "ranks_per_node": 2}), "only rxelab runs take it"),
     ],
 )
 def test_bad_specs_name_the_problem(mutate, problem):
@@ -265,3 +273,21 @@ def test_an_elastic_scenario_is_checked_before_anything_runs(text, said):
     with pytest.raises(spec.SpecError) as err:
         spec.parse({"name": "x", **tomllib.loads(text)})
     assert said in str(err.value), str(err.value)
+
+
+def test_a_gloo_run_takes_its_one_label_and_the_same_modes_as_mpi():
+    doc = {"name": "g", "runs": [{"app": "gloo", "op": "alltoall", "nodes": [3], "sizes": [8],
+                                  "tight": True}]}
+    (case,) = spec.parse(doc).cases()
+    assert (case["app"], case["algorithm"], case["tight"], case["transport"]) == \
+        ("gloo", "gloo-default", True, None)
+    assert spec.contender(case) == "gloo"
+
+
+def test_every_gloo_counterpart_is_a_torch_distributed_call():
+    from rxelab import ops
+    # torch 1.13's torch.distributed names (no torch on the host: the names, as documented)
+    calls = {"all_to_all_single", "all_gather", "all_reduce", "broadcast"}
+    described = {name: c.gloo for name, c in ops.COLLECTIVES.items()}
+    assert {g for g in described.values() if g} <= calls
+    assert described["reduce_scatter"] is None

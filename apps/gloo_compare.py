@@ -1,0 +1,103 @@
+"""The same demo with Gloo, torch.distributed's CPU backend (what a PyTorch user would pick on
+CPUs): S stages of the collective (--op) of M bytes, verified every stage, reported in the
+same JSON lines as apps/server_client.py and apps/mpi_compare.py. Gloo runs over TCP on the
+network of MASTER_ADDR (the interface is found from that address, never assumed). Started by
+torchrun or by our launcher, which both set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT:
+
+    python3 -m rxelab.launch --hosts node1,node2,node3 -- python3 apps/gloo_compare.py
+
+Gloo's calls differ from MPI's in two ways the timings include: all_reduce works in place (the
+input is copied into the result buffer first, as a training loop keeps its gradient), and
+all_gather fills a list of tensors (views of the one result buffer here). torch 1.13's Gloo
+has no reduce_scatter (rxelab.ops says which collectives it has).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stages
+
+INIT_TIMEOUT_S = 120
+
+
+def interface_towards(address: str) -> str | None:
+    """The interface holding an IPv4 address in the same network as `address` (Gloo's
+    GLOO_SOCKET_IFNAME); None if no interface is on that network."""
+    import psutil  # a dependency of Debian's python3-torch
+
+    target = ipaddress.ip_address(socket.gethostbyname(address))
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family == socket.AF_INET and a.netmask:
+                net = ipaddress.ip_interface(f"{a.address}/{a.netmask}").network
+                if target in net and not ipaddress.ip_address(a.address).is_loopback:
+                    return name
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = stages.arguments(__doc__.split("\n\n")[0], ["gloo-default"], "gloo-default")
+    args = ap.parse_args(argv)
+    stages.check_args(ap, args)
+    described = stages.ops.COLLECTIVES[args.op]
+    if described.gloo is None:
+        ap.error(f"{args.op} has no Gloo counterpart in torch 1.13")
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    if missing:
+        ap.error(f"{', '.join(missing)} not set: start it with torchrun or python3 -m rxelab.launch")
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as err:
+        print(f"error: torch is not installed here ({err}); a lab built with EXTRAS=torch has it",
+              file=sys.stderr)
+        return 2
+    if not os.environ.get("GLOO_SOCKET_IFNAME"):
+        iface = interface_towards(os.environ["MASTER_ADDR"])
+        if iface is None:
+            print(f"error: no interface here is on the network of MASTER_ADDR="
+                  f"{os.environ['MASTER_ADDR']}; set GLOO_SOCKET_IFNAME", file=sys.stderr)
+            return 2
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
+    dist.init_process_group("gloo", init_method="env://",
+                            timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+    r, p = dist.get_rank(), dist.get_world_size()
+    call = getattr(dist, described.gloo)  # the description's torch.distributed call
+
+    def collective(send: np.ndarray, recv: np.ndarray) -> None:
+        s, out = torch.from_numpy(send), torch.from_numpy(recv)  # zero copy, both ways
+        if described.in_place:
+            call(s, src=0)
+        elif described.reduces:
+            out.copy_(s)
+            call(out, op=dist.ReduceOp.SUM)
+        elif described.gloo == "all_gather":
+            call(list(out.chunk(p)), s)
+        else:
+            call(out, s)
+
+    dist.barrier()  # the "start signal"
+    mine = stages.run(args, r, p, collective, dist.barrier, "gloo")
+    table = torch.zeros(p * mine.size, dtype=torch.float64)
+    dist.all_gather(list(table.chunk(p)), torch.from_numpy(mine))
+    if r == 0:
+        extra = {"gloo": f"torch {torch.__version__}",
+                 "interface": os.environ["GLOO_SOCKET_IFNAME"]}
+        for line in stages.report("gloo", args, p, table.numpy(), extra):
+            print(line, flush=True)
+    ok = table.numpy().reshape(p, args.stages, 2)[:, :, 1].sum() == 0
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
