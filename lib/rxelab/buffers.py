@@ -27,17 +27,62 @@ class Buffer:
     writable: bool
 
 
+def host_array(obj: Any, what: str) -> Any:
+    """A torch CPU tensor - anything that is neither a numpy array nor a Python buffer but
+    exports its memory by DLPack - as a numpy array over the same memory (no copy: what
+    arrives lands in the tensor); anything else as it is. torch tensors have no buffer
+    protocol, and importing torch here would cost seconds for jobs that never use it."""
+    if isinstance(obj, np.ndarray) or not hasattr(obj, "__dlpack__"):
+        return obj
+    try:
+        arr = np.from_dlpack(obj)
+    except (BufferError, RuntimeError, TypeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"{what} ({type(obj).__name__}) cannot be used in place: {first}",
+                          hint="pass a CPU tensor that needs no gradient (tensor.detach()), "
+                               "or a numpy array") from None
+    return np.asarray(_Holding(arr, _storage_of(obj)))
+
+
+def _storage_of(obj: Any) -> Any:
+    """The tensor's storage: what owns its memory. DLPack's export holds the tensor, and
+    `tensor.data = other` gives that tensor other memory, freeing the old while a
+    registration may still point there; holding the storage keeps it alive instead."""
+    for name in ("untyped_storage", "storage"):  # torch >= 2.0, then 1.13
+        method = getattr(obj, name, None)
+        if callable(method):
+            try:
+                return method()
+            except Exception:  # not a torch tensor after all: DLPack alone holds the memory
+                return None
+    return None
+
+
+class _Holding:
+    """A DLPack export's memory as a writable array, and what must live as long as any view
+    of it does. numpy before 2.1 marks every DLPack import read-only (DLPack had no flag to
+    say); a tensor's memory is the tensor's to write, as tensor.numpy() lets it be."""
+
+    def __init__(self, arr: np.ndarray, keep: Any) -> None:
+        interface = dict(arr.__array_interface__)
+        interface["data"] = (interface["data"][0], False)
+        self.__array_interface__ = interface
+        self.keep = (arr, keep)
+
+
 def as_buffer(obj: Any, what: str, *, writable: bool = False) -> Buffer:
-    """numpy arrays, bytearray, bytes (read-only), memoryview and anything with the buffer
-    protocol; raises ConfigError naming `what` for anything else."""
+    """numpy arrays, torch CPU tensors (host_array), bytearray, bytes (read-only),
+    memoryview and anything with the buffer protocol; raises ConfigError naming `what` for
+    anything else."""
+    obj = host_array(obj, what)
     if isinstance(obj, np.ndarray):
         arr = obj
     else:
         try:
             view = memoryview(obj)
         except TypeError:
-            raise ConfigError(f"{what} must be a numpy array, bytearray or memoryview, "
-                              f"not {type(obj).__name__}") from None
+            raise ConfigError(f"{what} must be a numpy array, torch tensor, bytearray or "
+                              f"memoryview, not {type(obj).__name__}") from None
         if not view.c_contiguous:
             raise ConfigError(f"{what} is not contiguous", hint="pass a contiguous copy")
         # frombuffer keeps read-only buffers (bytes) read-only

@@ -24,7 +24,7 @@ import numpy as np
 
 from rxelab import bootstrap, layouts, membership, ops, settings, verbs
 from rxelab import engine as engine_mod
-from rxelab.buffers import Buffer, as_buffer
+from rxelab.buffers import Buffer, as_buffer, host_array
 from rxelab.collectives.common import DATA, Call
 from rxelab.control import ControlPlane
 from rxelab.engine import RTR, Engine
@@ -438,8 +438,12 @@ class Communicator:
         an earlier one (same collective, algorithm, buffers and arguments, as the caller gave
         them), that call's plan, found before anything else is looked at: one path for every
         collective and its i-variant, and a short one for a training loop's thousandth call."""
-        # names and types too: pairs=2.0 or root=True must not find the plan of pairs=2, root=1
-        key = (name, algorithm, id(sendbuf), id(recvbuf),
+        given_buffers = (sendbuf, recvbuf)
+        sendbuf, recvbuf = seen_buffers(sendbuf, recvbuf)
+        # names and types too: pairs=2.0 or root=True must not find the plan of pairs=2, root=1;
+        # a tensor by its memory as well (`tensor.data = ...` swaps it under the same object)
+        key = (name, algorithm, *map(id, given_buffers),
+               *map(_memory, given_buffers, (sendbuf, recvbuf)),
                *[(k, type(v), v) for k, v in given.items()])
         try:
             plan = self._plans.get(key)
@@ -458,7 +462,7 @@ class Communicator:
         def make() -> Plan:
             run = self._algorithm(c, chosen)
             layout = c.layout(sendbuf, recvbuf, self.size, self.rank, **args)
-            return Plan(name, chosen, run, layout, (sendbuf, recvbuf))
+            return Plan(name, chosen, run, layout, (*given_buffers, sendbuf, recvbuf))
         return self._plan(key, make)
 
     # ---- collectives ----------------------------------------------------------------
@@ -528,12 +532,16 @@ class Communicator:
         window = self._window(algorithm, pairs)
         sc, rc = (whole_numbers(x, self.size, name) for x, name in
                   ((send_counts, "send_counts"), (recv_counts, "recv_counts")))
-        key = ("alltoallv", algorithm, window, id(sendbuf), id(recvbuf), tuple(sc), tuple(rc))
+        given_buffers = (sendbuf, recvbuf)
+        sendbuf, recvbuf = seen_buffers(sendbuf, recvbuf)
+        key = ("alltoallv", algorithm, window, *map(id, given_buffers),
+               *map(_memory, given_buffers, (sendbuf, recvbuf)), tuple(sc), tuple(rc))
 
         def make() -> Plan:
             run = self._algorithm(c, algorithm)
             return Plan("alltoallv", algorithm, run, layouts.varying(
-                sendbuf, recvbuf, self.size, self.rank, sc, rc, window), (sendbuf, recvbuf))
+                sendbuf, recvbuf, self.size, self.rank, sc, rc, window),
+                (*given_buffers, sendbuf, recvbuf))
         return self._plan(key, make)
 
     # ---- nonblocking --------------------------------------------------------------------
@@ -762,6 +770,21 @@ class Communicator:
             raise ConfigError(f"nbytes={nbytes} must be 0 or more")
         with self._communicating(f"wait_imm from rank {peer}", tag):
             self.engine.wait_data(peer, tag, nbytes, "write_imm")
+
+
+def seen_buffers(sendbuf: Any, recvbuf: Any) -> tuple[Any, Any]:
+    """The buffers as the library works on them (tensors as arrays, host_array); one object
+    given twice stays one (in place)."""
+    send = host_array(sendbuf, "send buffer")
+    return send, (send if recvbuf is sendbuf else host_array(recvbuf, "receive buffer"))
+
+
+def _memory(given: Any, seen: Any) -> tuple[int, int] | None:
+    """Where a buffer the library saw through (a tensor, host_array) has its memory now:
+    part of a plan's key, since the same tensor may be given other memory between calls."""
+    if given is seen or not isinstance(seen, np.ndarray):
+        return None
+    return int(seen.ctypes.data), int(seen.nbytes)
 
 
 def whole(value: Any, what: str) -> int:
