@@ -32,7 +32,7 @@ def test_zero_length_buffers_are_fine():
 @pytest.mark.parametrize(
     "obj, writable, problem",
     [
-        ([1, 2, 3], False, "must be a numpy array, bytearray or memoryview, not list"),
+        ([1, 2, 3], False, "must be a numpy array, torch tensor, bytearray or memoryview, not list"),
         ("text", False, "not str"),
         (np.zeros((4, 4))[:, 1], False, "not contiguous"),
         (memoryview(bytearray(8))[::2], False, "not contiguous"),
