@@ -27,6 +27,9 @@ class Buffer:
     writable: bool
 
 
+DLPACK_CPU, DLPACK_CUDA_HOST = 1, 3  # host memory: plain, and CUDA's pinned host memory
+
+
 def host_array(obj: Any, what: str) -> Any:
     """A torch CPU tensor - anything that is neither a numpy array nor a Python buffer but
     exports its memory by DLPack - as a numpy array over the same memory (no copy: what
@@ -35,12 +38,16 @@ def host_array(obj: Any, what: str) -> Any:
     if isinstance(obj, np.ndarray) or not hasattr(obj, "__dlpack__"):
         return obj
     try:
+        device = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else DLPACK_CPU
+        if device not in (DLPACK_CPU, DLPACK_CUDA_HOST):
+            raise BufferError(f"its memory is on a device (DLPack device type {device}), "
+                              "not in host memory")
         arr = np.from_dlpack(obj)
     except (BufferError, RuntimeError, TypeError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"{what} ({type(obj).__name__}) cannot be used in place: {first}",
-                          hint="pass a CPU tensor that needs no gradient (tensor.detach()), "
-                               "or a numpy array") from None
+                          hint="pass a CPU tensor that needs no gradient (tensor.detach(), "
+                               "tensor.cpu()), or a numpy array") from None
     return np.asarray(_Holding(arr, _storage_of(obj)))
 
 

@@ -100,3 +100,14 @@ def test_collectives_run_on_tensors_in_place_and_follow_a_tensor_given_new_memor
         assert (first == total).all() and (in_place == total).all()
         assert (after == 2.0 * p).all(), "the result landed in the tensor's new memory"
         assert (gathered == np.repeat(np.arange(p, dtype=np.uint8), 16)).all()
+
+
+class DeviceTensor(FakeTensor):
+    def __dlpack_device__(self):
+        return (2, 0)  # kDLCUDA: memory the host cannot register
+
+
+def test_a_tensor_not_on_the_cpu_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"^receive buffer \(DeviceTensor\) cannot be used in "
+                                          r"place: its memory is on a device"):
+        as_buffer(DeviceTensor(np.zeros(2, np.float32)), "receive buffer", writable=True)
