@@ -354,10 +354,10 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
                 f"({worst['contender']} {worst['algorithm']})")
         ours = min((r["avg_us"] for r in rs if r["contender"] == "rxelab"), default=None)
         ratios = []
-        for mpi in ("mpi-ucx", "mpi-tcp"):
-            theirs = min((r["avg_us"] for r in rs if r["contender"] == mpi), default=None)
+        for rival in ("mpi-ucx", "mpi-tcp", "gloo"):
+            theirs = min((r["avg_us"] for r in rs if r["contender"] == rival), default=None)
             if ours and theirs:
-                ratios.append(f"{ours / theirs:.2f}x {mpi}'s time")
+                ratios.append(f"{ours / theirs:.2f}x {rival}'s time")
         mine = [r for r in rs if r["contender"] == "rxelab"]  # sorted: the first is the best
         share = mine[0].get("link_pct") if mine else None
         rounds = f" (medians of {best['rounds']} rounds)" if best["rounds"] > 1 else ""
