@@ -113,8 +113,13 @@ def run_experiment(c, spec="smoke", inventory=None, results=None, accept_new_hos
         print(f"results: {out}" + (f" ({'; '.join(wrong)})" if wrong else ""))
         if wrong:
             raise Exit("the elastic scenario did not end well: " + "; ".join(wrong), code=1)
-    bad = [r for r in records if r["status"] != "ok"]
-    print(f"results: {out} ({len(records) - len(bad)}/{len(records)} cases ok)")
+    skipped = [r for r in records if r["status"] == "skipped"]  # a contender the nodes lack
+    bad = [r for r in records if r["status"] not in ("ok", "skipped")]
+    print(f"results: {out} ({len(records) - len(bad) - len(skipped)}/{len(records)} cases ok"
+          + (f", {len(skipped)} not run" if skipped else "") + ")")
+    for who in sorted({spec_mod.contender(r) for r in skipped}):
+        first = next(r for r in skipped if spec_mod.contender(r) == who)
+        print(f"{who} cases were not run: {first.get('error', 'skipped')}")
     # Wrong data is always a failure; a case that fails or runs out of time on an impaired
     # network is a finding of the study (it is in the report), not a failure of the run.
     broken = [r for r in bad if r["status"] == "wrong" or not any((r.get("netem") or {}).values())]

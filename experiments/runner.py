@@ -58,7 +58,7 @@ class Runner:
         self.links_down: dict[str, list[str]] = {}  # nodes whose data NIC we took down
         self.network = ""  # the data network as Open MPI's if_include takes it
         self.connections: dict[str, Any] = {}  # one SSH connection per node for the whole run
-        self.without_torch: set[str] = set()  # nodes that cannot run the gloo contender
+        self.with_torch: set[str] = set()  # nodes that said they can run the gloo contender
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.dir = results_root / f"{stamp}-{spec.name}"
         n = 1
@@ -77,8 +77,8 @@ class Runner:
         state = {"spec": self.spec.name, "started": time.time(), "complete": False,
                  "run_id": self.run_id, **environment}
         self._write_env(state)
-        self.without_torch = {name for name, h in (environment.get("hosts") or {}).items()
-                              if not (h or {}).get("torch")}
+        self.with_torch = {name for name, h in (environment.get("hosts") or {}).items()
+                           if isinstance(h, dict) and h.get("torch")}
         cases = self.spec.cases()
         head = fleet.connect(self.hosts[0])
         try:
@@ -215,7 +215,7 @@ class Runner:
                                   "hosts": [h.name for h in hosts]}
         samplers: list[Host] = []
         before: dict[str, dict[str, Any]] = {}
-        lacking = sorted({h.name for h in hosts} & self.without_torch)
+        lacking = sorted({h.name for h in hosts} - self.with_torch)
         if case["app"] == "gloo" and lacking:  # nothing is touched for a case that cannot run
             record.update(status="skipped", wall_seconds=0.0, error=f"{NO_TORCH} ({', '.join(lacking)})")
             return record, []

@@ -7,6 +7,7 @@ sides, sizes that split evenly over the ranks.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,13 +49,15 @@ def host_array(obj: Any, what: str) -> Any:
         raise ConfigError(f"{what} ({type(obj).__name__}) cannot be used in place: {first}",
                           hint="pass a CPU tensor that needs no gradient (tensor.detach(), "
                                "tensor.cpu()), or a numpy array") from None
-    return np.asarray(_Holding(arr, _storage_of(obj)))
+    return np.asarray(_Holding(arr, _storage_of(obj), obj))
 
 
 def _storage_of(obj: Any) -> Any:
     """The tensor's storage: what owns its memory. DLPack's export holds the tensor, and
     `tensor.data = other` gives that tensor other memory, freeing the old while a
-    registration may still point there; holding the storage keeps it alive instead."""
+    registration may still point there; holding the storage keeps it alive instead - unless
+    the storage itself is resized (FSDP frees memory with `storage().resize_(0)`): that,
+    moved() sees."""
     for name in ("untyped_storage", "storage"):  # torch >= 2.0, then 1.13
         method = getattr(obj, name, None)
         if callable(method):
@@ -66,15 +69,43 @@ def _storage_of(obj: Any) -> Any:
 
 
 class _Holding:
-    """A DLPack export's memory as a writable array, and what must live as long as any view
-    of it does. numpy before 2.1 marks every DLPack import read-only (DLPack had no flag to
-    say); a tensor's memory is the tensor's to write, as tensor.numpy() lets it be."""
+    """A DLPack export's memory as an array, what must live as long as any view of it does,
+    and a weak reference to the caller's object (a registration of it lasts while that
+    lives). numpy marks an import read-only whenever the export cannot say (DLPack before
+    1.0, which torch 1.13 speaks): a tensor's memory - an object with a storage - is made
+    writable again, the tensor's to write as tensor.numpy() lets it be; anything else keeps
+    numpy's word."""
 
-    def __init__(self, arr: np.ndarray, keep: Any) -> None:
+    def __init__(self, arr: np.ndarray, storage: Any, caller: Any) -> None:
         interface = dict(arr.__array_interface__)
-        interface["data"] = (interface["data"][0], False)
+        if not arr.flags.writeable and storage is not None:
+            interface["data"] = (interface["data"][0], False)
         self.__array_interface__ = interface
-        self.keep = (arr, keep)
+        self.keep = (arr, storage)
+        self.memory = _storage_memory(storage)
+        try:
+            self.caller: Any = weakref.ref(caller)
+        except TypeError:  # not weakly referable: judged by our own references alone
+            self.caller = None
+
+    def moved(self) -> bool:
+        """The storage's memory is not where it was (resized, freed): what was registered
+        there is stale."""
+        return self.memory is not None and _storage_memory(self.keep[1]) != self.memory
+
+
+def _storage_memory(storage: Any) -> tuple[int, int] | None:
+    try:
+        return int(storage.data_ptr()), int(storage.nbytes())
+    except Exception:  # no storage, or not one that says where its memory is
+        return None
+
+
+def holding(obj: Any) -> _Holding | None:
+    """The _Holding under an array host_array made (through any views of it), else None."""
+    while isinstance(obj, np.ndarray):
+        obj = obj.base
+    return obj if isinstance(obj, _Holding) else None
 
 
 def as_buffer(obj: Any, what: str, *, writable: bool = False) -> Buffer:

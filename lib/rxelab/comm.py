@@ -388,6 +388,21 @@ class Communicator:
                 holders[id(entry.view.obj)] += 1
         # references besides ours: `objects` and getrefcount's argument
         dropped = {i for i in objects if sys.getrefcount(objects[i]) - 2 <= holders[i]}
+        # a buffer seen through (a tensor's array, host_array) is only ours: its plan lasts
+        # while the caller's own object is referred to by more than our plans
+        callers: dict[int, Any] = {}  # id(our array) -> the caller's object
+        given_refs: dict[int, int] = {}  # id(caller's object) -> slots of plans' `given`
+        for plan in self._plans.values():
+            half = len(plan.given) // 2
+            for given, seen in zip(plan.given[:half], plan.given[half:], strict=True):
+                if given is not seen and given is not None:
+                    callers[id(seen)] = given
+            for obj in plan.given:
+                given_refs[id(obj)] = given_refs.get(id(obj), 0) + 1
+        for i, caller in callers.items():
+            # references besides ours: `callers`, the loop's name, getrefcount's argument
+            if i in dropped and sys.getrefcount(caller) - 3 > given_refs[id(caller)]:
+                dropped.discard(i)
         for key, plan in list(self._plans.items()):
             if {id(plan.layout.send.owner), id(plan.layout.recv.owner)} <= dropped:
                 for view in plan.exports:
@@ -779,12 +794,14 @@ def seen_buffers(sendbuf: Any, recvbuf: Any) -> tuple[Any, Any]:
     return send, (send if recvbuf is sendbuf else host_array(recvbuf, "receive buffer"))
 
 
-def _memory(given: Any, seen: Any) -> tuple[int, int] | None:
-    """Where a buffer the library saw through (a tensor, host_array) has its memory now:
-    part of a plan's key, since the same tensor may be given other memory between calls."""
+def _memory(given: Any, seen: Any) -> tuple[Any, ...] | None:
+    """Where and as what a buffer the library saw through (a tensor, host_array) has its
+    memory now: part of a plan's key, since the same tensor may be given other memory, or
+    another dtype or shape over the same memory (`t.data = t.data.view(torch.int32)`),
+    between calls."""
     if given is seen or not isinstance(seen, np.ndarray):
         return None
-    return int(seen.ctypes.data), int(seen.nbytes)
+    return int(seen.ctypes.data), int(seen.nbytes), seen.dtype.str, seen.shape, seen.strides
 
 
 def whole(value: Any, what: str) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rxelab.buffers import Buffer
+from rxelab.buffers import Buffer, holding
 from rxelab.errors import ConfigError
 
 PAGE = mmap.PAGESIZE
@@ -72,6 +72,9 @@ class Registry:
         # the object it was made for alive, so another object at the same address is another
         # view of that memory (t and t[:]), never something new in freed memory.
         entry = self.entries.get(key)
+        if entry is not None and (held := holding(entry.view.obj)) is not None and held.moved():
+            self._drop(key)  # a tensor's storage was resized or freed under the registration
+            entry = None
         if entry is None:
             self._make_room(pinned_size(buf.address, buf.nbytes))
             mr = self.make_mr(buf.address, buf.nbytes, access)
@@ -115,6 +118,8 @@ class Registry:
         if key in self.busy or key in self.held:
             return False
         obj = entry.view.obj
+        if (held := holding(obj)) is not None and held.caller is not None:
+            return held.caller() is None  # a tensor's registration lasts while the tensor lives
         views = sum(1 for e in self.entries.values() if e.view.obj is obj)
         # references: our exports, the local `obj`, getrefcount's argument
         return sys.getrefcount(obj) <= views + 2

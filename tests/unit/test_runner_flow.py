@@ -278,7 +278,7 @@ def test_gloo_runs_under_our_launcher_where_every_node_has_torch(tmp_path, monke
 def test_gloo_cases_are_not_run_and_say_why_where_a_node_has_no_torch(tmp_path, monkeypatch):
     r, nodes = make_runner(tmp_path, monkeypatch, GLOO)
     nodes.outputs += [summary(True)]  # only the rxelab case runs
-    hosts = {"node1": {"torch": "1.13.1"}, "node2": {"torch": None}, "node3": {}}
+    hosts = {"node1": {"torch": "1.13.1"}, "node2": {"torch": None}}  # node3 said nothing
     recs = records(r.run({"nodes": 3, "hosts": hosts}))
     assert [(x["app"], x["status"]) for x in recs] == [("gloo", "skipped"), ("rxelab", "ok")]
     assert recs[0]["error"] == f"{runner.NO_TORCH} (node2, node3)"

@@ -11,6 +11,7 @@ import weakref
 import numpy as np
 import pytest
 from rxelab.buffers import as_buffer, host_array
+from rxelab.comm import MAX_PLANS
 from rxelab.errors import ConfigError
 
 from tests.unit.fakejob import run_ranks
@@ -83,23 +84,105 @@ def test_other_objects_are_left_as_they_are():
 def test_collectives_run_on_tensors_in_place_and_follow_a_tensor_given_new_memory(p):
     def job(comm):
         grad = FakeTensor(np.full(1000, comm.rank + 1, np.float32))
+        twos = FakeTensor(np.full(1000, 2, np.float32))
         out = FakeTensor(np.zeros(1000, np.float32))
-        comm.allreduce(grad, out)
+        comm.allreduce(twos, out)
         first = out.data.copy()
         comm.allreduce(grad, grad)  # in place, on the tensor's own memory
         in_place = grad.data.copy()
-        out.data = np.zeros(1000, np.float32)  # the same object, other memory: a new plan
-        comm.allreduce(FakeTensor(np.full(1000, 2.0, np.float32)), out)
+        out.data = np.zeros(1000, np.float32)  # the same objects as the first call, new memory
+        comm.allreduce(twos, out)
+        moved = out.data.copy()
+        # the same memory seen as another dtype: a plan of its own, never the float32 one
+        twos.data, out.data = twos.data.view(np.int32), out.data.view(np.int32)
+        twos.data[:] = 10**8 * (comm.rank + 1)  # summed as float32 bits, these would not add up
+        comm.allreduce(twos, out)
         block = FakeTensor(np.full(16, comm.rank, np.uint8))
         gathered = FakeTensor(np.zeros(16 * comm.size, np.uint8))
         comm.allgather(block, gathered)
-        return first, in_place, out.data.copy(), gathered.data.copy()
+        return first, in_place, moved, out.data.copy(), gathered.data.copy()
 
     total = p * (p + 1) / 2
-    for first, in_place, after, gathered in run_ranks(p, job):
-        assert (first == total).all() and (in_place == total).all()
-        assert (after == 2.0 * p).all(), "the result landed in the tensor's new memory"
+    for first, in_place, moved, as_int, gathered in run_ranks(p, job):
+        assert (first == 2.0 * p).all() and (in_place == total).all()
+        assert (moved == 2.0 * p).all(), "the result landed in the tensor's new memory"
+        assert as_int.dtype == np.int32 and (as_int == 10**8 * p * (p + 1) // 2).all(), \
+            "summed as int32"
         assert (gathered == np.repeat(np.arange(p, dtype=np.uint8), 16)).all()
+
+
+def test_a_loop_on_the_same_tensors_keeps_one_plan_and_one_registration_each():
+    def job(comm):
+        grad = FakeTensor(np.ones(4096, np.float32))
+        out = FakeTensor(np.zeros(4096, np.float32))
+        block, gathered = FakeTensor(np.ones(64, np.uint8)), FakeTensor(np.zeros(64 * comm.size, np.uint8))
+        counts = []
+        for _ in range(10):  # a step's collectives, one after another: each plan is kept
+            comm.allreduce(grad, out)
+            comm.allgather(block, gathered)
+            comm.bcast(grad)
+            counts.append((len(comm._plans), comm.registry.registrations))
+        for _ in range(20):  # fresh tensors every call, dropped after it: the plans stay bounded
+            comm.allreduce(FakeTensor(np.ones(4096, np.float32)), FakeTensor(np.zeros(4096, np.float32)))
+        return counts, len(comm._plans)
+
+    for counts, after in run_ranks(2, job):
+        assert counts[-1] == counts[1], f"plans and registrations grew with the calls: {counts}"
+        assert counts[-1][0] == 3, f"each collective's plan is kept while its tensors live: {counts}"
+        assert after <= MAX_PLANS, f"{after} plans kept for tensors the application dropped"
+
+
+class Resizable(Storage):
+    """A storage that can be given other memory in place (torch's storage().resize_())."""
+
+    def data_ptr(self) -> int:
+        return int(self.arr.ctypes.data)
+
+    def nbytes(self) -> int:
+        return int(self.arr.nbytes)
+
+
+def test_a_registration_of_a_storage_resized_since_is_made_anew():
+    from rxelab.registry import Registry
+
+    made = []
+
+    class MR:
+        def close(self) -> None:
+            pass
+
+    reg = Registry(lambda addr, n, access: made.append((addr, n)) or MR(), limit=1 << 30)
+    t = FakeTensor(np.zeros(1024, np.float32))
+    t._storage = Resizable(t._storage.arr)
+    reg.register(as_buffer(t, "x"), 0)
+    reg.end_call()
+    reg.register(as_buffer(t, "x"), 0)
+    assert len(made) == 1, "same memory: the registration is reused"
+    keep = t._storage.arr
+    t._storage.arr = np.zeros(1024, np.float32)  # the storage's memory moved under us
+    reg.register(as_buffer(keep, "x"), 0)  # anything else at the old address
+    assert len(made) == 2, "the stale registration is not reused"
+
+
+class Export:
+    """Something that exports memory by DLPack and is not a tensor (no storage): a JAX array."""
+
+    def __init__(self, arr: np.ndarray) -> None:
+        self.arr = arr
+
+    def __dlpack__(self, **kwargs):
+        return self.arr.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.arr.__dlpack_device__()
+
+
+def test_an_export_that_is_not_a_tensor_keeps_numpys_read_only_word():
+    ro = np.zeros(4, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ConfigError, match="read-only"):
+        as_buffer(Export(ro), "receive buffer", writable=True)
+    assert as_buffer(Export(ro), "send buffer").nbytes == 16, "it can still be sent"
 
 
 class DeviceTensor(FakeTensor):
