@@ -38,6 +38,21 @@ class FakeTensor:
     def storage(self) -> Storage:
         return self._storage
 
+    # torch's cheap accessors, by which the library knows a tensor it has seen as it was
+    def data_ptr(self) -> int:
+        return int(self._storage.arr.ctypes.data)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._storage.arr.shape
+
+    def stride(self) -> tuple[int, ...]:
+        return tuple(s // self._storage.arr.itemsize for s in self._storage.arr.strides)
+
+    @property
+    def dtype(self) -> str:
+        return str(self._storage.arr.dtype)
+
     @property
     def data(self) -> np.ndarray:
         return self._storage.arr
@@ -194,3 +209,30 @@ def test_a_tensor_not_on_the_cpu_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"^receive buffer \(DeviceTensor\) cannot be used in "
                                           r"place: its memory is on a device"):
         as_buffer(DeviceTensor(np.zeros(2, np.float32)), "receive buffer", writable=True)
+
+
+def test_a_tensor_seen_again_as_it_was_is_not_exported_again_and_the_cache_keeps_nothing_alive(
+        monkeypatch):
+    from rxelab import buffers
+
+    exports = []
+    real = buffers._import
+    monkeypatch.setattr(buffers, "_import", lambda obj, what: exports.append(1) or real(obj, what))
+    t = FakeTensor(np.zeros(64, np.float32))
+    a = host_array(t, "x")
+    assert host_array(t, "x") is a and len(exports) == 1, "the same tensor, as it was"
+    t.data = np.zeros(64, np.float32)  # other memory
+    b = host_array(t, "x")
+    assert b is not a and len(exports) == 2
+    t.data = t.data.view(np.int32)  # the same memory as another dtype
+    c = host_array(t, "x")
+    assert c is not b and c.dtype == np.int32 and len(exports) == 3
+    gone = weakref.ref(c)
+    del a, b, c
+    gc.collect()
+    assert gone() is None, "the cache holds no array"
+    assert id(t) in buffers._SEEN
+    key = id(t)
+    del t
+    gc.collect()
+    assert key not in buffers._SEEN, "a dead tensor's entry goes with it"
