@@ -71,7 +71,8 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-@task(help={"spec": "a shipped spec (smoke, seed, sweep, lossy, memory-and-load) or a .toml path",
+@task(help={"spec": "a shipped spec (" + ", ".join(sorted(p.stem for p in spec_mod.SPECS.glob("*.toml")))
+                    + ") or a .toml path",
             "inventory": "inventory file (default: the lab's)",
             "results": "where result directories go (default: results/)",
             "accept_new_host_keys": ACCEPT_NEW})
