@@ -68,8 +68,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{os.environ['MASTER_ADDR']}; set GLOO_SOCKET_IFNAME", file=sys.stderr)
             return 2
         os.environ["GLOO_SOCKET_IFNAME"] = iface
-    dist.init_process_group("gloo", init_method="env://",
-                            timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+    try:
+        dist.init_process_group("gloo", init_method="env://",
+                                timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+    except (RuntimeError, ValueError) as err:  # the store unreachable, a rank that never came
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: Gloo's rendezvous at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+              f"failed: {first}", file=sys.stderr)
+        return 2
     r, p = dist.get_rank(), dist.get_world_size()
     call = getattr(dist, described.gloo)  # the description's torch.distributed call
 

@@ -97,3 +97,26 @@ def test_stage_loop_checks(tight, spoiled, caught):
     collective, _ = _one_rank_alltoall(corrupt_at=spoiled)
     mine = stages.run(args, 0, 1, collective, lambda: None, "rxelab")
     assert bool(mine[1::2].sum()) is caught
+
+
+def test_the_gloo_app_refuses_what_it_cannot_run_in_words(monkeypatch, capsys):
+    import importlib.util
+    import sys as _sys
+
+    from apps import gloo_compare
+    with pytest.raises(SystemExit) as e:
+        gloo_compare.main(["--op", "reduce_scatter"])
+    assert e.value.code == 2 and "reduce_scatter has no Gloo counterpart" in capsys.readouterr().err
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(SystemExit):
+        gloo_compare.main(["--op", "allreduce"])
+    assert "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set" in capsys.readouterr().err
+    if importlib.util.find_spec("torch") is None:  # the host: no torch, said so, no traceback
+        for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                     "MASTER_PORT": "29999"}.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setitem(_sys.modules, "torch", None)
+        assert gloo_compare.main(["--op", "allreduce"]) == 2
+        assert "torch is not installed here" in capsys.readouterr().err
+
