@@ -48,6 +48,8 @@ UBUNTU_PACKAGES = [
     "python3-pyverbs",
     "python3-mpi4py",
     "python3-numpy",
+    "python3-zstandard",
+    "python3-lz4",
     "openmpi-bin",
 ]
 

@@ -22,10 +22,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rxelab import bootstrap, layouts, membership, ops, settings, verbs
+from rxelab import bootstrap, codecs, layouts, membership, ops, settings, verbs
 from rxelab import engine as engine_mod
 from rxelab.buffers import Buffer, as_buffer, host_array
-from rxelab.collectives.common import DATA, Call
+from rxelab.collectives.common import DATA, Call, Staging
 from rxelab.control import ControlPlane
 from rxelab.engine import RTR, Engine
 from rxelab.errors import ClosedError, ConfigError, PeerError, ProtocolError, RdmaError
@@ -47,6 +47,9 @@ class Stats(NamedTuple):
     peak_pinned: int
     peak_inflight: int
     seconds: float
+    coded_raw: int = 0  # bytes of blocks this rank sent coded (compression=), before coding
+    coded_wire: int = 0  # what they took on the wire (coded_raw / coded_wire: the ratio)
+    codec_seconds: float = 0.0  # CPU time this rank spent coding and decoding
 
 
 @dataclass(frozen=True)
@@ -67,11 +70,13 @@ class Plan:
     """A collective call made ready: its checked layout and the algorithm that runs it."""
 
     __slots__ = ("operation", "algorithm", "name", "run", "layout", "exports", "held_version",
-                 "given")
+                 "given", "codec")
 
     def __init__(self, operation: str, algorithm: str, run: Callable[[Call], None],
-                 layout: Layout, given: tuple[Any, ...] = ()) -> None:
+                 layout: Layout, given: tuple[Any, ...] = (),
+                 codec: codecs.Codec | None = None) -> None:
         self.operation, self.algorithm, self.run, self.layout = operation, algorithm, run, layout
+        self.codec = codec  # how its rendezvous blocks travel (rxelab.codecs; None: as they are)
         # the caller's own objects, which the plan is found by (their ids): held, so no other
         # object can take an id while the plan is kept, even if a layout copied them
         self.given = given
@@ -90,10 +95,14 @@ class Communicator:
     def __init__(self, job: bootstrap.JobInfo, *, device: str | None = None,
                  port: int | None = None, gid_index: int | None = None, elastic: bool = False,
                  _listener: Any = None, _generation: int = 0,
-                 _alive: Callable[[int], bool] | None = None, **options: Any) -> None:
+                 _alive: Callable[[int], bool] | None = None, compression: str | None = None,
+                 **options: Any) -> None:
         """options: those of rxelab.settings (timeout, eager_limit, chunk, window, slots,
         send_depth, pin_limit, qp_timeout, retry_cnt), each checked there. elastic: this
-        rank keeps a listener, so the job can shrink() and admit() (rxelab.membership)."""
+        rank keeps a listener, so the job can shrink() and admit() (rxelab.membership).
+        compression: how every collective's rendezvous blocks travel unless the call says
+        otherwise (rxelab.codecs: none, lz4, zstd; fp16, bf16 for float sums)."""
+        self.compression = codecs.lookup(compression)
         if not isinstance(elastic, bool):
             raise ConfigError(f"elastic={elastic!r} must be True or False")
         if elastic and not job.token:
@@ -103,7 +112,8 @@ class Communicator:
                                    "RXELAB_JOB_TOKEN_FILE) to every rank")
         self.options = settings.resolve(options)
         self.job = job
-        self.opened = {"device": device, "port": port, "gid_index": gid_index}
+        self.opened = {"device": device, "port": port, "gid_index": gid_index,
+                       "compression": compression}
         self.formed: dict[str, Any] = {}  # how membership made it (shrink, admit, join)
         # a listener handed over by a change of membership stays its giver's until we stand
         self._keep_listener = _listener is not None
@@ -125,6 +135,7 @@ class Communicator:
         self.exposed: dict[int, int] = {}  # buffers exposed to each peer
         self.remotes: dict[int, int] = {}  # buffers each peer exposed to us
         self._plans: dict[tuple[Any, ...], Plan] = {}
+        self._staging = Staging()  # where coded blocks pass through
         self._progress = ProgressThread()
         self._lock = threading.RLock()  # plans and registrations: caller and progress thread
         self._caller = threading.Lock()  # held by the application thread inside the library
@@ -315,7 +326,9 @@ class Communicator:
             registry.peak = registry.pinned
             started = time.perf_counter()
             self.seq = (self.seq + 1) & 0x3FFF
-            call = Call(self.engine, self.rank, self.size, self.seq, plan.name, plan.layout, self._mr)
+            coded0 = (counters.coded_raw, counters.coded_wire, counters.codec_seconds)
+            call = Call(self.engine, self.rank, self.size, self.seq, plan.name, plan.layout, self._mr,
+                        plan.codec, self._staging)
             try:
                 plan.run(call)
             except BaseException as err:
@@ -325,7 +338,9 @@ class Communicator:
                 registry.end_call()
             return Stats(plan.operation, plan.algorithm, counters.bytes_sent - sent0,
                          counters.bytes_received - recv0, registry.peak,
-                         counters.peak_inflight - base, time.perf_counter() - started)
+                         counters.peak_inflight - base, time.perf_counter() - started,
+                         counters.coded_raw - coded0[0], counters.coded_wire - coded0[1],
+                         counters.codec_seconds - coded0[2])
         finally:
             if not in_worker:
                 self._caller.release()
@@ -472,13 +487,20 @@ class Communicator:
         c = ops.collective(name)
         chosen = c.default if algorithm is None else algorithm
         names(algorithm=chosen)
+        given = dict(given)
+        codec = self._codec(given.pop("compression", None))
         args = self._arguments(c, chosen, given)
 
         def make() -> Plan:
             run = self._algorithm(c, chosen)
             layout = c.layout(sendbuf, recvbuf, self.size, self.rank, **args)
-            return Plan(name, chosen, run, layout, (*given_buffers, sendbuf, recvbuf))
+            codecs.check_use(codec, name, c.reduces, args.get("op"), layout.recv.dtype)
+            return Plan(name, chosen, run, layout, (*given_buffers, sendbuf, recvbuf), codec)
         return self._plan(key, make)
+
+    def _codec(self, compression: Any) -> codecs.Codec | None:
+        """A call's codec: its own compression=, else the communicator's."""
+        return self.compression if compression is None else codecs.lookup(compression)
 
     # ---- collectives ----------------------------------------------------------------
     def collective(self, name: str, sendbuf: Any, recvbuf: Any = None,
@@ -503,45 +525,55 @@ class Communicator:
             return self._progress.submit(plan.name, lambda: self._run(plan, in_worker=True))
 
     def alltoall(self, sendbuf: Any, recvbuf: Any, algorithm: str | None = None,
-                 pairs: int = 1) -> Stats:
+                 pairs: int = 1, compression: str | None = None) -> Stats:
         """MPI_Alltoall: block j of sendbuf goes to rank j; block i of recvbuf comes from rank i.
         (algorithm=None, here and below: the default its description names.)
         With algorithm="sequential", `pairs` pairs at most exchange at once (1: strictly
-        sequential; p(p-1)/2: all at once), in the same fixed order."""
-        return self._run(self._prepare("alltoall", sendbuf, recvbuf, algorithm, {"pairs": pairs}))
+        sequential; p(p-1)/2: all at once), in the same fixed order.
+        compression, here and below: how this call's rendezvous blocks travel (rxelab.codecs;
+        None: the communicator's choice)."""
+        return self._run(self._prepare("alltoall", sendbuf, recvbuf, algorithm,
+                                       {"pairs": pairs, "compression": compression}))
 
     def allgather(self, sendbuf: Any, recvbuf: Any, algorithm: str | None = None,
-                  pairs: int = 1) -> Stats:
+                  pairs: int = 1, compression: str | None = None) -> Stats:
         """MPI_Allgather: every rank's sendbuf lands at block `rank` of every recvbuf (pairs:
         as in alltoall, for algorithm="sequential")."""
-        return self._run(self._prepare("allgather", sendbuf, recvbuf, algorithm, {"pairs": pairs}))
+        return self._run(self._prepare("allgather", sendbuf, recvbuf, algorithm,
+                                       {"pairs": pairs, "compression": compression}))
 
     def allreduce(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
-                  algorithm: str | None = None) -> Stats:
+                  algorithm: str | None = None, compression: str | None = None) -> Stats:
         """MPI_Allreduce: recvbuf = op over every rank's sendbuf, element by element (sum, prod,
         min, max on numpy integer and float arrays). allreduce(x, x) works in place."""
-        return self._run(self._prepare("allreduce", sendbuf, recvbuf, algorithm, {"op": op}))
+        return self._run(self._prepare("allreduce", sendbuf, recvbuf, algorithm,
+                                       {"op": op, "compression": compression}))
 
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
-                       algorithm: str | None = None) -> Stats:
+                       algorithm: str | None = None, compression: str | None = None) -> Stats:
         """MPI_Reduce_scatter_block: block r (len(recvbuf) elements) of op over every rank's
         sendbuf (size * len(recvbuf) elements) lands at rank r."""
-        return self._run(self._prepare("reduce_scatter", sendbuf, recvbuf, algorithm, {"op": op}))
+        return self._run(self._prepare("reduce_scatter", sendbuf, recvbuf, algorithm,
+                                       {"op": op, "compression": compression}))
 
-    def bcast(self, buf: Any, root: int = 0, algorithm: str | None = None) -> Stats:
+    def bcast(self, buf: Any, root: int = 0, algorithm: str | None = None,
+              compression: str | None = None) -> Stats:
         """MPI_Bcast: root's buf lands in every rank's buf (same size everywhere)."""
-        return self._run(self._prepare("bcast", buf, None, algorithm, {"root": root}))
+        return self._run(self._prepare("bcast", buf, None, algorithm,
+                                       {"root": root, "compression": compression}))
 
     def alltoallv(self, sendbuf: Any, send_counts: list[int], recvbuf: Any,
-                  recv_counts: list[int], algorithm: str | None = None, pairs: int = 1) -> Stats:
+                  recv_counts: list[int], algorithm: str | None = None, pairs: int = 1,
+                  compression: str | None = None) -> Stats:
         """MPI_Alltoallv with contiguous blocks: counts are in elements of the buffers; the
         algorithms are alltoall's."""
         return self._run(self._prepare_v(sendbuf, send_counts, recvbuf, recv_counts, algorithm,
-                                         pairs))
+                                         pairs, compression))
 
     def _prepare_v(self, sendbuf: Any, send_counts: Any, recvbuf: Any, recv_counts: Any,
-                   algorithm: str | None, pairs: int) -> Plan:
+                   algorithm: str | None, pairs: int, compression: str | None = None) -> Plan:
         c = ops.collective("alltoall")
+        codec = self._codec(compression)
         algorithm = c.default if algorithm is None else algorithm
         names(algorithm=algorithm)
         window = self._window(algorithm, pairs)
@@ -550,40 +582,45 @@ class Communicator:
         given_buffers = (sendbuf, recvbuf)
         sendbuf, recvbuf = seen_buffers(sendbuf, recvbuf)
         key = ("alltoallv", algorithm, window, *map(id, given_buffers),
-               *map(_memory, given_buffers, (sendbuf, recvbuf)), tuple(sc), tuple(rc))
+               *map(_memory, given_buffers, (sendbuf, recvbuf)), tuple(sc), tuple(rc), codec)
 
         def make() -> Plan:
             run = self._algorithm(c, algorithm)
             return Plan("alltoallv", algorithm, run, layouts.varying(
                 sendbuf, recvbuf, self.size, self.rank, sc, rc, window),
-                (*given_buffers, sendbuf, recvbuf))
+                (*given_buffers, sendbuf, recvbuf), codec)
         return self._plan(key, make)
 
     # ---- nonblocking --------------------------------------------------------------------
     def ialltoall(self, sendbuf: Any, recvbuf: Any, algorithm: str | None = None,
-                  pairs: int = 1) -> Request:
+                  pairs: int = 1, compression: str | None = None) -> Request:
         """alltoall, started: returns a Request at once (req.test(), req.wait())."""
-        return self.start("alltoall", sendbuf, recvbuf, algorithm, pairs=pairs)
+        return self.start("alltoall", sendbuf, recvbuf, algorithm, pairs=pairs,
+                          compression=compression)
 
     def ialltoallv(self, sendbuf: Any, send_counts: list[int], recvbuf: Any,
-                   recv_counts: list[int], algorithm: str | None = None, pairs: int = 1) -> Request:
+                   recv_counts: list[int], algorithm: str | None = None, pairs: int = 1,
+                   compression: str | None = None) -> Request:
         return self._submit("ialltoallv", lambda: self._prepare_v(
-            sendbuf, send_counts, recvbuf, recv_counts, algorithm, pairs))
+            sendbuf, send_counts, recvbuf, recv_counts, algorithm, pairs, compression))
 
     def iallgather(self, sendbuf: Any, recvbuf: Any, algorithm: str | None = None,
-                   pairs: int = 1) -> Request:
-        return self.start("allgather", sendbuf, recvbuf, algorithm, pairs=pairs)
+                   pairs: int = 1, compression: str | None = None) -> Request:
+        return self.start("allgather", sendbuf, recvbuf, algorithm, pairs=pairs,
+                          compression=compression)
 
     def iallreduce(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
-                   algorithm: str | None = None) -> Request:
-        return self.start("allreduce", sendbuf, recvbuf, algorithm, op=op)
+                   algorithm: str | None = None, compression: str | None = None) -> Request:
+        return self.start("allreduce", sendbuf, recvbuf, algorithm, op=op, compression=compression)
 
     def ireduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str = "sum",
-                        algorithm: str | None = None) -> Request:
-        return self.start("reduce_scatter", sendbuf, recvbuf, algorithm, op=op)
+                        algorithm: str | None = None, compression: str | None = None) -> Request:
+        return self.start("reduce_scatter", sendbuf, recvbuf, algorithm, op=op,
+                          compression=compression)
 
-    def ibcast(self, buf: Any, root: int = 0, algorithm: str | None = None) -> Request:
-        return self.start("bcast", buf, None, algorithm, root=root)
+    def ibcast(self, buf: Any, root: int = 0, algorithm: str | None = None,
+               compression: str | None = None) -> Request:
+        return self.start("bcast", buf, None, algorithm, root=root, compression=compression)
 
     def barrier(self) -> None:
         """Every rank has reached it. Failures are handled as a collective's are: a peer gone

@@ -29,10 +29,11 @@ from typing import Any
 
 import pyverbs.enums as e
 
-from rxelab.errors import PeerError, ProtocolError
+from rxelab.codecs import BY_ID
+from rxelab.errors import ConfigError, PeerError, ProtocolError
 from rxelab.verbs import Connection, Device, status_str
 
-CTRL = struct.Struct("!BBHIIIQQ")  # kind, version, reserved, tag, rkey, pad, addr, length
+CTRL = struct.Struct("!BBHIIIQQ")  # kind, version, reserved, tag, rkey, codec, addr, length
 CTRL_VERSION = 1
 RTR, TOKEN, ABORT, RTS, MOVING = 1, 2, 3, 4, 5
 FAILED, STALLED, DIED, MISMATCH = 0, 1, 2, 3  # why a rank aborted
@@ -80,6 +81,9 @@ class WriteOp:
 class Counters:
     bytes_sent: int = 0
     bytes_received: int = 0
+    coded_raw: int = 0  # bytes of blocks this rank coded and sent (rxelab.codecs)
+    coded_wire: int = 0  # what they took on the wire
+    codec_seconds: float = 0.0  # CPU time coding and decoding
     inflight: int = 0
     peak_inflight: int = 0
 
@@ -107,7 +111,7 @@ UNTRACKED = SendOp(-1, done=True)  # what an unacknowledged eager send returns: 
 
 @dataclass
 class Mailbox:
-    rtr: dict[tuple[int, int], tuple[int, int, int]] = field(default_factory=dict)
+    rtr: dict[tuple[int, int], tuple[int, int, int, int]] = field(default_factory=dict)
     rts: dict[tuple[int, int], int] = field(default_factory=dict)  # -> the sender's byte count
     tokens: set[tuple[int, int]] = field(default_factory=set)
     arrivals: dict[tuple[int, int], Arrival] = field(default_factory=dict)
@@ -144,9 +148,11 @@ class Engine:
         return conn, conn.free_send_slots.pop()
 
     def send_ctrl(self, peer: int, kind: int, tag: int, rkey: int = 0, addr: int = 0,
-                  length: int = 0, acked: bool = False) -> SendOp:
+                  length: int = 0, acked: bool = False, codec: int = 0) -> SendOp:
+        """codec: a ready-to-receive's, the codec the receiver decodes with (rxelab.codecs;
+        0: the block lands as it is)."""
         conn, slot = self._send_slot(peer)
-        conn.send_mr.write(CTRL.pack(kind, CTRL_VERSION, 0, tag, rkey, 0, addr, length),
+        conn.send_mr.write(CTRL.pack(kind, CTRL_VERSION, 0, tag, rkey, codec, addr, length),
                            CTRL.size, slot * conn.slot_size)
         return self._post_slot(conn, slot, e.IBV_WR_SEND, CTRL.size, 0, acked)
 
@@ -354,11 +360,11 @@ class Engine:
         if length != CTRL.size:
             raise ProtocolError(f"control message of {length} bytes from rank {peer}, "
                                 f"expected {CTRL.size}")
-        kind, version, _, tag, rkey, _, addr, nbytes = CTRL.unpack(data)
+        kind, version, _, tag, rkey, codec, addr, nbytes = CTRL.unpack(data)
         if version != CTRL_VERSION:
             raise ProtocolError(f"control message version {version} from rank {peer}")
         if kind == RTR:
-            self.box.rtr[(peer, tag)] = (addr, rkey, nbytes)
+            self.box.rtr[(peer, tag)] = (addr, rkey, nbytes, codec)
         elif kind == RTS:
             self.box.rts[(peer, tag)] = nbytes
         elif kind == TOKEN:
@@ -430,10 +436,17 @@ class Engine:
             dev.take_event()
             self.armed = False
 
-    def wait_rtr(self, peer: int, tag: int, what: str) -> tuple[int, int, int]:
+    def wait_rtr(self, peer: int, tag: int, what: str, codec: int = 0) -> tuple[int, int, int]:
+        """The buffer `peer` advertised for `tag`: (address, rkey, bytes). It must be ready for
+        blocks coded as this rank codes them (`codec`, rxelab.codecs' id; 0: as they are)."""
         key = (peer, tag)
         self.wait(lambda: key in self.box.rtr, f"rank {peer}'s buffer for {what}", peer)
-        return self.box.rtr.pop(key)
+        addr, rkey, room, theirs = self.box.rtr.pop(key)
+        if theirs != codec:
+            raise ConfigError(f"{what}: rank {peer} expects {_coding(theirs)}, this rank sends "
+                              f"{_coding(codec)}",
+                              hint="give every rank the same compression= (init or the call)")
+        return addr, rkey, room
 
     def wait_token(self, peer: int, tag: int, what: str, patience: float = 1.0) -> None:
         key = (peer, tag)
@@ -540,3 +553,8 @@ class Engine:
                     time.sleep(0.0005)
             except Exception:  # a failed completion of a dead peer's work
                 pass
+
+
+def _coding(codec: int) -> str:
+    return f"blocks coded with {BY_ID[codec].name}" if codec in BY_ID else \
+        "blocks as they are" if codec == 0 else f"blocks in an unknown coding ({codec})"

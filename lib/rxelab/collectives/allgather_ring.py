@@ -15,10 +15,13 @@ def run(c: Call) -> None:
     if c.size == 1:
         return
     steps = schedules.ring_allgather(c.size, c.rank)
-    if c.eager(m):  # each step's block travels on its own, tagged with the step
+    if c.eager(m) or c.coded(m):  # each step's block travels on its own, tagged with the step
+        sent = []
         for s, (send_block, recv_block) in enumerate(steps):
-            c.send_block(right, STEP0 + s, send_block * m, m, from_recv=True)
+            c.expect(left, STEP0 + s, recv_block * m, m)  # a coded block lands in staging
+            sent.append(c.send_block(right, STEP0 + s, send_block * m, m, from_recv=True))
             c.recv_block(left, STEP0 + s, recv_block * m, m)
+        c.finish(sent)
         return
     c.advertise(left, DATA, 0, c.layout.recv.nbytes)  # the left neighbour writes everything
     addr, rkey, room = c.engine.wait_rtr(right, c.tag(DATA), c.name)

@@ -14,8 +14,11 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rxelab import schedules
-from rxelab.buffers import Buffer
+import numpy as np
+
+from rxelab import codecs, schedules
+from rxelab.buffers import Buffer, as_buffer
+from rxelab.codecs import Codec
 from rxelab.engine import RTR, RTS, TOKEN, Engine, SendOp, WriteOp
 from rxelab.errors import ConfigError
 from rxelab.layouts import Blocks, Layout, Reduction, Rooted
@@ -27,19 +30,58 @@ STEP0 = 16  # sub-tags from here on number the steps of a schedule
 MAX_SUB = 0xFFFF
 
 
+SENDING, RECEIVING = 0, 1
+
+
+class Staging:
+    """Byte areas that coded blocks pass through, kept from call to call: the same areas in
+    the same order each call (calls of a loop repeat their blocks), so their registrations are
+    found in the cache rather than made again. An area is used once per call: a call's blocks
+    may all be in flight at once."""
+
+    def __init__(self) -> None:
+        self.areas: tuple[list[tuple[Buffer, Any]], list[tuple[Buffer, Any]]] = ([], [])
+        self.used = [0, 0]
+
+    def start(self) -> None:
+        self.used = [0, 0]
+
+    def area(self, kind: int, nbytes: int) -> tuple[Buffer, Any]:
+        """The next area of this call for sending or receiving, at least nbytes long."""
+        i = self.used[kind]
+        self.used[kind] = i + 1
+        areas = self.areas[kind]
+        if i < len(areas) and areas[i][0].nbytes >= nbytes:
+            return areas[i]
+        arr = np.empty(max(nbytes, 4096), np.uint8)
+        made = (as_buffer(arr, "staging area", writable=True), arr)
+        if i < len(areas):
+            areas[i] = made
+        else:
+            areas.append(made)
+        return made
+
+
 class Call:
     """One collective call: engine, ranks, this call's tags, and the buffers' layout.
     (A plain class with slots: one is made per call.)"""
 
-    __slots__ = ("engine", "rank", "size", "seq", "name", "layout", "register", "_mrs", "watchers")
+    __slots__ = ("engine", "rank", "size", "seq", "name", "layout", "register", "_mrs", "watchers",
+                 "codec", "staging", "_landing")
 
     def __init__(self, engine: Engine, rank: int, size: int, seq: int, name: str, layout: Layout,
-                 register: Callable[[Buffer, bool], Any]) -> None:
+                 register: Callable[[Buffer, bool], Any], codec: Codec | None = None,
+                 staging: Staging | None = None) -> None:
         self.engine, self.rank, self.size, self.seq = engine, rank, size, seq  # seq: 14 bits
         self.name, self.layout = name, layout
         self.register = register  # (buffer, remote access) -> MR or None
         self._mrs: dict[tuple[int, bool], Any] = {}
         self.watchers: tuple[int, ...] = ()  # ranks to tell that our long transfers move
+        # rendezvous blocks coded (rxelab.codecs) through staging areas; where each lands
+        self.codec, self.staging = codec, staging
+        self._landing: dict[tuple[int, int], tuple[Buffer, Any, Buffer, int, int]] = {}
+        if codec is not None and staging is not None:
+            staging.start()
 
     def mr(self, buf: Buffer, remote: bool) -> Any:
         """Registered on first use: eager blocks never need the caller's buffers registered."""
@@ -78,12 +120,29 @@ class Call:
     def eager(self, length: int) -> bool:
         return length <= self.engine.eager_limit
 
+    def coded(self, length: int) -> bool:
+        """A rendezvous block of a call with a codec: it travels coded, through staging."""
+        return self.codec is not None and length > self.engine.eager_limit
+
     def expect(self, peer: int, sub: int, offset: int, length: int,
                into: Buffer | None = None) -> None:
         """Get ready for `peer`'s block at `offset` of our receive buffer (or of `into`): for a
         rendezvous block, tell the peer where to write it; an eager one needs nothing."""
-        if not self.eager(length):
+        if self.coded(length):
+            self._advertise_staging(peer, sub, offset, length, into or self.layout.recv)
+        elif not self.eager(length):
             self.advertise(peer, sub, offset, length, into)
+
+    def _advertise_staging(self, peer: int, sub: int, offset: int, length: int,
+                           dest: Buffer) -> None:
+        """Advertise a staging area for `peer`'s coded block; it is decoded into `dest` at
+        `offset` when it arrives (recv_block)."""
+        assert self.codec is not None and self.staging is not None
+        area, arr = self.staging.area(RECEIVING, self.codec.room(length))
+        mr = self.mr(area, True)
+        self._landing[(peer, sub)] = (area, arr, dest, offset, length)
+        self.engine.send_ctrl(peer, RTR, self.tag(sub), mr.rkey, area.address,
+                              self.codec.room(length), codec=self.codec.id)
 
     def send_block(self, peer: int, sub: int, offset: int, length: int,
                    from_recv: bool = False, acked: bool = False,
@@ -96,7 +155,34 @@ class Call:
                                           acked)
         if self.layout.vector:  # the receiver may expect another size: tell it ours first
             self.engine.send_ctrl(peer, RTS, self.tag(sub), length=length)
+        if self.codec is not None:
+            return self._send_coded(peer, sub, buf, offset, length)
         return self.write_to(peer, sub, offset, length, source=buf)
+
+    def _send_coded(self, peer: int, sub: int, buf: Buffer, offset: int, length: int) -> WriteOp:
+        """Code the block into a staging area (while the receiver gets ready), then write it
+        into the receiver's. A lossy codec rounds the block in place too, so the sender keeps
+        the values the receiver gets - but never in the caller's send buffer."""
+        codec, staging = self.codec, self.staging
+        assert codec is not None and staging is not None
+        area, arr = staging.area(SENDING, codec.room(length))
+        own = buf.writable and (buf is not self.layout.send or self.layout.send is self.layout.recv)
+        wire, seconds = codecs.encode(codec, buf.address + offset, length, buf.dtype, arr, own)
+        counters = self.engine.counters
+        counters.coded_raw += length
+        counters.coded_wire += wire
+        counters.codec_seconds += seconds
+        addr, rkey, room = self.engine.wait_rtr(peer, self.tag(sub), self.name, codec.id)
+        if room != codec.room(length):
+            self._count_mismatch(peer, room - codecs.HEADER.size, length)
+        mr = self.mr(area, False)
+        return self.engine.write(peer, area.address, mr.lkey, wire, addr, rkey, self.tag(sub),
+                                 watchers=self.watchers)
+
+    def _count_mismatch(self, peer: int, room: int, length: int) -> None:
+        raise ConfigError(f"{self.name}: rank {peer} expects {room} bytes from rank "
+                          f"{self.rank}, which has {length} for it",
+                          hint="send and receive counts must match pairwise")
 
     def recv_block(self, peer: int, sub: int, offset: int, length: int,
                    into: Buffer | None = None, patience: float = 1.0) -> None:
@@ -106,6 +192,17 @@ class Call:
                                    patience)
         else:
             self.engine.wait_data(peer, self.tag(sub), length, self.name, patience)
+            if self.codec is not None:
+                self._decode(peer, sub)
+
+    def _decode(self, peer: int, sub: int) -> None:
+        assert self.codec is not None
+        _, arr, dest, offset, length = self._landing.pop((peer, sub))
+        wire, seconds = codecs.decode(self.codec, arr, dest.address + offset, length, dest.dtype,
+                                      peer)
+        counters = self.engine.counters
+        counters.bytes_received += wire - length  # wait_data counted the block's own size
+        counters.codec_seconds += seconds
 
     def advertise(self, peer: int, sub: int, offset: int, length: int,
                   into: Buffer | None = None) -> None:
@@ -121,9 +218,7 @@ class Call:
         """Wait for `peer`'s advertisement, then write our bytes there."""
         addr, rkey, room = self.engine.wait_rtr(peer, self.tag(sub), self.name)
         if length != room:
-            raise ConfigError(f"{self.name}: rank {peer} expects {room} bytes from rank "
-                              f"{self.rank}, which has {length} for it",
-                              hint="send and receive counts must match pairwise")
+            self._count_mismatch(peer, room, length)
         buf = source or (self.layout.recv if from_recv else self.layout.send)
         mr = self.mr(buf, buf is self.layout.recv)
         lkey = mr.lkey if mr is not None else 0
