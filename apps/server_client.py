@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rxelab
 import stages
-from rxelab import ops, settings
+from rxelab import codecs, ops, settings
 from rxelab.errors import RdmaError
 
 ALGORITHMS = sorted({a for c in ops.COLLECTIVES.values() for a in c.algorithms})
@@ -31,13 +32,29 @@ def main(argv: list[str] | None = None) -> int:
     settings.add_flags(ap)
     ap.add_argument("--pairs", type=int, default=1,
                     help="sequential: at most this many pairs exchange at once (default 1)")
+    ap.add_argument("--compression", choices=codecs.NAMES, default=codecs.NONE,
+                    help="how rendezvous blocks travel: as they are (none, default), lossless "
+                         "(lz4, zstd) or, for float sums, rounded to fp16/bf16 on the wire "
+                         "(results checked against the codec's error bound)")
     args = ap.parse_args(argv)
     stages.check_args(ap, args)
-    valid = ops.COLLECTIVES[args.op].algorithms
+    described = ops.COLLECTIVES[args.op]
+    valid = described.algorithms
     if args.algorithm not in valid:
         ap.error(f"--algorithm {args.algorithm} is not an {args.op} algorithm: {', '.join(valid)}")
     try:
-        with rxelab.init(**settings.from_flags(args)) as comm:
+        codec = codecs.lookup(args.compression, "--compression")
+        codecs.check_use(codec, args.op, described.reduces, "sum", described.dtype)
+    except RdmaError as err:
+        ap.error(str(err))
+    tolerance = None
+    if codec is not None and codec.lossy:
+        def tolerance(stage: int) -> np.ndarray:
+            n = args.size // np.dtype(described.dtype).itemsize
+            return codecs.error_bound(codec, ops.inputs(args.op, comm.rank, comm.size, n,
+                                                         described.dtype, stage, args.data))
+    try:
+        with rxelab.init(compression=args.compression, **settings.from_flags(args)) as comm:
             r, p = comm.rank, comm.size
             start = np.zeros(1, np.uint8)
             if r == 0:
@@ -46,20 +63,24 @@ def main(argv: list[str] | None = None) -> int:
                     comm.send(np.ones(1, np.uint8), client)
             else:
                 comm.recv(start, 0)  # wait for the server's start signal
-            peaks = [0, 0]  # pinned, in flight
+            # pinned, in flight (peaks); bytes sent, coded (raw, wire), codec CPU s (sums)
+            figures = np.zeros(6, np.float64)
 
             def collective(send: np.ndarray, recv: np.ndarray) -> None:
                 st = ops.run(comm, args.op, args.algorithm, send, recv, pairs=args.pairs)
-                peaks[0] = max(peaks[0], st.peak_pinned)
-                peaks[1] = max(peaks[1], st.peak_inflight)
+                figures[0] = max(figures[0], st.peak_pinned)
+                figures[1] = max(figures[1], st.peak_inflight)
+                figures[2:] += (st.bytes_sent, st.coded_raw, st.coded_wire, st.codec_seconds)
 
-            mine = stages.run(args, r, p, collective, comm.barrier, "rxelab")
+            mine = stages.run(args, r, p, collective, comm.barrier, "rxelab", tolerance)
             table = np.zeros(p * mine.size, np.float64)
-            comm.allgather(mine, table, algorithm="ring")
-            every = np.zeros(2 * p, np.float64)
-            comm.allgather(np.array(peaks, np.float64), every, "ring")
+            comm.allgather(mine, table, algorithm="ring", compression="none")
+            every = np.zeros(figures.size * p, np.float64)
+            comm.allgather(figures, every, "ring", compression="none")
             if r == 0:
-                extra = {"peak_pinned": int(every[0::2].max()), "peak_inflight": int(every[1::2].max())}
+                rows = every.reshape(p, figures.size)
+                extra = {"peak_pinned": int(rows[:, 0].max()), "peak_inflight": int(rows[:, 1].max()),
+                         **coding(args, rows[:, 2:].sum(axis=0))}
                 for line in stages.report("rxelab", args, p, table, extra):
                     print(line, flush=True)
                 ok = bool(table.reshape(p, args.stages, 2)[:, :, 1].sum() == 0)
@@ -69,6 +90,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"server_client: {err}", file=sys.stderr)
         return 2
     return 0 if ok else 1
+
+
+def coding(args: Any, sums: np.ndarray) -> dict[str, Any]:
+    """What compression did, over every rank and call (warm-up included): the codec, the
+    ratio of raw to wire bytes of coded blocks, CPU milliseconds per MiB coded (both ends),
+    and the bytes each call put on the wire."""
+    sent, raw, wire, seconds = (float(x) for x in sums)
+    calls = args.stages + args.warmup
+    return {"compression": args.compression, "wire_bytes_per_call": sent / calls,
+            "compression_ratio": raw / wire if wire else None,
+            "codec_ms_per_MiB": seconds * 1e3 / (raw / 2**20) if raw else None}
 
 
 if __name__ == "__main__":

@@ -22,12 +22,23 @@ DEFAULT_STAGES = 10
 DEFAULT_SIZE = 4096
 
 
-def buffers(op: str, stage: int, rank: int, p: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """What a rank sends in a stage and what it must end up with (rxelab.ops' test data, the
-    stage number as salt). size: bytes per peer (alltoall, allgather), of the vector
-    (allreduce, bcast) or of each rank's result block (reduce_scatter)."""
+def buffers(op: str, stage: int, rank: int, p: int, size: int,
+            data: str = "pattern") -> tuple[np.ndarray, np.ndarray]:
+    """What a rank sends in a stage and what it must end up with (rxelab.ops' test data of
+    kind `data`, the stage number as salt). size: bytes per peer (alltoall, allgather), of the
+    vector (allreduce, bcast) or of each rank's result block (reduce_scatter)."""
     c = ops.COLLECTIVES[op]
-    return c.data(rank, p, size // np.dtype(c.dtype).itemsize, c.dtype, stage, "sum")
+    return c.data(rank, p, size // np.dtype(c.dtype).itemsize, c.dtype, stage, "sum", data)
+
+
+Check = Callable[[int], Any]  # stage -> per element, how far a result may be from the exact one
+
+
+def count_wrong(got: np.ndarray, want: np.ndarray, tolerance: Any = None) -> int:
+    """Elements not as they must be: exactly, or within a lossy codec's bound."""
+    if tolerance is None:
+        return int(np.count_nonzero(got != want))
+    return int(np.count_nonzero(~(np.abs(got.astype(np.float64) - want) <= tolerance)))
 
 
 def arguments(description: str, algorithms: Iterable[str], default_algorithm: str) -> argparse.ArgumentParser:
@@ -42,6 +53,9 @@ def arguments(description: str, algorithms: Iterable[str], default_algorithm: st
                     help=f"bytes each rank contributes per peer (default {DEFAULT_SIZE})")
     ap.add_argument("--algorithm", choices=list(algorithms), default=default_algorithm)
     ap.add_argument("--warmup", type=int, default=1, help="unrecorded stages first (default 1)")
+    ap.add_argument("--data", choices=ops.PATTERNS, default="pattern",
+                    help="what the buffers hold: a short repeated pattern (default), zeros, "
+                         "sparse (1 in 100 set) or random (how well it compresses)")
     ap.add_argument("--quiet", action="store_true", help="no per-stage lines, only the summary")
     ap.add_argument("--tight", action="store_true",
                     help="back to back: the stages run on the same data with nothing between "
@@ -82,7 +96,7 @@ def report(app: str, args: argparse.Namespace, p: int, table: np.ndarray, extra:
     lines.append(json.dumps({
         "record": "summary", "app": app, "op": args.op, "algorithm": args.algorithm,
         "ranks": p, "size": args.size, "stages": args.stages, "warmup": args.warmup,
-        "tight": tight,
+        "tight": tight, "data": getattr(args, "data", "pattern"),
         "total_seconds": total, "avg_stage_us": total / args.stages * 1e6,
         "min_stage_us": float(times.min()) * 1e6, "max_stage_us": float(times.max()) * 1e6,
         "wrong": int(wrong.sum()), "ok": bool(wrong.sum() == 0), **extra,
@@ -95,12 +109,14 @@ def report(app: str, args: argparse.Namespace, p: int, table: np.ndarray, extra:
 
 
 def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.ndarray, np.ndarray], Any],
-        barrier: Callable[[], Any], app: str) -> np.ndarray:
+        barrier: Callable[[], Any], app: str, tolerance: Check | None = None) -> np.ndarray:
     """The stages of either app on the same buffers (as a training loop has them), each timed:
-    this rank's [seconds, wrong bytes] per stage. Stage by stage, each stage puts new data in
-    and checks what came out; back to back (--tight), the data goes in once, the calls follow
-    one another from a common start (a barrier) and the last one is checked."""
-    send, want = buffers(args.op, 0, rank, p, args.size)
+    this rank's [seconds, wrong elements] per stage. Stage by stage, each stage puts new data
+    in and checks what came out; back to back (--tight), the data goes in once, the calls
+    follow one another from a common start (a barrier) and the last one is checked. A result
+    is checked exactly, or within tolerance(stage) where a lossy codec rounds it."""
+    data = getattr(args, "data", "pattern")
+    send, want = buffers(args.op, 0, rank, p, args.size, data)
     recv = np.zeros_like(want)
     got = ops.COLLECTIVES[args.op].result(send, recv)
     mine = np.zeros(args.stages * 2, np.float64)
@@ -108,8 +124,8 @@ def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.nd
     tight = bool(getattr(args, "tight", False))
     for s in range(-args.warmup, args.stages):
         if not tight:  # new data every stage
-            data, want = buffers(args.op, max(s, 0), rank, p, args.size)
-            np.copyto(send, data)
+            fresh, want = buffers(args.op, max(s, 0), rank, p, args.size, data)
+            np.copyto(send, fresh)
         elif s == 0:
             barrier()
         t0 = time.perf_counter()
@@ -118,7 +134,8 @@ def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.nd
         if s >= 0:
             mine[2 * s] = took
             if not tight or s == args.stages - 1:
-                mine[2 * s + 1] = np.count_nonzero(got != want)
+                mine[2 * s + 1] = count_wrong(got, want, tolerance(0 if tight else s)
+                                        if tolerance else None)
             if progress:
                 progress.stage(took)
     return mine

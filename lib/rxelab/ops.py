@@ -26,16 +26,54 @@ from rxelab import layouts
 from rxelab.errors import ConfigError
 from rxelab.layouts import REDUCTIONS
 
+# What the test data looks like, for the compression study (rxelab.codecs): a short repeated
+# pattern (the default), all zeros, sparse (1 in 100 elements set, as a sparse gradient), and
+# random (as little as a codec can squeeze). Every kind is exactly reproducible on every rank.
+PATTERNS = ("pattern", "zeros", "sparse", "random")
+SPARSE_EVERY = 100
+FINE = 2.0 ** -20  # random reduction inputs are whole multiples of it below 1: sums stay exact
 
-def block(src: int, dst: int, n: int, dtype: Any = np.uint8, salt: int = 0) -> np.ndarray:
-    """What rank src sends rank dst: distinct for every (src, dst, index, salt)."""
+
+def _rng(*seed: int) -> np.random.Generator:
+    return np.random.default_rng([*seed, 0x5EED])
+
+
+def _sparse(values: np.ndarray, n: int, rng: np.random.Generator, dtype: Any) -> np.ndarray:
+    x = np.zeros(n, dtype)
+    if n:
+        where = rng.choice(n, size=max(1, n // SPARSE_EVERY), replace=False)
+        x[where] = values[:len(where)]
+    return x
+
+
+def block(src: int, dst: int, n: int, dtype: Any = np.uint8, salt: int = 0,
+          pattern: str = "pattern") -> np.ndarray:
+    """What rank src sends rank dst: distinct for every (src, dst, index, salt) (but zeros)."""
+    if pattern == "zeros":
+        return np.zeros(n, dtype)
+    if pattern in ("random", "sparse"):
+        rng = _rng(src, dst, salt)
+        values = rng.integers(1, 256, n).astype(dtype)
+        return values if pattern == "random" else _sparse(values, n, rng, dtype)
     x = (np.arange(n, dtype=np.int64) * 7 + src * 31 + dst * 17 + salt * 13) % 251
     return x.astype(dtype)
 
 
-def contribution(rank: int, n: int, dtype: np.dtype | str, salt: int = 0) -> np.ndarray:
+def contribution(rank: int, n: int, dtype: np.dtype | str, salt: int = 0,
+                 pattern: str = "pattern") -> np.ndarray:
     """A rank's input to a reduction: small whole numbers (1..7), so sums and products of up to
-    8 ranks are exact in every float type and wrap the same way in every integer type."""
+    8 ranks are exact in every float type and wrap the same way in every integer type.
+    random (and sparse's values): floats are whole multiples of 2^-20 in (-1, 1) - random
+    bits in most of the significand, yet sums of up to 16 ranks stay exact."""
+    if pattern == "zeros":
+        return np.zeros(n, dtype)
+    if pattern in ("random", "sparse"):
+        rng = _rng(rank, salt)
+        if np.dtype(dtype).kind in "fc":
+            values = (rng.integers(-(1 << 20) + 1, 1 << 20, n) * FINE).astype(dtype)
+        else:
+            values = rng.integers(1, 8, n).astype(dtype)
+        return values if pattern == "random" else _sparse(values, n, rng, dtype)
     x = (np.arange(n, dtype=np.int64) * 3 + rank * 5 + salt) % 7 + 1
     return x.astype(dtype)
 
@@ -70,7 +108,7 @@ class Collective:
     layout: layouts.Builder  # (send, recv, size, rank, **arguments) -> Layout
     busbw: Callable[[int], float]  # bus bandwidth = algbw * busbw(n), nccl-tests' model
     algbw_bytes: Callable[[int, int], int]  # (size as the spec gives it, n) -> bytes moved per rank
-    data: Callable[[int, int, int, str, int, str], Data]  # (rank, p, count, dtype, salt, op)
+    data: Callable[..., Data]  # (rank, p, count, dtype, salt, op, pattern="pattern")
     takes: tuple[str, ...] = ()  # of ARGUMENTS: pairs (the sequential window), root, op
     in_place: bool = False  # one buffer, sent and received (bcast)
     mpi: Mpi | None = None
@@ -98,30 +136,46 @@ class Collective:
         return {k: v for k, v in (("pairs", pairs), ("root", 0), ("op", op)) if k in self.takes}
 
 
-def _alltoall(rank: int, p: int, count: int, dtype: str, salt: int, op: str) -> Data:
-    send = np.concatenate([block(rank, d, count, dtype, salt) for d in range(p)])
-    return send, np.concatenate([block(s, rank, count, dtype, salt) for s in range(p)])
+def _alltoall(rank: int, p: int, count: int, dtype: str, salt: int, op: str,
+              pattern: str = "pattern") -> Data:
+    send = np.concatenate([block(rank, d, count, dtype, salt, pattern) for d in range(p)])
+    return send, np.concatenate([block(s, rank, count, dtype, salt, pattern) for s in range(p)])
 
 
-def _allgather(rank: int, p: int, count: int, dtype: str, salt: int, op: str) -> Data:
-    return block(rank, rank, count, dtype, salt), \
-        np.concatenate([block(s, s, count, dtype, salt) for s in range(p)])
+def _allgather(rank: int, p: int, count: int, dtype: str, salt: int, op: str,
+               pattern: str = "pattern") -> Data:
+    return block(rank, rank, count, dtype, salt, pattern), \
+        np.concatenate([block(s, s, count, dtype, salt, pattern) for s in range(p)])
 
 
-def _allreduce(rank: int, p: int, count: int, dtype: str, salt: int, op: str) -> Data:
-    return contribution(rank, count, dtype, salt), \
-        reference(op, [contribution(s, count, dtype, salt) for s in range(p)])
+def _allreduce(rank: int, p: int, count: int, dtype: str, salt: int, op: str,
+               pattern: str = "pattern") -> Data:
+    return contribution(rank, count, dtype, salt, pattern), \
+        reference(op, [contribution(s, count, dtype, salt, pattern) for s in range(p)])
 
 
-def _reduce_scatter(rank: int, p: int, count: int, dtype: str, salt: int, op: str) -> Data:
-    total = reference(op, [contribution(s, p * count, dtype, salt) for s in range(p)])
-    return contribution(rank, p * count, dtype, salt), total[rank * count:(rank + 1) * count]
+def _reduce_scatter(rank: int, p: int, count: int, dtype: str, salt: int, op: str,
+                    pattern: str = "pattern") -> Data:
+    total = reference(op, [contribution(s, p * count, dtype, salt, pattern) for s in range(p)])
+    return contribution(rank, p * count, dtype, salt, pattern), \
+        total[rank * count:(rank + 1) * count]
 
 
-def _bcast(rank: int, p: int, count: int, dtype: str, salt: int, op: str) -> Data:
+def _bcast(rank: int, p: int, count: int, dtype: str, salt: int, op: str,
+           pattern: str = "pattern") -> Data:
     """The root is rank 0 here; the buffer is both sent (at the root) and received."""
-    want = block(0, 0, count, dtype, salt)
+    want = block(0, 0, count, dtype, salt, pattern)
     return (want.copy() if rank == 0 else np.zeros(count, dtype)), want
+
+
+def inputs(name: str, rank: int, p: int, count: int, dtype: str, salt: int = 0,
+           pattern: str = "pattern") -> list[np.ndarray]:
+    """Of a reduction: every rank's input to the part whose result `rank` checks (what a
+    lossy codec's error bound is taken over, rxelab.codecs.error_bound)."""
+    if name == "reduce_scatter":
+        return [contribution(s, p * count, dtype, salt, pattern)[rank * count:(rank + 1) * count]
+                for s in range(p)]
+    return [contribution(s, count, dtype, salt, pattern) for s in range(p)]
 
 
 def _fraction(n: int) -> float:
@@ -182,8 +236,9 @@ for _c in (
 
 
 def run(comm: Any, name: str, algorithm: str, send: np.ndarray, recv: np.ndarray,
-        op: str = "sum", pairs: int = 1) -> Any:
+        op: str = "sum", pairs: int = 1, compression: str | None = None) -> Any:
     """Call collective `name` on a communicator the way its test data is laid out."""
     c = COLLECTIVES[name]
+    coded = {} if compression is None else {"compression": compression}
     return comm.collective(name, send, None if c.in_place else recv, algorithm=algorithm,
-                           **c.arguments(comm.size, op, pairs))
+                           **c.arguments(comm.size, op, pairs), **coded)
