@@ -62,8 +62,9 @@ def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: s
     p = fleet.remote_paths()
     app = ["python3", f"{p['apps']}/server_client.py", "--op", case["op"], "--algorithm",
            case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
-           "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else [])]
-    for key in (*library.BY_NAME, "pairs"):  # the app takes init()'s options as flags
+           "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else []),
+            *(["--data", case["data"]] if case.get("data") else [])]
+    for key in (*library.BY_NAME, "pairs", "compression"):  # init()'s options as flags too
         if case.get(key) is not None:
             app += [f"--{key.replace('_', '-')}", str(case[key])]
     argv = ["python3", "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
@@ -79,7 +80,8 @@ def gloo_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str
     p = fleet.remote_paths()
     app = ["python3", f"{p['apps']}/gloo_compare.py", "--op", case["op"], "--algorithm",
            case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
-           "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else [])]
+           "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else []),
+            *(["--data", case["data"]] if case.get("data") else [])]
     argv = ["python3", "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
             "--port", str(port), "--timeout", f"{case_timeout(case):.0f}", "--", *app]
     return started_by(run_id) + remote_word(f"PYTHONPATH={p['lib']}") + " " + _remote_join(argv)
@@ -134,7 +136,8 @@ def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: s
             "python3", f"{p['apps']}/mpi_compare.py", "--op", case["op"],
             "--algorithm", case["algorithm"], "--size", str(case["size"]),
             "--stages", str(case["stages"]), "--warmup", str(case["warmup"]),
-            *(["--tight"] if case.get("tight") else [])]
+            *(["--tight"] if case.get("tight") else []),
+            *(["--data", case["data"]] if case.get("data") else [])]
     return started_by(run_id) + _remote_join(argv)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from rxelab import ops
 
-from experiments import counters, elastic_report, netem, plots
+from experiments import compression_report, counters, elastic_report, netem, plots
 from experiments.spec import contender, ranks
 
 EMULATION_NOTE = ("Absolute numbers here come from VMs under emulation (TCG) and are not hardware "
@@ -229,13 +229,18 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "stage_seconds": r.get("stage_seconds"), "case": r["case"],
                     "ranks": ranks(r), "pairs": r.get("pairs"),
                     "mode": BACK_TO_BACK if r.get("tight") else "stages",
+                    "data": r.get("data") or "pattern",
+                    "compression": r.get("compression") or "none",
+                    "ratio": (s or {}).get("compression_ratio"),
+                    "codec_ms_per_MiB": (s or {}).get("codec_ms_per_MiB"),
+                    "wire_per_call": (s or {}).get("wire_bytes_per_call"),
                     "round": r.get("round", 0), "rounds": 1})
     return out
 
 
 BACK_TO_BACK = "back to back"
 SAME_CASE = ("case", "contender", "op", "algorithm", "nodes", "ranks", "pairs", "size", "stages",
-             "network", "mtu", "mode")
+             "network", "mtu", "mode", "data")
 
 
 def medians(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -341,13 +346,14 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
         mine = [r for r in skipped if contender({"transport": "tcp", **r}) == who]
         lines.append(f"{len(mine)} {who} cases were not run: {mine[0].get('error', 'skipped')}.")
     done = [r for r in flat if r["status"] == "ok"]
-    for (op, nodes, size, stages, net, mtu, mode), rs in sorted(_groups(done).items(), key=str):
+    for (op, nodes, size, stages, net, mtu, mode, data), rs in sorted(_groups(done).items(), key=str):
         if len(rs) < 2:
             continue
         rs = sorted(rs, key=lambda r: r["avg_us"])
         best, worst = rs[0], rs[-1]
         calls = f"{stages} calls back to back" if mode == BACK_TO_BACK else f"{stages} stages"
         where = f"{op}, {nodes} nodes, {size} B {size_unit(op)}, {calls}" + \
+            (f", {data} data" if data != "pattern" else "") + \
             (f", {net}" if net != "none" else "") + (f", RoCE MTU {mtu}" if mtu != "-" else "")
         text = (f"{where}: fastest {best['contender']} {best['algorithm']} ({best['avg_us']:.0f} us "
                 f"per call), {worst['avg_us'] / best['avg_us']:.1f}x faster than the slowest "
@@ -372,6 +378,7 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
             f"{name} {min(v)}-{max(v)}" for name, v in sorted(moved.items()))
             + " (mpi-tcp should be 0: it does not use RDMA).")
     lines += loss_lines(flat, records)
+    lines += compression_report.lines(flat)
     case_label = {r["case"]: f"{r['op']}/{r['algorithm']}" for r in records}
     ratios_by: dict[str, list[float]] = defaultdict(list)
     for entry in loads:
@@ -393,7 +400,7 @@ def _groups(flat: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in flat:
         groups[(r["op"], r["nodes"], r["size"], r["stages"], r["network"], r["mtu"],
-                r["mode"])].append(r)
+                r["mode"], r["data"])].append(r)
     return groups
 
 
@@ -408,15 +415,16 @@ def loss_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]]) -> lis
                      or (r["case"] not in with_rows and r.get("round", 0) == 0))]
     if not impaired:
         return []
-    base = {(r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"], r["mode"]): r["avg_us"]
-            for r in flat if r["network"] == "none" and r["status"] == "ok"}
-    shown = {(r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"], r["mode"],
+    base = {(r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"], r["mode"], r["data"]):
+            r["avg_us"] for r in flat if r["network"] == "none" and r["status"] == "ok"}
+    shown = {(r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"], r["mode"], r["data"],
               r["network"]): r for r in flat}
     out = []
     by_who: dict[tuple, list[str]] = defaultdict(list)
     for rec in impaired:
         who = (contender({"transport": "tcp", **rec}), rec["algorithm"], rec["op"], rec["size"],
-               rec.get("active_mtu") or "-", BACK_TO_BACK if rec.get("tight") else "stages")
+               rec.get("active_mtu") or "-", BACK_TO_BACK if rec.get("tight") else "stages",
+               rec.get("data") or "pattern")
         net = netem.label(rec["netem"])
         row = shown.get((*who, net))
         clean = base.get(who)
@@ -436,14 +444,16 @@ def loss_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]]) -> lis
     at_worst = sorted((r["avg_us"] / base[k], f"{r['contender']} {r['algorithm']}")
                       for r in flat if r["loss_only"] and r["loss"] == worst and r["status"] == "ok"
                       and (k := (r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"],
-                                 r["mode"])) in base)
+                                 r["mode"], r["data"])) in base)
     if worst and at_worst:
         out.append(f"At {worst:g} % loss, time per call as a multiple of the clean network's: "
                    + ", ".join(f"{who} {x:.1f}x" for x, who in at_worst)
                    + ". RoCE's reliable connection retransmits go-back-N after a timeout; TCP "
                      "retransmits selectively and fast: that is why RoCE fabrics are made lossless.")
     for who, parts in sorted(by_who.items(), key=str):
-        out.append(f"Under impairment, {who[0]} {who[2]}/{who[1]} ({who[3]} B {size_unit(who[2])}): "
+        data = f", {who[6]} data" if who[6] != "pattern" else ""
+        out.append(f"Under impairment, {who[0]} {who[2]}/{who[1]} ({who[3]} B {size_unit(who[2])}"
+                   f"{data}): "
                    + "; ".join(parts) + ".")
     return out
 
@@ -463,7 +473,8 @@ def seed_table(flat: list[dict[str, Any]]) -> tuple[list[int], list[tuple[str, l
 
 TABLE_COLS = [("contender", "contender"), ("op", "op"), ("algorithm", "algorithm"),
               ("nodes", "nodes"), ("ranks", "ranks"), ("pairs", "pairs at once"), ("size", "Size"),
-              ("stages", "stages"), ("mode", "calls"), ("rounds", "rounds"), ("network", "network"),
+              ("stages", "stages"), ("mode", "calls"), ("rounds", "rounds"), ("data", "data"),
+              ("network", "network"),
               ("mtu", "RoCE MTU"), ("avg_us", "Avg Latency(us)"), ("min_us", "Min Latency(us)"),
               ("max_us", "Max Latency(us)"), ("algbw", "algbw(MB/s)"), ("busbw", "busbw(MB/s)"),
               ("link_pct", "% of link"),
@@ -512,6 +523,11 @@ def write(results: Path) -> tuple[Path, Path]:
                "| " + " | ".join(h for _, h in TABLE_COLS) + " |",
                "|" + "---|" * len(TABLE_COLS)]
         md += ["| " + " | ".join(_fmt(r[k]) for k, _ in TABLE_COLS) + " |" for r in flat]
+    coded = compression_report.table(flat)
+    if coded:
+        md += ["", "## Compression", "", "| " + " | ".join(compression_report.HEAD) + " |",
+               "|" + "---|" * len(compression_report.HEAD)]
+        md += ["| " + " | ".join(_md(c) for c in row) + " |" for row in coded]
     if seed_rows:
         md += ["", "## Stages (total seconds)", "",
                "| run | " + " | ".join(f"{n} stages" for n in counts) + " |",
@@ -545,6 +561,11 @@ def write(results: Path) -> tuple[Path, Path]:
                   *[f"<th>{esc(h)}</th>" for _, h in TABLE_COLS], "</tr>"]
         parts += ["<tr>" + "".join(f"<td>{esc(_fmt(r[k]))}</td>" for k, _ in TABLE_COLS)
                   + "</tr>" for r in flat]
+        parts.append("</table></div>")
+    if coded:
+        parts += ["<h2>Compression</h2><div class='wide'><table><tr>",
+                  *[f"<th>{esc(h)}</th>" for h in compression_report.HEAD], "</tr>"]
+        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in coded]
         parts.append("</table></div>")
     if seed_rows:
         parts.append("<h2>Stages (total seconds)</h2><table><tr><th>run</th>"

@@ -353,6 +353,7 @@ def run_interruptibly(connection: Any, command: str, timeout: float) -> Any:
 def case_label(case: dict[str, Any]) -> str:
     extra = "".join([f", {case['ranks_per_node']} ranks per node" if case.get("ranks_per_node") else "",
                      f", pairs={case['pairs']}" if case.get("pairs") else "",
+                     f", {case['data']} data" if case.get("data") else "",
                      f", MTU {case['mtu']}" if case.get("mtu") else "",
                      f", {netem.label(case['netem'])}" if any(case.get("netem", {}).values()) else ""])
     return (f"{contender(case)} {case['op']}/{case['algorithm']} {case['nodes']} nodes "

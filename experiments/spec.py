@@ -28,6 +28,10 @@
     ranks_per_node = 2        # rxelab: ranks on each node (default 1), 1..8
     pairs = [1, 2, 15]        # rxelab sequential: at most this many pairs at once, a case each,
                               #   1..130816 (every pair of 64 nodes x 8 ranks)
+    compression = ["none", "zstd"]  # rxelab: how rendezvous blocks travel, a case each: none,
+                              #   lz4, zstd; fp16, bf16 for allreduce and reduce_scatter only
+    data = ["zeros", "random"]  # rxelab, mpi, gloo: what the buffers hold, a case each: pattern
+                              #   (default), zeros, sparse (1 in 100 set), random
 
 An rxelab run also takes every option of init() (rxelab.settings), under its own name:
 {options}
@@ -50,7 +54,8 @@ rxelab, then the same loop under Open MPI over UCX; experiments/elastic.py):
       {step = 30, join = 1},          # a newcomer starts on node 1 and joins
     ]
 
-A list-valued key (nodes, sizes, algorithms, tools, transport, netem, mtu, pairs) holds 1 to 64
+A list-valued key (nodes, sizes, algorithms, tools, transport, netem, mtu, pairs, compression,
+data) holds 1 to 64
 values and makes one case per value. Numbers are whole numbers (not true/false, not 1.0). An
 unknown key or an impossible value is an error that names the file, the run and the key; the
 file itself must be UTF-8 TOML of at most 1 MiB.
@@ -76,7 +81,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
-from rxelab import ops
+from rxelab import codecs, ops
 from rxelab import settings as library
 
 from experiments import netem
@@ -135,19 +140,23 @@ class Run:
     options: tuple[tuple[str, int | float], ...] = ()  # rxelab: init()'s options
     pairs: tuple[int | None, ...] = (None,)
     tight: bool = False
+    data: tuple[str | None, ...] = (None,)
+    compressions: tuple[str | None, ...] = (None,)
 
     def cases(self) -> list[dict[str, Any]]:
-        """One case per (nodes, mtu, impairment, transport, algorithm or tool, size), in a
-        stable order."""
+        """One case per (nodes, mtu, impairment, transport, algorithm or tool, data,
+        compression, size), in a stable order."""
         return [{"app": self.app, "op": self.op, "algorithm": a, "nodes": n, "size": s,
                  "stages": self.stages, "warmup": self.warmup, "transport": t,
                  "sample_load": self.sample_load, "netem": dict(imp), "mtu": mtu,
                  "timeout_s": self.timeout_s, **dict(self.options),
                  **({"pairs": k} if k is not None else {}),
-                 **({"tight": True} if self.tight else {})}
+                 **({"tight": True} if self.tight else {}),
+                 **({"data": d} if d is not None else {}),
+                 **({"compression": z} if z is not None else {})}
                 for n in self.nodes for mtu in self.mtus for imp in self.netem
                 for t in self.transports for a in self.algorithms for k in self.pairs
-                for s in self.sizes]
+                for d in self.data for z in self.compressions for s in self.sizes]
 
 
 @dataclass(frozen=True)
@@ -171,12 +180,16 @@ class Spec:
 
 def contender(case: dict[str, Any]) -> str:
     """Who ran a case: rxelab, mpi-ucx, mpi-tcp, gloo or perftest (what a reader compares); an
-    rxelab run with its own eager limit says so (rxelab-eager0: rendezvous only)."""
+    rxelab run with its own eager limit or a codec says so (rxelab-eager0: rendezvous only;
+    rxelab-zstd)."""
     if case["app"] == "mpi":
         return f"mpi-{case['transport']}"
+    name = str(case["app"])
     if case["app"] == "rxelab" and case.get("eager_limit") is not None:
-        return f"rxelab-eager{case['eager_limit']}"
-    return str(case["app"])
+        name += f"-eager{case['eager_limit']}"
+    if case["app"] == "rxelab" and case.get("compression") not in (None, codecs.NONE):
+        name += f"-{case['compression']}"
+    return name
 
 
 def ranks(case: dict[str, Any]) -> int:
@@ -236,6 +249,7 @@ def _algorithms(app: str | None, op: str | None) -> tuple[str, ...]:
 # key -> (the only app that takes it, what to say to the others)
 ONLY = {"tools": ("perftest", "only perftest runs take `tools`"),
         "transport": ("mpi", "only mpi runs choose a transport"),
+        "compression": ("rxelab", "only rxelab runs compress"),
         **{key: ("rxelab", "only rxelab runs take it") for key in RXELAB_ONLY}}
 
 
@@ -271,6 +285,10 @@ class _RunFields(_Strict):
     timeout_s: _whole("timeout_s", optional=True) = None
     ranks_per_node: _whole("ranks_per_node", optional=True) = None
     pairs: _wholes("pairs", optional=True) = None
+    compression: _list(Literal[codecs.NAMES], f"must be a non-empty list from "
+                       f"{', '.join(codecs.NAMES)}", optional=True) = None
+    data: _list(Literal[ops.PATTERNS], f"must be a non-empty list from {', '.join(ops.PATTERNS)}",
+                optional=True) = None
 
     @field_validator("op")
     @classmethod
@@ -308,6 +326,24 @@ class _RunFields(_Strict):
         if tight and info.data.get("app") == "perftest":
             raise _bad("perftest runs its own loop: only rxelab, mpi and gloo runs take `tight`")
         return tight
+
+    @field_validator("compression")
+    @classmethod
+    def _codec_fits(cls, names: list[str], info: ValidationInfo) -> list[str]:
+        described = ops.COLLECTIVES.get(info.data.get("op") or "")
+        lossy = [n for n in names if n != codecs.NONE and codecs.CODECS[n].lossy]
+        if described is not None and lossy and (not described.reduces or
+                                                described.dtype not in codecs.LOSSY_DTYPES):
+            raise _bad(f"{', '.join(lossy)} round values: only for allreduce and reduce_scatter "
+                       f"(float sums), not {described.name}")
+        return names
+
+    @field_validator("data")
+    @classmethod
+    def _collectives_data(cls, data: list[str], info: ValidationInfo) -> list[str]:
+        if info.data.get("app") == "perftest":
+            raise _bad("perftest moves its own bytes: only rxelab, mpi and gloo runs take `data`")
+        return data
 
     @field_validator("nodes")
     @classmethod
@@ -490,7 +526,8 @@ def _run(r: _RunDoc) -> Run:
                tuple(r.transport or TRANSPORTS) if r.app == "mpi" else (None,), r.sample_load,
                tuple(dict(imp) for imp in r.netem), tuple(r.mtu or (None,)), r.timeout_s,
                tuple((k, getattr(r, k)) for k in RXELAB_ONLY if getattr(r, k) is not None),
-               tuple(r.pairs or (None,)), r.tight)
+               tuple(r.pairs or (None,)), r.tight, tuple(r.data or (None,)),
+               tuple(r.compression or (None,)))
 
 
 def parse(doc: dict[str, Any], source: str = "spec") -> Spec:

@@ -157,29 +157,47 @@ def _zstd(kind: str, make: Any) -> Any:
 
 def _lossy(codec: Codec, block: np.ndarray, dtype: str, payload: np.ndarray,
            writable: bool) -> int | None:
+    """Round to the wire format (and, when writable, the block in place to what the wire
+    holds); None where a finite value would not survive. Few passes over the block, each in
+    place: under emulation every pass costs milliseconds per MiB."""
     x = block.view(dtype)
     wire = payload[:x.size * 2].view(np.uint16)
     if codec.name == "fp16":
-        with np.errstate(over="ignore"):
-            np.copyto(wire.view(np.float16), x, casting="unsafe")
-    else:
-        _to_bf16(x if dtype == "float32" else x.astype(np.float32), wire)
-    back = _from_wire(codec, wire, dtype)
-    if not np.isfinite(back).all() and (np.isfinite(back) != np.isfinite(x)).any():
-        return None  # a finite value out of the wire format's range: exact instead
+        half = wire.view(np.float16)
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.copyto(half, x, casting="unsafe")
+        back = half.astype(dtype)  # (numpy's float16 loops are slow: checked as float32)
+        if not np.isfinite(back).all() and _lost_range(back, x):
+            return None
+        if writable:
+            np.copyto(x, back)
+        return wire.nbytes
+    single = x if dtype == "float32" else x.astype(np.float32)
+    u = single.view(np.uint32)
+    t = u >> 16  # round to nearest even: add 0x7FFF and the lowest kept bit, keep the top half
+    t &= 1
+    t += 0x7FFF
+    t += u  # numpy wraps uint32, as C does
+    t >>= 16
+    np.copyto(wire, t, casting="unsafe")
+    if (t & 0x7FFF).max(initial=0) >= 0x7F80:  # an infinity or NaN came out: look closer
+        nan = np.isnan(single)
+        wire[nan] = (u[nan] >> 16) | 0x0040  # a quiet NaN with the sign it had
+        if _lost_range(_from_wire(codec, wire, dtype), x):
+            return None
+        t = wire.astype(np.uint32)
     if writable:
-        np.copyto(x, back)
+        t <<= 16
+        if dtype == "float32":
+            np.copyto(u, t)
+        else:
+            np.copyto(x, t.view(np.float32))
     return wire.nbytes
 
 
-def _to_bf16(x: np.ndarray, out: np.ndarray) -> None:
-    """float32 to bfloat16 bits, rounded to nearest even; NaN stays NaN."""
-    u = x.view(np.uint32)
-    rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16  # numpy wraps uint32, as C does
-    np.copyto(out, rounded, casting="unsafe")
-    nan = np.isnan(x)
-    if nan.any():
-        out[nan] = (u[nan] >> 16) | 0x0040  # a quiet NaN with the sign it had
+def _lost_range(back: np.ndarray, x: np.ndarray) -> bool:
+    """A finite value became infinite (beyond the wire format's range)."""
+    return bool((np.isfinite(back) != np.isfinite(x)).any())
 
 
 def _from_wire(codec: Codec, wire: np.ndarray, dtype: str) -> np.ndarray:
@@ -213,7 +231,7 @@ def decode(codec: Codec, area: np.ndarray, address: int, length: int, dtype: str
         if n != x.size * 2:
             raise ProtocolError(f"coded block from rank {peer}: {n} bytes of {codec.name} for "
                                 f"{x.size} {dtype} elements")
-        np.copyto(x, _from_wire(codec, payload.view(np.uint16), dtype))
+        _into(codec, payload.view(np.uint16), x)
     else:
         _inflate(codec, payload, dest, peer)
     return HEADER.size + n, time.thread_time() - t0
@@ -234,3 +252,15 @@ def _inflate(codec: Codec, payload: np.ndarray, dest: np.ndarray, peer: int) -> 
         raise ProtocolError(f"{codec.name} block from rank {peer} decodes to {len(out)} bytes, "
                             f"expected {dest.size}")
     dest[:] = np.frombuffer(out, np.uint8)
+
+
+def _into(codec: Codec, wire: np.ndarray, x: np.ndarray) -> None:
+    """The wire's values into x, in one pass where numpy can (fp16 casts; bf16 shifts)."""
+    if codec.name == "fp16":
+        np.copyto(x, wire.view(np.float16))
+    elif x.dtype == np.float32:
+        wide = x.view(np.uint32)
+        np.copyto(wide, wire)
+        wide <<= 16
+    else:
+        np.copyto(x, (wire.astype(np.uint32) << 16).view(np.float32))

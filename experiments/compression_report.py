@@ -1,0 +1,59 @@
+"""Where compression pays and where it costs: each coded rxelab case beside the same case
+uncoded (same op, algorithm, size, data, network and calls, in the same run), with what the
+codec did (raw/wire ratio, CPU milliseconds per MiB coded, both ends together) and, where the
+run has them, MPI's times for the same op, size and network. Reads the report's rows only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+HEAD = ["op", "size", "data", "network", "codec", "ms per call", "vs none", "ratio",
+        "codec CPU ms/MiB", "MB on the wire per call", "MPI UCX ms", "MPI TCP ms"]
+
+
+def _key(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (r["op"], r["algorithm"], r["nodes"], r["size"], r["data"], r["network"], r["mode"])
+
+
+def table(flat: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per codec (none first) of every case that ran coded."""
+    ours = [r for r in flat if r["app"] == "rxelab" and r["status"] == "ok"
+            and r["contender"] in ("rxelab", f"rxelab-{r['compression']}")]
+    coded = {_key(r) for r in ours if r["compression"] != "none"}
+    mpi = {(r["contender"], r["op"], r["size"], r["network"], r["mode"]): r["avg_us"]
+           for r in flat if r["app"] == "mpi" and r["status"] == "ok"}
+    out = []
+    for key in sorted(coded, key=str):
+        rs = sorted((r for r in ours if _key(r) == key),
+                    key=lambda r: (r["compression"] != "none", r["compression"]))
+        plain = next((r["avg_us"] for r in rs if r["compression"] == "none"), None)
+        op, algorithm, _, size, data, network, mode = key
+        ucx, tcp = (mpi.get((who, op, size, network, mode)) for who in ("mpi-ucx", "mpi-tcp"))
+        for r in rs:
+            out.append([f"{op}/{algorithm}", str(size), data, network, r["compression"],
+                        f"{r['avg_us'] / 1e3:.1f}",
+                        f"{r['avg_us'] / plain:.2f}x" if plain else "-",
+                        f"{r['ratio']:.1f}" if r.get("ratio") else "-",
+                        f"{r['codec_ms_per_MiB']:.1f}" if r.get("codec_ms_per_MiB") else "-",
+                        f"{r['wire_per_call'] / 1e6:.2f}" if r.get("wire_per_call") else "-",
+                        f"{ucx / 1e3:.1f}" if ucx else "-", f"{tcp / 1e3:.1f}" if tcp else "-"])
+    return out
+
+
+def lines(flat: list[dict[str, Any]]) -> list[str]:
+    """In plain words: in how many cases each codec beat no compression, its best and worst."""
+    rows = table(flat)
+    by_codec: dict[str, list[tuple[float, str]]] = {}
+    for row in rows:
+        if row[4] != "none" and row[6] != "-":
+            where = f"{row[0]} {row[1]} B {row[2]} data" + (f", {row[3]}" if row[3] != "none" else "")
+            by_codec.setdefault(row[4], []).append((float(row[6][:-1]), where))
+    out = []
+    for codec, seen in sorted(by_codec.items()):
+        seen.sort()
+        paid = [x for x in seen if x[0] < 1.0]
+        out.append(f"Compression {codec}: faster than none in {len(paid)} of {len(seen)} cases; "
+                   f"best {seen[0][0]:.2f}x none's time ({seen[0][1]}), worst {seen[-1][0]:.2f}x "
+                   f"({seen[-1][1]}).")
+    return out
