@@ -13,13 +13,16 @@ HEAD = ["op", "size", "data", "network", "codec", "ms per call", "vs none", "rat
 
 
 def _key(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r["op"], r["algorithm"], r["nodes"], r["size"], r["data"], r["network"], r["mode"])
+    """The case apart from its codec: rxelab's contender without the codec's suffix (its
+    eager limit stays), and everything else that makes a case."""
+    suffix = f"-{r['compression']}" if r["compression"] != "none" else ""
+    return (r["op"], r["algorithm"], r["nodes"], r["size"], r["data"], r["network"], r["mode"],
+            r["contender"].removesuffix(suffix))
 
 
 def table(flat: list[dict[str, Any]]) -> list[list[str]]:
     """One row per codec (none first) of every case that ran coded."""
-    ours = [r for r in flat if r["app"] == "rxelab" and r["status"] == "ok"
-            and r["contender"] in ("rxelab", f"rxelab-{r['compression']}")]
+    ours = [r for r in flat if r["app"] == "rxelab" and r["status"] == "ok"]
     coded = {_key(r) for r in ours if r["compression"] != "none"}
     mpi = {(r["contender"], r["op"], r["size"], r["network"], r["mode"]): r["avg_us"]
            for r in flat if r["app"] == "mpi" and r["status"] == "ok"}
@@ -28,7 +31,7 @@ def table(flat: list[dict[str, Any]]) -> list[list[str]]:
         rs = sorted((r for r in ours if _key(r) == key),
                     key=lambda r: (r["compression"] != "none", r["compression"]))
         plain = next((r["avg_us"] for r in rs if r["compression"] == "none"), None)
-        op, algorithm, _, size, data, network, mode = key
+        op, algorithm, _, size, data, network, mode, _ = key
         ucx, tcp = (mpi.get((who, op, size, network, mode)) for who in ("mpi-ucx", "mpi-tcp"))
         for r in rs:
             out.append([f"{op}/{algorithm}", str(size), data, network, r["compression"],
