@@ -132,6 +132,16 @@ def encode(codec: Codec, address: int, length: int, dtype: str, area: np.ndarray
     return HEADER.size + n, time.thread_time() - t0
 
 
+def settle(codec: Codec, x: np.ndarray) -> None:
+    """Round a result in place to what the wire format holds (or leave it, where the format
+    cannot hold it), as encode would: where an algorithm leaves ranks with a sum that was not
+    sent after it was made (recursive doubling's last step), every rank rounds it the same way,
+    so all end with the same bits."""
+    if x.size:
+        _lossy(codec, x.reshape(-1).view(np.uint8), str(x.dtype), np.empty(x.nbytes, np.uint8),
+               True)
+
+
 def _lossless(codec: Codec, block: np.ndarray, payload: np.ndarray) -> int | None:
     module = _MODULES[codec.module]  # type: ignore[index]
     if codec.name == "lz4":

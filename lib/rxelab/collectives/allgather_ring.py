@@ -4,7 +4,7 @@ from its left one in the step before (its own block first)."""
 from __future__ import annotations
 
 from rxelab import schedules
-from rxelab.collectives.common import DATA, STEP0, Call
+from rxelab.collectives.common import DATA, STEP0, Call, SendOp, WriteOp
 from rxelab.errors import ConfigError
 
 
@@ -15,20 +15,27 @@ def run(c: Call) -> None:
     if c.size == 1:
         return
     steps = schedules.ring_allgather(c.size, c.rank)
-    if c.eager(m) or c.coded(m):  # each step's block travels on its own, tagged with the step
-        sent = []
+    if c.eager(m):  # each step's block travels on its own, tagged with the step
         for s, (send_block, recv_block) in enumerate(steps):
-            c.expect(left, STEP0 + s, recv_block * m, m)  # a coded block lands in staging
-            sent.append(c.send_block(right, STEP0 + s, send_block * m, m, from_recv=True))
+            c.send_block(right, STEP0 + s, send_block * m, m, from_recv=True)
             c.recv_block(left, STEP0 + s, recv_block * m, m)
-        c.finish(sent)
         return
-    c.advertise(left, DATA, 0, c.layout.recv.nbytes)  # the left neighbour writes everything
-    addr, rkey, room = c.engine.wait_rtr(right, c.tag(DATA), c.name)
+    # the left neighbour may write everything here; the advertisement names our codec, so
+    # neighbours that code differently fail at once, naming it, not in a wait for a block
+    codec = c.codec.id if c.codec is not None else 0
+    c.advertise(left, DATA, 0, c.layout.recv.nbytes, codec=codec)
+    addr, rkey, room = c.engine.wait_rtr(right, c.tag(DATA), c.name, codec)
     if room != c.layout.recv.nbytes:
         raise ConfigError(f"{c.name}: rank {right} has a {room}-byte receive buffer, "
                           f"this rank {c.layout.recv.nbytes}")
-    ops = []
+    ops: list[WriteOp | SendOp] = []
+    if c.codec is not None:  # coded blocks go one by one, each through staging
+        for s, (send_block, recv_block) in enumerate(steps):
+            c.expect(left, STEP0 + s, recv_block * m, m)
+            ops.append(c.send_block(right, STEP0 + s, send_block * m, m, from_recv=True))
+            c.recv_block(left, STEP0 + s, recv_block * m, m)
+        c.finish(ops)
+        return
     for s, (send_block, _) in enumerate(steps):
         ops.append(c.engine.write(right, c.layout.recv.address + send_block * m,
                                   c.recv_mr.lkey if c.recv_mr else 0, m,

@@ -11,6 +11,7 @@ from its tokens and steps, so waits never confuse two messages from the same pee
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -205,13 +206,13 @@ class Call:
         counters.codec_seconds += seconds
 
     def advertise(self, peer: int, sub: int, offset: int, length: int,
-                  into: Buffer | None = None) -> None:
+                  into: Buffer | None = None, codec: int = 0) -> None:
         """Tell `peer` it may write `length` bytes at `offset` of our receive buffer (or of
-        `into`)."""
+        `into`); codec: how this rank codes (the peer checks it codes alike)."""
         buf = into or self.layout.recv
         mr = self.mr(buf, True)
         self.engine.send_ctrl(peer, RTR, self.tag(sub), mr.rkey if mr is not None else 0,
-                              buf.address + offset, length)
+                              buf.address + offset, length, codec=codec)
 
     def write_to(self, peer: int, sub: int, offset: int, length: int,
                  from_recv: bool = False, source: Buffer | None = None) -> WriteOp:
@@ -232,6 +233,14 @@ class Call:
         if length:
             ctypes.memmove(self.layout.recv.address + recv_off,
                            self.layout.send.address + send_off, length)
+
+    def settle(self, result: Any) -> None:
+        """With a lossy codec, round a reduction's result as the wire would (rxelab.codecs
+        .settle): for algorithms whose ranks end with sums some of them never sent."""
+        if self.codec is not None and self.codec.lossy and self.coded(result.nbytes):
+            t0 = time.thread_time()
+            codecs.settle(self.codec, result)
+            self.engine.counters.codec_seconds += time.thread_time() - t0
 
     def pass_turn(self, peer: int, step: int) -> None:
         self.engine.send_ctrl(peer, TOKEN, self.tag(STEP0 + step))
