@@ -39,10 +39,12 @@ def _rng(*seed: int) -> np.random.Generator:
 
 
 def _sparse(values: np.ndarray, n: int, rng: np.random.Generator, dtype: Any) -> np.ndarray:
+    """About one element in SPARSE_EVERY set, at random places (drawn with repeats: a
+    permutation of n, as choice() without them makes, costs seconds under emulation)."""
     x = np.zeros(n, dtype)
     if n:
-        where = rng.choice(n, size=max(1, n // SPARSE_EVERY), replace=False)
-        x[where] = values[:len(where)]
+        where = rng.integers(0, n, max(1, n // SPARSE_EVERY))
+        x[where] = values[:where.size]
     return x
 
 
@@ -53,7 +55,8 @@ def block(src: int, dst: int, n: int, dtype: Any = np.uint8, salt: int = 0,
         return np.zeros(n, dtype)
     if pattern in ("random", "sparse"):
         rng = _rng(src, dst, salt)
-        values = rng.integers(1, 256, n).astype(dtype)
+        values = rng.integers(1, 256, n if pattern == "random" else max(1, n // SPARSE_EVERY),
+                              dtype=np.uint8).astype(dtype, copy=False)
         return values if pattern == "random" else _sparse(values, n, rng, dtype)
     x = (np.arange(n, dtype=np.int64) * 7 + src * 31 + dst * 17 + salt * 13) % 251
     return x.astype(dtype)
@@ -69,10 +72,12 @@ def contribution(rank: int, n: int, dtype: np.dtype | str, salt: int = 0,
         return np.zeros(n, dtype)
     if pattern in ("random", "sparse"):
         rng = _rng(rank, salt)
+        k = n if pattern == "random" else max(1, n // SPARSE_EVERY)
         if np.dtype(dtype).kind in "fc":
-            values = (rng.integers(-(1 << 20) + 1, 1 << 20, n) * FINE).astype(dtype)
+            values = rng.integers(-(1 << 20) + 1, 1 << 20, k, dtype=np.int32).astype(dtype)
+            values *= FINE
         else:
-            values = rng.integers(1, 8, n).astype(dtype)
+            values = rng.integers(1, 8, k, dtype=np.int8).astype(dtype)
         return values if pattern == "random" else _sparse(values, n, rng, dtype)
     x = (np.arange(n, dtype=np.int64) * 3 + rank * 5 + salt) % 7 + 1
     return x.astype(dtype)
