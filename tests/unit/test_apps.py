@@ -120,3 +120,33 @@ def test_the_gloo_app_refuses_what_it_cannot_run_in_words(monkeypatch, capsys):
         assert gloo_compare.main(["--op", "allreduce"]) == 2
         assert "torch is not installed here" in capsys.readouterr().err
 
+
+
+def test_the_demo_app_refuses_a_codec_it_cannot_use_in_words(capsys):
+    from apps import server_client
+    with pytest.raises(SystemExit) as e:
+        server_client.main(["--op", "alltoall", "--algorithm", "parallel", "--compression", "fp16"])
+    assert e.value.code == 2 and "fp16 rounds values" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        server_client.main(["--compression", "gzip"])
+    assert e.value.code == 2 and "invalid choice: 'gzip'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pattern", ["zeros", "sparse", "random"])
+def test_every_data_kind_is_what_the_check_expects(pattern):
+    """The apps' data kinds reach the test data, and each is what its name says."""
+    args = argparse.Namespace(op="alltoall", size=4096, stages=2, warmup=0, tight=False,
+                              data=pattern)
+    collective, seen = _one_rank_alltoall()
+    mine = stages.run(args, 0, 1, collective, lambda: None, "rxelab")
+    assert not mine[1::2].any()
+    set_ = np.count_nonzero(seen[0]) / seen[0].size
+    assert {"zeros": set_ == 0, "sparse": 0 < set_ < 0.02, "random": set_ > 0.99}[pattern]
+
+
+def test_a_lossy_result_is_checked_against_its_bound_not_exactly():
+    want = np.array([1.0, 2.0, 3.0])
+    got = want + np.array([0.0, 0.01, 0.5])
+    assert stages.count_wrong(got, want) == 2
+    assert stages.count_wrong(got, want, np.array([0.1, 0.1, 0.1])) == 1
+    assert stages.count_wrong(np.array([np.nan]), np.array([1.0]), np.array([1e9])) == 1

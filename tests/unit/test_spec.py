@@ -95,6 +95,15 @@ def test_impairments_mtus_and_rxelab_options_multiply_cases():
                                      "transport": ["tcp"]}), "only mpi runs choose a transport"),
         (lambda d: d["runs"].append({"app": "gloo", "op": "allreduce", "nodes": [3], "sizes": [8],
                                      "ranks_per_node": 2}), "only rxelab runs take it"),
+        (lambda d: d["runs"][0].update(compression=["bf16"]),
+         "bf16 round values: only for allreduce and reduce_scatter (float sums), not alltoall"),
+        (lambda d: d["runs"][0].update(compression=["gzip"]), "runs[0].compression: must be a "
+                                                              "non-empty list from none, lz4"),
+        (lambda d: d["runs"][0].update(compression="zstd"), "runs[0].compression"),
+        (lambda d: d["runs"][1].update(compression=["zstd"]), "only rxelab runs compress"),
+        (lambda d: d["runs"][0].update(data=["noise"]), "runs[0].data: must be a non-empty list "
+                                                        "from pattern, zeros, sparse, random"),
+        (lambda d: d["runs"][2].update(data=["zeros"]), "perftest moves its own bytes"),
     ],
 )
 def test_bad_specs_name_the_problem(mutate, problem):
@@ -106,7 +115,7 @@ def test_bad_specs_name_the_problem(mutate, problem):
 
 
 def test_unknown_spec_lists_the_shipped_ones(tmp_path):
-    shipped = "elastic, kpairs, latency, lossy, memory-and-load, ml, mtu, seed, smoke, sweep"
+    shipped = "compression, elastic, kpairs, latency, lossy, memory-and-load, ml, mtu, seed, smoke, sweep"
     with pytest.raises(spec.SpecError, match=f"shipped: {shipped}"):
         spec.find("nope")
     broken = tmp_path / "x.toml"
@@ -291,3 +300,20 @@ def test_every_gloo_counterpart_is_a_torch_distributed_call():
     described = {name: c.gloo for name, c in ops.COLLECTIVES.items()}
     assert {g for g in described.values() if g} <= calls
     assert described["reduce_scatter"] is None
+
+
+def test_codecs_and_data_multiply_cases_and_name_the_contender():
+    doc = {"name": "c", "runs": [
+        {"app": "rxelab", "op": "allreduce", "algorithms": ["ring"], "nodes": [3],
+         "sizes": [8, 16], "data": ["zeros", "random"], "compression": ["none", "bf16"],
+         "eager_limit": 0},
+        {"app": "mpi", "op": "allreduce", "nodes": [3], "sizes": [8], "data": ["random"],
+         "transport": ["tcp"]}]}
+    cases = spec.parse(doc).cases()
+    rx = [c for c in cases if c["app"] == "rxelab"]
+    assert len(rx) == 2 * 2 * 2
+    assert {(c["data"], c["compression"]) for c in rx} == {
+        (d, z) for d in ("zeros", "random") for z in ("none", "bf16")}
+    assert {spec.contender(c) for c in rx} == {"rxelab-eager0", "rxelab-eager0-bf16"}
+    (mpi,) = [c for c in cases if c["app"] == "mpi"]
+    assert mpi["data"] == "random" and "compression" not in mpi
