@@ -30,13 +30,14 @@ from typing import Any
 import numpy as np
 
 import rxelab
-from rxelab import ops, settings
+from rxelab import codecs, ops, settings
 from rxelab.errors import RdmaError
 
 MB = 1e6
 
 
-def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int) -> dict[str, Any]:
+def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int,
+            compression: str | None = None) -> dict[str, Any]:
     """size: bytes as the collective's description counts them (per peer for alltoall and
     allgather, of the vector for allreduce and bcast, of each result block for reduce_scatter)."""
     p, r = comm.size, comm.rank
@@ -51,13 +52,19 @@ def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int) -
         recv.fill(0)
         comm.barrier()
         t0 = time.perf_counter()
-        stats = ops.run(comm, op, algo, send, recv)
+        stats = ops.run(comm, op, algo, send, recv, compression=compression)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
             peak_inflight = max(peak_inflight, stats.peak_inflight)
             peak_pinned = max(peak_pinned, stats.peak_pinned)
     got = coll.result(send, recv)
-    wrong = int(np.count_nonzero(got != want))
+    codec = codecs.lookup(compression)
+    if codec is not None and codec.lossy:  # within the codec's bound, not exactly
+        parts = ops.inputs(op, r, p, send.size // (p if op == "reduce_scatter" else 1), dtype)
+        bound = codecs.error_bound(codec, parts)
+        wrong = int(np.count_nonzero(~(np.abs(got.astype(np.float64) - want) <= bound)))
+    else:
+        wrong = int(np.count_nonzero(got != want))
     mine = np.array([float(np.mean(times)), float(np.min(times)), float(np.max(times)),
                      wrong, peak_inflight, peak_pinned], np.float64)
     every = np.zeros(p * mine.size, np.float64)
@@ -202,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the nonblocking variant: how much computation hides it (OSU's "
                          "overlap %%)")
     ap.add_argument("--json", default=None, help="also write JSON lines here (never overwrites)")
+    ap.add_argument("--compression", choices=codecs.NAMES, default=None,
+                    help="code rendezvous blocks (rxelab.codecs; fp16/bf16 for float sums only, "
+                         "whose #wrong counts elements beyond the codec's bound)")
     args = ap.parse_args(argv)
     known = ops.COLLECTIVES[args.op].algorithms
     algos = args.algorithms.split(",") if args.algorithms else list(known)
@@ -222,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"# {args.op}/{algo}\n{HEADER}", flush=True)
                 for m in sizes:
                     iters = args.iterations if m <= 65536 else max(2, args.iterations // 4)
-                    r = measure(comm, args.op, algo, m, iters, args.warmup)
+                    r = measure(comm, args.op, algo, m, iters, args.warmup, args.compression)
                     rows.append(r)
                     if comm.rank == 0:
                         print(row(r), flush=True)

@@ -226,3 +226,13 @@ def test_random_bytes_go_stored_and_arrive_as_they_were():
     area = coded("lz4", data)
     assert codecs.HEADER.unpack_from(area.data, 0)[1] == codecs.STORED
     assert np.array_equal(decode("lz4", area, data.nbytes), data)
+
+
+def test_the_benchmark_measures_coded_calls_and_verifies_them():
+    from rxelab import bench
+
+    def job(comm):
+        return [bench.measure(comm, "allreduce", "ring", 1 << 16, 2, 1, codec)["wrong"]
+                for codec in (None, "zstd", "bf16")] + \
+            [bench.measure(comm, "reduce_scatter", "ring", 1 << 14, 2, 1, "fp16")["wrong"]]
+    assert run_ranks(3, job, **RENDEZVOUS)[0] == [0, 0, 0, 0]
