@@ -10,9 +10,12 @@ CPU is dear, so whether it pays is measured (the `compression` spec), not assume
   the caller's send buffer). Each rounding of a partial sum errs by at most u times its
   magnitude (u = 2^-11 for fp16, 2^-8 for bf16) plus, for fp16, 2^-25 where it underflows;
   an element of the result takes at most p such roundings (the ring: p-1 partial sums and the
-  final one; recursive doubling: log2(p) + 2), so with p ranks
-      |result - exact sum| <= (p + 1) * (u * sum_i |x_i| + eta)      (error_bound())
-  with eta = 2^-25 for fp16 and 0 for bf16; the extra rounding covers float arithmetic.
+  final one; recursive doubling: log2(p) + 2), so with p ranks and k = p + 1
+      |result - exact sum| <= gamma * sum_i |x_i| + k * eta,  gamma = k u / (1 - k u)
+  (error_bound(); the errors compound, k u is the first-order term; the extra rounding covers
+  float arithmetic) with eta = 2^-25 for fp16 and 2^-134 for bf16, half their smallest step.
+  A lossy codec serves while k u < 1/2: bf16 up to 126 ranks, fp16 up to 1022. Given to a
+  communicator, a lossy codec codes its float sums; its other collectives go as they are.
   A block that float16 cannot hold (a finite value beyond 65504) goes as it is, exactly.
 
 On the wire a coded block is a header (codec, form, raw and coded lengths) and its payload,
@@ -62,9 +65,11 @@ CODECS: dict[str, Codec] = {c.name: c for c in (
     Codec("lz4", 1, False, "lz4.block", "python3-lz4 (pip: lz4)"),
     Codec("zstd", 2, False, "zstandard", "python3-zstandard (pip: zstandard)"),
     Codec("fp16", 3, True, unit=2.0 ** -11, eta=2.0 ** -25),
-    Codec("bf16", 4, True, unit=2.0 ** -8),
+    Codec("bf16", 4, True, unit=2.0 ** -8, eta=2.0 ** -134),
 )}
 BY_ID = {c.id: c for c in CODECS.values()}
+NAMES_BY_ID = {0: NONE, **{c.id: c.name for c in CODECS.values()}}
+MAX_GROWTH = 0.5  # a lossy codec's (p + 1) u must stay below this: its bound means something
 NAMES = (NONE, *CODECS)
 LOSSY_DTYPES = ("float32", "float64")
 ZSTD_LEVEL = 1  # the fastest of zstd's usual levels: the CPU is the scarce thing here
@@ -89,12 +94,27 @@ def lookup(name: Any, what: str = "compression") -> Codec | None:
     return codec
 
 
+def id_of(codec: Codec | None) -> int:
+    return 0 if codec is None else codec.id
+
+
+def fits(codec: Codec | None, reduces: bool, op: str | None, dtype: str) -> bool:
+    """Whether the codec can code this call: lossless ones anything, lossy ones float sums."""
+    return codec is None or not codec.lossy or (reduces and op == "sum" and dtype in LOSSY_DTYPES)
+
+
 def check_use(codec: Codec | None, collective: str, reduces: bool, op: str | None,
-              dtype: str) -> None:
-    """A lossy codec only where its bound is promised: sums of float32/float64."""
+              dtype: str, ranks: int = 2) -> None:
+    """A lossy codec only where its bound is promised: sums of float32/float64, over few
+    enough ranks that (p + 1) u stays small."""
     if codec is None or not codec.lossy:
         return
-    if not reduces or op != "sum" or dtype not in LOSSY_DTYPES:
+    if (ranks + 1) * codec.unit >= MAX_GROWTH:
+        most = int(MAX_GROWTH / codec.unit) - 2
+        raise ConfigError(f"compression={codec.name} over {ranks} ranks: its rounding error "
+                          f"would grow past any useful bound ({codec.name} serves up to {most} "
+                          f"ranks)", hint="use fp16 (finer) or a lossless codec")
+    if not fits(codec, reduces, op, dtype):
         what = f"{collective} of {dtype}" + (f" with op={op}" if reduces else "")
         raise ConfigError(f"compression={codec.name} rounds values: it is for sums of float32 "
                           f"or float64 (allreduce, reduce_scatter), not {what}",
@@ -102,9 +122,13 @@ def check_use(codec: Codec | None, collective: str, reduces: bool, op: str | Non
 
 
 def error_bound(codec: Codec, parts: list[np.ndarray]) -> np.ndarray:
-    """The promised bound on |result - exact sum| per element, for the ranks' inputs `parts`."""
+    """The promised bound on |result - exact sum| per element, for the ranks' inputs `parts`:
+    gamma * sum_i |x_i| + k * eta, k = p + 1 roundings, gamma = k u / (1 - k u) (the
+    rounding errors compound; k u is the first-order term)."""
     magnitude = np.sum([np.abs(x.astype(np.float64)) for x in parts], axis=0)
-    return (len(parts) + 1) * (codec.unit * magnitude + codec.eta)
+    k = len(parts) + 1
+    gamma = k * codec.unit / (1 - k * codec.unit)
+    return gamma * magnitude + k * codec.eta
 
 
 def view(address: int, nbytes: int, dtype: str = "uint8") -> np.ndarray:
@@ -182,7 +206,11 @@ def _lossy(codec: Codec, block: np.ndarray, dtype: str, payload: np.ndarray,
         if writable:
             np.copyto(x, back)
         return wire.nbytes
-    single = x if dtype == "float32" else x.astype(np.float32)
+    if dtype == "float32":
+        single = x
+    else:
+        with np.errstate(over="ignore"):
+            single = x.astype(np.float32)
     u = single.view(np.uint32)
     t = u >> 16  # round to nearest even: add 0x7FFF and the lowest kept bit, keep the top half
     t &= 1
@@ -190,7 +218,9 @@ def _lossy(codec: Codec, block: np.ndarray, dtype: str, payload: np.ndarray,
     t += u  # numpy wraps uint32, as C does
     t >>= 16
     np.copyto(wire, t, casting="unsafe")
-    if (t & 0x7FFF).max(initial=0) >= 0x7F80:  # an infinity or NaN came out: look closer
+    # an infinity or NaN in, or a value that rounds to infinity (NaNs with a high payload
+    # wrap round to zero in the rounding above): look closer
+    if (u & 0x7FFFFFFF).max(initial=0) >= 0x7F7F8000:
         nan = np.isnan(single)
         wire[nan] = (u[nan] >> 16) | 0x0040  # a quiet NaN with the sign it had
         if _lost_range(_from_wire(codec, wire, dtype), x):
@@ -253,8 +283,16 @@ def _inflate(codec: Codec, payload: np.ndarray, dest: np.ndarray, peer: int) -> 
         if codec.name == "lz4":
             out = module.decompress(payload, uncompressed_size=dest.size)
         else:
+            # the frame's header says how much it holds, and zstd allocates that before it
+            # decodes: a peer must not choose our allocation
+            declared = module.frame_content_size(payload)
+            if declared != dest.size:
+                raise ProtocolError(f"zstd block from rank {peer} declares {declared} bytes, "
+                                    f"expected {dest.size}")
             out = _zstd("decompressor", module.ZstdDecompressor).decompress(
                 payload, max_output_size=dest.size)
+    except ProtocolError:
+        raise
     except Exception as err:  # each library's own error type: a corrupt stream
         raise ProtocolError(f"{codec.name} block from rank {peer} does not decode: "
                             f"{str(err)[:120]}") from None

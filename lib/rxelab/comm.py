@@ -103,6 +103,7 @@ class Communicator:
         compression: how every collective's rendezvous blocks travel unless the call says
         otherwise (rxelab.codecs: none, lz4, zstd; fp16, bf16 for float sums)."""
         self.compression = codecs.lookup(compression)
+        codecs.check_use(self.compression, "every collective", True, "sum", "float32", job.world_size)
         if not isinstance(elastic, bool):
             raise ConfigError(f"elastic={elastic!r} must be True or False")
         if elastic and not job.token:
@@ -151,7 +152,8 @@ class Communicator:
                         self.dev, self.registry, peer, slots, send_depth,
                         slot_size=max(verbs.CTRL_SLOT, eager_limit))
             remote = self.control.exchange({p: c.endpoint().to_dict() for p, c in self.conns.items()},
-                                           {k: self.options[k] for k in settings.SHARED})
+                                           {**{k: self.options[k] for k in settings.SHARED},
+                                            settings.CODEC: codecs.id_of(self.compression)})
             for peer, ep in remote.items():
                 self.conns[peer].connect(verbs.Endpoint.from_dict(ep), int(self.options["qp_timeout"]),
                                          int(self.options["retry_cnt"]))
@@ -488,14 +490,18 @@ class Communicator:
         chosen = c.default if algorithm is None else algorithm
         names(algorithm=chosen)
         given = dict(given)
-        codec = self._codec(given.pop("compression", None))
+        asked = given.pop("compression", None)
+        codec = self._codec(asked)
         args = self._arguments(c, chosen, given)
 
         def make() -> Plan:
             run = self._algorithm(c, chosen)
             layout = c.layout(sendbuf, recvbuf, self.size, self.rank, **args)
-            codecs.check_use(codec, name, c.reduces, args.get("op"), layout.recv.dtype)
-            return Plan(name, chosen, run, layout, (*given_buffers, sendbuf, recvbuf), codec)
+            mine = codec
+            if asked is None and not codecs.fits(codec, c.reduces, args.get("op"), layout.recv.dtype):
+                mine = None  # the communicator's lossy codec codes its float sums only
+            codecs.check_use(mine, name, c.reduces, args.get("op"), layout.recv.dtype, self.size)
+            return Plan(name, chosen, run, layout, (*given_buffers, sendbuf, recvbuf), mine)
         return self._plan(key, make)
 
     def _codec(self, compression: Any) -> codecs.Codec | None:
@@ -582,13 +588,16 @@ class Communicator:
         given_buffers = (sendbuf, recvbuf)
         sendbuf, recvbuf = seen_buffers(sendbuf, recvbuf)
         key = ("alltoallv", algorithm, window, *map(id, given_buffers),
-               *map(_memory, given_buffers, (sendbuf, recvbuf)), tuple(sc), tuple(rc), codec)
+               *map(_memory, given_buffers, (sendbuf, recvbuf)), tuple(sc), tuple(rc),
+               (type(compression), compression))
 
         def make() -> Plan:
             run = self._algorithm(c, algorithm)
-            return Plan("alltoallv", algorithm, run, layouts.varying(
-                sendbuf, recvbuf, self.size, self.rank, sc, rc, window),
-                (*given_buffers, sendbuf, recvbuf), codec)
+            layout = layouts.varying(sendbuf, recvbuf, self.size, self.rank, sc, rc, window)
+            mine = codec if compression is not None or codecs.fits(codec, False, None, "") else None
+            codecs.check_use(mine, "alltoallv", False, None, layout.recv.dtype, self.size)
+            return Plan("alltoallv", algorithm, run, layout, (*given_buffers, sendbuf, recvbuf),
+                        mine)
         return self._plan(key, make)
 
     # ---- nonblocking --------------------------------------------------------------------

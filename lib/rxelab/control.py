@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rxelab import settings, wire
+from rxelab import codecs, settings, wire
 from rxelab.bootstrap import JobInfo
 from rxelab.errors import ConfigError, PeerError, ProtocolError
 from rxelab.hall import Hall
@@ -189,7 +189,8 @@ class ControlPlane:
             if not self.elastic:
                 listener.close()
         for r in sorted(hellos):  # every rank is in: all of them hear why, if it must end
-            if r and (why := settings.disagreement(options, hellos[r]["settings"], r)):
+            if r and (why := settings.disagreement(options, hellos[r]["settings"], r,
+                                                   codecs.NAMES_BY_ID)):
                 self.abort(why, r)
                 self.close()
                 raise ConfigError(why, hint="give init() (or the flags) the same values on every rank")

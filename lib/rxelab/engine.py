@@ -34,7 +34,7 @@ from rxelab.errors import ConfigError, PeerError, ProtocolError
 from rxelab.verbs import Connection, Device, status_str
 
 CTRL = struct.Struct("!BBHIIIQQ")  # kind, version, reserved, tag, rkey, codec, addr, length
-CTRL_VERSION = 1
+CTRL_VERSION = 2  # 2: a ready-to-receive names the codec of the block it awaits
 RTR, TOKEN, ABORT, RTS, MOVING = 1, 2, 3, 4, 5
 FAILED, STALLED, DIED, MISMATCH = 0, 1, 2, 3  # why a rank aborted
 ABORT_REASONS = {FAILED: "it failed", STALLED: "no progress from", DIED: "it found dead",

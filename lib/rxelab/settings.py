@@ -97,8 +97,19 @@ def resolve(given: Mapping[str, Any]) -> dict[str, int | float]:
     return {o.name: o.check(given[o.name]) if o.name in given else o.default for o in OPTIONS}
 
 
-def disagreement(mine: Mapping[str, Any], theirs: Mapping[str, Any], rank: int) -> str | None:
-    """The first shared option on which rank `rank` differs from this rank, said."""
+CODEC = "compression"  # init(compression=): in the hello as its codec's id (rxelab.codecs)
+
+
+def disagreement(mine: Mapping[str, Any], theirs: Mapping[str, Any], rank: int,
+                 codec_names: Mapping[int, str] | None = None) -> str | None:
+    """The first shared option on which rank `rank` differs from this rank, said (the
+    communicator's codec too, by name, where the hello carries it)."""
+    if CODEC in mine and theirs.get(CODEC) != mine[CODEC]:
+        names = codec_names or {}
+        said = [names.get(x, repr(x)) if isinstance(x, int) else repr(x)
+                for x in (theirs.get(CODEC), mine[CODEC])]
+        return (f"rank {rank} has compression={said[0]}, rank 0 has compression={said[1]}: "
+                f"every rank must use the same compression")
     for name in SHARED:
         if theirs.get(name) != mine.get(name):
             return (f"rank {rank} has {name}={theirs.get(name)!r}, rank 0 has "

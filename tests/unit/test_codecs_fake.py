@@ -236,3 +236,71 @@ def test_the_benchmark_measures_coded_calls_and_verifies_them():
                 for codec in (None, "zstd", "bf16")] + \
             [bench.measure(comm, "reduce_scatter", "ring", 1 << 14, 2, 1, "fp16")["wrong"]]
     assert run_ranks(3, job, **RENDEZVOUS)[0] == [0, 0, 0, 0]
+
+
+# ---- what a second reader found -----------------------------------------------------------
+
+def test_ranks_that_disagree_on_the_communicators_codec_fail_in_init_naming_it():
+    said = run_ranks(3, lambda comm: "started", keep_errors=True, timeout=5,
+                     per_rank=lambda r: {"compression": "lz4" if r == 2 else "zstd"})
+    assert all(isinstance(s, ConfigError | PeerError) for s in said), said
+    assert all("rank 2 has compression=lz4, rank 0 has compression=zstd" in str(s) for s in said)
+
+
+def test_a_communicators_lossy_codec_codes_its_float_sums_and_nothing_else():
+    def job(comm):
+        x = np.arange(3 << 12, dtype=np.float32)
+        y = np.zeros_like(x)
+        moved = comm.alltoall(x, y)  # floats, but no sum: as they are
+        ok = np.array_equal(y.reshape(3, -1)[comm.rank], x.reshape(3, -1)[comm.rank])
+        v = comm.alltoallv(x, [4096] * 3, y, [4096] * 3)
+        summed = comm.allreduce(x, y)
+        with pytest.raises(ConfigError, match="not alltoallv"):
+            comm.alltoallv(x, [4096] * 3, y, [4096] * 3, compression="bf16")
+        return moved.coded_raw, v.coded_raw, summed.coded_raw > 0, ok
+    for moved, v, summed, ok in run_ranks(3, job, compression="bf16", **RENDEZVOUS):
+        assert (moved, v, summed, ok) == (0, 0, True, True)
+
+
+def test_a_lossy_codec_is_refused_where_its_bound_would_mean_nothing():
+    with pytest.raises(ConfigError, match="bf16 serves up to 126 ranks"):
+        codecs.check_use(codecs.CODECS["bf16"], "allreduce", True, "sum", "float32", 200)
+    codecs.check_use(codecs.CODECS["bf16"], "allreduce", True, "sum", "float32", 126)
+    codecs.check_use(codecs.CODECS["fp16"], "allreduce", True, "sum", "float32", 1022)
+
+
+@pytest.mark.parametrize("bits", [0xFFFFFFFF, 0x7FFFFFFF, 0x7FFF8000, 0x7F800001, 0xFF800000])
+def test_bf16_keeps_nans_and_infinities_whatever_their_bits(bits):
+    x = np.full(2048, bits, np.uint32).view(np.float32)
+    got = decode("bf16", coded("bf16", x), x.nbytes, "float32").view(np.float32)
+    assert np.array_equal(np.isnan(got), np.isnan(x)) and np.array_equal(np.isinf(got), np.isinf(x))
+    assert np.array_equal(np.signbit(got), np.signbit(x))
+
+
+def test_bf16_underflow_stays_within_the_bound():
+    parts = [np.full(2048, 2.0 ** -149, np.float32), np.full(2048, -2.0 ** -140, np.float32)]
+    got = [decode("bf16", coded("bf16", x), x.nbytes, "float32").view(np.float32) for x in parts]
+    error = np.abs(got[0].astype(np.float64) + got[1] - (parts[0].astype(np.float64) + parts[1]))
+    assert (error <= codecs.error_bound(codecs.CODECS["bf16"], parts)).all()
+
+
+def test_a_zstd_frame_may_not_choose_how_much_the_receiver_allocates():
+    import zstandard
+    huge = zstandard.ZstdCompressor().compress(bytes(1 << 20))  # declares 1 MiB
+    area = coded("zstd", np.zeros(4096, np.uint8))
+    codecs.HEADER.pack_into(area.data, 0, 2, codecs.CODED, 0, 4096, len(huge))
+    area = np.concatenate([area[:codecs.HEADER.size], np.frombuffer(huge, np.uint8)])
+    with pytest.raises(ProtocolError, match="declares 1048576 bytes, expected 4096"):
+        decode("zstd", area, 4096)
+
+
+@pytest.mark.parametrize("algorithm", ["star", "binomial"])
+def test_a_broadcast_codes_its_block_once_for_every_peer(algorithm):
+    from rxelab.collectives.common import SENDING
+
+    def job(comm):
+        x = np.arange(1 << 15, dtype=np.uint8) if comm.rank == 0 else np.zeros(1 << 15, np.uint8)
+        comm.bcast(x, algorithm=algorithm, compression="zstd")
+        return comm._staging.used[SENDING], bool((x == np.arange(1 << 15, dtype=np.uint8)).all())
+    out = run_ranks(5, job, **RENDEZVOUS)
+    assert all(ok for _, ok in out) and out[0][0] == 1  # root: one area for its 4 (or 2) peers

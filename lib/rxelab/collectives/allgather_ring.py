@@ -4,7 +4,7 @@ from its left one in the step before (its own block first)."""
 from __future__ import annotations
 
 from rxelab import schedules
-from rxelab.collectives.common import DATA, STEP0, Call, SendOp, WriteOp
+from rxelab.collectives.common import DATA, RTR, STEP0, Call, SendOp, WriteOp
 from rxelab.errors import ConfigError
 
 
@@ -23,7 +23,10 @@ def run(c: Call) -> None:
     # the left neighbour may write everything here; the advertisement names our codec, so
     # neighbours that code differently fail at once, naming it, not in a wait for a block
     codec = c.codec.id if c.codec is not None else 0
-    c.advertise(left, DATA, 0, c.layout.recv.nbytes, codec=codec)
+    if codec:  # only the handshake: coded blocks land in staging, not here
+        c.engine.send_ctrl(left, RTR, c.tag(DATA), 0, 0, c.layout.recv.nbytes, codec=codec)
+    else:
+        c.advertise(left, DATA, 0, c.layout.recv.nbytes)
     addr, rkey, room = c.engine.wait_rtr(right, c.tag(DATA), c.name, codec)
     if room != c.layout.recv.nbytes:
         raise ConfigError(f"{c.name}: rank {right} has a {room}-byte receive buffer, "

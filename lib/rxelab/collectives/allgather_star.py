@@ -18,7 +18,7 @@ def run(c: Call) -> None:
             c.expect(peer, DATA, peer * m, m)
         for peer in others:
             c.recv_block(peer, DATA, peer * m, m)
-        ops = [c.send_block(peer, BCAST, 0, total, from_recv=True) for peer in others]
+        ops = [c.send_block(peer, BCAST, 0, total, from_recv=True, shared=True) for peer in others]
         c.finish(ops)
     else:
         c.expect(root, BCAST, 0, total)

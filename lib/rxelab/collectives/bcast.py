@@ -22,7 +22,8 @@ def binomial(c: Call) -> None:
     mask >>= 1
     while mask > 0:
         if vr + mask < p:
-            ops.append(c.send_block((vr + mask + root) % p, DATA, 0, n, from_recv=True))
+            ops.append(c.send_block((vr + mask + root) % p, DATA, 0, n, from_recv=True,
+                                    shared=True))
         mask >>= 1
     c.finish(ops)
 
@@ -30,7 +31,8 @@ def binomial(c: Call) -> None:
 def star(c: Call) -> None:
     p, n, root = c.size, c.layout.recv.nbytes, c.rooted.root
     if c.rank == root:
-        c.finish([c.send_block(peer, DATA, 0, n, from_recv=True) for peer in range(p) if peer != root])
+        c.finish([c.send_block(peer, DATA, 0, n, from_recv=True, shared=True)
+                  for peer in range(p) if peer != root])
     else:
         c.expect(root, DATA, 0, n)
         c.recv_block(root, DATA, 0, n)

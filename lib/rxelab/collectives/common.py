@@ -68,7 +68,7 @@ class Call:
     (A plain class with slots: one is made per call.)"""
 
     __slots__ = ("engine", "rank", "size", "seq", "name", "layout", "register", "_mrs", "watchers",
-                 "codec", "staging", "_landing")
+                 "codec", "staging", "_landing", "_shared")
 
     def __init__(self, engine: Engine, rank: int, size: int, seq: int, name: str, layout: Layout,
                  register: Callable[[Buffer, bool], Any], codec: Codec | None = None,
@@ -81,6 +81,7 @@ class Call:
         # rendezvous blocks coded (rxelab.codecs) through staging areas; where each lands
         self.codec, self.staging = codec, staging
         self._landing: dict[tuple[int, int], tuple[Buffer, Any, Buffer, int, int]] = {}
+        self._shared: dict[tuple[int, int, int], tuple[Buffer, int]] = {}  # one block, many peers
         if codec is not None and staging is not None:
             staging.start()
 
@@ -147,9 +148,10 @@ class Call:
 
     def send_block(self, peer: int, sub: int, offset: int, length: int,
                    from_recv: bool = False, acked: bool = False,
-                   source: Buffer | None = None) -> WriteOp | SendOp:
+                   source: Buffer | None = None, shared: bool = False) -> WriteOp | SendOp:
         """Start sending a block of the send buffer (or the receive buffer, or `source`);
-        with acked, its op completes when the peer has it."""
+        with acked, its op completes when the peer has it. shared: the same block goes, as
+        it is, to several peers in this call (a broadcast's): coded once for all of them."""
         buf = source or (self.layout.recv if from_recv else self.layout.send)
         if self.eager(length):
             return self.engine.send_eager(peer, buf.address + offset, length, self.tag(sub),
@@ -157,22 +159,32 @@ class Call:
         if self.layout.vector:  # the receiver may expect another size: tell it ours first
             self.engine.send_ctrl(peer, RTS, self.tag(sub), length=length)
         if self.codec is not None:
-            return self._send_coded(peer, sub, buf, offset, length)
+            return self._send_coded(peer, sub, buf, offset, length, shared)
         return self.write_to(peer, sub, offset, length, source=buf)
 
-    def _send_coded(self, peer: int, sub: int, buf: Buffer, offset: int, length: int) -> WriteOp:
+    def _send_coded(self, peer: int, sub: int, buf: Buffer, offset: int, length: int,
+                    shared: bool) -> WriteOp:
         """Code the block into a staging area (while the receiver gets ready), then write it
         into the receiver's. A lossy codec rounds the block in place too, so the sender keeps
-        the values the receiver gets - but never in the caller's send buffer."""
+        the values the receiver gets - but never in the caller's send buffer. A shared block
+        is coded once and its area written to every peer (it is only read while in flight)."""
         codec, staging = self.codec, self.staging
         assert codec is not None and staging is not None
-        area, arr = staging.area(SENDING, codec.room(length))
-        own = buf.writable and (buf is not self.layout.send or self.layout.send is self.layout.recv)
-        wire, seconds = codecs.encode(codec, buf.address + offset, length, buf.dtype, arr, own)
+        key = (buf.address, offset, length)
+        found = self._shared.get(key) if shared else None
+        if found is None:
+            area, arr = staging.area(SENDING, codec.room(length))
+            own = buf.writable and (buf is not self.layout.send or
+                                    self.layout.send is self.layout.recv)
+            wire, seconds = codecs.encode(codec, buf.address + offset, length, buf.dtype, arr, own)
+            self.engine.counters.codec_seconds += seconds
+            if shared:
+                self._shared[key] = (area, wire)
+        else:
+            area, wire = found
         counters = self.engine.counters
         counters.coded_raw += length
         counters.coded_wire += wire
-        counters.codec_seconds += seconds
         addr, rkey, room = self.engine.wait_rtr(peer, self.tag(sub), self.name, codec.id)
         if room != codec.room(length):
             self._count_mismatch(peer, room - codecs.HEADER.size, length)
