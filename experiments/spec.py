@@ -320,12 +320,13 @@ class _RunFields(_Strict):
             raise _bad(refusal)
         return value
 
-    @field_validator("tight")
+    @field_validator("tight", "data")
     @classmethod
-    def _collectives_only(cls, tight: bool, info: ValidationInfo) -> bool:
-        if tight and info.data.get("app") == "perftest":
-            raise _bad("perftest runs its own loop: only rxelab, mpi and gloo runs take `tight`")
-        return tight
+    def _collectives_only(cls, value: Any, info: ValidationInfo) -> Any:
+        if value and info.data.get("app") == "perftest":
+            why = "runs its own loop" if info.field_name == "tight" else "moves its own bytes"
+            raise _bad(f"perftest {why}: only rxelab, mpi and gloo runs take `{info.field_name}`")
+        return value
 
     @field_validator("compression")
     @classmethod
@@ -337,13 +338,6 @@ class _RunFields(_Strict):
             raise _bad(f"{', '.join(lossy)} round values: only for allreduce and reduce_scatter "
                        f"(float sums), not {described.name}")
         return names
-
-    @field_validator("data")
-    @classmethod
-    def _collectives_data(cls, data: list[str], info: ValidationInfo) -> list[str]:
-        if info.data.get("app") == "perftest":
-            raise _bad("perftest moves its own bytes: only rxelab, mpi and gloo runs take `data`")
-        return data
 
     @field_validator("nodes")
     @classmethod

@@ -6,12 +6,10 @@ sets each beside its uncoded twin."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from experiments import counters
-from tests.e2e.test_experiments import fab
+from tests.e2e.test_experiments import run_spec
 
 pytestmark = pytest.mark.vm
 
@@ -42,16 +40,8 @@ eager_limit = 16384
 
 @pytest.fixture(scope="module")
 def compression_run(lab, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("compression")
-    (tmp / "compression-small.toml").write_text(SPEC)
-    r = fab(lab, "run-experiment", "--spec", str(tmp / "compression-small.toml"), "--results",
-            str(tmp / "res"), timeout=900)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    (run,) = list((tmp / "res").iterdir())
-    records = [json.loads(x) for x in (run / "records.jsonl").read_text().splitlines()]
-    r = fab(lab, "report", "--results", str(run), timeout=300)
-    assert r.returncode == 0, r.stderr
-    return records, (run / "report.md").read_text()
+    records, md, _ = run_spec(lab, tmp_path_factory.mktemp("compression"), SPEC)
+    return records, md
 
 
 def test_coded_cases_verify_their_data_on_rxe(compression_run):

@@ -23,6 +23,21 @@ def fab(lab, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[s
         pytest.fail(f"fab {' '.join(args)} did not finish within {timeout} s")
 
 
+def run_spec(lab, tmp: Path, text: str) -> tuple[list[dict], str, dict]:
+    """A spec of the test's own through `fab run-experiment` and `fab report`: the records,
+    the report's Markdown and the run's environment."""
+    (tmp / "spec.toml").write_text(text)
+    r = fab(lab, "run-experiment", "--spec", str(tmp / "spec.toml"), "--results", str(tmp / "res"),
+            timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    (run,) = list((tmp / "res").iterdir())
+    records = [json.loads(x) for x in (run / "records.jsonl").read_text().splitlines()]
+    r = fab(lab, "report", "--results", str(run), timeout=300)
+    assert r.returncode == 0, r.stderr
+    env = json.loads((run / "environment.json").read_text())
+    return records, (run / "report.md").read_text(), env
+
+
 @pytest.fixture(scope="module")
 def smoke(lab, tmp_path_factory) -> Path:
     results = tmp_path_factory.mktemp("results")

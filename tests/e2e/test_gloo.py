@@ -5,13 +5,12 @@ are not run and the report says why. Then rxelab's collectives on torch tensors,
 
 from __future__ import annotations
 
-import json
 import shlex
 
 import pytest
 
 from experiments import fleet
-from tests.e2e.test_experiments import fab
+from tests.e2e.test_experiments import run_spec
 
 pytestmark = pytest.mark.vm
 
@@ -50,17 +49,7 @@ def has_torch(lab) -> bool:
 
 @pytest.fixture(scope="module")
 def gloo_run(lab, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("gloo")
-    (tmp / "gloo-small.toml").write_text(SPEC)
-    r = fab(lab, "run-experiment", "--spec", str(tmp / "gloo-small.toml"), "--results",
-            str(tmp / "res"), timeout=900)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    (run,) = list((tmp / "res").iterdir())
-    records = [json.loads(x) for x in (run / "records.jsonl").read_text().splitlines()]
-    r = fab(lab, "report", "--results", str(run), timeout=300)
-    assert r.returncode == 0, r.stderr
-    env = json.loads((run / "environment.json").read_text())
-    return records, (run / "report.md").read_text(), env
+    return run_spec(lab, tmp_path_factory.mktemp("gloo"), SPEC)
 
 
 def test_gloo_runs_and_verifies_its_data_where_the_image_has_torch(has_torch, gloo_run):
