@@ -80,7 +80,7 @@ class Call:
         self.watchers: tuple[int, ...] = ()  # ranks to tell that our long transfers move
         # rendezvous blocks coded (rxelab.codecs) through staging areas; where each lands
         self.codec, self.staging = codec, staging
-        self._landing: dict[tuple[int, int], tuple[Buffer, Any, Buffer, int, int]] = {}
+        self._landing: dict[tuple[int, int], tuple[Any, Buffer, int, int]] = {}
         self._shared: dict[tuple[int, int, int], tuple[Buffer, int]] = {}  # one block, many peers
         if codec is not None and staging is not None:
             staging.start()
@@ -142,7 +142,7 @@ class Call:
         assert self.codec is not None and self.staging is not None
         area, arr = self.staging.area(RECEIVING, self.codec.room(length))
         mr = self.mr(area, True)
-        self._landing[(peer, sub)] = (area, arr, dest, offset, length)
+        self._landing[(peer, sub)] = (arr, dest, offset, length)
         self.engine.send_ctrl(peer, RTR, self.tag(sub), mr.rkey, area.address,
                               self.codec.room(length), codec=self.codec.id)
 
@@ -210,7 +210,7 @@ class Call:
 
     def _decode(self, peer: int, sub: int) -> None:
         assert self.codec is not None
-        _, arr, dest, offset, length = self._landing.pop((peer, sub))
+        arr, dest, offset, length = self._landing.pop((peer, sub))
         wire, seconds = codecs.decode(self.codec, arr, dest.address + offset, length, dest.dtype,
                                       peer)
         counters = self.engine.counters
@@ -218,13 +218,13 @@ class Call:
         counters.codec_seconds += seconds
 
     def advertise(self, peer: int, sub: int, offset: int, length: int,
-                  into: Buffer | None = None, codec: int = 0) -> None:
+                  into: Buffer | None = None) -> None:
         """Tell `peer` it may write `length` bytes at `offset` of our receive buffer (or of
-        `into`); codec: how this rank codes (the peer checks it codes alike)."""
+        `into`)."""
         buf = into or self.layout.recv
         mr = self.mr(buf, True)
         self.engine.send_ctrl(peer, RTR, self.tag(sub), mr.rkey if mr is not None else 0,
-                              buf.address + offset, length, codec=codec)
+                              buf.address + offset, length)
 
     def write_to(self, peer: int, sub: int, offset: int, length: int,
                  from_recv: bool = False, source: Buffer | None = None) -> WriteOp:
