@@ -34,14 +34,21 @@ def table(flat: list[dict[str, Any]]) -> list[list[str]]:
         op, algorithm, _, size, data, network, mode, _ = key
         ucx, tcp = (mpi.get((who, op, size, network, mode)) for who in ("mpi-ucx", "mpi-tcp"))
         for r in rs:
-            out.append([f"{op}/{algorithm}", str(size), data, network, r["compression"],
+            out.append([f"{op}/{algorithm}", str(size), str(data), network, str(r["compression"]),
                         f"{r['avg_us'] / 1e3:.1f}",
                         f"{r['avg_us'] / plain:.2f}x" if plain else "-",
-                        f"{r['ratio']:.1f}" if r.get("ratio") else "-",
-                        f"{r['codec_ms_per_MiB']:.1f}" if r.get("codec_ms_per_MiB") else "-",
-                        f"{r['wire_per_call'] / 1e6:.2f}" if r.get("wire_per_call") else "-",
-                        f"{ucx / 1e3:.1f}" if ucx else "-", f"{tcp / 1e3:.1f}" if tcp else "-"])
+                        _num(r.get("ratio"), ".1f"), _num(r.get("codec_ms_per_MiB"), ".1f"),
+                        _num(r.get("wire_per_call"), ".2f", 1e-6),
+                        _num(ucx, ".1f", 1e-3), _num(tcp, ".1f", 1e-3)])
     return out
+
+
+def _num(value: Any, spec: str, scale: float = 1.0) -> str:
+    """A figure from a node's summary as text; anything that is not a positive number is "-"
+    (the summary came from a remote host: never a traceback over it)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return "-"
+    return format(value * scale, spec)
 
 
 def lines(flat: list[dict[str, Any]]) -> list[str]:

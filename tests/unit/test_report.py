@@ -392,3 +392,16 @@ def test_compression_table_sets_each_codec_beside_the_same_case_uncoded(results)
 
 def test_no_compression_table_without_coded_cases(results):
     assert "## Compression" not in report.write(results)[1].read_text()
+
+
+def test_compression_figures_that_are_not_numbers_show_as_a_dash(results):
+    from experiments import compression_report
+    row = {"op": "allreduce", "algorithm": "ring", "nodes": 3, "size": 8, "data": "sparse",
+           "network": "none", "mode": "stages", "app": "rxelab", "status": "ok", "avg_us": 10.0,
+           "wire_per_call": None}
+    rows = [{**row, "contender": "rxelab", "compression": "none", "ratio": None,
+             "codec_ms_per_MiB": None},
+            {**row, "contender": "rxelab-zstd", "compression": "zstd", "ratio": "<b>",
+             "codec_ms_per_MiB": True}]
+    table = compression_report.table(rows)
+    assert table[1][7:10] == ["-", "-", "-"] and table[1][6] == "1.00x"
