@@ -5,23 +5,25 @@ Explicit arguments win over the environment; among environments torchrun's names
 first, then Open MPI's, then Slurm's. The rendezvous (rank 0's TCP address) comes from
 MASTER_ADDR/MASTER_PORT, or RXELAB_MASTER_ADDR/PORT.
 
-A job's secret keeps strangers out of its rendezvous: RXELAB_JOB_TOKEN (our launcher passes
-one on each rank's standard input, never on a command line), or the file RXELAB_JOB_TOKEN_FILE
-names (private to its owner), or under Open MPI's mpirun the random key it gives every job
-(OMPI_MCA_orte_precondition_transports). Only a digest of it travels.
+A job's secret keeps strangers out of its control plane: RXELAB_JOB_TOKEN (our launcher
+passes one on each rank's standard input, never on a command line), or the file
+RXELAB_JOB_TOKEN_FILE names (the caller's own, readable by nobody else), or under Open MPI's
+mpirun the random key it gives every job (OMPI_MCA_orte_precondition_transports). It never
+travels: the ranks prove to each other that they hold it (rxelab.auth).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from rxelab.auth import OPEN, Credential, SharedSecret
 from rxelab.errors import ConfigError
 
 DEFAULT_PORT = 29500
+MAX_RANKS = 16384  # every schedule's sub-tags fit 16 bits up to this (rxelab.collectives.common)
 SOURCES = (
     ("torchrun", "RANK", "WORLD_SIZE"),
     ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
@@ -37,8 +39,17 @@ class JobInfo:
     master_addr: str
     master_port: int
     source: str  # which launcher's variables (or "arguments") said so
-    token: str = ""  # digest of the job's secret; "" when the job has none
-    token_source: str = ""  # where the secret came from
+    credential: Credential = field(default=OPEN, repr=False)  # what its ranks prove (rxelab.auth)
+    job_id: str = ""  # drawn by rank 0 when the job forms (rxelab.control); "" until then
+
+    @property
+    def secured(self) -> bool:
+        return self.credential.secured
+
+    def scope(self) -> str:
+        """What a hello's handshake is bound to: the job once it has its id, else its
+        rendezvous (port and size: a relay to another job's rank 0 fails)."""
+        return self.job_id or f"rendezvous {self.master_port} {self.world_size}"
 
 
 def _int(value: object, name: str) -> int:
@@ -91,9 +102,17 @@ def discover(
             raise ConfigError("no rendezvous address for a job of several ranks",
                               hint="set MASTER_ADDR (rank 0's host) or pass master_addr=")
         addr = "127.0.0.1"
-    secret, secret_source = job_secret(env)
-    token = hashlib.sha256(b"rxelab job\0" + secret.encode()).hexdigest() if secret else ""
-    return JobInfo(rank, world_size, addr, port, source, token, secret_source)
+    if world_size > MAX_RANKS:
+        raise ConfigError(f"world size {world_size} is more than the {MAX_RANKS} ranks rxelab "
+                          "supports (its schedules' tags)")
+    return JobInfo(rank, world_size, addr, port, source, credential(env))
+
+
+
+def credential(env: Mapping[str, str]) -> Credential:
+    """The job's credential from its secret (rxelab.auth); OPEN when it has none."""
+    secret, source = job_secret(env)
+    return SharedSecret.of(secret, source) if secret else OPEN
 
 
 def job_secret(env: Mapping[str, str]) -> tuple[str, str]:
@@ -111,6 +130,11 @@ def job_secret(env: Mapping[str, str]) -> tuple[str, str]:
         if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077:
             raise ConfigError(f"RXELAB_JOB_TOKEN_FILE={path} is readable by others",
                               hint="a job's secret must be a file only its owner can read: chmod 600")
+        if info.st_uid != os.geteuid():
+            raise ConfigError(f"RXELAB_JOB_TOKEN_FILE={path} belongs to uid {info.st_uid}, not "
+                              f"to this process's user (uid {os.geteuid()})",
+                              hint="a job's secret must be your own file: whoever owns it can "
+                                   "read or change it")
         secret = data.decode(errors="replace").strip()
         if not secret or len(data) > 4096:
             raise ConfigError(f"RXELAB_JOB_TOKEN_FILE={path} must hold one secret line")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import mmap
 import struct
 import threading
 import time
@@ -40,6 +41,7 @@ import numpy as np
 
 from rxelab.errors import ConfigError, ProtocolError
 
+MIN_AREA = 4096  # a staging area's smallest size (rxelab.collectives.common.Staging)
 HEADER = struct.Struct("!BBH4xQQ")  # codec id, form, reserved, raw bytes, payload bytes
 CODED, STORED = 0, 1
 NONE = "none"
@@ -75,6 +77,17 @@ LOSSY_DTYPES = ("float32", "float64")
 ZSTD_LEVEL = 1  # the fastest of zstd's usual levels: the CPU is the scarce thing here
 _MODULES: dict[str, Any] = {}
 _PER_THREAD = threading.local()
+
+
+def staging_bound(codec: Codec | None, layout: Any, p: int, algorithm: str) -> int:
+    """Bytes a call coded with `codec` may pin in staging areas beside its buffers, both
+    directions, at most: each area holds a block and its header, is at least 4 KiB, and is
+    pinned in whole pages (counted before anything is posted, against pin_limit)."""
+    if codec is None:
+        return 0
+    blocks, nbytes = layout.moves(p, algorithm)
+    per_area = HEADER.size + MIN_AREA + 2 * mmap.PAGESIZE
+    return 2 * (nbytes + blocks * per_area)
 
 
 def lookup(name: Any, what: str = "compression") -> Codec | None:
@@ -289,8 +302,9 @@ def _inflate(codec: Codec, payload: np.ndarray, dest: np.ndarray, peer: int) -> 
             if declared != dest.size:
                 raise ProtocolError(f"zstd block from rank {peer} declares {declared} bytes, "
                                     f"expected {dest.size}")
+            # one frame, and nothing after it: the block is exactly what was coded
             out = _zstd("decompressor", module.ZstdDecompressor).decompress(
-                payload, max_output_size=dest.size)
+                payload, max_output_size=dest.size, allow_extra_data=False)
     except ProtocolError:
         raise
     except Exception as err:  # each library's own error type: a corrupt stream

@@ -9,6 +9,7 @@ experiments need: bytes sent and received, peak pinned memory, peak bytes in fli
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import operator
 import os
@@ -28,7 +29,7 @@ from rxelab.buffers import Buffer, as_buffer, host_array
 from rxelab.collectives.common import DATA, Call, Staging
 from rxelab.control import ControlPlane
 from rxelab.engine import RTR, Engine
-from rxelab.errors import ClosedError, ConfigError, PeerError, ProtocolError, RdmaError
+from rxelab.errors import ClosedError, ConfigError, MismatchError, PeerError, ProtocolError, RdmaError
 from rxelab.layouts import Layout
 from rxelab.registry import Registry
 from rxelab.requests import ProgressThread, Request
@@ -94,7 +95,7 @@ class Plan:
 class Communicator:
     def __init__(self, job: bootstrap.JobInfo, *, device: str | None = None,
                  port: int | None = None, gid_index: int | None = None, elastic: bool = False,
-                 _listener: Any = None, _generation: int = 0,
+                 _porter: Any = None, _generation: int = 0,
                  _alive: Callable[[int], bool] | None = None, compression: str | None = None,
                  **options: Any) -> None:
         """options: those of rxelab.settings (timeout, eager_limit, chunk, window, slots,
@@ -106,7 +107,10 @@ class Communicator:
         codecs.check_use(self.compression, "every collective", True, "sum", "float32", job.world_size)
         if not isinstance(elastic, bool):
             raise ConfigError(f"elastic={elastic!r} must be True or False")
-        if elastic and not job.token:
+        if job.world_size > bootstrap.MAX_RANKS:
+            raise ConfigError(f"a communicator of {job.world_size} ranks: rxelab supports "
+                              f"{bootstrap.MAX_RANKS} at most")
+        if elastic and not job.secured:
             raise ConfigError("an elastic job needs a secret: every rank keeps a listener for the "
                               "job's life, and newcomers get the training state",
                               hint="our launcher makes one; else export RXELAB_JOB_TOKEN (or "
@@ -116,8 +120,8 @@ class Communicator:
         self.opened = {"device": device, "port": port, "gid_index": gid_index,
                        "compression": compression}
         self.formed: dict[str, Any] = {}  # how membership made it (shrink, admit, join)
-        # a listener handed over by a change of membership stays its giver's until we stand
-        self._keep_listener = _listener is not None
+        # a porter handed over by a change of membership stays its giver's until we stand
+        self._keep_porter = _porter is not None
         timeout = float(self.options["timeout"])
         slots, send_depth = int(self.options["slots"]), int(self.options["send_depth"])
         eager_limit = int(self.options["eager_limit"])
@@ -126,7 +130,7 @@ class Communicator:
         self.closed = False
         self.failed: str | None = None  # set when a collective failed part-way
         self.conns: dict[int, verbs.Connection] = {}
-        self.control = ControlPlane(job, timeout, elastic=elastic, listener=_listener,
+        self.control = ControlPlane(job, timeout, elastic=elastic, porter=_porter,
                                     generation=_generation, alive=_alive)
         self.dev: verbs.Device | None = None
         self.registry: Registry | None = None
@@ -152,8 +156,7 @@ class Communicator:
                         self.dev, self.registry, peer, slots, send_depth,
                         slot_size=max(verbs.CTRL_SLOT, eager_limit))
             remote = self.control.exchange({p: c.endpoint().to_dict() for p, c in self.conns.items()},
-                                           {**{k: self.options[k] for k in settings.SHARED},
-                                            settings.CODEC: codecs.id_of(self.compression)})
+                                           shared_settings(self.options, self.compression))
             for peer, ep in remote.items():
                 self.conns[peer].connect(verbs.Endpoint.from_dict(ep), int(self.options["qp_timeout"]),
                                          int(self.options["retry_cnt"]))
@@ -165,7 +168,7 @@ class Communicator:
         except BaseException:
             self.close()
             raise
-        self._keep_listener = False
+        self._keep_porter = False
 
     # ---- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Communicator:
@@ -211,8 +214,8 @@ class Communicator:
         if self.dev is not None:
             self.dev.close()
         self.control.close()
-        if self.control.listener is not None and not self._keep_listener:
-            self.control.listener.close()
+        if self.control.porter is not None and not self._keep_porter:
+            self.control.porter.close(listener=True)
 
     def _check_open(self) -> None:
         if self.closed:
@@ -267,7 +270,7 @@ class Communicator:
         why."""
         self.failed = f"{what}: {type(err).__name__}: {err}"
         why, blamed = engine_mod.FAILED, getattr(err, "peer", None)
-        if isinstance(err, ProtocolError | ConfigError):
+        if isinstance(err, ProtocolError | MismatchError):
             why = engine_mod.MISMATCH
         elif isinstance(err, PeerError):
             why = engine_mod.DIED if "is gone" in str(err) else \
@@ -376,8 +379,10 @@ class Communicator:
         held for peers: refused here, before anything is posted."""
         assert self.registry is not None
         lay = plan.layout
+        staging = codecs.staging_bound(plan.codec, lay, self.size, plan.algorithm)
         self.registry.check_fits(*{id(b): b for b in (lay.send, lay.recv, *lay.scratch_buffers())
-                                   }.values())
+                                   }.values(), staging=staging,
+                                 why=f"compression={plan.codec.name}" if plan.codec else "")
         plan.held_version = self.registry.held_version
 
     def _let_go_of_dropped_plans(self) -> None:
@@ -665,7 +670,7 @@ class Communicator:
         try:
             return membership.shrink(seat, self._builder(seat), deadline, quorum)
         except BaseException:
-            seat.listener.close()
+            seat.porter.close(listener=True)
             raise
 
     def admit(self, timeout: float = 0.0, wanted: int = 1,
@@ -674,9 +679,10 @@ class Communicator:
         collectives. Rank 0 takes those waiting at the rendezvous, listening up to `timeout`
         seconds for `wanted` of them; if any came, every rank gets a new, larger communicator
         (ranks kept, newcomers after them) and this one is closed; if none, this one is
-        returned. If a rank dies while the larger one is built, the old members shrink
-        among themselves instead (with this quorum; the newcomers may knock again). The
-        wait is at most the communicator's timeout (the other ranks wait for rank 0)."""
+        returned. A newcomer whose settings differ from the job's is refused (the job goes on
+        as it was). If a rank dies while the larger one is built, the old members shrink
+        among themselves instead (with this quorum; the newcomers may knock again). Rank 0
+        listens for at most half the communicator's timeout (the other ranks wait for it)."""
         self._check_open()
         if not self.control.elastic:
             raise ConfigError("admit: this communicator is not elastic",
@@ -687,8 +693,14 @@ class Communicator:
         membership.deadline_of(timeout, 0.0)  # checked
         quorum = membership.check_quorum(quorum, self.size)
         seat = self._seat()
-        wait = min(float(timeout), max(0.0, self.timeout - 1.0))
-        newcomers = (membership.hear_newcomers(seat, wait, wanted, self.control.watch)
+        wait = min(float(timeout), self.timeout * membership.ADMIT_SHARE)
+        mine = shared_settings(self.options, self.compression)
+
+        def fits(theirs: dict[str, Any]) -> str | None:
+            return settings.disagreement(mine, theirs, "the newcomer", codecs.NAMES_BY_ID)
+        newcomers = (membership.hear_newcomers(seat, wait, wanted,
+                                               self.timeout * membership.OFFER_SHARE, fits,
+                                               self.control.watch)
                      if self.rank == 0 else [])
         count = np.array([len(newcomers)], dtype=np.int64)
         try:
@@ -701,12 +713,12 @@ class Communicator:
         if not count[0]:
             return self
         generation, size = seat.generation, self.size
-        membership.welcome(newcomers, size, generation + 1)
+        membership.welcome(newcomers, size, generation + 1, seat.job.job_id)
         seat = self._leave("admit", farewell=True)
         started = time.monotonic()
         host, port = seat.directory[0]
-        job = bootstrap.JobInfo(self.rank, size + int(count[0]), host, port, "admit",
-                                seat.job.token, seat.job.token_source)
+        job = dataclasses.replace(seat.job, world_size=size + int(count[0]), master_addr=host,
+                                  master_port=port, source="admit")
         build = self._builder(seat)
         try:
             try:
@@ -714,7 +726,7 @@ class Communicator:
             except PeerError:  # the old members go on among themselves, leaving this one
                 return membership.shrink(seat, build, time.monotonic() + self.timeout, quorum)
         except BaseException:
-            seat.listener.close()
+            seat.porter.close(listener=True)
             raise
         comm.formed = {"how": "admit", "members": list(range(size)), "lost": [],
                        "admitted": list(range(size, comm.size)), "build_s": time.monotonic() - started,
@@ -722,20 +734,29 @@ class Communicator:
         return comm
 
     def _seat(self) -> membership.Seat:
-        assert self.control.listener is not None, "an elastic communicator has a listener"
-        return membership.Seat(self.job, self.control.listener, dict(self.control.directory),
+        assert self.control.porter is not None, "an elastic communicator has a listener"
+        return membership.Seat(dataclasses.replace(self.job, job_id=self.control.job_id),
+                               self.control.porter, dict(self.control.directory),
                                self.control.generation, {**self.opened, **self.options})
 
     def _leave(self, what: str, farewell: bool) -> membership.Seat:
-        """Close this communicator for a change of membership, keeping the listener."""
+        """Close this communicator for a change of membership, keeping the listener. A shrink
+        waits for no rank (some are dead), but what this rank sent last still arrives first:
+        a peer may yet need our last block to finish the collective it is in."""
         if not self.control.elastic:
             raise ConfigError(f"{what}: this communicator is not elastic",
                               hint="rxelab.init(elastic=True) on every rank")
         if self.closed:
             raise ClosedError(f"{what}: the communicator is closed")
         seat = self._seat()
-        self._keep_listener = True
+        self._keep_porter = True
         if not farewell and self.failed is None:  # the survivors do not wait for the dead
+            with self._exclusive(what):
+                self._progress.quiesce()
+                try:
+                    self.engine.drain(min(self.timeout, 10.0))
+                except RdmaError:  # a peer is gone: what went to it does not matter now
+                    pass
             self.failed = f"left for {what}"
         self.close()
         return seat
@@ -744,7 +765,7 @@ class Communicator:
     def _builder(seat: membership.Seat) -> membership.Build:
         def build(job: bootstrap.JobInfo, generation: int,
                   alive: Callable[[int], bool] | None = None) -> Communicator:
-            return Communicator(job, elastic=True, _listener=seat.listener,
+            return Communicator(job, elastic=True, _porter=seat.porter,
                                 _generation=generation, _alive=alive, **seat.opened)
         return build
 
@@ -887,6 +908,14 @@ def whole_numbers(counts: Any, size: int, name: str) -> list[int]:
     return values
 
 
+OPENING = ("device", "port", "gid_index", "elastic", "compression")  # init()'s, not settings'
+
+
+def shared_settings(options: dict[str, Any], codec: codecs.Codec | None) -> dict[str, Any]:
+    """What every rank (and a newcomer) must agree on, as the hello and the join carry it."""
+    return {**{k: options[k] for k in settings.SHARED}, settings.CODEC: codecs.id_of(codec)}
+
+
 def init(rank: int | None = None, world_size: int | None = None, master_addr: str | None = None,
          master_port: int | None = None, **options: Any) -> Communicator:
     """Start a communicator as torchrun, mpirun, srun or our launcher describe the job.
@@ -908,12 +937,16 @@ def join(master_addr: str | None = None, master_port: int | None = None,
                                                                 "0 host) or pass master_addr=")
     deadline = membership.deadline_of(wait, 600.0, "wait")
     job = bootstrap.discover(0, 1, master_addr, master_port)
-    settings.resolve({k: v for k, v in options.items()
-                      if k not in ("device", "port", "gid_index", "elastic")})  # checked first
+    if not job.secured:
+        raise ConfigError("join: an elastic job has a secret, and this process has none",
+                          hint="export the job's RXELAB_JOB_TOKEN (or RXELAB_JOB_TOKEN_FILE)")
+    # checked first, and shown to rank 0: a newcomer with other settings is refused
+    resolved = settings.resolve({k: v for k, v in options.items() if k not in OPENING})
+    mine = shared_settings(resolved, codecs.lookup(options.get("compression")))
     started = time.monotonic()
-    welcome = membership.knock(job, deadline)
-    job = bootstrap.JobInfo(welcome["rank"], welcome["world_size"], job.master_addr,
-                            job.master_port, "join", job.token, job.token_source)
+    welcome = membership.knock(job, mine, deadline, float(resolved["timeout"]) + 10.0)
+    job = dataclasses.replace(job, rank=welcome["rank"], world_size=welcome["world_size"],
+                              source="join", job_id=welcome["job"])
     options["elastic"] = True
     comm = Communicator(job, _generation=welcome["generation"], **options)
     comm.formed = {"how": "join", "generation": welcome["generation"],

@@ -23,14 +23,14 @@ import socket
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyverbs.enums as e
 
 from rxelab.codecs import BY_ID
-from rxelab.errors import ConfigError, PeerError, ProtocolError
+from rxelab.errors import MismatchError, PeerError, ProtocolError
 from rxelab.verbs import Connection, Device, status_str
 
 CTRL = struct.Struct("!BBHIIIQQ")  # kind, version, reserved, tag, rkey, codec, addr, length
@@ -65,7 +65,7 @@ class WriteOp:
     rkey: int
     imm: bool = True
     notify: bool = True  # progress notices every window (the receiver is in a wait, polling)
-    watchers: tuple[int, ...] = ()  # other ranks that wait on this transfer: told it moves too
+    watchers: Iterable[int] = ()  # other ranks that wait on this transfer: told it moves too
     posted: int = 0
     done: int = 0
     chunks_posted: int = 0
@@ -219,7 +219,7 @@ class Engine:
 
     def write(self, peer: int, addr: int, lkey: int, length: int, remote_addr: int, rkey: int,
               tag: int, imm: bool = True, notify: bool = True,
-              watchers: tuple[int, ...] = ()) -> WriteOp:
+              watchers: Iterable[int] = ()) -> WriteOp:
         """Start writing `length` bytes; the engine posts chunks as the window allows. With
         notify, a long message carries progress notices: only where the receiver waits for
         it (collectives, send/recv), since each takes one of its receive slots, and a receiver
@@ -443,7 +443,7 @@ class Engine:
         self.wait(lambda: key in self.box.rtr, f"rank {peer}'s buffer for {what}", peer)
         addr, rkey, room, theirs = self.box.rtr.pop(key)
         if theirs != codec:
-            raise ConfigError(f"{what}: rank {peer} expects {_coding(theirs)}, this rank sends "
+            raise MismatchError(f"{what}: rank {peer} expects {_coding(theirs)}, this rank sends "
                               f"{_coding(codec)}",
                               hint="give every rank the same compression= (init or the call)")
         return addr, rkey, room

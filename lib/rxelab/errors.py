@@ -15,6 +15,10 @@ class ConfigError(RdmaError):
     """Bad arguments or environment, found before anything was posted."""
 
 
+class MismatchError(ConfigError):
+    """This rank and a peer disagree on a call (counts, sizes, codec), found as it ran."""
+
+
 class ProtocolError(RdmaError):
     """A malformed, truncated, oversized or wrong-version out-of-band message."""
 
@@ -29,3 +33,7 @@ class PeerError(RdmaError):
 
 class ClosedError(RdmaError):
     """The communicator was used after close()."""
+
+
+class AuthError(ProtocolError):
+    """The other end of a control connection did not prove it holds the job's credential."""

@@ -1,12 +1,11 @@
-"""A listener's waiting room: the connections that reach it and the first message of each,
-heard all at once, so one slow or silent connection holds up nobody. Rank 0 gathers the
-ranks' hellos here (rxelab.control), and a change of membership its requests
-(rxelab.membership).
+"""A listener's waiting room: the connections that reach it, each taken through the handshake
+(rxelab.link.Greeting) up to its first sealed message, all at once, so one slow or silent
+connection holds up nobody. rxelab.porter serves a listener with it.
 
-Whatever is not a whole, well-formed rxelab message in time - another program, a port
-scanner, a stray stream, a connection that says nothing - is dropped, and why is kept
-(`dropped`) for an error that must list it. A crowd of silent connections cannot take every
-descriptor: past `limit` the oldest goes.
+Whatever does not prove itself in time - another program, a port scanner, a stray stream, a
+process without the job's secret, a connection that says nothing - is dropped, and why is
+kept (`dropped`) for an error that must list it. A crowd of silent connections cannot take
+every descriptor: past `limit` the oldest goes.
 """
 
 from __future__ import annotations
@@ -15,75 +14,73 @@ import contextlib
 import selectors
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
-from rxelab import wire
+from rxelab.auth import Credential
 from rxelab.errors import ProtocolError
+from rxelab.link import Greeting, Link
 
-Heard = tuple[socket.socket, dict[str, Any] | None]
+Heard = tuple[Link, dict[str, Any]]
+MAX_DROPPED = 32  # reasons kept for an error message
 
 
 class Hall:
-    def __init__(self, listener: socket.socket, *, patience: float, limit: int) -> None:
-        """patience: seconds a connection may take to say its message; limit: connections
-        waiting at most."""
-        self.listener, self.patience, self.limit = listener, patience, limit
+    def __init__(self, listener: socket.socket, credential: Credential,
+                 wanted: Callable[[dict[str, Any]], str | None], *, patience: float,
+                 limit: int) -> None:
+        """patience: seconds a connection may take from its first byte to its first sealed
+        message; limit: connections waiting at most; wanted(knock): see Greeting."""
+        self.listener, self.credential, self.wanted = listener, credential, wanted
+        self.patience, self.limit = patience, limit
         self.sel = selectors.DefaultSelector()
         self.sel.register(listener, selectors.EVENT_READ)
-        self.pending: dict[socket.socket, tuple[bytearray, float]] = {}  # in the order they came
-        self.kept: set[socket.socket] = set()
+        # in the order they came: what came so far, since when, and the handshake's state
+        self.pending: dict[socket.socket, tuple[bytearray, float, Greeting]] = {}
         self.dropped: list[str] = []
 
-    def keep(self, sock: socket.socket) -> None:
-        """Watch a connection after its message: hear() reports it (with None) when it closes,
-        as a member's does when its process dies."""
-        self.kept.add(sock)
-        self.sel.register(sock, selectors.EVENT_READ)
-
     def hear(self, wait: float) -> list[Heard]:
-        """The messages that came within `wait` seconds, each with its connection (now
-        blocking, no longer watched), and the kept connections that closed (None)."""
+        """The connections that finished their handshake within `wait` seconds, each with its
+        first sealed message (the link now blocking, no longer watched here)."""
         out: list[Heard] = []
         for key, _ in self.sel.select(timeout=wait):
             if key.fileobj is self.listener:
                 self._enter()
                 continue
             sock: socket.socket = key.fileobj  # type: ignore[assignment]
+            if sock not in self.pending:  # dropped earlier in this round (crowded out)
+                continue
             try:
                 data = sock.recv(1 << 16)
             except BlockingIOError:
                 continue
             except OSError as err:
-                data, why = b"", str(err)
-            else:
-                why = "closed before saying anything"
-            if sock in self.kept:  # after its message a member says nothing: data or not,
-                self.sel.unregister(sock)  # it has closed or broken the protocol
-                self.kept.discard(sock)
-                out.append((sock, None))
-                continue
-            if not data:
-                self.reject(sock, why)
-                continue
-            buf = self.pending[sock][0]
-            buf += data
-            try:
-                got = wire.split_frame(buf)
-            except ProtocolError as err:
                 self.reject(sock, str(err))
                 continue
-            if got is not None:
+            if not data:
+                self.reject(sock, "closed before it finished the handshake")
+                continue
+            buf, _, greeting = self.pending[sock]
+            buf += data
+            try:
+                reply, request = greeting.step(buf)
+                if reply:
+                    sock.send(reply)  # a fresh connection's buffer takes a challenge whole
+            except (ProtocolError, OSError) as err:
+                self.reject(sock, str(err))
+                continue
+            if request is not None:
                 self.sel.unregister(sock)
                 del self.pending[sock]
                 sock.setblocking(True)
-                out.append((sock, got[0]))
-        now = time.monotonic()  # what came has been read: only the silent ones go
-        for sock in [s for s, (_, t) in self.pending.items() if now - t > self.patience]:
-            self.reject(sock, f"said nothing within {self.patience:g} s")
+                out.append((greeting.link(sock), request))
+        now = time.monotonic()  # what came has been read: only the slow ones go
+        for sock in [s for s, (_, t, _) in self.pending.items() if now - t > self.patience]:
+            self.reject(sock, f"did not finish the handshake within {self.patience:g} s")
         return out
 
     def _enter(self) -> None:
-        if len(self.pending) >= self.limit:  # make room: the oldest silent one goes
+        if len(self.pending) >= self.limit:  # make room: the oldest waiting one goes
             self.reject(next(iter(self.pending)), "crowded out by newer connections")
         try:
             sock, _ = self.listener.accept()
@@ -94,13 +91,14 @@ class Hall:
                 time.sleep(0.05)
             return
         sock.setblocking(False)
-        self.pending[sock] = (bytearray(), time.monotonic())
+        self.pending[sock] = (bytearray(), time.monotonic(), Greeting(self.credential, self.wanted))
         self.sel.register(sock, selectors.EVENT_READ)
 
     def reject(self, sock: socket.socket, why: str) -> None:
         """Close a connection, and say why in `dropped`."""
         with contextlib.suppress(OSError):
             self.dropped.append(f"{sock.getpeername()[0]}: {why}")
+            del self.dropped[:-MAX_DROPPED]
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(sock)
         self.pending.pop(sock, None)
@@ -110,7 +108,4 @@ class Hall:
         """Every connection still waiting is closed; the listener stays (it is not ours)."""
         for sock in list(self.pending):
             self.reject(sock, "the hall closed")
-        for sock in self.kept:
-            with contextlib.suppress(KeyError, ValueError):
-                self.sel.unregister(sock)
         self.sel.close()

@@ -34,6 +34,12 @@ class Layout:
     def scratch_buffers(self) -> tuple[Buffer, ...]:
         return ()
 
+    def moves(self, p: int, algorithm: str) -> tuple[int, int]:
+        """At most how many blocks, of how many bytes in all, a call sends (and as many it
+        receives): what coded blocks may need in staging (rxelab.codecs.staging_bound). A
+        broadcast's rank receives the buffer once and sends it once (coded once for all)."""
+        return 1, self.recv.nbytes
+
 
 @dataclass
 class Blocks(Layout):
@@ -44,6 +50,12 @@ class Blocks(Layout):
     recv_off: list[int]
     recv_len: list[int]
     window: int = 1  # sequential: pairs active at once
+
+    def moves(self, p: int, algorithm: str) -> tuple[int, int]:
+        """A block per peer either way, or the whole receive buffer once (a star's root
+        sends it, coded once, and the others receive it)."""
+        per_peer = sum(max(s, r) for s, r in zip(self.send_len, self.recv_len, strict=True))
+        return p + 1, per_peer + self.recv.nbytes
 
 
 @dataclass
@@ -58,6 +70,15 @@ class Reduction(Layout):
 
     def held_arrays(self) -> tuple[Any, ...]:
         return (self.acc, self.send_view)
+
+    def moves(self, p: int, algorithm: str) -> tuple[int, int]:
+        """Recursive doubling: the vector once per round (and the fold and unfold); the
+        rings: 2(p-1) chunks, the vector twice (reduce-scatter: its send buffer's once)."""
+        n = max(self.send.nbytes, self.recv.nbytes)
+        if algorithm == "recursive-doubling":
+            rounds = p.bit_length() + 1
+            return rounds, rounds * n
+        return 2 * p, 2 * n
 
     def scratch_buffers(self) -> tuple[Buffer, ...]:
         return (self.scratch,)

@@ -2,18 +2,21 @@
 communicator (shrink, as ULFM's MPIX_Comm_shrink); between steps a running job lets newcomers
 in (admit, and join on the newcomer's side). MPI, Gloo and NCCL end the job instead.
 
-Every rank of an elastic job keeps a TCP listener for the job's life (rank 0's is the job's
-rendezvous address) and knows where the others listen. A shrink needs no rank in particular
-to have survived:
+Every rank of an elastic job keeps a listener for the job's life, served by its porter
+(rxelab.porter: rank 0's is the job's rendezvous), and knows where the others listen. Every
+connection between them is proven both ways and sealed (rxelab.auth): a process without the
+job's secret can neither answer for a rank, nor coordinate a shrink, nor learn anything.
+A shrink needs no rank in particular to have survived:
 
-- The coordinator is the lowest old rank whose listener still answers: each survivor tries
-  them in order, and a refused or unanswered connection (a dead process, a powered-off node,
-  a partition) moves it on to the next. A live process keeps its listener open, so every
-  survivor finds the same one.
+- The coordinator is the lowest old rank whose listener still answers, proven: each survivor
+  tries them in order, and a refused or unanswered connection, or a listener that cannot
+  prove itself (a stranger on a dead rank's port), moves it on to the next. A live process
+  keeps its listener, so every survivor finds the same one.
 - The coordinator waits for each old rank to come, or to be found dead: it probes the
-  listeners of those that have not come. Views of who died may differ; its decision is the one
-  set everybody takes. A rank that dies during the agreement (its connection closes) is
-  counted dead; a coordinator that dies sends its survivors to the next one.
+  listeners of those that have not come (a proven answer means alive). Views of who died may
+  differ; its decision is the one set everybody takes. A rank that dies during the agreement
+  (its connection closes) is counted dead; a coordinator that dies before or after deciding
+  sends its survivors to the next one at once (nothing listens where it did).
 - Unless told otherwise, the survivors go on only as a majority of the old communicator (or
   exactly half holding its lowest rank): in a network partition one side at most carries on,
   and the other is told why it stopped.
@@ -22,6 +25,9 @@ to have survived:
   QPs, nothing of the old one left. If a member dies while it is built, the agreement runs
   again among those decided.
 
+A newcomer is taken in only if it proved the secret, has the job's settings (else it is
+refused and the job is left as it was), and accepted the offer while it still waited.
+
 No collective is ever in flight across a change: shrink and admit are called by the
 application between collectives, on every rank; the collective a failure interrupted has an
 undefined result everywhere and is redone on the new communicator.
@@ -29,42 +35,54 @@ undefined result everywhere and is redone on the new communicator.
 
 from __future__ import annotations
 
-import contextlib
-import hmac
+import queue
+import select
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from rxelab import wire
+from rxelab import listeners
 from rxelab.bootstrap import JobInfo
-from rxelab.errors import ConfigError, PeerError, ProtocolError, RdmaError
-from rxelab.hall import Hall
+from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError
+from rxelab.link import Link, dial
+from rxelab.liveness import CONNECT_S, PROBE_S, Watch, probe
+from rxelab.porter import Porter, answer
 
 if TYPE_CHECKING:
     from rxelab.comm import Communicator
 
-CONNECT_S = 3.0  # a listener that has not answered a connection by then is taken for dead
-PROBE_EVERY_S = 1.0  # the coordinator looks again at the listeners of ranks not yet come
-READ_S = 2.0  # a connection to a listener must say what it wants within this long
+READ_S = 2.0  # a newcomer that was offered a place says whether it takes it within this
 MAX_NEWCOMERS = 64  # per admit
-# makes the communicator of a job and generation on the seat's listener; alive(new rank) says
+# makes the communicator of a job and generation on the seat's porter; alive(new rank) says
 # whether a member that has not come yet still lives
 Build = Callable[[JobInfo, int, Callable[[int], bool] | None], "Communicator"]
 GRACE_S = 0.1  # admit listens at least this long: newcomers queued before it say their join
+ADMIT_SHARE = 0.5  # of the communicator's timeout, admit listens at most (the others wait)
+OFFER_SHARE = 0.25  # and the offers' answers take at most this much of it
 
 
 @dataclass
 class Seat:
-    """What a rank carries from one communicator to the next: the job, its listener, where
-    the others listen, and how it opened its device and set its options."""
+    """What a rank carries from one communicator to the next: the job (with its id), its
+    porter, where the others listen, and how it opened its device and set its options."""
 
     job: JobInfo
-    listener: socket.socket
+    porter: Porter
     directory: dict[int, tuple[str, int]]
     generation: int
     opened: dict[str, Any]  # device=, port=, gid_index= and the settings, for the next init
+
+    def probe(self, rank: int, generation: int) -> bool:
+        """Whether old rank `rank` still lives (a proven answer from its listener)."""
+        return probe(self.directory[rank], self.job.credential, scope=self.job.job_id,
+                     rank=self.job.rank, generation=generation)
+
+    def dial(self, rank: int, kind: str, generation: int, deadline: float) -> Link:
+        return dial(self.directory[rank], self.job.credential, kind=kind, rank=self.job.rank,
+                    generation=generation, scope=self.job.job_id,
+                    deadline=min(deadline, time.monotonic() + PROBE_S), connect_s=CONNECT_S)
 
 
 def quorate(decided: list[int], members: list[int], quorum: str | int) -> bool:
@@ -98,11 +116,11 @@ def deadline_of(seconds: Any, default: float, name: str = "timeout") -> float:
 # ---- shrink --------------------------------------------------------------------------------
 def shrink(seat: Seat, build: Build, deadline: float, quorum: str | int) -> Communicator:
     """The survivors' new communicator (see the module's docstring). `build` makes the
-    communicator of a job and generation on the seat's listener; the seat's communicator is
+    communicator of a job and generation on the seat's porter; the seat's communicator is
     closed already."""
     me = seat.job.rank
     members = list(range(seat.job.world_size))
-    dead: set[int] = set()  # whose listener a connection no longer reaches
+    dead: set[int] = set()  # whose listener no longer answers, proven
     # the communicator being left: a build that fails makes none, so every retry (and every
     # rank, whichever attempt it saw fail) still speaks of this one, in its numbering
     generation = seat.generation
@@ -111,14 +129,14 @@ def shrink(seat: Seat, build: Build, deadline: float, quorum: str | int) -> Comm
         decided, coordinator = agree(seat, members, dead, generation, deadline, quorum)
         agreed = time.monotonic()
         host, port = seat.directory[coordinator]
-        job = JobInfo(decided.index(me), len(decided), host, port, "shrink", seat.job.token,
-                      seat.job.token_source)
+        job = replace(seat.job, rank=decided.index(me), world_size=len(decided),
+                      master_addr=host, master_port=port, source="shrink")
         formed = {"how": "shrink", "members": decided,
                   "lost": [m for m in range(seat.job.world_size) if m not in decided],
                   "agree_s": agreed - started}
 
         def alive(rank: int, decided: list[int] = decided) -> bool:
-            return answers(seat.directory[decided[rank]], deadline)
+            return seat.probe(decided[rank], generation)
         try:
             comm = build(job, generation + 1, alive)
         except PeerError as err:  # a member died while the mesh was built: agree again
@@ -142,7 +160,7 @@ def agree(seat: Seat, members: list[int], dead: set[int], generation: int, deadl
         if candidate in dead:
             continue
         while (decided := ask(seat, candidate, generation, deadline)) == "later":
-            time.sleep(0.2)  # it is busy (admitting, say): it will come to the shrink
+            time.sleep(0.2)  # it is busy (admitting, building, not failed yet): it will come
         if isinstance(decided, list):
             return decided, candidate
         dead.add(candidate)
@@ -150,26 +168,29 @@ def agree(seat: Seat, members: list[int], dead: set[int], generation: int, deadl
 
 
 def ask(seat: Seat, candidate: int, generation: int, deadline: float) -> list[int] | str | None:
-    """The candidate's decision, None when it is gone (its listener no longer answers), or
-    "later" when it is not shrinking yet (it said so, or closed on us: a live process keeps
-    its listener, so only a failed connection means it is gone)."""
-    addr = seat.directory[candidate]
+    """The candidate's decision, None when it is gone (nothing listens there, or what does
+    cannot prove it is of this job), or "later" when it is not coordinating yet."""
     try:
-        sock = socket.create_connection(addr, timeout=max(0.1, min(CONNECT_S, deadline - time.monotonic())))
-    except OSError:
+        link = seat.dial(candidate, "shrink", generation, deadline)
+    except (OSError, AuthError):
         return None
-    with sock:
-        try:
-            wire.send(sock, {"type": "shrink", "rank": seat.job.rank, "generation": generation,
-                             "token": seat.job.token})
-            # a little past our deadline: the coordinator's verdict at its own comes first
-            reply = wire.recv(sock, deadline=deadline + READ_S, peer=f"rank {candidate}")
-        except (OSError, ProtocolError, PeerError) as err:
-            if time.monotonic() >= deadline:
-                raise PeerError(f"shrink: rank {candidate} (the lowest rank whose listener "
-                                f"answers) did not coordinate it in time: {err}",
-                                peer=candidate) from None
-            return "later"
+    except (ProtocolError, PeerError) as err:  # took the connection, never proved itself
+        if time.monotonic() >= deadline:
+            raise PeerError(f"shrink: rank {candidate} did not answer in time: {err}",
+                            peer=candidate) from None
+        return None
+    try:
+        link.send({"type": "shrink", "rank": seat.job.rank, "generation": generation})
+        # a little past our deadline: the coordinator's verdict at its own comes first
+        reply = link.recv(deadline=deadline + READ_S, peer=f"rank {candidate}")
+    except (OSError, ProtocolError, PeerError) as err:
+        if time.monotonic() >= deadline:
+            raise PeerError(f"shrink: rank {candidate} (the lowest rank whose listener "
+                            f"answers) did not coordinate it in time: {err}",
+                            peer=candidate) from None
+        return "later"
+    finally:
+        link.close()
     if reply["type"] == "members" and seat.job.rank in reply["members"]:
         return [int(m) for m in reply["members"]]
     if reply["type"] == "failed":
@@ -180,65 +201,41 @@ def ask(seat: Seat, candidate: int, generation: int, deadline: float) -> list[in
                     f"{reply.get('members', '')}", peer=candidate)
 
 
-def answers(addr: tuple[str, int], deadline: float) -> bool:
-    """Whether a listener is there: a live process's answers at once."""
+def closed(link: Link) -> bool:
+    """Whether the other end of a link that owes us nothing has gone."""
     try:
-        socket.create_connection(addr, timeout=max(0.1, min(1.0, deadline - time.monotonic()))).close()
+        ready, _, _ = select.select([link.sock], [], [], 0)
+        return bool(ready) and link.sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
         return True
-    except OSError:
-        return False
 
 
 def coordinate(seat: Seat, members: list[int], dead: set[int], generation: int, deadline: float,
                quorum: str | int) -> list[int]:
     me = seat.job.rank
-    joined: dict[int, socket.socket] = {}
-    hall = Hall(seat.listener, patience=READ_S, limit=MAX_NEWCOMERS)
-    probed = 0.0
+    joined: dict[int, Link] = {}
+    watch = Watch(lambda r: seat.probe(r, generation))
     try:
-        while True:
-            missing = [m for m in members if m != me and m not in joined and m not in dead]
-            if not missing:
-                break
-            now = time.monotonic()
-            if now >= deadline:
-                why = (f"ranks {missing} are alive (their listeners answer) but did not come to "
-                       f"the shrink in time")
-                tell(joined, {"type": "failed", "reason": why})
-                raise PeerError(f"shrink: {why}", peer=missing[0],
-                                hint="every surviving rank must call shrink()")
-            if now - probed >= PROBE_EVERY_S:
-                probed = now
-                dead.update(m for m in missing if not answers(seat.directory[m], deadline))
-            for sock, message in hall.hear(min(0.2, max(0.0, deadline - now))):
-                if message is None:  # a member's connection closed: it died while we agreed
-                    gone = [r for r, s in joined.items() if s is sock]
-                    for r in gone:
-                        del joined[r]
-                        dead.add(r)
-                    sock.close()
-                elif (message["type"] == "shrink" and message["generation"] == generation
-                      and message["rank"] in members and message["rank"] not in joined
-                      and message["rank"] != me
-                      and hmac.compare_digest(message["token"], seat.job.token)):
-                    joined[message["rank"]] = sock
-                    dead.discard(message["rank"])  # it is here: whatever a probe thought
-                    hall.keep(sock)
-                elif (message["type"] == "shrink" and message["rank"] in members
-                      and message["rank"] != me
-                      and hmac.compare_digest(message["token"], seat.job.token)):
-                    # a member that saw another membership (it built, or failed to build, a
-                    # communicator the others did not): it cannot be taken in; it is told
-                    # why and left out, so no two groups form
-                    dead.add(message["rank"])
-                    say(sock, {"type": "failed", "reason": (
-                        f"rank {message['rank']} left generation {message['generation']}, "
-                        f"this shrink leaves generation {generation}: the ranks saw different "
-                        "memberships, and this one is left out")})
-                    sock.close()
-                else:  # a newcomer (admitted later), another generation's, a stranger
-                    say(sock, {"type": "later", "reason": "the job is changing its members"}
-                        if message is not None and message["type"] == "join" else None)
+        with seat.porter.serving("shrink") as inbox:
+            while True:
+                for r in [r for r, link in joined.items() if closed(link)]:
+                    joined.pop(r).close()  # it died while we agreed
+                    dead.add(r)
+                missing = [m for m in members if m != me and m not in joined and m not in dead]
+                if not missing:
+                    break
+                if time.monotonic() >= deadline:
+                    why = (f"ranks {missing} are alive (their listeners answer) but did not come "
+                           "to the shrink in time")
+                    tell(joined, {"type": "failed", "reason": why})
+                    raise PeerError(f"shrink: {why}", peer=missing[0],
+                                    hint="every surviving rank must call shrink()")
+                dead.update(watch.gone(missing))
+                try:
+                    link, message = inbox.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                _heard(link, message, members, joined, dead, watch, generation, me)
         decided = sorted([me, *joined])
         if not quorate(decided, members, quorum):
             why = (f"only ranks {decided} of {members} are left on this side (quorum "
@@ -249,93 +246,158 @@ def coordinate(seat: Seat, members: list[int], dead: set[int], generation: int, 
         tell(joined, {"type": "members", "generation": generation, "members": decided})
         return decided
     finally:
-        for sock in joined.values():
-            sock.close()
-        hall.close()
+        for link in joined.values():
+            link.close()
 
 
-def tell(joined: dict[int, socket.socket], message: dict[str, Any]) -> None:
-    for sock in joined.values():
-        say(sock, message)
+def _heard(link: Link, message: dict[str, Any], members: list[int], joined: dict[int, Link],
+           dead: set[int], watch: Watch, generation: int, me: int) -> None:
+    r = message["rank"]
+    if r not in members or r == me or r in joined:
+        answer(link, None)
+    elif message["generation"] == generation:
+        joined[r] = link
+        dead.discard(r)  # it is here: whatever a probe thought
+        watch.forget(r)
+    else:
+        # a member that saw another membership (it built, or failed to build, a communicator
+        # the others did not): it cannot be taken in; it is told why and left out, so no
+        # two groups form
+        dead.add(r)
+        answer(link, {"type": "failed", "reason": (
+            f"rank {r} left generation {message['generation']}, this shrink leaves generation "
+            f"{generation}: the ranks saw different memberships, and this one is left out")})
 
 
-def say(sock: socket.socket, message: dict[str, Any] | None) -> None:
+def tell(joined: dict[int, Link], message: dict[str, Any]) -> None:
+    for link in joined.values():
+        say(link, message)
+
+
+def say(link: Link, message: dict[str, Any]) -> None:
     """Best effort: the other end may be gone."""
-    with contextlib.suppress(OSError):
-        if message is not None:
-            sock.settimeout(READ_S)
-            wire.send(sock, message)
-    if message is None or message["type"] == "later":
-        sock.close()
+    try:
+        link.sock.settimeout(READ_S)
+        link.send(message)
+    except OSError:
+        pass
 
 
 # ---- grow ----------------------------------------------------------------------------------
-def hear_newcomers(seat: Seat, wait: float, wanted: int,
-                   watch: Callable[[], None] = lambda: None) -> list[socket.socket]:
-    """Rank 0: the newcomers at the rendezvous (with the job's secret), waiting up to `wait`
-    seconds for `wanted` of them; whoever is there already comes in too. watch() raises a
-    failure of the job found meanwhile (a rank gone)."""
-    hall = Hall(seat.listener, patience=READ_S, limit=MAX_NEWCOMERS)
-    found: list[socket.socket] = []
-    grace = time.monotonic() + GRACE_S
-    end = max(grace, time.monotonic() + wait)
+def hear_newcomers(seat: Seat, wait: float, wanted: int, offer_s: float,
+                   fits: Callable[[dict[str, Any]], str | None],
+                   watch: Callable[[], None] = lambda: None) -> list[Link]:
+    """Rank 0: the newcomers at the rendezvous, waiting up to `wait` seconds for `wanted` of
+    them (whoever is there already comes in too). Each has proven the secret; one whose
+    settings do not fit the job (fits says why) is refused; each is then offered its place
+    and taken only if it accepts within offer_s (one that gave up meanwhile is not). watch()
+    raises a failure of the job found meanwhile (a rank gone)."""
+    found: list[Link] = []
+    start = time.monotonic()
+    grace, end = start + GRACE_S, start + max(GRACE_S, wait)
     try:
-        while len(found) < MAX_NEWCOMERS:
-            watch()
-            now = time.monotonic()
-            enough = len(found) >= wanted and now >= grace
-            if ((enough or now >= end) and not hall.pending) or now >= end + READ_S:
-                break
-            for sock, message in hall.hear(0.05):
-                if (message is not None and message["type"] == "join"
-                        and hmac.compare_digest(message["token"], seat.job.token)):
-                    found.append(sock)
-                else:  # a stranger; or a member that shrinks already: we soon will too
-                    say(sock, {"type": "later", "reason": "not shrinking yet"}
-                        if message is not None and message["type"] == "shrink" else None)
+        with seat.porter.serving("join") as inbox:
+            while len(found) < MAX_NEWCOMERS:
+                watch()
+                now = time.monotonic()
+                if now >= end or (len(found) >= wanted and now >= grace):
+                    break
+                try:
+                    link, join = inbox.get(timeout=min(0.05, end - now))
+                except queue.Empty:
+                    continue
+                if (why := fits(join["settings"])) is not None:
+                    answer(link, {"type": "failed", "reason": why[:1000]})
+                else:
+                    found.append(link)
+        return _offer(found, offer_s)
     except BaseException:
-        for sock in found:
-            sock.close()
+        for link in found:
+            link.close()
         raise
-    finally:
-        hall.close()
-    return found
 
 
-def welcome(newcomers: list[socket.socket], size: int, generation: int) -> None:
-    for i, sock in enumerate(newcomers):
-        with sock:
-            say(sock, {"type": "welcome", "rank": size + i, "world_size": size + len(newcomers),
-                       "generation": generation})
+def _offer(found: list[Link], offer_s: float) -> list[Link]:
+    """Those of `found` that accept their place within offer_s."""
+    asked: list[Link] = []
+    for link in found:
+        try:
+            link.sock.settimeout(READ_S)
+            link.send({"type": "offer"})
+            asked.append(link)
+        except OSError:
+            link.close()
+    deadline = time.monotonic() + offer_s
+    taken: list[Link] = []
+    for link in asked:
+        try:
+            if link.recv(deadline=deadline, peer="a newcomer", expect="accept"):
+                taken.append(link)
+        except (OSError, ProtocolError, PeerError):
+            link.close()
+    return taken
 
 
-def turn_away(newcomers: list[socket.socket], why: str) -> None:
-    for sock in newcomers:
-        say(sock, {"type": "later", "reason": why[:1000]})
+def welcome(newcomers: list[Link], size: int, generation: int, job_id: str) -> None:
+    for i, link in enumerate(newcomers):
+        say(link, {"type": "welcome", "rank": size + i, "world_size": size + len(newcomers),
+                   "generation": generation, "job": job_id})
+        link.close()
 
 
-def knock(job: JobInfo, deadline: float) -> dict[str, Any]:
+def turn_away(newcomers: list[Link], why: str) -> None:
+    for link in newcomers:
+        answer(link, {"type": "later", "reason": why[:1000]})
+
+
+def knock(job: JobInfo, settings: dict[str, Any], deadline: float,
+          committed_s: float) -> dict[str, Any]:
     """A newcomer: ask the job's rank 0 to be let in, until it is (the welcome) or the
-    deadline. The job lets newcomers in only when it calls admit(), so this waits."""
-    addr = (job.master_addr, job.master_port)
+    deadline. The job lets newcomers in only when it calls admit(), so this waits. Once it has
+    accepted an offer it is the job's: it waits for its welcome up to committed_s more."""
     last = "nothing yet"
+    where = f"{job.master_addr}:{job.master_port}"
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise PeerError(f"join: not admitted by the job at {addr[0]}:{addr[1]} in time "
-                            f"({last})", hint="the job admits newcomers when it calls "
-                                              "comm.admit(); is it running, with this secret?")
-        try:
-            with socket.create_connection(addr, timeout=min(CONNECT_S, remaining)) as sock:
-                wire.send(sock, {"type": "join", "token": job.token,
-                                 "host": socket.gethostname()[:200] or "?"})
-                reply = wire.recv(sock, deadline=deadline, peer=f"the job at {addr[0]}:{addr[1]}")
-        except (OSError, RdmaError) as err:
-            last = str(err)
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-            continue
-        if reply["type"] == "welcome":
-            return reply
-        last = reply.get("reason", reply["type"])
+            raise PeerError(f"join: not admitted by the job at {where} in time ({last})",
+                            hint="the job admits newcomers when it calls comm.admit(); is it "
+                                 "running, with this secret?")
+        for addr in listeners.addresses(job.master_addr, job.master_port) or [
+                (job.master_addr, job.master_port)]:
+            try:
+                link = dial(addr, job.credential, kind="join", rank=-1, generation=0,
+                            scope=f"join {job.master_port}", deadline=deadline,
+                            connect_s=CONNECT_S)
+            except (OSError, ProtocolError, PeerError) as err:
+                last = str(err)
+                continue
+            try:
+                got = _ask_in(link, settings, deadline, committed_s, where)
+            finally:
+                link.close()
+            if isinstance(got, dict):
+                return got
+            last = got
+            break
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
+
+def _ask_in(link: Link, settings: dict[str, Any], deadline: float, committed_s: float,
+            where: str) -> dict[str, Any] | str:
+    """The welcome, or why not yet."""
+    try:
+        link.send({"type": "join", "host": socket.gethostname()[:200] or "?", "settings": settings})
+        reply = link.recv(deadline=deadline, peer=f"the job at {where}")
+    except (OSError, ProtocolError, PeerError) as err:
+        return str(err)
+    if reply["type"] == "failed":
+        raise ConfigError(f"join: the job at {where} refused this newcomer: {reply['reason']}",
+                          hint="give join() the options the job's ranks have")
+    if reply["type"] != "offer":
+        return str(reply.get("reason", reply["type"]))
+    if time.monotonic() >= deadline:
+        return "offered a place after this newcomer's wait ran out"
+    link.send({"type": "accept"})  # from here on this process is the job's
+    return link.recv(deadline=time.monotonic() + committed_s, peer=f"the job at {where}",
+                     expect="welcome")

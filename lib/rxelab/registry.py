@@ -58,12 +58,14 @@ class Registry:
         self.peak = 0
         self.registrations = 0
 
-    def check_fits(self, *buffers: Buffer) -> None:
-        need = sum(pinned_size(b.address, b.nbytes) for b in buffers)
+    def check_fits(self, *buffers: Buffer, staging: int = 0, why: str = "") -> None:
+        """staging: bytes the call may pin besides its buffers (coded blocks' areas)."""
+        need = sum(pinned_size(b.address, b.nbytes) for b in buffers) + staging
         held = sum(self.entries[k].pinned for k in self.held if k in self.entries)
         if need + held + self.fixed > self.limit:
-            raise ConfigError(f"these buffers need {need} bytes pinned; with {held + self.fixed} "
-                              f"already held that exceeds pin_limit={self.limit}",
+            of = f" ({staging} of them staging for {why})" if staging else ""
+            raise ConfigError(f"these buffers need {need} bytes pinned{of}; with "
+                              f"{held + self.fixed} already held that exceeds pin_limit={self.limit}",
                               hint="pass a larger pin_limit to init(), or smaller buffers")
 
     def register(self, buf: Buffer, access: int, hold: bool = False) -> Any:

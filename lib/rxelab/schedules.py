@@ -26,7 +26,7 @@ For 3 ranks that is no token at all; for p ranks, tokens only where the walk mov
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 
@@ -88,28 +88,86 @@ class Turn:
     token_from: int | None  # BOTH after the first window: the leader whose token it waits for
     hands_to: tuple[int, ...]  # when this rank leads the step: who gets the turn at its end
     patience: int  # deadlines a wait for this turn allows: one per step since this rank's last
-    watchers: tuple[int, ...]  # the other ranks of later steps: they wait behind this one
+    watchers: Later  # the other ranks of later steps: they wait behind this one
+    index: int = 0  # this rank's own count of its turns: the tag of a token it waits for
+    hand_index: tuple[int, ...] = ()  # each of hands_to's own count of the turn it gets
+
+
+# Pair arithmetic: step k of the walk is pair (i, j), i < j, rows i = 0..p-2 in order. What a
+# rank needs of the walk is worked out from these in O(1) per step, so its p - 1 turns cost
+# O(p log p) to make, whatever p (the walk itself has p(p-1)/2 steps).
+def step_of(i: int, j: int, p: int) -> int:
+    return i * (2 * p - i - 1) // 2 + (j - i - 1)
+
+
+def pair_at(k: int, p: int) -> tuple[int, int]:
+    """The pair of step k (the inverse of step_of)."""
+    lo, hi = 0, p - 2
+    while lo < hi:  # the last row whose first step is <= k
+        mid = (lo + hi + 1) // 2
+        if step_of(mid, mid + 1, p) <= k:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo, lo + 1 + k - step_of(lo, lo + 1, p)
+
+
+def turn_index(pair: tuple[int, int], rank: int) -> int:
+    """Which of `rank`'s own turns the step of `pair` is: its pairs come in the walk's order
+    (0, r), (1, r), ..., (r-1, r), (r, r+1), ..., (r, p-1)."""
+    i, j = pair
+    return i if rank == j else j - 1
+
+
+@dataclass(frozen=True)
+class Later:
+    """The ranks of the steps after pair (i, j) but the pair's own, ascending: the rest of
+    row i and every later row hold exactly the ranks i+1..p-1 (only the last pair has none
+    after it). Iterated where a long transfer tells them it moves; O(1) to keep."""
+
+    i: int
+    j: int
+    p: int
+
+    def __iter__(self) -> Iterator[int]:
+        if self.i <= self.p - 3:
+            yield from (r for r in range(self.i + 1, self.p) if r != self.j)
+
+
+def _starter(k: int, window: int, p: int) -> int | None:
+    if k < window:
+        return None
+    before = pair_at(k - window, p)
+    for r in pair_at(k, p):
+        if r in before:
+            return r
+    return None
 
 
 @functools.lru_cache(maxsize=256)
 def sequential_turns(p: int, rank: int, window: int = 1) -> tuple[Turn, ...]:
     """This rank's steps of the sequential walk, with the turn rules above worked out once
-    (every call of a sequential collective walks them)."""
-    steps = sequential_steps(p)
+    (every call of a sequential collective walks them): the same turns as the rules over the
+    whole walk (starter, needs_token, token_receivers) give, in O(p log p)."""
+    total = p * (p - 1) // 2
     turns = []
     last = -1  # this rank's previous step
-    for k, step in enumerate(steps):
-        if rank not in step.pair:
-            continue
-        partner = step.pair[1] if step.pair[0] == rank else step.pair[0]
-        first = starter(steps, k, window)
+    pairs = [(a, rank) for a in range(rank)] + [(rank, b) for b in range(rank + 1, p)]
+    for index, (i, j) in enumerate(pairs):
+        k = step_of(i, j, p)
+        partner = j if i == rank else i
+        first = _starter(k, window, p)
         role = STARTED if first == rank else ANSWERED if first == partner else BOTH
-        token_from = steps[k - window].leader if role == BOTH and k >= window else None
-        hands_to = tuple(token_receivers(steps, k, window)) if rank == step.leader else ()
+        token_from = pair_at(k - window, p)[0] if role == BOTH and k >= window else None
+        hands: list[int] = []
+        if rank == i and k + window < total:  # the leader: who of the step a window on
+            nxt = pair_at(k + window, p)  # waits for a token from it
+            if _starter(k + window, window, p) is None:
+                hands = list(nxt)
         # the steps between this rank's last one and this, `window` at a time, plus its own
         patience = -(-(k - last - 1) // window) + 1
-        watchers = tuple(sorted({r for s in steps[k + 1:] for r in s.pair} - {rank, partner}))
-        turns.append(Turn(k, partner, role, token_from, hands_to, patience, watchers))
+        turns.append(Turn(k, partner, role, token_from, tuple(hands), patience, Later(i, j, p),
+                          index, tuple(turn_index(pair_at(k + window, p), r) for r in hands)))
         last = k
     return tuple(turns)
 

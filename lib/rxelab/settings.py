@@ -100,19 +100,20 @@ def resolve(given: Mapping[str, Any]) -> dict[str, int | float]:
 CODEC = "compression"  # init(compression=): in the hello as its codec's id (rxelab.codecs)
 
 
-def disagreement(mine: Mapping[str, Any], theirs: Mapping[str, Any], rank: int,
+def disagreement(mine: Mapping[str, Any], theirs: Mapping[str, Any], who: int | str,
                  codec_names: Mapping[int, str] | None = None) -> str | None:
-    """The first shared option on which rank `rank` differs from this rank, said (the
-    communicator's codec too, by name, where the hello carries it)."""
+    """The first shared option on which `who` (a rank, or "the newcomer") differs from this
+    rank 0, said (the communicator's codec too, by name, where the hello carries it)."""
+    who = f"rank {who}" if isinstance(who, int) else who
     if CODEC in mine and theirs.get(CODEC) != mine[CODEC]:
         names = codec_names or {}
         said = [names.get(x, repr(x)) if isinstance(x, int) else repr(x)
                 for x in (theirs.get(CODEC), mine[CODEC])]
-        return (f"rank {rank} has compression={said[0]}, rank 0 has compression={said[1]}: "
+        return (f"{who} has compression={said[0]}, rank 0 has compression={said[1]}: "
                 f"every rank must use the same compression")
     for name in SHARED:
         if theirs.get(name) != mine.get(name):
-            return (f"rank {rank} has {name}={theirs.get(name)!r}, rank 0 has "
+            return (f"{who} has {name}={theirs.get(name)!r}, rank 0 has "
                     f"{name}={mine.get(name)!r}: every rank must use the same {name}")
     return None
 

@@ -1,10 +1,11 @@
 """The out-of-band message format: what ranks tell each other over TCP before and beside RDMA
 (QP numbers, PSNs, GIDs, barrier and close notices).
 
-A frame is a fixed header, `RXLB` + version (u16) + body length (u32), then a UTF-8 JSON
-object. Never pickle: a peer's bytes are data, not code. Every message is checked against a
-schema before use; anything malformed, truncated, oversized or of another version is a
-ProtocolError that says which.
+A frame is a fixed header, `RXLB` + version (u16) + length (u32), then a UTF-8 JSON object;
+after a connection's handshake (rxelab.auth) the length also covers the frame's seal, which
+follows the body. Never pickle: a peer's bytes are data, not code. Every message is checked
+against a schema before use; anything malformed, truncated, oversized, unsealed where a seal
+belongs, or of another version is a ProtocolError that says which.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import struct
 import time
 from typing import Any
 
+from rxelab.auth import TAG_BYTES, Session
 from rxelab.errors import PeerError, ProtocolError
 
 MAGIC = b"RXLB"
-VERSION = 5  # 2: hellos carry the job token; 3: a digest of the job's secret; 4: settings;
-# 5: membership (listeners, generations, shrink and join)
+VERSION = 6  # 2: hellos carry the job token; 3: a digest of the job's secret; 4: settings;
+# 5: membership (listeners, generations, shrink and join); 6: a mutual handshake and sealed
+# frames instead of a digest of the secret
 HEADER = struct.Struct("!4sHI")
 MAX_BODY = 1 << 20  # a table for thousands of ranks fits; a stray stream does not
 
@@ -31,54 +34,73 @@ _LOWER_HEX = set("0123456789abcdef")
 _GID = (str, lambda v: len(v) == 39 and all(len(g) == 4 and set(g) <= _HEX for g in v.split(":"))
         and v.count(":") == 7)
 _ENDPOINT = {"qpn": _U24, "psn": _U24, "gid": _GID, "lid": (int, lambda v: 0 <= v < 1 << 16)}
-_TOKEN = (str, lambda v: v == "" or (len(v) == 64 and set(v) <= _LOWER_HEX))
+_NONCE = (str, lambda v: len(v) == 64 and set(v) <= _LOWER_HEX)  # also a proof (HMAC-SHA256)
+_JOB = (str, lambda v: len(v) == 32 and set(v) <= _LOWER_HEX)  # the job's id, drawn by rank 0
+_SCOPE = (str, lambda v: 0 < len(v) <= 200 and v.isprintable())
 _PORT = (int, lambda v: 0 <= v < 1 << 16)  # 0: this rank keeps no listener (not elastic)
 _GENERATION = (int, lambda v: 0 <= v < 1 << 31)
 _HOST_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:_%")
 _HOST = (str, lambda v: 0 < len(v) < 256 and set(v) <= _HOST_CHARS)
 _REASON = (str, lambda v: len(v) <= 2000)
+_SETTINGS = (dict, lambda v: len(v) <= 32 and all(
+    isinstance(k, str) and len(k) <= 32 and isinstance(x, int | float) and not isinstance(x, bool)
+    for k, x in v.items()))
+KINDS = ("hello", "shrink", "probe", "join")  # what a connection is for: its first sealed message
 
 
 def _directory(v: Any) -> bool:
-    """{rank: [host, port]}: where each rank of an elastic job listens."""
+    """{rank: [host, port]}: where each rank of an elastic job listens ("": at MASTER_ADDR,
+    beside rank 0)."""
     return len(v) <= 1 << 20 and all(
         k.isdigit() and len(k) <= 7 and isinstance(a, list) and len(a) == 2
-        and isinstance(a[0], str) and _HOST[1](a[0]) and isinstance(a[1], int)
+        and isinstance(a[0], str) and (a[0] == "" or _HOST[1](a[0])) and isinstance(a[1], int)
         and not isinstance(a[1], bool) and 0 < a[1] < 1 << 16 for k, a in v.items())
 
 
 SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
+    # the handshake (rxelab.auth), in the clear: what the connection is for and a nonce; the
+    # listener's nonce and proof; the connector's proof. Everything after it is sealed.
+    "knock": {"kind": (str, lambda v: v in KINDS), "rank": (int, lambda v: -1 <= v < 1 << 20),
+              "generation": _GENERATION, "scope": _SCOPE, "nonce": _NONCE},
+    "challenge": {"nonce": _NONCE, "proof": _NONCE},
+    "proof": {"proof": _NONCE},
     "hello": {"rank": _RANK, "world_size": _RANK, "host": (str, lambda v: 0 < len(v) < 256),
-              "token": _TOKEN,
-              "settings": (dict, lambda v: len(v) <= 32 and all(
-                  isinstance(k, str) and len(k) <= 32 and isinstance(x, int | float)
-                  and not isinstance(x, bool) for k, x in v.items())),
-              "listen": _PORT, "generation": _GENERATION,
+              "settings": _SETTINGS, "listen": _PORT, "generation": _GENERATION,
               "endpoints": (dict, None)},
-    "table": {"endpoints": (dict, None), "directory": (dict, _directory)},
+    "table": {"endpoints": (dict, None), "directory": (dict, _directory), "job": _JOB},
     "barrier": {"rank": _RANK, "seq": (int, lambda v: v >= 0)},
     "release": {"seq": (int, lambda v: v >= 0)},
     "bye": {"rank": _RANK},
     "beat": {"rank": _RANK},  # elastic jobs: I am alive (control.BEAT_S)
     "abort": {"rank": _RANK, "reason": (str, None)},
     # membership (rxelab.membership): a survivor to the coordinator it found, and the answers
-    "shrink": {"rank": _RANK, "generation": _GENERATION, "token": _TOKEN},
+    "shrink": {"rank": _RANK, "generation": _GENERATION},
     "members": {"generation": _GENERATION, "members": (list, lambda v: 0 < len(v) <= 1 << 20 and all(
         isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 20 for x in v))},
     "failed": {"reason": _REASON},
-    # a newcomer to the job's rank 0, and the answers: come in as this rank, or try again
-    "join": {"token": _TOKEN, "host": (str, lambda v: 0 < len(v) < 256)},
-    "welcome": {"rank": _RANK, "world_size": _RANK, "generation": _GENERATION},
+    # is a rank there? Answered by its listener at any time (rxelab.porter)
+    "probe": {"rank": _RANK, "generation": _GENERATION},
+    "alive": {"rank": _RANK, "generation": _GENERATION},
+    # a newcomer to the job's rank 0, and the answers: an offer (taken in if it accepts), its
+    # rank in the job, not now (try again), or refused (failed: its settings differ, say)
+    "join": {"host": (str, lambda v: 0 < len(v) < 256), "settings": _SETTINGS},
+    "offer": {},
+    "accept": {},
+    "welcome": {"rank": _RANK, "world_size": _RANK, "generation": _GENERATION, "job": _JOB},
     "later": {"reason": _REASON},
 }
 
 
-def encode(message: dict[str, Any]) -> bytes:
+def encode(message: dict[str, Any], session: Session | None = None) -> bytes:
+    """A frame; with a session, sealed (its length covers the seal after the body)."""
     validate(message)
     body = json.dumps(message, separators=(",", ":")).encode()
     if len(body) > MAX_BODY:
         raise ProtocolError(f"{message['type']} message of {len(body)} bytes exceeds {MAX_BODY}")
-    return HEADER.pack(MAGIC, VERSION, len(body)) + body
+    if session is None:
+        return HEADER.pack(MAGIC, VERSION, len(body)) + body
+    frame = HEADER.pack(MAGIC, VERSION, len(body) + TAG_BYTES) + body
+    return frame + session.seal(frame)
 
 
 def decode(frame: bytes) -> dict[str, Any]:
@@ -99,9 +121,21 @@ def _check_header(header: bytes) -> int:
     if version != VERSION:
         raise ProtocolError(f"message version {version}, this rxelab speaks {VERSION}",
                             hint="run the same rxelab version on every node")
-    if length > MAX_BODY:
+    if length > MAX_BODY + TAG_BYTES:
         raise ProtocolError(f"message of {length} bytes exceeds the limit of {MAX_BODY}")
     return int(length)
+
+
+def _unseal(header: bytes, rest: bytes, session: Session | None) -> bytes:
+    """The body of a frame whose header and the rest (body, then seal) are given, its seal
+    checked where the connection has one."""
+    if session is None:
+        return rest
+    if len(rest) < TAG_BYTES:
+        raise ProtocolError("a control message without its seal")
+    body, tag = rest[:-TAG_BYTES], rest[-TAG_BYTES:]
+    session.open(header + body, tag)
+    return body
 
 
 def _parse_body(body: bytes) -> dict[str, Any]:
@@ -150,11 +184,12 @@ def validate_endpoints(endpoints: Any, kind: str) -> None:
                 raise ProtocolError(f"{kind} message: endpoint {key} has a bad {field!r}: {value!r}")
 
 
-def send(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.sendall(encode(message))
+def send(sock: socket.socket, message: dict[str, Any], session: Session | None = None) -> None:
+    sock.sendall(encode(message, session))
 
 
-def split_frame(data: bytes | bytearray) -> tuple[dict[str, Any], int] | None:
+def split_frame(data: bytes | bytearray,
+                session: Session | None = None) -> tuple[dict[str, Any], int] | None:
     """The first whole frame in data, as (message, bytes used), or None while it is still
     incomplete; anything malformed is a ProtocolError at once (even before the whole body
     came, so nobody can make rank 0 buffer a stray stream)."""
@@ -162,17 +197,20 @@ def split_frame(data: bytes | bytearray) -> tuple[dict[str, Any], int] | None:
         if not MAGIC.startswith(bytes(data[:len(MAGIC)])):
             raise ProtocolError(f"not an rxelab message (starts with {bytes(data[:4])!r})")
         return None
-    length = _check_header(bytes(data[:HEADER.size]))
+    header = bytes(data[:HEADER.size])
+    length = _check_header(header)
     if len(data) < HEADER.size + length:
         return None
-    return _parse_body(bytes(data[HEADER.size:HEADER.size + length])), HEADER.size + length
+    body = _unseal(header, bytes(data[HEADER.size:HEADER.size + length]), session)
+    return _parse_body(body), HEADER.size + length
 
 
-def recv(sock: socket.socket, *, deadline: float, peer: str, expect: str | None = None) -> dict[str, Any]:
+def recv(sock: socket.socket, *, deadline: float, peer: str, expect: str | None = None,
+         session: Session | None = None) -> dict[str, Any]:
     """One message from sock before the deadline (time.monotonic()), or a clear error."""
     header = _recv_exact(sock, HEADER.size, deadline, peer)
-    body = _recv_exact(sock, _check_header(header), deadline, peer)
-    message = _parse_body(body)
+    rest = _recv_exact(sock, _check_header(header), deadline, peer)
+    message = _parse_body(_unseal(header, rest, session))
     if message["type"] == "abort":
         raise PeerError(f"{peer} aborted: {message['reason']}", peer=message["rank"])
     if expect is not None and message["type"] != expect:

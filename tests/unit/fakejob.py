@@ -75,10 +75,10 @@ def settle(comm: Any) -> None:
 def die(comm: Any) -> None:
     """This rank's process vanishes: sockets closed without a goodbye, QPs gone."""
     comm.control.stopping = True
-    for sock in [*comm.control.peers.values(), *([comm.control.root] if comm.control.root else [])]:
-        sock.close()
+    for link in [*comm.control.peers.values(), *([comm.control.root] if comm.control.root else [])]:
+        link.close()
     for conn in comm.conns.values():
         conn.qp.close()
-    if comm.control.listener is not None:  # an elastic rank's listener goes with its process
-        comm.control.listener.close()
+    if comm.control.porter is not None:  # an elastic rank's listener goes with its process
+        comm.control.porter.close(listener=True)
     comm.closed = True

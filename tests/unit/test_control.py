@@ -9,19 +9,21 @@ import threading
 import time
 
 import pytest
-from rxelab import wire
+from rxelab import listeners, wire
+from rxelab.auth import OPEN, SharedSecret
 from rxelab.bootstrap import JobInfo, discover
 from rxelab.control import ControlPlane
-from rxelab.errors import ConfigError, PeerError
+from rxelab.errors import AuthError, ConfigError, PeerError
+from rxelab.link import dial
 
 from tests.unit.fakejob import free_port
 
 GID = "0000:0000:0000:0000:0000:ffff:0a0a:000b"
 
 
-def secret(text: str) -> str:
-    """What a job of this secret sends in its hellos."""
-    return discover(rank=0, world_size=1, env={"RXELAB_JOB_TOKEN": text}).token
+def secret(text: str) -> SharedSecret:
+    """What the ranks of a job of this secret prove themselves with."""
+    return SharedSecret.of(text, "test")
 
 
 TOK = secret("tok")
@@ -31,7 +33,7 @@ def endpoints(rank: int, world: int) -> dict[int, dict]:
     return {p: {"qpn": 100 + rank, "psn": p, "gid": GID, "lid": 0} for p in range(world) if p != rank}
 
 
-def run_job(world: int, port: int, token: str = TOK, timeout: float = 10,
+def run_job(world: int, port: int, token: SharedSecret = TOK, timeout: float = 10,
             before_joiners=None) -> dict[int, object]:
     results: dict[int, object] = {}
 
@@ -120,7 +122,7 @@ def test_missing_ranks_are_named_with_what_was_dropped():
 def test_a_port_in_use_is_named():
     with socket.create_server(("", 0)) as busy:
         port = busy.getsockname()[1]
-        plane = ControlPlane(JobInfo(0, 2, "127.0.0.1", port, "test", ""), 2)
+        plane = ControlPlane(JobInfo(0, 2, "127.0.0.1", port, "test", OPEN), 2)
         with pytest.raises(ConfigError, match=f"rank 0 cannot listen on port {port}"):
             plane.exchange(endpoints(0, 2))
 
@@ -130,35 +132,60 @@ def test_under_torchrun_the_store_port_is_left_to_torch():
            "TORCHELASTIC_RUN_ID": "abc"}
     assert discover(env=env).master_port == 29501
     assert discover(env={**env, "RXELAB_MASTER_PORT": "4000"}).master_port == 4000
-    token = discover(env={**env, "RXELAB_JOB_TOKEN": "s3cret"}).token
-    assert len(token) == 64 and "s3cret" not in token, "only a digest of the secret travels"
+    cred = discover(env={**env, "RXELAB_JOB_TOKEN": "s3cret"}).credential
+    assert cred.secured and "s3cret" not in repr(cred) and b"s3cret" not in cred.key, \
+        "the secret itself is not kept"
 
 
-# ---- issue 15 item 6, issue 16 item 6: strangers on the control port ---------------------------
-def hello(rank: int, world: int, token: str, eps: object = None) -> bytes:
-    """A frame as a stranger writes it: by hand, not through our (validating) encoder."""
+# ---- issue 15 item 6, issue 16 item 6, issue 27: strangers on the control port -------------
+def raw_hello(rank: int = 1, world: int = 3) -> bytes:
+    """A hello as a stranger writes it, by hand, with no handshake before it."""
     body = json.dumps({"type": "hello", "rank": rank, "world_size": world, "host": "x",
-                       "token": token, "settings": {}, "listen": 0, "generation": 0,
-                       "endpoints": eps if eps is not None else
-                       {str(k): v for k, v in endpoints(rank, world).items()}}).encode()
+                       "settings": {}, "listen": 0, "generation": 0,
+                       "endpoints": {str(k): v for k, v in endpoints(rank, world).items()}}).encode()
     return wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(body)) + body
 
 
-@pytest.mark.parametrize("stranger", [
-    pytest.param(lambda: hello(1, 3, ""), id="right port and world size, no token"),
-    pytest.param(lambda: hello(1, 3, secret("guess")), id="a guessed token"),
-    pytest.param(lambda: hello(7, 3, TOK), id="a rank outside the world"),
-    pytest.param(lambda: hello(1, 4, TOK), id="another world size (a stale process)"),
-    pytest.param(lambda: hello(1, 3, TOK, {"0": {"2": endpoints(1, 3)[2]}, "2": endpoints(1, 3)[2]}),
-                 id="a table-shaped endpoint"),
-])
+def knock_bytes(world: int = 3, port: int = 0) -> bytes:
+    return wire.encode({"type": "knock", "kind": "hello", "rank": 1, "generation": 0,
+                        "scope": f"rendezvous {port} {world}", "nonce": "ab" * 32})
+
+
+def proven_hello(port: int, credential: SharedSecret, rank: int, world: int,
+                 scope_world: int | None = None) -> socket.socket | None:
+    """A process that dials with `credential` and says a hello: the socket, or None when the
+    handshake failed (rank 0 did not prove itself, or dropped us)."""
+    try:
+        link = dial(("127.0.0.1", port), credential, kind="hello", rank=rank, generation=0,
+                    scope=f"rendezvous {port} {scope_world or world}",
+                    deadline=time.monotonic() + 3, connect_s=2)
+    except (AuthError, OSError, PeerError):
+        return None
+    try:
+        link.send({"type": "hello", "rank": rank, "world_size": world, "host": "x", "settings": {},
+                   "listen": 0, "generation": 0,
+                   "endpoints": {str(k): v for k, v in endpoints(rank, world).items()}})
+    except OSError:
+        return None
+    return link.sock
+
+
+STRANGERS = {
+    "a hello without the handshake": lambda port: raw_hello(),
+    "a knock and then a forged proof": lambda port: knock_bytes(3, port) + wire.encode(
+        {"type": "proof", "proof": "cd" * 32}),
+    "garbage after a knock": lambda port: knock_bytes(3, port) + b"GET / HTTP/1.1\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("stranger", sorted(STRANGERS))
 def test_a_stranger_is_dropped_and_the_job_completes(stranger):
     port = free_port()
     socks = []
 
     def intrude():
         s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(stranger())
+        s.sendall(STRANGERS[stranger](port))
         socks.append(s)
         time.sleep(0.3)
 
@@ -167,12 +194,49 @@ def test_a_stranger_is_dropped_and_the_job_completes(stranger):
     for s in socks:
         s.settimeout(0.5)
         try:
-            leaked += s.recv(1 << 16)
+            while chunk := s.recv(1 << 16):
+                leaked += chunk
         except (TimeoutError, OSError):
             pass
         s.close()
     assert all(isinstance(results[r], dict) for r in range(3)), results
+    assert b"qpn" not in leaked and b"table" not in leaked, "the stranger was sent the job's endpoints"
+
+
+@pytest.mark.parametrize("who", ["a guessed secret", "a rank outside the world",
+                                 "another world size (a stale process)"])
+def test_a_process_that_cannot_prove_itself_or_does_not_fit_is_dropped(who):
+    """A guessed secret fails the handshake; a proven process of another job shape (a stale
+    process of the same secret) is refused at its hello; either way the job forms and the
+    stranger hears nothing of it."""
+    port = free_port()
+    socks: list[socket.socket | None] = []
+
+    def intrude():
+        if who == "a guessed secret":
+            socks.append(proven_hello(port, secret("guess"), 1, 3))
+        elif who == "a rank outside the world":
+            socks.append(proven_hello(port, TOK, 7, 3, scope_world=3))
+        else:
+            socks.append(proven_hello(port, TOK, 1, 4, scope_world=3))
+        time.sleep(0.3)
+
+    results = run_job(3, port, before_joiners=intrude)
+    assert all(isinstance(results[r], dict) for r in range(3)), results
+    leaked = b""
+    for s in socks:
+        if s is None:
+            continue
+        s.settimeout(0.5)
+        try:
+            while chunk := s.recv(1 << 16):
+                leaked += chunk
+        except (TimeoutError, OSError):
+            pass
+        s.close()
     assert b"qpn" not in leaked, "the stranger was sent the job's endpoints"
+    if who == "a guessed secret":
+        assert socks == [None], "a guessed secret never gets past the handshake"
 
 
 def test_without_a_secret_rank_0_listens_on_its_address_only():
@@ -187,7 +251,7 @@ def test_without_a_secret_rank_0_listens_on_its_address_only():
             except OSError:
                 reachable.append(False)
 
-    results = run_job(2, port, token="", before_joiners=probe)
+    results = run_job(2, port, token=OPEN, before_joiners=probe)
     assert all(isinstance(results[r], dict) for r in range(2)), results
     assert reachable == [True, False], "bound to MASTER_ADDR (127.0.0.1), not to every address"
 
@@ -198,7 +262,8 @@ def test_the_secret_comes_from_a_private_file_or_open_mpi(tmp_path):
     private.chmod(0o600)
     base = {"RANK": "0", "WORLD_SIZE": "1"}
     from_file = discover(env={**base, "RXELAB_JOB_TOKEN_FILE": str(private)})
-    assert from_file.token == secret("s3cret") and from_file.token_source == "RXELAB_JOB_TOKEN_FILE"
+    assert from_file.credential.key == secret("s3cret").key
+    assert from_file.credential.source == "RXELAB_JOB_TOKEN_FILE"
     private.chmod(0o644)
     with pytest.raises(ConfigError, match="readable by others"):
         discover(env={**base, "RXELAB_JOB_TOKEN_FILE": str(private)})
@@ -207,17 +272,18 @@ def test_the_secret_comes_from_a_private_file_or_open_mpi(tmp_path):
     ompi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1",
             "OMPI_MCA_orte_precondition_transports": "3c7ba4114e40cf4f-3dfe2b82d46d028b"}
     job = discover(env=ompi)
-    assert job.token == secret("3c7ba4114e40cf4f-3dfe2b82d46d028b") and "Open MPI" in job.token_source
-    assert discover(env={"RANK": "0", "WORLD_SIZE": "1"}).token == ""
+    assert job.credential.key == secret("3c7ba4114e40cf4f-3dfe2b82d46d028b").key
+    assert "Open MPI" in job.credential.source
+    assert not discover(env={"RANK": "0", "WORLD_SIZE": "1"}).secured
 
 
 def test_silent_connections_are_dropped_and_cannot_crowd_the_job_out(monkeypatch):
     """Before, a connection that never said hello was kept until the job's own deadline, and
     each took a descriptor: enough of them and real ranks could not get in."""
-    from rxelab import control
+    from rxelab import porter
 
-    monkeypatch.setattr(control, "HELLO_S", 0.5)
-    monkeypatch.setattr(control, "MAX_PENDING", 8)
+    monkeypatch.setattr(porter, "PATIENCE_S", 0.5)
+    monkeypatch.setattr(porter, "MAX_PENDING", 8)
     port = free_port()
     idle: list[socket.socket] = []
 
@@ -242,12 +308,10 @@ def test_silent_connections_are_dropped_and_cannot_crowd_the_job_out(monkeypatch
 def test_a_name_that_resolves_to_loopback_here_only_is_served_on_every_interface(monkeypatch):
     """MASTER_ADDR=$(hostname) on Debian: 127.0.1.1 here, the real address elsewhere. Binding
     loopback would leave every other host outside (the job would wait out its timeout)."""
-    from rxelab import control
-
     port = free_port()
     monkeypatch.setattr(socket, "getaddrinfo", lambda host, p, **kw: [
         (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.1.1", p))])
-    with control.listen(JobInfo(0, 2, "myhost", port, "test", "")) as s:
+    with listeners.listen(JobInfo(0, 2, "myhost", port, "test", OPEN)) as s:
         assert s.getsockname()[0] == "0.0.0.0"
-    with control.listen(JobInfo(0, 2, "127.0.0.1", port, "test", "")) as s:
+    with listeners.listen(JobInfo(0, 2, "127.0.0.1", port, "test", OPEN)) as s:
         assert s.getsockname()[0] == "127.0.1.1", "a loopback address named as such stays one"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import threading
 import time
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import rxelab
-from rxelab import elastic, membership, wire
+from rxelab import elastic, membership
 from rxelab.comm import Communicator
 from rxelab.errors import ClosedError, ConfigError, PeerError
 
@@ -168,11 +167,11 @@ def test_a_survivor_that_dies_during_the_agreement_is_left_out():
             return None
         if me == 3:
             seat = comm._seat()
-            with socket.create_connection(seat.directory[0]) as sock:
-                wire.send(sock, {"type": "shrink", "rank": 3, "generation": 0,
-                                 "token": comm.job.token})
-                time.sleep(0.3)
-                die(comm)
+            link = seat.dial(0, "shrink", 0, time.monotonic() + 10)
+            link.send({"type": "shrink", "rank": 3, "generation": 0})
+            time.sleep(0.3)
+            link.close()
+            die(comm)
             return None
         until_failure(comm)
         new = comm.shrink()
@@ -190,7 +189,7 @@ def test_a_coordinator_that_dies_during_the_agreement_hands_it_to_the_next(monke
     def coordinate(seat, members, dead, generation, deadline, quorum):
         if seat.job.rank == 1:
             time.sleep(0.5)  # the others are waiting on it now
-            seat.listener.close()
+            seat.porter.close(listener=True)
             raise Died()
         return real(seat, members, dead, generation, deadline, quorum)
     monkeypatch.setattr(membership, "coordinate", coordinate)
@@ -215,7 +214,7 @@ def test_a_member_that_dies_while_the_new_mesh_is_built_makes_them_agree_again(m
 
         def dying(job, generation, alive=None):
             if seat.job.rank == 3 and generation == 1:
-                seat.listener.close()
+                seat.porter.close(listener=True)
                 raise Died()
             return build(job, generation, alive)
         return dying
@@ -658,10 +657,13 @@ def test_a_rank_that_saw_another_membership_is_told_and_left_out():
             return None
         if me == 3:  # claims to leave generation 7
             seat = comm._seat()
-            with socket.create_connection(seat.directory[0]) as sock:
-                wire.send(sock, {"type": "shrink", "rank": 3, "generation": 7,
-                                 "token": comm.job.token})
-                reply = wire.recv(sock, deadline=time.monotonic() + 20, peer="rank 0")
+            reply = {"type": "later"}
+            while reply["type"] == "later":  # until rank 0 coordinates (as ask() does)
+                link = seat.dial(0, "shrink", 7, time.monotonic() + 10)
+                link.send({"type": "shrink", "rank": 3, "generation": 7})
+                reply = link.recv(deadline=time.monotonic() + 20, peer="rank 0")
+                link.close()
+                time.sleep(0.1)
             die(comm)
             return reply
         until_failure(comm)

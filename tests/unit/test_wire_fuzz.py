@@ -63,7 +63,7 @@ def test_messages_of_known_types_with_arbitrary_fields(kind, fields):
                                                      st.lists(endpoint, min_size=n, max_size=n))))
 def test_valid_hellos_round_trip(args):
     world, rank, eps = args
-    hello = {"type": "hello", "rank": rank, "world_size": world, "host": "h", "token": "", "settings": {},
+    hello = {"type": "hello", "rank": rank, "world_size": world, "host": "h", "settings": {},
              "listen": 0, "generation": 0,
              "endpoints": {str(p): eps[p] for p in range(world) if p != rank}}
     assert wire.decode(wire.encode(hello)) == hello

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rxelab import schedules
 from rxelab.collectives.common import DATA, RTR, STEP0, Call, SendOp, WriteOp
-from rxelab.errors import ConfigError
+from rxelab.errors import MismatchError
 
 
 def run(c: Call) -> None:
@@ -29,7 +29,7 @@ def run(c: Call) -> None:
         c.advertise(left, DATA, 0, c.layout.recv.nbytes)
     addr, rkey, room = c.engine.wait_rtr(right, c.tag(DATA), c.name, codec)
     if room != c.layout.recv.nbytes:
-        raise ConfigError(f"{c.name}: rank {right} has a {room}-byte receive buffer, "
+        raise MismatchError(f"{c.name}: rank {right} has a {room}-byte receive buffer, "
                           f"this rank {c.layout.recv.nbytes}")
     ops: list[WriteOp | SendOp] = []
     if c.codec is not None:  # coded blocks go one by one, each through staging

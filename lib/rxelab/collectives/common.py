@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ from rxelab import codecs, schedules
 from rxelab.buffers import Buffer, as_buffer
 from rxelab.codecs import Codec
 from rxelab.engine import RTR, RTS, TOKEN, Engine, SendOp, WriteOp
-from rxelab.errors import ConfigError
+from rxelab.errors import ConfigError, MismatchError
 from rxelab.layouts import Blocks, Layout, Reduction, Rooted
 from rxelab.schedules import ANSWERED, STARTED
 
@@ -54,7 +54,7 @@ class Staging:
         areas = self.areas[kind]
         if i < len(areas) and areas[i][0].nbytes >= nbytes:
             return areas[i]
-        arr = np.empty(max(nbytes, 4096), np.uint8)
+        arr = np.empty(max(nbytes, codecs.MIN_AREA), np.uint8)
         made = (as_buffer(arr, "staging area", writable=True), arr)
         if i < len(areas):
             areas[i] = made
@@ -77,7 +77,7 @@ class Call:
         self.name, self.layout = name, layout
         self.register = register  # (buffer, remote access) -> MR or None
         self._mrs: dict[tuple[int, bool], Any] = {}
-        self.watchers: tuple[int, ...] = ()  # ranks to tell that our long transfers move
+        self.watchers: Iterable[int] = ()  # ranks to tell that our long transfers move
         # rendezvous blocks coded (rxelab.codecs) through staging areas; where each lands
         self.codec, self.staging = codec, staging
         self._landing: dict[tuple[int, int], tuple[Any, Buffer, int, int]] = {}
@@ -193,7 +193,7 @@ class Call:
                                  watchers=self.watchers)
 
     def _count_mismatch(self, peer: int, room: int, length: int) -> None:
-        raise ConfigError(f"{self.name}: rank {peer} expects {room} bytes from rank "
+        raise MismatchError(f"{self.name}: rank {peer} expects {room} bytes from rank "
                           f"{self.rank}, which has {length} for it",
                           hint="send and receive counts must match pairwise")
 
@@ -254,12 +254,13 @@ class Call:
             codecs.settle(self.codec, result)
             self.engine.counters.codec_seconds += time.thread_time() - t0
 
-    def pass_turn(self, peer: int, step: int) -> None:
-        self.engine.send_ctrl(peer, TOKEN, self.tag(STEP0 + step))
+    def pass_turn(self, peer: int, index: int) -> None:
+        """A token for `peer`'s turn number `index` (its own count: under p for any p)."""
+        self.engine.send_ctrl(peer, TOKEN, self.tag(STEP0 + index))
 
-    def await_turn(self, leader: int, step: int, patience: float) -> None:
-        self.engine.wait_token(leader, self.tag(STEP0 + step), f"{self.name} step {step}",
-                               patience=patience)
+    def await_turn(self, leader: int, turn: schedules.Turn) -> None:
+        self.engine.wait_token(leader, self.tag(STEP0 + turn.index),
+                               f"{self.name} step {turn.step}", patience=turn.patience)
 
     def finish(self, ops: Sequence[WriteOp | SendOp], strict: bool = False) -> None:
         """Wait until the peers acknowledged our writes (they read our buffers until then);
@@ -289,8 +290,8 @@ def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
         if turn.role != ANSWERED:
             receive(turn.partner, 1.0)
         c.finish([op], strict=turn.role != STARTED)  # a starter's block was answered: it arrived
-        for r in turn.hands_to:
-            c.pass_turn(r, k + w)
+        for r, index in zip(turn.hands_to, turn.hand_index, strict=True):
+            c.pass_turn(r, index)
 
     def close_all(up_to: int | None = None) -> None:
         for j in sorted(open_pairs):
@@ -309,7 +310,7 @@ def sequential_walk(c: Call, send: Callable[[int], WriteOp | SendOp],
             receive(turn.partner, turn.patience)
         elif turn.token_from is not None:
             close_all(k)
-            c.await_turn(turn.token_from, k, turn.patience)
+            c.await_turn(turn.token_from, turn)
         c.watchers = turn.watchers
         open_pairs[k] = (turn, send(turn.partner))
     close_all()

@@ -1,0 +1,120 @@
+"""Who may speak on the control plane. Every TCP connection of a job (a rank's hello, a
+shrink's question, a liveness probe, a newcomer's knock) opens with a mutual challenge-
+response: each end draws a fresh nonce, and each proves it holds the job's credential by an
+HMAC over both nonces and what the connection is for (kind, the connector's rank, the
+membership generation, the job's scope) under its own role. Nothing else is sent, and nothing
+received is trusted, before the other end has proved itself. Every message after that is
+sealed: an HMAC under a key drawn from the same transcript, over its sequence number and its
+bytes, so a relay can neither change, drop, replay nor reorder one unnoticed.
+
+What that buys: nobody without the secret can join, answer for a rank, take over a shrink or
+read a digest; a captured exchange is worthless (the other end's nonce is new every time),
+in this job and in any other that shares the secret (the scope differs, and so does every
+nonce). The secret itself never travels, nor anything that could stand for it.
+
+The credential is a small interface (prove, check, seal key), so a cluster's own (MUNGE
+under Slurm, say) can stand in for the shared secret. Only the standard library's hmac,
+hashlib and secrets are used: no cryptography of our own beyond this protocol.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Protocol
+
+from rxelab.errors import ProtocolError
+
+NONCE_BYTES = 32
+TAG_BYTES = 32  # a sealed frame's HMAC-SHA256
+CONNECTOR, LISTENER = b"connector", b"listener"
+_KEY_LABEL = b"rxelab job key v1"
+
+
+class Credential(Protocol):
+    """What a rank proves itself with. `secured` is False for a job without a secret, where
+    the protocol still runs (one code path) but anyone passes it."""
+
+    @property
+    def secured(self) -> bool: ...
+
+    @property
+    def source(self) -> str: ...
+
+    def prove(self, role: bytes, transcript: bytes) -> str: ...
+
+    def check(self, role: bytes, transcript: bytes, proof: str) -> bool: ...
+
+    def seal_key(self, transcript: bytes) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class SharedSecret:
+    """The job's secret, as a key (the secret itself is not kept): an HMAC-SHA256 key drawn
+    from it, never sent."""
+
+    key: bytes
+    source: str = ""
+    secured: bool = True
+
+    @classmethod
+    def of(cls, secret: str, source: str) -> SharedSecret:
+        key = hmac.new(_KEY_LABEL, secret.encode(), hashlib.sha256).digest()
+        return cls(key, source, bool(secret))
+
+    def prove(self, role: bytes, transcript: bytes) -> str:
+        return hmac.new(self.key, b"proof\0" + role + b"\0" + transcript, hashlib.sha256).hexdigest()
+
+    def check(self, role: bytes, transcript: bytes, proof: str) -> bool:
+        return hmac.compare_digest(self.prove(role, transcript), proof)
+
+    def seal_key(self, transcript: bytes) -> bytes:
+        return hmac.new(self.key, b"seal\0" + transcript, hashlib.sha256).digest()
+
+    def __repr__(self) -> str:  # never in a log or an error
+        return f"SharedSecret(source={self.source!r}, secured={self.secured})"
+
+
+OPEN = SharedSecret.of("", "")  # a job without a secret: anyone passes the handshake
+
+
+def nonce() -> str:
+    return secrets.token_hex(NONCE_BYTES)
+
+
+def transcript(knock: dict[str, object], listener_nonce: str) -> bytes:
+    """What both proofs and the seal key cover: what the connection is for, and both nonces."""
+    fields = [knock["kind"], knock["rank"], knock["generation"], knock["scope"], knock["nonce"],
+              listener_nonce]
+    return b"rxelab-auth-v1\0" + json.dumps(fields, separators=(",", ":")).encode()
+
+
+class Session:
+    """The seal of one connection after its handshake: each direction has its own key and
+    sequence number, so a frame is valid once, in one place of one stream."""
+
+    __slots__ = ("_send_key", "_recv_key", "sent", "received")
+
+    def __init__(self, credential: Credential, transcript_bytes: bytes, role: bytes) -> None:
+        base = credential.seal_key(transcript_bytes)
+        keys = {r: hmac.new(base, b"direction\0" + r, hashlib.sha256).digest()
+                for r in (CONNECTOR, LISTENER)}
+        other = LISTENER if role == CONNECTOR else CONNECTOR
+        self._send_key, self._recv_key = keys[role], keys[other]
+        self.sent = self.received = 0
+
+    def seal(self, frame: bytes) -> bytes:
+        tag = hmac.new(self._send_key, self.sent.to_bytes(8, "big") + frame, hashlib.sha256).digest()
+        self.sent += 1
+        return tag
+
+    def open(self, frame: bytes, tag: bytes) -> None:
+        want = hmac.new(self._recv_key, self.received.to_bytes(8, "big") + frame,
+                        hashlib.sha256).digest()
+        if not hmac.compare_digest(want, tag):
+            raise ProtocolError("a control message failed its seal (changed, replayed, reordered, "
+                                "or not from this job's peer)")
+        self.received += 1

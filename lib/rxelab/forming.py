@@ -1,0 +1,258 @@
+"""How a communicator forms over TCP: rank 0 gathers every rank's hello (its QP endpoints,
+settings and, in an elastic job, its listener) and hands each rank the endpoints it must
+connect to; every other rank dials rank 0 and waits for its table. Each connection is proven
+first (rxelab.auth), so nothing is sent to, or taken from, a process without the job's secret.
+
+Rank 0 hears all hellos at once (its porter handshakes with every connection in parallel), so
+one slow or idle connection holds up nobody; what is not of this job is dropped and named in
+the error if the job cannot form.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import secrets
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from rxelab import codecs, listeners, settings
+from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError
+from rxelab.liveness import CONNECT_S, Watch
+from rxelab.porter import Porter, answer
+
+if TYPE_CHECKING:
+    from rxelab.control import ControlPlane
+    from rxelab.link import Link
+
+SAME_HOST = ""  # a listener's host in the directory: at MASTER_ADDR, beside rank 0
+LATER_S = 5.0  # a later generation's rank 0 that answers "later" longer than this is not
+# going to gather it (it moved on)
+
+
+def alone(plane: ControlPlane) -> None:
+    """An elastic job of one rank: nobody to gather, but the rendezvous stays open for
+    newcomers."""
+    job = plane.job
+    plane.job_id = job.job_id or secrets.token_hex(16)
+    if plane.porter is None:
+        plane.porter = Porter(listeners.listen(job), job.credential, set(), rank=0,
+                              generation=plane.generation)
+    plane.porter.update(rank=0, generation=plane.generation,
+                        scopes={plane.job_id, f"join {plane.porter.port}"})
+    plane.directory = {0: (job.master_addr, plane.porter.port)}
+
+
+def serve(plane: ControlPlane, mine: dict[int, dict[str, Any]],
+          options: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Rank 0: every rank's hello, then each rank's table; the others' endpoints for us."""
+    job = plane.job
+    deadline = time.monotonic() + plane.timeout
+    plane.job_id = job.job_id or secrets.token_hex(16)
+    porter = plane.porter or Porter(listeners.listen(job), job.credential, set(), rank=0,
+                                    generation=plane.generation)
+    porter.update(rank=0, generation=plane.generation, scopes={job.scope(), plane.job_id}
+                  | ({f"join {porter.port}"} if plane.elastic else set()))
+    if plane.elastic:
+        plane.porter = porter
+    hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
+    where: dict[int, str] = {}  # the address each rank reached us from
+    watch = Watch(plane.alive) if plane.alive is not None else None
+    beside: set[int] = set()
+    try:
+        with porter.serving("hello", "shrink") as inbox:
+            while len(hellos) < job.world_size:
+                missing = sorted(set(range(job.world_size)) - set(hellos))
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    dropped = porter.dropped
+                    raise PeerError(f"ranks {missing} did not join within {plane.timeout:g} s"
+                                    + (f" (connections dropped: {'; '.join(dropped[-3:])})"
+                                       if dropped else ""), peer=missing[0],
+                                    hint=f"are they started, with MASTER_ADDR={job.master_addr} "
+                                         f"and MASTER_PORT={job.master_port}?")
+                if watch is not None and (gone := watch.gone(missing)):
+                    r = min(gone)
+                    raise PeerError(f"rank {r} is gone (its listener no longer answers) before "
+                                    "it joined", peer=r)
+                try:
+                    link, hello = inbox.get(timeout=min(remaining, 0.5))
+                except queue.Empty:
+                    continue
+                try:
+                    _accept_hello(plane, hello, hellos)
+                except ProtocolError as err:
+                    porter.hall.dropped.append(f"rank {hello.get('rank')}: {err}")
+                    answer(link, None)
+                    continue
+                except BaseException:
+                    link.close()
+                    raise
+                plane.peers[hello["rank"]] = link
+                with contextlib.suppress(OSError):
+                    where[hello["rank"]] = link.sock.getpeername()[0]
+    except BaseException as err:
+        # those that said hello hear why (not a goodbye, which says all is well)
+        plane.abort(f"rank 0 could not gather the job: {err}", getattr(err, "peer", None) or 0)
+        plane.close()
+        if not plane.elastic:
+            porter.close(listener=True)
+        raise
+    if not plane.elastic:
+        porter.close(listener=True)
+    for r in sorted(hellos):  # every rank is in: all of them hear why, if it must end
+        if r and (why := settings.disagreement(options, hellos[r]["settings"], r,
+                                               codecs.NAMES_BY_ID)):
+            plane.abort(why, r)
+            plane.close()
+            raise ConfigError(why, hint="give init() (or the flags) the same values on every rank")
+    if plane.elastic:
+        lost = sorted(set(plane.peers) - set(where))
+        if lost:
+            why = f"rank {lost[0]}'s connection broke as it joined"
+            plane.abort(why, lost[0])
+            plane.close()
+            raise PeerError(why, peer=lost[0])
+        # a rank on this host that came over loopback is reached where the others reach us
+        beside = {r for r in plane.peers if listeners.loopback(where[r])}
+        plane.directory = {0: (job.master_addr, porter.port), **{
+            r: (job.master_addr if r in beside else where[r], hellos[r]["listen"])
+            for r in plane.peers}}
+    shown = {str(r): [SAME_HOST if r in beside else a[0], a[1]] for r, a in plane.directory.items()}
+    for r, link in plane.peers.items():
+        table = {str(p): hellos[p]["endpoints"][str(r)] for p in hellos if p != r}
+        link.send({"type": "table", "endpoints": table, "directory": shown, "job": plane.job_id})
+    return {p: hellos[p]["endpoints"]["0"] for p in hellos if p != 0}
+
+
+def _accept_hello(plane: ControlPlane, hello: dict[str, Any],
+                  hellos: dict[int, dict[str, Any]]) -> None:
+    """A ProtocolError drops the connection: not fit for this job (another size, another
+    generation, a rank it does not have). Two proven processes that claim one rank are an
+    error of the job (PeerError ends it)."""
+    job = plane.job
+    if hello["type"] == "shrink":
+        if plane.elastic and hello["generation"] == plane.generation - 1:
+            # a member of the communicator being left saw it fail and shrinks it: this one
+            # cannot be built (ends the gather; the caller agrees again)
+            raise PeerError(f"rank {hello['rank']} of generation {hello['generation']} shrinks "
+                            "it while this rank builds the next: the membership changed",
+                            peer=hello["rank"])
+        raise ProtocolError(f"a shrink of generation {hello['generation']} while generation "
+                            f"{plane.generation} forms")
+    r = hello["rank"]
+    if hello["world_size"] != job.world_size:
+        raise ProtocolError(f"a process of a job of {hello['world_size']} ranks claimed rank {r} "
+                            f"(this job has {job.world_size})")
+    if hello["generation"] != plane.generation:
+        raise ProtocolError(f"rank {r} of membership generation {hello['generation']} "
+                            f"(this one is {plane.generation})")
+    if plane.elastic and not hello["listen"]:
+        raise ProtocolError(f"rank {r} keeps no listener in an elastic job")
+    if not 0 < r < job.world_size:
+        raise ProtocolError(f"a hello from rank {r}, outside 1..{job.world_size - 1}")
+    if r in hellos:
+        raise PeerError(f"two processes claim rank {r}", peer=r)
+    expected = {str(p) for p in range(job.world_size) if p != r}
+    if set(hello["endpoints"]) != expected:
+        raise ProtocolError(f"rank {r} sent endpoints for {sorted(hello['endpoints'])}")
+    hellos[r] = hello
+
+
+def join(plane: ControlPlane, mine: dict[int, dict[str, Any]],
+         options: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Any other rank: dial rank 0 (each address MASTER_ADDR resolves to, until one proves
+    itself), say hello, take the table. A first generation's rank 0 may not listen yet:
+    tried until the deadline. A later generation's listens already (it is a member's, kept
+    for the job's life): refused everywhere means it is gone, said at once."""
+    job = plane.job
+    deadline = time.monotonic() + plane.timeout
+    if plane.elastic and plane.porter is None:
+        plane.porter = Porter(listeners.own(job), job.credential, set(), rank=job.rank,
+                              generation=plane.generation)
+    hello = {"type": "hello", "rank": job.rank, "world_size": job.world_size,
+             "host": socket.gethostname()[:200] or "?", "settings": options,
+             "generation": plane.generation,
+             "listen": plane.porter.port if plane.porter else 0,
+             "endpoints": {str(k): v for k, v in mine.items()}}
+    last = "nothing answered"
+    later_until = time.monotonic() + LATER_S  # a later generation's rank 0 gathers at once
+    while True:
+        refused = 0
+        targets = listeners.addresses(job.master_addr, job.master_port)
+        if not targets:
+            last = f"{job.master_addr} does not resolve"
+        for addr in targets:
+            try:
+                link = _dial_root(plane, addr, deadline)
+            except ConnectionRefusedError as err:
+                refused += 1
+                last = str(err)
+                continue
+            except (OSError, AuthError, PeerError) as err:  # a stranger there, or no answer
+                last = str(err)
+                continue
+            table = _hello(plane, link, hello, deadline)
+            if table is not None:
+                return _take_table(plane, table)
+            last = "rank 0 was not gathering this generation yet"
+            if plane.generation > 0 and time.monotonic() > later_until:
+                raise PeerError(f"rank 0 of generation {plane.generation} is not gathering it "
+                                f"(it answered 'later' for {LATER_S:g} s)", peer=0)
+        if plane.generation > 0 and targets and refused == len(targets):
+            raise PeerError(f"rank 0 of generation {plane.generation} is gone (nothing listens "
+                            f"at {job.master_addr}:{job.master_port} any more)", peer=0)
+        if time.monotonic() > deadline:
+            raise PeerError(f"cannot reach rank 0 at {job.master_addr}:{job.master_port} within "
+                            f"{plane.timeout:g} s: {last}", peer=0)
+        time.sleep(0.2)
+
+
+def _dial_root(plane: ControlPlane, addr: tuple[str, int], deadline: float) -> Link:
+    from rxelab.link import dial
+
+    job = plane.job
+    return dial(addr, job.credential, kind="hello", rank=job.rank, generation=plane.generation,
+                scope=job.scope(), deadline=deadline, connect_s=CONNECT_S)
+
+
+def _hello(plane: ControlPlane, link: Link, hello: dict[str, Any],
+           deadline: float) -> dict[str, Any] | None:
+    """The table, or None when rank 0 said to come back later (it is not gathering yet)."""
+    try:
+        link.send(hello)
+        reply = link.recv(deadline=deadline, peer="rank 0")
+    except BaseException:
+        link.close()
+        raise
+    if reply["type"] == "later":
+        link.close()
+        time.sleep(0.1)
+        return None
+    if reply["type"] == "failed":
+        link.close()
+        raise PeerError(f"rank 0: {reply['reason']}", peer=0)
+    if reply["type"] != "table":
+        link.close()
+        raise ProtocolError(f"expected a table message from rank 0, got {reply['type']}")
+    plane.root = link
+    return reply
+
+
+def _take_table(plane: ControlPlane, table: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    job = plane.job
+    got = {int(k): v for k, v in table["endpoints"].items()}
+    if set(got) != set(range(job.world_size)) - {job.rank}:
+        raise ProtocolError(f"rank 0 sent endpoints for ranks {sorted(got)}")
+    plane.job_id = table["job"]
+    if plane.elastic:
+        directory = {int(k): (str(a[0]) or job.master_addr, int(a[1]))
+                     for k, a in table["directory"].items()}
+        if set(directory) != set(range(job.world_size)):
+            raise ProtocolError(f"rank 0 sent listeners of ranks {sorted(directory)}")
+        directory[0] = (job.master_addr, job.master_port)  # as this rank reaches it
+        plane.directory = directory
+        assert plane.porter is not None
+        plane.porter.update(rank=job.rank, generation=plane.generation, scopes={plane.job_id})
+    return got

@@ -1,0 +1,147 @@
+"""A control connection that has passed the handshake of rxelab.auth, from either end: the
+connector's side (dial) and the listener's (Greeting, fed frame by frame by rxelab.hall, so
+one listener handshakes with many connectors at once without a thread each). After it, a Link
+sends and takes only sealed frames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from typing import Any
+
+from rxelab import auth, wire
+from rxelab.auth import CONNECTOR, LISTENER, Credential, Session
+from rxelab.errors import AuthError, ProtocolError
+
+
+class Link:
+    """A sealed control connection: `knock` says what it was opened for (kind, the connector's
+    rank and generation, the job's scope)."""
+
+    __slots__ = ("sock", "session", "knock", "_buf")
+
+    def __init__(self, sock: socket.socket, session: Session, knock: dict[str, Any]) -> None:
+        self.sock, self.session, self.knock = sock, session, knock
+        self._buf = bytearray()
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Not thread-safe: a link's sends are serialized by its owner (sequence numbers)."""
+        self.sock.sendall(wire.encode(message, self.session))
+
+    def recv(self, *, deadline: float, peer: str, expect: str | None = None) -> dict[str, Any]:
+        return wire.recv(self.sock, deadline=deadline, peer=peer, expect=expect,
+                         session=self.session)
+
+    def take(self, data: bytes) -> list[dict[str, Any]]:
+        """The whole messages that data completes (the reader thread's way: it reads what is
+        there and never blocks)."""
+        self._buf += data
+        out = []
+        while (got := wire.split_frame(self._buf, self.session)) is not None:
+            message, used = got
+            del self._buf[:used]
+            out.append(message)
+        return out
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def dial(address: tuple[str, int], credential: Credential, *, kind: str, rank: int,
+         generation: int, scope: str, deadline: float, connect_s: float) -> Link:
+    """Connect to a listener of the job and prove ourselves to each other. OSError: nothing
+    listens there (refused, unreachable, no answer within connect_s); AuthError: what listens
+    there does not hold the job's credential (a stranger on the port); PeerError: it did not
+    finish the handshake in time."""
+    remaining = max(0.05, min(connect_s, deadline - time.monotonic()))
+    sock = socket.create_connection(address, timeout=remaining)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        knock = {"type": "knock", "kind": kind, "rank": rank, "generation": generation,
+                 "scope": scope, "nonce": auth.nonce()}
+        wire.send(sock, knock)
+        where = f"the listener at {address[0]}:{address[1]}"
+        try:
+            challenge = wire.recv(sock, deadline=deadline, peer=where, expect="challenge")
+        except ProtocolError as err:
+            raise AuthError(f"{where} is not this job's: {err}") from None
+        transcript = auth.transcript(knock, challenge["nonce"])
+        if not credential.check(LISTENER, transcript, challenge["proof"]):
+            raise AuthError(f"{where} does not hold this job's secret")
+        wire.send(sock, {"type": "proof", "proof": credential.prove(CONNECTOR, transcript)})
+        return Link(sock, Session(credential, transcript, CONNECTOR), knock)
+    except BaseException:
+        sock.close()
+        raise
+
+
+class Greeting:
+    """The listener's side of one connection's handshake. feed() takes the frames as they
+    come and returns what to send back (the challenge), then, once the connector proved
+    itself, the link and its first sealed message (what the connection is for). Anything out
+    of turn, unproven or unwanted is a ProtocolError: the hall drops the connection."""
+
+    __slots__ = ("credential", "wanted", "knock", "transcript", "session")
+
+    def __init__(self, credential: Credential, wanted: Any) -> None:
+        """wanted(knock) -> None, or why this listener will not serve it (another job's
+        scope, say): said before anything is proven, so it reveals nothing."""
+        self.credential, self.wanted = credential, wanted
+        self.knock: dict[str, Any] | None = None
+        self.transcript = b""
+        self.session: Session | None = None
+
+    def step(self, buf: bytearray) -> tuple[bytes, dict[str, Any] | None]:
+        """Consume what whole frames buf holds: (bytes to send back, the first sealed message
+        once it came, else None)."""
+        reply = b""
+        while (got := wire.split_frame(buf, self.session)) is not None:
+            message, used = got
+            del buf[:used]
+            if self.knock is None:
+                reply += self._challenge(message)
+            elif self.session is None:
+                self._check_proof(message)
+            else:
+                self._check_request(message)
+                return reply, message
+        return reply, None
+
+    def _challenge(self, knock: dict[str, Any]) -> bytes:
+        if knock["type"] != "knock":
+            raise ProtocolError(f"a {knock['type']} message before the handshake")
+        if (why := self.wanted(knock)) is not None:
+            raise ProtocolError(why)
+        self.knock = knock
+        mine = auth.nonce()
+        self.transcript = auth.transcript(knock, mine)
+        return wire.encode({"type": "challenge", "nonce": mine,
+                            "proof": self.credential.prove(LISTENER, self.transcript)})
+
+    def _check_proof(self, message: dict[str, Any]) -> None:
+        if message["type"] != "proof" or not self.credential.check(CONNECTOR, self.transcript,
+                                                                     message["proof"]):
+            raise AuthError("did not prove it holds this job's secret")
+        self.session = Session(self.credential, self.transcript, LISTENER)
+
+    def _check_request(self, message: dict[str, Any]) -> None:
+        """The first sealed message is what the knock announced, by the rank it announced."""
+        knock = self.knock
+        assert knock is not None
+        if message["type"] != knock["kind"]:
+            raise ProtocolError(f"a {message['type']} message on a connection opened for "
+                                f"{knock['kind']}")
+        for field in ("rank", "generation"):
+            if field in message and message[field] != knock[field]:
+                raise ProtocolError(f"a {knock['kind']} whose {field} is not the one its "
+                                    "handshake was bound to")
+
+    def link(self, sock: socket.socket) -> Link:
+        assert self.session is not None and self.knock is not None
+        return Link(sock, self.session, self.knock)
