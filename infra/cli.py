@@ -123,6 +123,7 @@ def prepare_state(config: LabConfig, state: LabState) -> None:
 
 def _replace_stale_lab(state: LabState) -> None:
     """A lab whose VMs are gone (host rebooted, killed by hand) is torn down, not trusted."""
+    state.check_own()
     if not terraform.has_state(state) or not state.config_file.exists():
         return
     config = state.load_config()
@@ -150,6 +151,7 @@ def _running(state: LabState) -> dict[str, bool]:
 
 def cmd_destroy_state(state: LabState) -> None:
     had_state = state.root.exists()
+    state.check_own()  # before Terraform runs anything its state records
     if had_state and not state.is_lab():
         lab.teardown(state)  # refuses, naming why, before Terraform is asked anything
     if terraform.has_state(state):

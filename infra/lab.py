@@ -17,7 +17,7 @@ from infra import run as runner
 from infra.config import Accel, LabConfig
 from infra.errors import LabError
 from infra.images import BaseImage
-from infra.state import MARKER, OWNED, LabState, write_atomic
+from infra.state import MARKER, OWNED, LabState, own_temporary, write_atomic
 
 
 def configure(config: LabConfig, state: LabState) -> LabConfig:
@@ -135,6 +135,7 @@ def teardown(state: LabState, keep_logs: bool = False) -> list[str]:
     that is not a lab is refused whole, and files the lab did not make stay where they are."""
     if not state.root.exists():
         return []
+    state.check_own()
     if not state.is_lab():
         raise LabError(f"{state.root} is not an rxelab lab (it has no {MARKER}): nothing removed",
                        hint="RXELAB_STATE (or --state-dir) must name a lab's own state directory")
@@ -162,8 +163,8 @@ def teardown(state: LabState, keep_logs: bool = False) -> list[str]:
             shutil.rmtree(path)
         else:
             path.unlink()
-    for left in state.root.glob(".*.*"):  # write_atomic's temporaries of our own files
-        if left.name[1:].split(".")[0] in {n.split(".")[0] for n in (*OWNED, MARKER)} and left.is_file():
+    for left in state.root.iterdir():  # write_atomic's temporaries of our own files, only
+        if own_temporary(left.name, (*OWNED, MARKER)) and left.is_file() and not left.is_symlink():
             left.unlink()
     others = sorted(p.name for p in state.root.iterdir() if p.name != MARKER)
     if not others:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from infra.errors import LabError
 
 MARKER = "rxelab-lab.json"
 MARKER_KIND = "rxelab lab state"
+TEMP_SUFFIX = ".rxelab-tmp"  # write_atomic's temporaries: .<name>.<random><TEMP_SUFFIX>
 # What a lab creates at its root, and so all that destroy removes (with the marker, last).
 OWNED = ("lab.json", "inventory.json", "boot.json", "known_hosts", "keys", "run", "logs", "disks",
          "seeds", "terraform")
@@ -60,8 +63,34 @@ class LabState:
             return False
         return isinstance(doc, dict) and doc.get("state_dir") == str(self.root)
 
+    def check_own(self) -> None:
+        """The directory is the caller's own and nobody else can write in it (nor in its
+        Terraform state): another user's lab, or one they could change under us, would have
+        us run what they wrote (Terraform runs the commands its state records). Refused
+        before anything in it is read, claimed, run or removed."""
+        for path in (self.root, self.terraform, self.terraform / "terraform.tfstate"):
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise LabError(f"cannot look at {path}: {err.strerror or err}") from None
+            if stat.S_ISLNK(info.st_mode):
+                why = "is a symbolic link"
+            elif info.st_uid != os.geteuid():
+                why = f"belongs to uid {info.st_uid}, not to you (uid {os.geteuid()})"
+            elif info.st_mode & 0o022:
+                why = "can be written by other users"
+            else:
+                continue
+            raise LabError(f"{path} {why}: refusing to use it as a lab's state; nothing was changed",
+                           hint="point RXELAB_STATE at a directory of your own that only you "
+                                "can write")
+
     def check_claimable(self) -> None:
-        """Refuse a directory that holds something other than a lab, before anything is done."""
+        """Refuse a directory that holds something other than a lab, or that is not the
+        caller's own, before anything is done."""
+        self.check_own()
         if self.root.exists() and not self.root.is_dir():
             raise LabError(f"the lab's state directory {self.root} is a file",
                            hint="point RXELAB_STATE at a new or empty directory")
@@ -179,7 +208,7 @@ def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
     """Readers (Fabric, tests, Terraform) never see half a file; it is private from its first
     byte (mkstemp makes 0600 files), also when a crash leaves the temporary behind."""
     mkdir_private(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -188,3 +217,10 @@ def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def own_temporary(name: str, owned: tuple[str, ...]) -> bool:
+    """Whether `name` is a temporary write_atomic left of one of the `owned` files (and
+    nothing else: a user's .lab.json.orig or .keys.backup is theirs)."""
+    found = re.fullmatch(r"\.(.+)\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX), name)
+    return found is not None and found.group(1) in owned

@@ -189,12 +189,14 @@ def test_a_lab_removes_its_own_namespace_and_taps_and_no_one_elses(tmp_path):
 
 
 def test_a_taken_ssh_port_is_refused_before_anything_is_touched(tmp_path):
+    """The taken port is node1's, the first checked: what holds its neighbours (another
+    program's ephemeral ports, on a busy CI host) does not change the verdict."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        config = LabConfig(lab=unique_lab(), ssh_port_base=port - 2, state_dir=tmp_path / "lab")
-        with pytest.raises(LabError, match=f"port {port} \\(node2's SSH forward\\) is in use"):
+        config = LabConfig(lab=unique_lab(), ssh_port_base=port - 1, state_dir=tmp_path / "lab")
+        with pytest.raises(LabError, match=f"port {port} \\(node1's SSH forward\\) is in use"):
             lab.preflight(config, LabState(config.state_dir))
     assert not config.state_dir.exists()
 
