@@ -409,9 +409,11 @@ class _ElasticDoc(_Strict):
         cut: dict[int, int] = {}  # node -> the step it is cut off at
         killed: set[int] = set()
         for e in self.events:
-            if e.kill is not None and not 0 < e.kill < ranks:
-                raise _bad(f"kill = {e.kill}: a rank from 1 to {ranks - 1} (rank 0 is the "
-                           "newcomers' rendezvous)")
+            if e.kill is not None and not 0 <= e.kill < ranks:
+                raise _bad(f"kill = {e.kill}: a rank from 0 to {ranks - 1}")
+            if e.join is not None and 0 in killed:
+                raise _bad(f"join at step {e.step}: rank 0, the newcomers' rendezvous, is "
+                           "killed before it")
             if e.kill is not None:
                 if e.kill in killed:
                     raise _bad(f"kill = {e.kill}: that rank is killed twice")

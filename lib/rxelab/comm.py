@@ -71,13 +71,16 @@ class Plan:
     """A collective call made ready: its checked layout and the algorithm that runs it."""
 
     __slots__ = ("operation", "algorithm", "name", "run", "layout", "exports", "held_version",
-                 "given", "codec")
+                 "given", "codec", "staging")
 
     def __init__(self, operation: str, algorithm: str, run: Callable[[Call], None],
                  layout: Layout, given: tuple[Any, ...] = (),
                  codec: codecs.Codec | None = None) -> None:
         self.operation, self.algorithm, self.run, self.layout = operation, algorithm, run, layout
         self.codec = codec  # how its rendezvous blocks travel (rxelab.codecs; None: as they are)
+        # where its coded blocks pass through: the plan's own, so each area fits the block
+        # it carries at every call (what pin_limit was checked against), and goes with it
+        self.staging = Staging() if codec is not None else None
         # the caller's own objects, which the plan is found by (their ids): held, so no other
         # object can take an id while the plan is kept, even if a layout copied them
         self.given = given
@@ -140,7 +143,6 @@ class Communicator:
         self.exposed: dict[int, int] = {}  # buffers exposed to each peer
         self.remotes: dict[int, int] = {}  # buffers each peer exposed to us
         self._plans: dict[tuple[Any, ...], Plan] = {}
-        self._staging = Staging()  # where coded blocks pass through
         self._progress = ProgressThread()
         self._lock = threading.RLock()  # plans and registrations: caller and progress thread
         self._caller = threading.Lock()  # held by the application thread inside the library
@@ -333,7 +335,7 @@ class Communicator:
             self.seq = (self.seq + 1) & 0x3FFF
             coded0 = (counters.coded_raw, counters.coded_wire, counters.codec_seconds)
             call = Call(self.engine, self.rank, self.size, self.seq, plan.name, plan.layout, self._mr,
-                        plan.codec, self._staging)
+                        plan.codec, plan.staging)
             try:
                 plan.run(call)
             except BaseException as err:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rxelab import codecs, listeners, settings
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError
-from rxelab.liveness import CONNECT_S, Watch
+from rxelab.liveness import CONNECT_S, PROBE_S, Watch
 from rxelab.porter import Porter, answer
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ def join(plane: ControlPlane, mine: dict[int, dict[str, Any]],
              "generation": plane.generation,
              "listen": plane.porter.port if plane.porter else 0,
              "endpoints": {str(k): v for k, v in mine.items()}}
-    last = "nothing answered"
+    last, unproven = "nothing answered", ""
     later_until = time.monotonic() + LATER_S  # a later generation's rank 0 gathers at once
     while True:
         refused = 0
@@ -190,7 +190,10 @@ def join(plane: ControlPlane, mine: dict[int, dict[str, Any]],
                 refused += 1
                 last = str(err)
                 continue
-            except (OSError, AuthError, PeerError) as err:  # a stranger there, or no answer
+            except AuthError as err:  # a stranger there: said, whatever comes after
+                unproven = str(err)
+                continue
+            except (OSError, PeerError) as err:  # no answer
                 last = str(err)
                 continue
             table = _hello(plane, link, hello, deadline)
@@ -205,7 +208,9 @@ def join(plane: ControlPlane, mine: dict[int, dict[str, Any]],
                             f"at {job.master_addr}:{job.master_port} any more)", peer=0)
         if time.monotonic() > deadline:
             raise PeerError(f"cannot reach rank 0 at {job.master_addr}:{job.master_port} within "
-                            f"{plane.timeout:g} s: {last}", peer=0)
+                            f"{plane.timeout:g} s: {unproven or last}", peer=0,
+                            hint="a process without the job's secret holds the port" if unproven
+                            else None)
         time.sleep(0.2)
 
 
@@ -214,7 +219,8 @@ def _dial_root(plane: ControlPlane, addr: tuple[str, int], deadline: float) -> L
 
     job = plane.job
     return dial(addr, job.credential, kind="hello", rank=job.rank, generation=plane.generation,
-                scope=job.scope(), deadline=deadline, connect_s=CONNECT_S)
+                scope=job.scope(), deadline=min(deadline, time.monotonic() + PROBE_S),
+                connect_s=CONNECT_S)
 
 
 def _hello(plane: ControlPlane, link: Link, hello: dict[str, Any],

@@ -31,11 +31,11 @@ def deployed(lab):
 
 
 def launch(lab, hosts: list[str], command: str, per_host: int = 1, port: int = 29600,
-           timeout: float = 600) -> tuple[int, dict[int, list[dict]], str]:
+           timeout: float = 600, flags: str = "") -> tuple[int, dict[int, list[dict]], str]:
     """Run a job with our launcher from the first host; JSON lines per rank, and the text."""
     line = (f"cd {REMOTE_LIB} && PYTHONPATH=$HOME/{REMOTE_LIB} python3 -m rxelab.launch "
             f"--hosts {','.join(hosts)} --per-host {per_host} --port {port} --timeout {timeout} "
-            f"-- {command}")
+            f"{flags} -- {command}")
     r = lab.ssh(hosts[0], line, timeout=timeout + 60)
     by_rank: dict[int, list[dict]] = {}
     for text in r.stdout.splitlines():

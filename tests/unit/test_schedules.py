@@ -173,3 +173,70 @@ def test_each_ranks_turns_agree_with_its_partners_and_the_tokens_they_wait_for(p
     waiting = {(t.step, r): t.token_from for r, mine in turns.items() for t in mine
                if t.token_from is not None}
     assert handed == waiting
+
+
+# ---- issue 27, item 17: the walk at any size the library accepts ------------------------------
+def reference_turns(p: int, rank: int, window: int) -> list[tuple]:
+    """The turns as the rules over the whole walk define them (O(p^3): small p only)."""
+    steps = s.sequential_steps(p)
+    out, last = [], -1
+    for k, step in enumerate(steps):
+        if rank not in step.pair:
+            continue
+        partner = step.pair[1] if step.pair[0] == rank else step.pair[0]
+        first = s.starter(steps, k, window)
+        role = s.STARTED if first == rank else s.ANSWERED if first == partner else s.BOTH
+        token_from = steps[k - window].leader if role == s.BOTH and k >= window else None
+        hands = tuple(s.token_receivers(steps, k, window)) if rank == step.leader else ()
+        watchers = sorted({r for st in steps[k + 1:] for r in st.pair} - {rank, partner})
+        out.append((k, partner, role, token_from, hands, -(-(k - last - 1) // window) + 1, watchers))
+        last = k
+    return out
+
+
+@pytest.mark.parametrize("p", range(1, 13))
+@pytest.mark.parametrize("window", [1, 2, 3, 7])
+def test_the_turns_worked_out_per_rank_equal_the_rules_over_the_whole_walk(p, window):
+    for rank in range(p):
+        got = [(t.step, t.partner, t.role, t.token_from, t.hands_to, t.patience, list(t.watchers))
+               for t in s.sequential_turns(p, rank, window)]
+        assert got == reference_turns(p, rank, window), (p, rank, window)
+
+
+@pytest.mark.parametrize("p", [4, 9, 400, 1024])
+def test_tokens_are_numbered_by_their_receivers_own_turn_and_fit_a_tag_at_any_size(p):
+    """Before, a token's tag was STEP0 + its step: past 65519 steps (p >= 363) a call was
+    refused, "schedule too long". Now it is the receiver's own count of its turns (< p), and
+    every hand-over meets the wait it is for."""
+    from rxelab.collectives.common import MAX_SUB, STEP0
+
+    ranks = range(p) if p <= 9 else (0, 1, p // 2, p - 3, p - 1)
+    window = 1
+    turns = {r: s.sequential_turns(p, r, window) for r in ranks}
+    for r, mine in turns.items():
+        assert [t.index for t in mine] == list(range(p - 1))
+        for t in mine:
+            assert STEP0 + t.index <= MAX_SUB
+            for receiver, index in zip(t.hands_to, t.hand_index, strict=True):
+                theirs = s.sequential_turns(p, receiver, window)[index]
+                assert theirs.step == t.step + window and theirs.token_from == r
+
+
+def test_pair_arithmetic_inverts():
+    for p in (2, 3, 5, 64, 1025):
+        for k in list(range(min(200, p * (p - 1) // 2))) + [p * (p - 1) // 2 - 1]:
+            i, j = s.pair_at(k, p)
+            assert 0 <= i < j < p and s.step_of(i, j, p) == k
+
+
+def test_a_job_larger_than_the_library_supports_is_refused_at_init():
+    from rxelab.bootstrap import MAX_RANKS, discover
+    from rxelab.collectives.common import MAX_SUB, STEP0
+    from rxelab.errors import ConfigError
+
+    # the widest schedule, the ring allreduce's two phases, fits its tags at the limit
+    assert STEP0 + 2 * MAX_RANKS <= MAX_SUB
+
+    with pytest.raises(ConfigError, match=f"{MAX_RANKS} ranks rxelab supports"):
+        discover(0, MAX_RANKS + 1, "127.0.0.1", 29500)
+    assert discover(0, MAX_RANKS, "127.0.0.1", 29500).world_size == MAX_RANKS

@@ -35,10 +35,10 @@ SENDING, RECEIVING = 0, 1
 
 
 class Staging:
-    """Byte areas that coded blocks pass through, kept from call to call: the same areas in
-    the same order each call (calls of a loop repeat their blocks), so their registrations are
-    found in the cache rather than made again. An area is used once per call: a call's blocks
-    may all be in flight at once."""
+    """Byte areas that coded blocks pass through, kept from call to call of one plan: the same
+    areas in the same order each call (a plan's calls repeat their blocks), so their
+    registrations are found in the cache rather than made again. An area is used once per
+    call: a call's blocks may all be in flight at once."""
 
     def __init__(self) -> None:
         self.areas: tuple[list[tuple[Buffer, Any]], list[tuple[Buffer, Any]]] = ([], [])
