@@ -1,8 +1,8 @@
 """Who may speak on the control plane. Every TCP connection of a job (a rank's hello, a
 shrink's question, a liveness probe, a newcomer's knock) opens with a mutual challenge-
 response: each end draws a fresh nonce, and each proves it holds the job's credential by an
-HMAC over both nonces and what the connection is for (kind, the connector's rank, the
-membership generation, the job's scope) under its own role. Nothing else is sent, and nothing
+HMAC over both nonces and what the connection is for (kind, the connector's rank, the rank it
+is for, the membership generation, the job's scope) under its own role. Nothing else is sent, and nothing
 received is trusted, before the other end has proved itself. Every message after that is
 sealed: an HMAC under a key drawn from the same transcript, over its sequence number and its
 bytes, so a relay can neither change, drop, replay nor reorder one unnoticed.
@@ -87,8 +87,8 @@ def nonce() -> str:
 
 def transcript(knock: dict[str, object], listener_nonce: str) -> bytes:
     """What both proofs and the seal key cover: what the connection is for, and both nonces."""
-    fields = [knock["kind"], knock["rank"], knock["generation"], knock["scope"], knock["nonce"],
-              listener_nonce]
+    fields = [knock["kind"], knock["rank"], knock["to"], knock["generation"], knock["scope"],
+              knock["nonce"], listener_nonce]
     return b"rxelab-auth-v1\0" + json.dumps(fields, separators=(",", ":")).encode()
 
 

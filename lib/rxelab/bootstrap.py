@@ -41,6 +41,7 @@ class JobInfo:
     source: str  # which launcher's variables (or "arguments") said so
     credential: Credential = field(default=OPEN, repr=False)  # what its ranks prove (rxelab.auth)
     job_id: str = ""  # drawn by rank 0 when the job forms (rxelab.control); "" until then
+    launch_id: str = ""  # the launcher's own id of this job (torchrun's, Slurm's), if any
 
     @property
     def secured(self) -> bool:
@@ -48,8 +49,10 @@ class JobInfo:
 
     def scope(self) -> str:
         """What a hello's handshake is bound to: the job once it has its id, else its
-        rendezvous (port and size: a relay to another job's rank 0 fails)."""
-        return self.job_id or f"rendezvous {self.master_port} {self.world_size}"
+        rendezvous (port, size and the launcher's id of the job: a relay to another job's
+        rank 0 fails, even one with the same secret)."""
+        return self.job_id or " ".join(
+            x for x in ("rendezvous", str(self.master_port), str(self.world_size), self.launch_id) if x)
 
 
 def _int(value: object, name: str) -> int:
@@ -105,7 +108,16 @@ def discover(
     if world_size > MAX_RANKS:
         raise ConfigError(f"world size {world_size} is more than the {MAX_RANKS} ranks rxelab "
                           "supports (its schedules' tags)")
-    return JobInfo(rank, world_size, addr, port, source, credential(env))
+    return JobInfo(rank, world_size, addr, port, source, credential(env), launch_id=launch_id(env))
+
+
+def launch_id(env: Mapping[str, str]) -> str:
+    """The launcher's id of this job, where it gives one every rank sees (torchrun's run id,
+    Slurm's job and step): part of what a hello is bound to."""
+    raw = env.get("TORCHELASTIC_RUN_ID") or (
+        f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '')}" if env.get("SLURM_JOB_ID")
+        else "")
+    return "".join(c for c in raw if c.isalnum() or c in "._-")[:64]
 
 
 

@@ -99,7 +99,7 @@ class Communicator:
     def __init__(self, job: bootstrap.JobInfo, *, device: str | None = None,
                  port: int | None = None, gid_index: int | None = None, elastic: bool = False,
                  _porter: Any = None, _generation: int = 0,
-                 _alive: Callable[[int], bool] | None = None, compression: str | None = None,
+                 _look: Callable[[int], str] | None = None, compression: str | None = None,
                  **options: Any) -> None:
         """options: those of rxelab.settings (timeout, eager_limit, chunk, window, slots,
         send_depth, pin_limit, qp_timeout, retry_cnt), each checked there. elastic: this
@@ -134,7 +134,7 @@ class Communicator:
         self.failed: str | None = None  # set when a collective failed part-way
         self.conns: dict[int, verbs.Connection] = {}
         self.control = ControlPlane(job, timeout, elastic=elastic, porter=_porter,
-                                    generation=_generation, alive=_alive)
+                                    generation=_generation, look=_look)
         self.dev: verbs.Device | None = None
         self.registry: Registry | None = None
         self.seq = 0
@@ -766,9 +766,9 @@ class Communicator:
     @staticmethod
     def _builder(seat: membership.Seat) -> membership.Build:
         def build(job: bootstrap.JobInfo, generation: int,
-                  alive: Callable[[int], bool] | None = None) -> Communicator:
+                  look: Callable[[int], str] | None = None) -> Communicator:
             return Communicator(job, elastic=True, _porter=seat.porter,
-                                _generation=generation, _alive=alive, **seat.opened)
+                                _generation=generation, _look=look, **seat.opened)
         return build
 
     # ---- point to point -------------------------------------------------------------

@@ -38,18 +38,18 @@ SILENT_S = 10.0
 class ControlPlane:
     def __init__(self, job: JobInfo, timeout: float, *, elastic: bool = False,
                  porter: Porter | None = None, generation: int = 0,
-                 alive: Callable[[int], bool] | None = None) -> None:
+                 look: Callable[[int], str] | None = None) -> None:
         """elastic: this rank keeps a listener, served by its porter, for the job's life
         (rxelab.membership), given (a later generation's) or made here (rank 0's is the
-        rendezvous), and every rank learns where the others listen. alive(rank): whether a
-        rank that has not said hello yet still lives (a shrink's members, whose listeners are
-        known): rank 0 stops waiting for one that is gone."""
+        rendezvous), and every rank learns where the others listen. look(rank): whether a
+        rank that has not said hello yet still lives (rxelab.liveness's verdict on a shrink's
+        member, whose listener is known): rank 0 stops waiting for one that is gone."""
         self.job = job
         self.timeout = timeout
         self.elastic = elastic or porter is not None
         self.porter = porter  # elastic: never closed here (the membership owns it)
         self.generation = generation
-        self.alive = alive
+        self.look = look
         self.job_id = job.job_id  # drawn by rank 0 as the job forms, if not given
         self.directory: dict[int, tuple[str, int]] = {}  # elastic: where each rank listens
         self.peers: dict[int, Link] = {}  # rank 0: every other rank

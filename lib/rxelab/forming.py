@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rxelab import codecs, listeners, settings
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError
-from rxelab.liveness import CONNECT_S, PROBE_S, Watch
+from rxelab.liveness import CONNECT_S, PROBE_S, STRIKES, Watch
 from rxelab.porter import Porter, answer
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def serve(plane: ControlPlane, mine: dict[int, dict[str, Any]],
         plane.porter = porter
     hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
     where: dict[int, str] = {}  # the address each rank reached us from
-    watch = Watch(plane.alive) if plane.alive is not None else None
+    watch = Watch(plane.look) if plane.look is not None else None
     beside: set[int] = set()
     try:
         with porter.serving("hello", "shrink") as inbox:
@@ -176,7 +176,7 @@ def join(plane: ControlPlane, mine: dict[int, dict[str, Any]],
              "generation": plane.generation,
              "listen": plane.porter.port if plane.porter else 0,
              "endpoints": {str(k): v for k, v in mine.items()}}
-    last, unproven = "nothing answered", ""
+    last, unproven, silent = "nothing answered", "", 0
     later_until = time.monotonic() + LATER_S  # a later generation's rank 0 gathers at once
     while True:
         refused = 0
@@ -192,9 +192,12 @@ def join(plane: ControlPlane, mine: dict[int, dict[str, Any]],
                 continue
             except AuthError as err:  # a stranger there: said, whatever comes after
                 unproven = str(err)
+                refused += 1  # a member's listener is kept for the job's life: gone
                 continue
             except (OSError, PeerError) as err:  # no answer
                 last = str(err)
+                silent += "in time" in last  # a porter answers at once: twice silent is gone
+                refused += silent >= STRIKES
                 continue
             table = _hello(plane, link, hello, deadline)
             if table is not None:
@@ -204,8 +207,9 @@ def join(plane: ControlPlane, mine: dict[int, dict[str, Any]],
                 raise PeerError(f"rank 0 of generation {plane.generation} is not gathering it "
                                 f"(it answered 'later' for {LATER_S:g} s)", peer=0)
         if plane.generation > 0 and targets and refused == len(targets):
-            raise PeerError(f"rank 0 of generation {plane.generation} is gone (nothing listens "
-                            f"at {job.master_addr}:{job.master_port} any more)", peer=0)
+            raise PeerError(f"rank 0 of generation {plane.generation} is gone (nothing of the "
+                            f"job listens at {job.master_addr}:{job.master_port} any more)",
+                            peer=0)
         if time.monotonic() > deadline:
             raise PeerError(f"cannot reach rank 0 at {job.master_addr}:{job.master_port} within "
                             f"{plane.timeout:g} s: {unproven or last}", peer=0,
@@ -218,7 +222,8 @@ def _dial_root(plane: ControlPlane, addr: tuple[str, int], deadline: float) -> L
     from rxelab.link import dial
 
     job = plane.job
-    return dial(addr, job.credential, kind="hello", rank=job.rank, generation=plane.generation,
+    return dial(addr, job.credential, kind="hello", rank=job.rank, to=0,
+                generation=plane.generation,
                 scope=job.scope(), deadline=min(deadline, time.monotonic() + PROBE_S),
                 connect_s=CONNECT_S)
 

@@ -5,7 +5,7 @@ connection holds up nobody. rxelab.porter serves a listener with it.
 Whatever does not prove itself in time - another program, a port scanner, a stray stream, a
 process without the job's secret, a connection that says nothing - is dropped, and why is
 kept (`dropped`) for an error that must list it. A crowd of silent connections cannot take
-every descriptor: past `limit` the oldest goes.
+every descriptor: past `limit` the oldest that has not knocked goes.
 """
 
 from __future__ import annotations
@@ -80,19 +80,28 @@ class Hall:
         return out
 
     def _enter(self) -> None:
-        if len(self.pending) >= self.limit:  # make room: the oldest waiting one goes
-            self.reject(next(iter(self.pending)), "crowded out by newer connections")
+        if len(self.pending) >= self.limit:  # make room
+            self.reject(self._victim(), "crowded out by newer connections")
         try:
             sock, _ = self.listener.accept()
         except OSError:  # out of descriptors, say: free one, do not spin
             if self.pending:
-                self.reject(next(iter(self.pending)), "crowded out by newer connections")
+                self.reject(self._victim(), "crowded out by newer connections")
             else:
                 time.sleep(0.05)
             return
         sock.setblocking(False)
         self.pending[sock] = (bytearray(), time.monotonic(), Greeting(self.credential, self.wanted))
         self.sel.register(sock, selectors.EVENT_READ)
+
+    def _victim(self) -> socket.socket:
+        """Who goes when the room is full: the oldest that has not even knocked (a rank
+        knocks as it connects: a crowd of silent connections crowds out only itself), else
+        the oldest."""
+        for sock, (_, _, greeting) in self.pending.items():
+            if greeting.knock is None:
+                return sock
+        return next(iter(self.pending))
 
     def reject(self, sock: socket.socket, why: str) -> None:
         """Close a connection, and say why in `dropped`."""

@@ -53,7 +53,7 @@ class Link:
             self.sock.close()
 
 
-def dial(address: tuple[str, int], credential: Credential, *, kind: str, rank: int,
+def dial(address: tuple[str, int], credential: Credential, *, kind: str, rank: int, to: int,
          generation: int, scope: str, deadline: float, connect_s: float) -> Link:
     """Connect to a listener of the job and prove ourselves to each other. OSError: nothing
     listens there (refused, unreachable, no answer within connect_s); AuthError: what listens
@@ -63,12 +63,13 @@ def dial(address: tuple[str, int], credential: Credential, *, kind: str, rank: i
     sock = socket.create_connection(address, timeout=remaining)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        knock = {"type": "knock", "kind": kind, "rank": rank, "generation": generation,
+        knock = {"type": "knock", "kind": kind, "rank": rank, "to": to, "generation": generation,
                  "scope": scope, "nonce": auth.nonce()}
         wire.send(sock, knock)
         where = f"the listener at {address[0]}:{address[1]}"
         try:
-            challenge = wire.recv(sock, deadline=deadline, peer=where, expect="challenge")
+            challenge = wire.recv(sock, deadline=deadline, peer=where, expect="challenge",
+                                  limit=wire.HANDSHAKE_BODY)
         except ProtocolError as err:
             raise AuthError(f"{where} is not this job's: {err}") from None
         transcript = auth.transcript(knock, challenge["nonce"])
@@ -101,7 +102,8 @@ class Greeting:
         """Consume what whole frames buf holds: (bytes to send back, the first sealed message
         once it came, else None)."""
         reply = b""
-        while (got := wire.split_frame(buf, self.session)) is not None:
+        while (got := wire.split_frame(buf, self.session, wire.MAX_BODY if self.session
+                                       else wire.HANDSHAKE_BODY)) is not None:
             message, used = got
             del buf[:used]
             if self.knock is None:

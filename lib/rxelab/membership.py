@@ -5,7 +5,7 @@ in (admit, and join on the newcomer's side). MPI, Gloo and NCCL end the job inst
 Every rank of an elastic job keeps a listener for the job's life, served by its porter
 (rxelab.porter: rank 0's is the job's rendezvous), and knows where the others listen. Every
 connection between them is proven both ways and sealed (rxelab.auth): a process without the
-job's secret can neither answer for a rank, nor coordinate a shrink, nor learn anything.
+job's secret can neither answer for a rank, nor coordinate a shrink, nor learn the secret.
 A shrink needs no rank in particular to have survived:
 
 - The coordinator is the lowest old rank whose listener still answers, proven: each survivor
@@ -47,7 +47,7 @@ from rxelab import listeners
 from rxelab.bootstrap import JobInfo
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError
 from rxelab.link import Link, dial
-from rxelab.liveness import CONNECT_S, PROBE_S, Watch, probe
+from rxelab.liveness import CONNECT_S, GONE, PROBE_S, SILENT, Watch, probe
 from rxelab.porter import Porter, answer
 
 if TYPE_CHECKING:
@@ -55,9 +55,9 @@ if TYPE_CHECKING:
 
 READ_S = 2.0  # a newcomer that was offered a place says whether it takes it within this
 MAX_NEWCOMERS = 64  # per admit
-# makes the communicator of a job and generation on the seat's porter; alive(new rank) says
-# whether a member that has not come yet still lives
-Build = Callable[[JobInfo, int, Callable[[int], bool] | None], "Communicator"]
+# makes the communicator of a job and generation on the seat's porter; look(new rank) says
+# whether a member that has not come yet still lives (rxelab.liveness's verdict)
+Build = Callable[[JobInfo, int, Callable[[int], str] | None], "Communicator"]
 GRACE_S = 0.1  # admit listens at least this long: newcomers queued before it say their join
 ADMIT_SHARE = 0.5  # of the communicator's timeout, admit listens at most (the others wait)
 OFFER_SHARE = 0.25  # and the offers' answers take at most this much of it
@@ -74,14 +74,15 @@ class Seat:
     generation: int
     opened: dict[str, Any]  # device=, port=, gid_index= and the settings, for the next init
 
-    def probe(self, rank: int, generation: int) -> bool:
-        """Whether old rank `rank` still lives (a proven answer from its listener)."""
+    def probe(self, rank: int, generation: int) -> str:
+        """Whether old rank `rank` still lives (rxelab.liveness: a proven answer from its
+        listener, for that rank of that generation)."""
         return probe(self.directory[rank], self.job.credential, scope=self.job.job_id,
-                     rank=self.job.rank, generation=generation)
+                     rank=self.job.rank, to=rank, generation=generation)
 
     def dial(self, rank: int, kind: str, generation: int, deadline: float) -> Link:
         return dial(self.directory[rank], self.job.credential, kind=kind, rank=self.job.rank,
-                    generation=generation, scope=self.job.job_id,
+                    to=rank, generation=generation, scope=self.job.job_id,
                     deadline=min(deadline, time.monotonic() + PROBE_S), connect_s=CONNECT_S)
 
 
@@ -135,10 +136,10 @@ def shrink(seat: Seat, build: Build, deadline: float, quorum: str | int) -> Comm
                   "lost": [m for m in range(seat.job.world_size) if m not in decided],
                   "agree_s": agreed - started}
 
-        def alive(rank: int, decided: list[int] = decided) -> bool:
+        def look(rank: int, decided: list[int] = decided) -> str:
             return seat.probe(decided[rank], generation)
         try:
-            comm = build(job, generation + 1, alive)
+            comm = build(job, generation + 1, look)
         except PeerError as err:  # a member died while the mesh was built: agree again
             if time.monotonic() >= deadline:
                 raise PeerError(f"shrink: the new communicator of ranks {decided} could not be "
@@ -172,13 +173,16 @@ def ask(seat: Seat, candidate: int, generation: int, deadline: float) -> list[in
     cannot prove it is of this job), or "later" when it is not coordinating yet."""
     try:
         link = seat.dial(candidate, "shrink", generation, deadline)
-    except (OSError, AuthError):
+    except (OSError, AuthError):  # nothing listens there, or a stranger does: gone
         return None
-    except (ProtocolError, PeerError) as err:  # took the connection, never proved itself
+    except (ProtocolError, PeerError) as err:  # it closed on us, or said nothing
         if time.monotonic() >= deadline:
             raise PeerError(f"shrink: rank {candidate} did not answer in time: {err}",
                             peer=candidate) from None
-        return None
+        # a live porter does neither for long: silent (or gone) twice in a row means gone
+        verdict = seat.probe(candidate, generation)
+        return None if verdict == GONE or (verdict == SILENT and "in time" in str(err)) \
+            else "later"
     try:
         link.send({"type": "shrink", "rank": seat.job.rank, "generation": generation})
         # a little past our deadline: the coordinator's verdict at its own comes first
@@ -216,7 +220,8 @@ def coordinate(seat: Seat, members: list[int], dead: set[int], generation: int, 
     joined: dict[int, Link] = {}
     watch = Watch(lambda r: seat.probe(r, generation))
     try:
-        with seat.porter.serving("shrink") as inbox:
+        with seat.porter.serving("shrink") as inbox:  # ended before the verdict is told: a
+            # member's hello for the next generation must not find this rank agreeing
             while True:
                 for r in [r for r, link in joined.items() if closed(link)]:
                     joined.pop(r).close()  # it died while we agreed
@@ -243,6 +248,7 @@ def coordinate(seat: Seat, members: list[int], dead: set[int], generation: int, 
             tell(joined, {"type": "failed", "reason": why})
             raise PeerError(f"shrink: {why}", hint="a network partition? quorum='any' lets any "
                                                    "group of survivors go on")
+        seat.porter.hold(generation + 1, 0)  # its members dial it at once
         tell(joined, {"type": "members", "generation": generation, "members": decided})
         return decided
     finally:
@@ -366,8 +372,9 @@ def knock(job: JobInfo, settings: dict[str, Any], deadline: float,
         for addr in listeners.addresses(job.master_addr, job.master_port) or [
                 (job.master_addr, job.master_port)]:
             try:
-                link = dial(addr, job.credential, kind="join", rank=-1, generation=0,
-                            scope=f"join {job.master_port}", deadline=deadline,
+                link = dial(addr, job.credential, kind="join", rank=-1, to=0, generation=0,
+                            scope=f"join {job.master_port}",
+                            deadline=min(deadline, time.monotonic() + PROBE_S),
                             connect_s=CONNECT_S)
             except (OSError, ProtocolError, PeerError) as err:
                 last = str(err)
@@ -399,5 +406,7 @@ def _ask_in(link: Link, settings: dict[str, Any], deadline: float, committed_s: 
     if time.monotonic() >= deadline:
         return "offered a place after this newcomer's wait ran out"
     link.send({"type": "accept"})  # from here on this process is the job's
-    return link.recv(deadline=time.monotonic() + committed_s, peer=f"the job at {where}",
-                     expect="welcome")
+    reply = link.recv(deadline=time.monotonic() + committed_s, peer=f"the job at {where}")
+    if reply["type"] == "welcome":
+        return reply
+    return str(reply.get("reason", reply["type"]))  # turned away after all: knock again

@@ -25,6 +25,7 @@ VERSION = 6  # 2: hellos carry the job token; 3: a digest of the job's secret; 4
 # frames instead of a digest of the secret
 HEADER = struct.Struct("!4sHI")
 MAX_BODY = 1 << 20  # a table for thousands of ranks fits; a stray stream does not
+HANDSHAKE_BODY = 1024  # before a connection is proven, no frame is larger than this
 
 # type -> {field: (python type, check)}
 _U24 = (int, lambda v: 0 <= v < 1 << 24)
@@ -61,7 +62,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
     # the handshake (rxelab.auth), in the clear: what the connection is for and a nonce; the
     # listener's nonce and proof; the connector's proof. Everything after it is sealed.
     "knock": {"kind": (str, lambda v: v in KINDS), "rank": (int, lambda v: -1 <= v < 1 << 20),
-              "generation": _GENERATION, "scope": _SCOPE, "nonce": _NONCE},
+              "to": _RANK, "generation": _GENERATION, "scope": _SCOPE, "nonce": _NONCE},
     "challenge": {"nonce": _NONCE, "proof": _NONCE},
     "proof": {"proof": _NONCE},
     "hello": {"rank": _RANK, "world_size": _RANK, "host": (str, lambda v: 0 < len(v) < 256),
@@ -114,15 +115,15 @@ def decode(frame: bytes) -> dict[str, Any]:
     return _parse_body(body)
 
 
-def _check_header(header: bytes) -> int:
+def _check_header(header: bytes, limit: int = MAX_BODY) -> int:
     magic, version, length = HEADER.unpack(header)
     if magic != MAGIC:
         raise ProtocolError(f"not an rxelab message (starts with {magic!r})")
     if version != VERSION:
         raise ProtocolError(f"message version {version}, this rxelab speaks {VERSION}",
                             hint="run the same rxelab version on every node")
-    if length > MAX_BODY + TAG_BYTES:
-        raise ProtocolError(f"message of {length} bytes exceeds the limit of {MAX_BODY}")
+    if length > limit + TAG_BYTES:
+        raise ProtocolError(f"message of {length} bytes exceeds the limit of {limit}")
     return int(length)
 
 
@@ -188,8 +189,8 @@ def send(sock: socket.socket, message: dict[str, Any], session: Session | None =
     sock.sendall(encode(message, session))
 
 
-def split_frame(data: bytes | bytearray,
-                session: Session | None = None) -> tuple[dict[str, Any], int] | None:
+def split_frame(data: bytes | bytearray, session: Session | None = None,
+                limit: int = MAX_BODY) -> tuple[dict[str, Any], int] | None:
     """The first whole frame in data, as (message, bytes used), or None while it is still
     incomplete; anything malformed is a ProtocolError at once (even before the whole body
     came, so nobody can make rank 0 buffer a stray stream)."""
@@ -198,7 +199,7 @@ def split_frame(data: bytes | bytearray,
             raise ProtocolError(f"not an rxelab message (starts with {bytes(data[:4])!r})")
         return None
     header = bytes(data[:HEADER.size])
-    length = _check_header(header)
+    length = _check_header(header, limit)
     if len(data) < HEADER.size + length:
         return None
     body = _unseal(header, bytes(data[HEADER.size:HEADER.size + length]), session)
@@ -206,10 +207,10 @@ def split_frame(data: bytes | bytearray,
 
 
 def recv(sock: socket.socket, *, deadline: float, peer: str, expect: str | None = None,
-         session: Session | None = None) -> dict[str, Any]:
+         session: Session | None = None, limit: int = MAX_BODY) -> dict[str, Any]:
     """One message from sock before the deadline (time.monotonic()), or a clear error."""
     header = _recv_exact(sock, HEADER.size, deadline, peer)
-    rest = _recv_exact(sock, _check_header(header), deadline, peer)
+    rest = _recv_exact(sock, _check_header(header, limit), deadline, peer)
     message = _parse_body(_unseal(header, rest, session))
     if message["type"] == "abort":
         raise PeerError(f"{peer} aborted: {message['reason']}", peer=message["rank"])

@@ -147,7 +147,7 @@ def raw_hello(rank: int = 1, world: int = 3) -> bytes:
 
 
 def knock_bytes(world: int = 3, port: int = 0) -> bytes:
-    return wire.encode({"type": "knock", "kind": "hello", "rank": 1, "generation": 0,
+    return wire.encode({"type": "knock", "kind": "hello", "rank": 1, "to": 0, "generation": 0,
                         "scope": f"rendezvous {port} {world}", "nonce": "ab" * 32})
 
 
@@ -156,7 +156,7 @@ def proven_hello(port: int, credential: SharedSecret, rank: int, world: int,
     """A process that dials with `credential` and says a hello: the socket, or None when the
     handshake failed (rank 0 did not prove itself, or dropped us)."""
     try:
-        link = dial(("127.0.0.1", port), credential, kind="hello", rank=rank, generation=0,
+        link = dial(("127.0.0.1", port), credential, kind="hello", rank=rank, to=0, generation=0,
                     scope=f"rendezvous {port} {scope_world or world}",
                     deadline=time.monotonic() + 3, connect_s=2)
     except (AuthError, OSError, PeerError):

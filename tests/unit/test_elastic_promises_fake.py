@@ -245,3 +245,46 @@ def test_silent_connections_during_admit_do_not_keep_rank_0_past_the_others():
     for same, total, took in out:
         assert same and total == 3.0, out
         assert took < 4, f"admit took {took:.1f} s with a communicator timeout of 4 s"
+
+
+def test_a_newcomer_waits_at_the_rendezvous_for_an_admit_that_does_not_wait(monkeypatch):
+    """admit(timeout=0) takes whoever waits: a newcomer knocking between admits is kept
+    waiting (parked) until the next one - one knock - not told "later" to knock again and
+    again, each time likely to miss the short window."""
+    results: dict[str, object] = {}
+    knocks: list[float] = []
+    real_dial = membership.dial
+
+    def dial(*args, **kw):
+        if kw.get("kind") == "join":
+            knocks.append(time.monotonic())
+        return real_dial(*args, **kw)
+    monkeypatch.setattr(membership, "dial", dial)
+
+    def knock(port: int) -> None:
+        try:
+            with rxelab.join("127.0.0.1", port, wait=30, device="fake0") as comm:
+                results["newcomer"] = (comm.rank, comm.size)
+                y = np.empty(8)
+                comm.allreduce(np.ones(8), y)
+        except BaseException as err:  # reported to the test
+            results["newcomer"] = err
+
+    def job(comm):
+        t = None
+        if comm.rank == 0:
+            t = threading.Thread(target=knock, args=(comm.rendezvous[1],), daemon=True)
+            t.start()
+        time.sleep(2.0)  # the newcomer knocks meanwhile, and waits
+        comm.barrier()
+        comm = comm.admit(timeout=0)  # one admit that listens 0.1 s: it is taken in
+        y = np.empty(8)
+        comm.allreduce(np.ones(8), y)
+        size = comm.size
+        comm.close()
+        if t is not None:
+            t.join(20)
+        return size
+    out = run_ranks(2, job, timeout=10, deadline=60, elastic=True)
+    assert out == [3, 3] and results["newcomer"] == (2, 3), (out, results)
+    assert len(knocks) == 1, f"the newcomer knocked {len(knocks)} times"

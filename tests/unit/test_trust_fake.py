@@ -6,6 +6,7 @@ rank's hello into another job, relayed the job from [::1], or kept a dead rank "
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -17,8 +18,10 @@ from pyverbs import _fabric
 from rxelab import auth, listeners, wire
 from rxelab.auth import SharedSecret
 from rxelab.bootstrap import discover
-from rxelab.errors import AuthError, ConfigError, PeerError
+from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError
 from rxelab.link import Greeting, dial
+from rxelab.liveness import ALIVE, probe
+from rxelab.porter import Porter
 
 from tests.unit.fakejob import die, free_port, run_ranks, settle
 from tests.unit.impostors import Impostor, bind_when_free
@@ -105,7 +108,7 @@ def _exchange(listener_cred: SharedSecret, dial_cred: SharedSecret, scope: str) 
         t = threading.Thread(target=serve, daemon=True)
         t.start()
         try:
-            link = dial(("127.0.0.1", port), dial_cred, kind="hello", rank=1, generation=0,
+            link = dial(("127.0.0.1", port), dial_cred, kind="hello", rank=1, to=0, generation=0,
                         scope=scope, deadline=time.monotonic() + 5, connect_s=2)
             link.send({"type": "bye", "rank": 1} | {"type": "hello", "rank": 1, "world_size": 2,
                                                    "host": "x", "settings": {}, "listen": 0,
@@ -258,7 +261,7 @@ def test_a_secret_file_of_another_user_is_refused_even_if_private(tmp_path, monk
 
 def test_frames_after_the_handshake_are_sealed_and_a_changed_one_is_refused():
     cred = SharedSecret.of(SECRET, "test")
-    knock = {"type": "knock", "kind": "hello", "rank": 1, "generation": 0, "scope": "s",
+    knock = {"type": "knock", "kind": "hello", "rank": 1, "to": 0, "generation": 0, "scope": "s",
              "nonce": auth.nonce()}
     t = auth.transcript(knock, auth.nonce())
     sender, receiver = auth.Session(cred, t, auth.CONNECTOR), auth.Session(cred, t, auth.LISTENER)
@@ -271,3 +274,75 @@ def test_frames_after_the_handshake_are_sealed_and_a_changed_one_is_refused():
     changed[-40] ^= 1
     with pytest.raises(Exception, match="failed its seal"):
         wire.split_frame(bytes(changed), receiver)
+
+
+# ---- a relay between ranks, or between jobs of one secret -----------------------------------
+def _relay(target: tuple[str, int]) -> tuple[socket.socket, threading.Event]:
+    """A stranger's listener that passes every byte on to `target` and back (it cannot read
+    or change them: it only relays)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def pump(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            out = socket.create_connection(target)
+            for a, b in ((conn, out), (out, conn)):
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
+    threading.Thread(target=accept, daemon=True).start()
+    return srv, stop
+
+
+def test_a_relay_from_a_dead_ranks_port_to_a_live_rank_does_not_make_it_alive():
+    """The probe is bound to the rank it is for: rank 1's porter answers for rank 1 only."""
+    cred = SharedSecret.of(SECRET, "test")
+    listener = listeners.any_address(0)
+    porter = Porter(listener, cred, {"job"}, rank=1, generation=0)
+    relay, stop = _relay(("127.0.0.1", porter.port))
+    try:
+        where = ("127.0.0.1", relay.getsockname()[1])
+        assert probe(where, cred, scope="job", rank=0, to=1, generation=0) == ALIVE, \
+            "a relay of rank 1's own probe is rank 1 answering"
+        assert probe(where, cred, scope="job", rank=0, to=2, generation=0) != ALIVE
+        assert probe(("127.0.0.1", porter.port), cred, scope="job", rank=0, to=2,
+                     generation=0) != ALIVE, "rank 1 answered for rank 2"
+    finally:
+        stop.set()
+        relay.close()
+        porter.close(listener=True)
+
+
+def test_two_jobs_of_one_secret_under_their_launchers_are_bound_apart():
+    env = {"RXELAB_JOB_TOKEN": SECRET, "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
+    a = discover(1, 4, env={**env, "TORCHELASTIC_RUN_ID": "run-a"})
+    b = discover(1, 4, env={**env, "TORCHELASTIC_RUN_ID": "run-b"})
+    c = discover(1, 4, env={**env, "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"})
+    assert len({a.scope(), b.scope(), c.scope()}) == 3
+    assert "run-a" in a.scope() and "slurm-77.0" in c.scope()
+    weird = discover(1, 4, env={**env, "TORCHELASTIC_RUN_ID": "x y;$(rm)" + "z" * 100})
+    assert wire.SCHEMAS["knock"]["scope"][1](weird.scope()), "a launcher's id is kept printable"
+
+
+def test_nothing_big_is_read_from_a_connection_before_it_proved_itself():
+    """A stranger may not make a listener buffer or parse a large frame before the handshake
+    (64 waiting connections of 1 MiB each, before)."""
+    g = Greeting(SharedSecret.of(SECRET, "test"), lambda knock: None)
+    buf = bytearray(wire.HEADER.pack(wire.MAGIC, wire.VERSION, 100_000))
+    with pytest.raises(ProtocolError, match="exceeds the limit of 1024"):
+        g.step(buf)
