@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rxelab import bootstrap, codecs, layouts, membership, ops, settings, verbs
+from rxelab import bootstrap, codecs, layouts, membership, newcomers, ops, settings, verbs
 from rxelab import engine as engine_mod
 from rxelab.buffers import Buffer, as_buffer, host_array
 from rxelab.collectives.common import DATA, Call, Staging
@@ -690,32 +690,32 @@ class Communicator:
             raise ConfigError("admit: this communicator is not elastic",
                               hint="rxelab.init(elastic=True) on every rank")
         wanted = whole(wanted, "wanted")
-        if not 0 <= wanted <= membership.MAX_NEWCOMERS:
-            raise ConfigError(f"wanted={wanted} must be 0..{membership.MAX_NEWCOMERS}")
+        if not 0 <= wanted <= newcomers.MAX_NEWCOMERS:
+            raise ConfigError(f"wanted={wanted} must be 0..{newcomers.MAX_NEWCOMERS}")
         membership.deadline_of(timeout, 0.0)  # checked
         quorum = membership.check_quorum(quorum, self.size)
         seat = self._seat()
-        wait = min(float(timeout), self.timeout * membership.ADMIT_SHARE)
+        wait = min(float(timeout), self.timeout * newcomers.ADMIT_SHARE)
         mine = shared_settings(self.options, self.compression)
 
         def fits(theirs: dict[str, Any]) -> str | None:
             return settings.disagreement(mine, theirs, "the newcomer", codecs.NAMES_BY_ID)
-        newcomers = (membership.hear_newcomers(seat, wait, wanted,
-                                               self.timeout * membership.OFFER_SHARE, fits,
-                                               self.control.watch)
-                     if self.rank == 0 else [])
-        count = np.array([len(newcomers)], dtype=np.int64)
+        arrived = (newcomers.hear_newcomers(seat, wait, wanted,
+                                            self.timeout * newcomers.OFFER_SHARE, fits,
+                                            self.control.watch)
+                   if self.rank == 0 else [])
+        count = np.array([len(arrived)], dtype=np.int64)
         try:
             self.bcast(count)
             if count[0]:  # every rank has the count before anyone acts on it
                 self.barrier()
         except BaseException:
-            membership.turn_away(newcomers, "a rank of the job failed while admitting")
+            newcomers.turn_away(arrived, "a rank of the job failed while admitting")
             raise
         if not count[0]:
             return self
         generation, size = seat.generation, self.size
-        membership.welcome(newcomers, size, generation + 1, seat.job.job_id)
+        newcomers.welcome(arrived, size, generation + 1, seat.job.job_id)
         seat = self._leave("admit", farewell=True)
         started = time.monotonic()
         host, port = seat.directory[0]
@@ -946,7 +946,7 @@ def join(master_addr: str | None = None, master_port: int | None = None,
     resolved = settings.resolve({k: v for k, v in options.items() if k not in OPENING})
     mine = shared_settings(resolved, codecs.lookup(options.get("compression")))
     started = time.monotonic()
-    welcome = membership.knock(job, mine, deadline, float(resolved["timeout"]) + 10.0)
+    welcome = newcomers.knock(job, mine, deadline, float(resolved["timeout"]) + 10.0)
     job = dataclasses.replace(job, rank=welcome["rank"], world_size=welcome["world_size"],
                               source="join", job_id=welcome["job"])
     options["elastic"] = True

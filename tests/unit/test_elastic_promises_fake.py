@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 import rxelab
-from rxelab import elastic, membership
+from rxelab import elastic, membership, newcomers
 from rxelab.errors import ConfigError, PeerError
 
 from tests.unit.fakejob import die, run_ranks, settle
@@ -253,13 +253,13 @@ def test_a_newcomer_waits_at_the_rendezvous_for_an_admit_that_does_not_wait(monk
     again, each time likely to miss the short window."""
     results: dict[str, object] = {}
     knocks: list[float] = []
-    real_dial = membership.dial
+    real_dial = newcomers.dial
 
     def dial(*args, **kw):
         if kw.get("kind") == "join":
             knocks.append(time.monotonic())
         return real_dial(*args, **kw)
-    monkeypatch.setattr(membership, "dial", dial)
+    monkeypatch.setattr(newcomers, "dial", dial)
 
     def knock(port: int) -> None:
         try:
