@@ -15,12 +15,12 @@ help:
 	@echo "make test        # the whole test suite (boots its own lab); test-unit: no VMs"
 
 deps: .venv/.deps-ok
-.venv/.deps-ok: pyproject.toml infra/install-deps.sh
+.venv/.deps-ok: pyproject.toml lib/pyproject.toml infra/install-deps.sh
 	bash infra/install-deps.sh
 	touch $@
 
 test-deps: .venv/.test-deps-ok
-.venv/.test-deps-ok: pyproject.toml infra/install-deps.sh
+.venv/.test-deps-ok: pyproject.toml lib/pyproject.toml infra/install-deps.sh
 	bash infra/install-deps.sh test
 	touch .venv/.deps-ok $@
 

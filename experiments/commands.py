@@ -60,17 +60,17 @@ def stop_command(*run_ids: str) -> str:
 
 def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str) -> str:
     p = fleet.remote_paths()
-    app = ["python3", f"{p['apps']}/server_client.py", "--op", case["op"], "--algorithm",
+    app = [p["python"], f"{p['apps']}/server_client.py", "--op", case["op"], "--algorithm",
            case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
            "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else []),
             *(["--data", case["data"]] if case.get("data") else [])]
     for key in (*library.BY_NAME, "pairs", "compression"):  # init()'s options as flags too
         if case.get(key) is not None:
             app += [f"--{key.replace('_', '-')}", str(case[key])]
-    argv = ["python3", "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
+    argv = [p["python"], "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
             "--per-host", str(case.get("ranks_per_node") or 1), "--port", str(port),
             "--timeout", f"{case_timeout(case):.0f}", "--", *app]
-    return started_by(run_id) + remote_word(f"PYTHONPATH={p['lib']}") + " " + _remote_join(argv)
+    return started_by(run_id) + _remote_join(argv)
 
 
 def gloo_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str) -> str:
@@ -78,13 +78,13 @@ def gloo_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str
     would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); the app finds the interface on the
     data network from MASTER_ADDR."""
     p = fleet.remote_paths()
-    app = ["python3", f"{p['apps']}/gloo_compare.py", "--op", case["op"], "--algorithm",
+    app = [p["python"], f"{p['apps']}/gloo_compare.py", "--op", case["op"], "--algorithm",
            case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
            "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else []),
             *(["--data", case["data"]] if case.get("data") else [])]
-    argv = ["python3", "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
+    argv = [p["python"], "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
             "--port", str(port), "--timeout", f"{case_timeout(case):.0f}", "--", *app]
-    return started_by(run_id) + remote_word(f"PYTHONPATH={p['lib']}") + " " + _remote_join(argv)
+    return started_by(run_id) + _remote_join(argv)
 
 
 def remote_word(arg: str) -> str:
@@ -131,9 +131,9 @@ def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: s
     argv = ["timeout", f"{case_timeout(case):.0f}", "mpirun", "-np", str(len(hosts)),
             "--host", ",".join(h.data_ip for h in hosts), "--mca", "oob_tcp_if_include", network,
             "-x", RUN_ID,  # the ranks carry the run's id too: the clean-up finds them
-            "-x", f"PYTHONPATH={p['lib']}",  # the app reads rxelab's description of the ops
             *mpi_transport_args(case["transport"], hosts, network), *mca,
-            "python3", f"{p['apps']}/mpi_compare.py", "--op", case["op"],
+            # the venv's python: the app reads rxelab's description of the ops
+            p["python"], f"{p['apps']}/mpi_compare.py", "--op", case["op"],
             "--algorithm", case["algorithm"], "--size", str(case["size"]),
             "--stages", str(case["stages"]), "--warmup", str(case["warmup"]),
             *(["--tight"] if case.get("tight") else []),

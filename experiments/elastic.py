@@ -40,37 +40,35 @@ def kills(el: dict[str, Any]) -> list[str]:
 
 def app_argv(el: dict[str, Any], *extra: str) -> list[str]:
     p = fleet.remote_paths()
-    return ["python3", f"{p['apps']}/elastic_train.py", "--steps", str(el["steps"]),
+    return [p["python"], f"{p['apps']}/elastic_train.py", "--steps", str(el["steps"]),
             "--size", str(el["size"]), "--admit-every", str(el["admit_every"]),
             "--pause", f"{el['pause']:g}", *[a for k in kills(el) for a in ("--kill", k)], *extra]
 
 
 def launcher(hosts_arg: list[str], secret: str, timeout: float, *extra: str) -> list[str]:
-    return ["python3", "-m", "rxelab.launch", "--hosts", ",".join(hosts_arg), "--port", str(PORT),
+    return [fleet.remote_paths()["python"], "-m", "rxelab.launch", "--hosts", ",".join(hosts_arg),
+            "--port", str(PORT),
             "--timeout", f"{timeout:.0f}", "--secret-file", secret, *extra]
 
 
 def job_command(el: dict[str, Any], hosts: list[Host], run_id: str, secret: str) -> str:
-    p = fleet.remote_paths()
     argv = [*launcher([h.data_ip for h in hosts], secret, el["timeout_s"], "--elastic",
                       "--per-host", str(el["ranks_per_node"])), "--", *app_argv(el)]
-    return started_by(run_id) + remote_word(f"PYTHONPATH={p['lib']}") + " " + _join(argv)
+    return started_by(run_id) + _join(argv)
 
 
 def newcomer_command(el: dict[str, Any], host: Host, head: Host, run_id: str, secret: str) -> str:
-    p = fleet.remote_paths()
     argv = [*launcher([host.data_ip], secret, el["timeout_s"], "--join", "--master", head.data_ip),
             "--", *app_argv(el, "--join", "--join-timeout", f"{el['timeout_s']:.0f}")]
-    return started_by(run_id) + remote_word(f"PYTHONPATH={p['lib']}") + " " + _join(argv)
+    return started_by(run_id) + _join(argv)
 
 
 def mpi_command(el: dict[str, Any], hosts: list[Host], network: str, run_id: str) -> str:
-    p = fleet.remote_paths()
     per = el["ranks_per_node"]
     exports = [a for k, v in commands.ucx_settings(hosts[0], per).items() for a in ("-x", f"{k}={v}")]
     argv = ["timeout", f"{el['timeout_s']:.0f}", "mpirun", "-np", str(len(hosts) * per),
             "--host", ",".join(f"{h.data_ip}:{per}" for h in hosts),
-            "--mca", "oob_tcp_if_include", network, "-x", RUN_ID, "-x", f"PYTHONPATH={p['lib']}",
+            "--mca", "oob_tcp_if_include", network, "-x", RUN_ID,
             "--mca", "pml", "ucx", "--mca", "btl", "^openib,uct", *exports,
             *app_argv(el, "--mpi")]
     return started_by(run_id) + _join(argv)

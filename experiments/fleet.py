@@ -1,5 +1,9 @@
-"""The nodes, as Fabric sees them: connections built from any inventory, deploy of lib/ and
-apps/ (idempotent: a content hash decides), and the checks that say what a node lacks.
+"""The nodes, as Fabric sees them: connections built from any inventory, deploy of the library
+and apps/ (idempotent: a content hash decides), and the checks that say what a node lacks.
+
+The library goes as a user installs it: the rxelab wheel (`pip wheel lib/`), installed offline
+(`pip install --no-index --no-deps`) into a venv of ours that sees the system's packages
+(pyverbs, numpy, mpi4py are the distribution's), ~/rxelab/venv; every rank runs its python.
 
 Nothing here hangs: connections have a connect timeout, commands a timeout, and a group's
 failures are reported per host.
@@ -11,7 +15,11 @@ import gzip
 import hashlib
 import io
 import os
+import shutil
+import subprocess
+import sys
 import tarfile
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +32,7 @@ from infra.inventory import Host, Inventory
 from infra.ssh import accept_new_host_keys, shell_vars
 from infra.state import mkdir_private
 
-REMOTE_HOME = "rxelab"  # ~/rxelab/{lib,apps} on every node
+REMOTE_HOME = "rxelab"  # ~/rxelab/{venv,apps,wheels} on every node
 # The deploy directory is ours only if it carries this file: a ~/rxelab of the user's own is
 # refused, never replaced.
 DEPLOY_MARK = ".rxelab-deploy"
@@ -103,22 +111,52 @@ def connect(host: Host) -> Connection:
     return c
 
 
+def build_wheel(out: Path) -> Path:
+    """The library's wheel, as `pip wheel lib/` makes it (offline: the build tools are ours),
+    from a copy of lib/: setuptools writes build/ and *.egg-info where it builds, and two builds
+    at once (a deploy beside a test) must not meet there."""
+    source = out / "lib"
+    shutil.copytree(REPO / "lib", source, ignore=shutil.ignore_patterns(
+        "__pycache__", "build", "*.egg-info", "dist"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                        "-q", "--disable-pip-version-check", "-w", str(out), str(source)],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                       cwd=out)
+    found = sorted(out.glob("rxelab-*.whl"))
+    if r.returncode != 0 or len(found) != 1:
+        raise FleetError(f"building the rxelab wheel failed: {(r.stderr or r.stdout)[-800:]}")
+    return found[0]
+
+
+def sources_digest() -> str:
+    """What the deployed code is made of (the library's files and its project, the apps): the
+    same sources, the same digest, whatever the wheel's own timestamps."""
+    h = hashlib.sha256()
+    for root in (REPO / "lib" / "rxelab", REPO / "apps"):
+        for path in sorted(root.rglob("*")):
+            if "__pycache__" in path.parts or not path.is_file():
+                continue
+            h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update((REPO / "lib" / "pyproject.toml").read_bytes())
+    return h.hexdigest()
+
+
 def bundle() -> tuple[bytes, str]:
-    """lib/rxelab and apps/ as one tarball, and its hash (stable: sorted, no mtimes)."""
+    """The library's wheel and apps/ as one tarball, and the sources' digest."""
     buf = io.BytesIO()
-    # gzip with mtime 0: the same files give the same bytes, so the hash says "up to date"
-    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for root, arcroot in ((REPO / "lib" / "rxelab", "lib/rxelab"), (REPO / "apps", "apps")):
-            for path in sorted(root.rglob("*")):
-                if "__pycache__" in path.parts or not path.is_file():
-                    continue
-                info = tarfile.TarInfo(f"{arcroot}/{path.relative_to(root)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = build_wheel(Path(tmp))
+        with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, \
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            files = [(wheel, f"wheels/{wheel.name}")] + [
+                (p, f"apps/{p.relative_to(REPO / 'apps')}") for p in sorted((REPO / "apps").rglob("*"))
+                if "__pycache__" not in p.parts and p.is_file()]
+            for path, name in files:
+                info = tarfile.TarInfo(name)
                 data = path.read_bytes()
                 info.size, info.mode, info.mtime = len(data), 0o644, 0
                 tar.addfile(info, io.BytesIO(data))
-    data = buf.getvalue()
-    return data, hashlib.sha256(data).hexdigest()
+    return buf.getvalue(), sources_digest()
 
 
 @dataclass(frozen=True)
@@ -126,13 +164,17 @@ class NodeCheck:
     host: str
     deployed: bool  # False: was already up to date
     problems: tuple[str, ...]
+    version: str = ""  # the rxelab the node's venv imports
 
 
 CHECK = (
-    "python3 -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null "
+    'py="$HOME/{home}/venv/bin/python3"; '
+    '"$py" -c "import sys; assert sys.version_info >= (3, 11)" 2>/dev/null '
     "|| echo 'PROBLEM: python3 >= 3.11 missing'; "
-    "python3 -c 'import numpy' 2>/dev/null || echo 'PROBLEM: numpy missing (python3-numpy)'; "
-    "python3 -c 'import pyverbs' 2>/dev/null || echo 'PROBLEM: pyverbs missing (python3-pyverbs)'; "
+    '"$py" -c "import numpy" 2>/dev/null || echo "PROBLEM: numpy missing (python3-numpy)"; '
+    '"$py" -c "import pyverbs" 2>/dev/null || echo "PROBLEM: pyverbs missing (python3-pyverbs)"; '
+    '"$py" -c "import rxelab; print(\"VERSION:\", rxelab.__version__)" 2>/dev/null '
+    "|| echo 'PROBLEM: the rxelab wheel is not installed'; "
     'test -e "/sys/class/infiniband/$dev" || echo "PROBLEM: no RDMA device $dev"; '
     'test "$(cut -d" " -f2 "/sys/class/infiniband/$dev/ports/$port/state" 2>/dev/null)" = ACTIVE '
     '|| echo "PROBLEM: $dev port $port is not ACTIVE"'
@@ -148,11 +190,18 @@ CLAIM = (
     'exit 0; fi; '
     'mkdir -p "$d" && touch "$d/{mark}" && cat "$d/.deployed" 2>/dev/null; true'
 )
+# The wheel goes into a venv of ours that sees the system's packages (pyverbs is rdma-core's,
+# not PyPI's), installed offline and alone; lib/ is an earlier deploy's copy, gone.
 UNPACK = (
     'set -e; d="$HOME/{home}"; new="$d/.new-{digest}"; rm -rf "$new"; mkdir "$new"; '
     'tar -xzf "$d/.bundle-{digest}.tgz" -C "$new"; '
-    'for x in lib apps; do rm -rf "$d/$x"; mv "$new/$x" "$d/$x"; done; '
-    'rm -rf "$new" "$d/.bundle-{digest}.tgz"; echo {digest} > "$d/.deployed"'
+    'for x in apps wheels; do rm -rf "$d/$x"; mv "$new/$x" "$d/$x"; done; '
+    '[ -x "$d/venv/bin/pip" ] || {{ rm -rf "$d/venv"; '
+    'python3 -m venv --system-site-packages "$d/venv" >/dev/null 2>&1 || '
+    '{{ echo "PROBLEM: python3 -m venv failed (python3-venv and python3-pip missing?)"; exit 0; }}; }}; '
+    '"$d/venv/bin/pip" install -q --no-index --no-deps --force-reinstall '
+    '--disable-pip-version-check "$d"/wheels/rxelab-*.whl; '
+    'rm -rf "$new" "$d/.bundle-{digest}.tgz" "$d/lib"; echo {digest} > "$d/.deployed"'
 )
 
 
@@ -164,18 +213,23 @@ def deploy_one(host: Host, data: bytes, digest: str) -> NodeCheck:
             if have.startswith("PROBLEM: "):
                 return NodeCheck(host.name, False, (have.removeprefix("PROBLEM: "),))
             changed = have != digest
+            unpacked = ""
             if changed:
                 c.put(io.BytesIO(data), f"{REMOTE_HOME}/.bundle-{digest}.tgz")
-                c.run(UNPACK.format(home=REMOTE_HOME, digest=digest), hide=True, timeout=120)
-            out = c.run(shell_vars(dev=host.rdma.device, port=host.rdma.port) + CHECK, hide=True,
-                        warn=True, timeout=120).stdout
+                unpacked = c.run(UNPACK.format(home=REMOTE_HOME, digest=digest), hide=True,
+                                 timeout=300).stdout
+            out = unpacked + c.run(shell_vars(dev=host.rdma.device, port=host.rdma.port)
+                                   + CHECK.format(home=REMOTE_HOME), hide=True, warn=True,
+                                   timeout=120).stdout
     except paramiko.BadHostKeyException as err:
         return NodeCheck(host.name, False, (f"its SSH host key has CHANGED ({err}): refused",))
     except (OSError, paramiko.SSHException, EOFError) as err:
         return NodeCheck(host.name, False, (f"unreachable over SSH: {err}",))
     problems = tuple(line.removeprefix("PROBLEM: ") for line in out.splitlines()
                      if line.startswith("PROBLEM: "))
-    return NodeCheck(host.name, changed, problems)
+    version = next((line.removeprefix("VERSION: ").strip()[:40] for line in out.splitlines()
+                    if line.startswith("VERSION: ")), "")
+    return NodeCheck(host.name, changed, problems, version)
 
 
 def deploy(inv: Inventory, hosts: list[Host] | None = None) -> list[NodeCheck]:
@@ -192,5 +246,7 @@ def deploy(inv: Inventory, hosts: list[Host] | None = None) -> list[NodeCheck]:
 
 
 def remote_paths() -> dict[str, str]:
-    return {"lib": f"$HOME/{REMOTE_HOME}/lib", "apps": f"$HOME/{REMOTE_HOME}/apps"}
+    """Where a deploy put things on a node: the venv's python (with the rxelab wheel, and the
+    system's packages) and the apps."""
+    return {"python": f"$HOME/{REMOTE_HOME}/venv/bin/python3", "apps": f"$HOME/{REMOTE_HOME}/apps"}
 

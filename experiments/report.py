@@ -30,8 +30,8 @@ UNRECORDED_NOTE = ("How the nodes ran (emulated VMs, VMs with hardware virtualiz
 UNKNOWN = "unknown"
 # Where a version comes from in environment.json: its key under "versions", then the Debian
 # package of older runs (under "packages"), whose upstream part is taken.
-VERSION_SOURCES = (("Open MPI", "open_mpi", "openmpi-bin"), ("UCX", "ucx", "libucx0"),
-                   ("rdma-core", "rdma_core", "rdma-core"))
+VERSION_SOURCES = (("rxelab", "rxelab", None), ("Open MPI", "open_mpi", "openmpi-bin"),
+                   ("UCX", "ucx", "libucx0"), ("rdma-core", "rdma_core", "rdma-core"))
 DGID_CHECK = "UCX_UD_ETH_DGID_CHECK"
 
 
@@ -58,12 +58,13 @@ def upstream_version(debian: str) -> str:
 
 
 def versions(env: dict[str, Any]) -> dict[str, str]:
-    """Open MPI, UCX, rdma-core and kernel versions of the run, "unknown" where not recorded."""
+    """The rxelab wheel's, Open MPI, UCX, rdma-core and kernel versions of the run, "unknown"
+    where not recorded."""
     recorded, packages = _mapping(env, "versions"), _mapping(env, "packages")
     out = {}
     for name, key, package in VERSION_SOURCES:
         v = _text(recorded.get(key))
-        if v is None and (p := _text(packages.get(package))) is not None:
+        if v is None and package and (p := _text(packages.get(package))) is not None:
             v = upstream_version(p)
         out[name] = v or UNKNOWN
     out["kernel"] = _text(recorded.get("kernel")) or _text(env.get("kernel")) or UNKNOWN

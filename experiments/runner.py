@@ -392,6 +392,9 @@ ABOUT = (
     # torch (the gloo contender) from its metadata: importing it costs seconds under TCG
     "python3 -c 'import importlib.metadata as m; print(\"torch\", m.version(\"torch\"))' "
     "2>/dev/null; "
+    # the rxelab the ranks run: the wheel fab deploy installed
+    '"$HOME"/rxelab/venv/bin/python3 -c \'import importlib.metadata as m; '
+    'print("rxelab", m.version("rxelab"))\' 2>/dev/null; '
 )
 PACKAGES = ("rdma-core", "python3-pyverbs", "openmpi-bin", "libucx0", "perftest")
 ACCEL = {"qemu": "tcg", "kvm": "kvm", "none": "none"}
@@ -404,7 +407,7 @@ def parse_about(text: str) -> dict[str, Any]:
         if key == "pkg" and value.split(" ", 1)[0] in PACKAGES and " " in value:
             name, version = value.split(" ", 1)
             about["packages"][name] = version
-        elif key in ("kernel", "virt", "open_mpi", "ucx", "torch") and value.strip():
+        elif key in ("kernel", "virt", "open_mpi", "ucx", "torch", "rxelab") and value.strip():
             about[key] = value.strip()[:200]
     return about
 
@@ -427,7 +430,8 @@ def environment(hosts: list[Host], lab_state: Path | None) -> dict[str, Any]:
         "accel": ACCEL.get(virt, virt),
         # as the tools say them; the report falls back to the packages' versions
         "versions": {"open_mpi": first.get("open_mpi"), "ucx": first.get("ucx"),
-                     "kernel": first.get("kernel"), "torch": first.get("torch")},
+                     "kernel": first.get("kernel"), "torch": first.get("torch"),
+                     "rxelab": first.get("rxelab")},
         "packages": first["packages"],
         "mtu": readings.get("active_mtu", "?"),  # the RoCE path MTU
         "netdev_mtu": readings.get("netdev_mtu", "?"),

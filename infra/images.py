@@ -50,6 +50,8 @@ UBUNTU_PACKAGES = [
     "python3-numpy",
     "python3-zstandard",
     "python3-lz4",
+    "python3-venv",  # the rxelab wheel goes into a venv that sees the system's pyverbs
+    "python3-pip",
     "openmpi-bin",
 ]
 

@@ -27,6 +27,8 @@ fi
 # The test tools (pytest, mypy, ruff, ...) only for the tests: `install-deps.sh test`.
 extras=""
 [ "${1:-}" = test ] && extras="[test]"
+# the library first (lib/ is its own project, the rxelab wheel), then the testbed beside it
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ./lib
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".$extras"
 if ! command -v terraform >/dev/null; then
   echo "deps: terraform is not installed: install Terraform >= 1.4 from HashiCorp" \

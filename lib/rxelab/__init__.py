@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from rxelab.errors import ClosedError, ConfigError, PeerError, ProtocolError, RdmaError
 
+__version__ = "0.2.0"
+
 if TYPE_CHECKING:
     from rxelab.comm import Communicator
 
@@ -41,5 +43,5 @@ def join(*args: Any, **kwargs: Any) -> Communicator:
     return _join(*args, **kwargs)
 
 
-__all__ = ["init", "join", "RdmaError", "ConfigError", "PeerError", "ProtocolError", "ClosedError",
-           "ALLTOALL_ALGORITHMS", "ALLGATHER_ALGORITHMS"]
+__all__ = ["__version__", "init", "join", "RdmaError", "ConfigError", "PeerError",
+           "ProtocolError", "ClosedError", "ALLTOALL_ALGORITHMS", "ALLGATHER_ALGORITHMS"]

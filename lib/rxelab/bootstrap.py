@@ -3,7 +3,9 @@ say it, so a program starts unchanged under torchrun, mpirun, srun or our own la
 
 Explicit arguments win over the environment; among environments torchrun's names come
 first, then Open MPI's, then Slurm's. The rendezvous (rank 0's TCP address) comes from
-MASTER_ADDR/MASTER_PORT, or RXELAB_MASTER_ADDR/PORT.
+MASTER_ADDR/MASTER_PORT, or RXELAB_MASTER_ADDR/PORT. Under srun, which sets neither, it is
+the step's first node (rxelab.hostlist) and a port derived from the job and step ids, so two
+jobs whose first node is the same do not meet at one port.
 
 A job's secret keeps strangers out of its control plane: RXELAB_JOB_TOKEN (our launcher
 passes one on each rank's standard input, never on a command line), or the file
@@ -19,10 +21,14 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rxelab import hostlist
 from rxelab.auth import OPEN, Credential, SharedSecret
 from rxelab.errors import ConfigError
 
 DEFAULT_PORT = 29500
+# srun: ports SLURM_PORT_BASE.. (below Linux's ephemeral range), 16 steps per job, so the jobs
+# that share a first node at once (their ids close together) never share a port
+SLURM_PORT_BASE, SLURM_PORTS, SLURM_STEPS = 12000, 20000, 16
 MAX_RANKS = 16384  # every schedule's sub-tags fit 16 bits up to this (rxelab.collectives.common)
 SOURCES = (
     ("torchrun", "RANK", "WORLD_SIZE"),
@@ -85,6 +91,8 @@ def discover(
             raise ConfigError("rank and world size must be given together",
                               hint="pass both, or set RANK and WORLD_SIZE")
     addr = master_addr or env.get("MASTER_ADDR") or env.get("RXELAB_MASTER_ADDR")
+    if addr is None and source == "Slurm":
+        addr = slurm_first_node(env)
     if master_port is not None:
         port = _int(master_port, "master_port")
     elif env.get("RXELAB_MASTER_PORT"):
@@ -92,6 +100,8 @@ def discover(
     elif env.get("TORCHELASTIC_RUN_ID") and env.get("MASTER_PORT"):
         # under torchrun MASTER_PORT is torch's own store, listening already: use the next one
         port = _int(env["MASTER_PORT"], "MASTER_PORT") + 1
+    elif source == "Slurm" and not env.get("MASTER_PORT") and env.get("SLURM_JOB_ID"):
+        port = slurm_port(env)
     else:
         port = _int(env.get("MASTER_PORT") or DEFAULT_PORT, "MASTER_PORT")
     if world_size < 1:
@@ -109,6 +119,21 @@ def discover(
         raise ConfigError(f"world size {world_size} is more than the {MAX_RANKS} ranks rxelab "
                           "supports (its schedules' tags)")
     return JobInfo(rank, world_size, addr, port, source, credential(env), launch_id=launch_id(env))
+
+
+def slurm_first_node(env: Mapping[str, str]) -> str | None:
+    """The first node of the step (rank 0's under srun's block and cyclic distributions)."""
+    for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        if env.get(name):
+            return hostlist.first(env[name])
+    return None
+
+
+def slurm_port(env: Mapping[str, str]) -> int:
+    """The rendezvous port of a Slurm job's step, the same on every rank of it."""
+    job = _int(env["SLURM_JOB_ID"], "SLURM_JOB_ID")
+    step = _int(env.get("SLURM_STEP_ID") or "0", "SLURM_STEP_ID")
+    return SLURM_PORT_BASE + (job * SLURM_STEPS + step % SLURM_STEPS) % SLURM_PORTS
 
 
 def launch_id(env: Mapping[str, str]) -> str:

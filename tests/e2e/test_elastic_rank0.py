@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_lib import deployed, launch  # noqa: F401 (deployed: the fixture)
+from tests.e2e.test_lib import PY, deployed, launch  # noqa: F401 (deployed: the fixture)
 
 pytestmark = pytest.mark.vm
 
@@ -18,7 +18,7 @@ def test_survivors_of_rank_0_finish_together_on_the_lab(deployed, killed):  # no
     hosts = [h.name for h in deployed.hosts[:3]]
     kills = " ".join(f"--kill 3:{r}" for r in killed)
     rc, by_rank, out = launch(
-        deployed, hosts, "python3 $HOME/rxelab/apps/elastic_train.py --steps 12 --size 262144 "
+        deployed, hosts, f"{PY} $HOME/rxelab/apps/elastic_train.py --steps 12 --size 262144 "
         f"--pause 0.2 --admit-every 100 {kills}", per_host=2, port=29613, timeout=240,
         flags="--elastic")
     assert rc == 0, out[-4000:]

@@ -103,8 +103,8 @@ def test_rxelab_runs_on_torch_tensors_in_place(lab, has_torch, gloo_run):
         pytest.skip("this lab's image has no torch (make provision EXTRAS=torch builds one)")
     p = fleet.remote_paths()
     hosts = ",".join(h.data_ip for h in lab.hosts)
-    cmd = (f"PYTHONPATH={p['lib']} timeout 300 python3 -m rxelab.launch --hosts {hosts} "
-           f"--port 29911 --timeout 240 -- python3 -c {shlex.quote(TENSORS)}")
+    cmd = (f"timeout 300 {p['python']} -m rxelab.launch --hosts {hosts} "
+           f"--port 29911 --timeout 240 -- {p['python']} -c {shlex.quote(TENSORS)}")
     r = lab.ssh("node1", cmd, timeout=360)
     results = sorted(line.split("RESULT", 1)[1].split() for line in r.stdout.splitlines()
                      if "RESULT" in line)

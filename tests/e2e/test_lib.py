@@ -11,7 +11,8 @@ import time
 import pytest
 
 pytestmark = pytest.mark.vm
-REMOTE_LIB = "rxelab/lib"  # where fab deploy puts it, under the VM user's home
+REMOTE_HOME = "rxelab"  # where fab deploy puts things, under the VM user's home
+PY = "$HOME/rxelab/venv/bin/python3"  # the venv fab deploy installed the rxelab wheel into
 SIZES = "0,1,7,4096,1048576"
 
 
@@ -33,7 +34,7 @@ def deployed(lab):
 def launch(lab, hosts: list[str], command: str, per_host: int = 1, port: int = 29600,
            timeout: float = 600, flags: str = "") -> tuple[int, dict[int, list[dict]], str]:
     """Run a job with our launcher from the first host; JSON lines per rank, and the text."""
-    line = (f"cd {REMOTE_LIB} && PYTHONPATH=$HOME/{REMOTE_LIB} python3 -m rxelab.launch "
+    line = (f"cd {REMOTE_HOME} && {PY} -m rxelab.launch "
             f"--hosts {','.join(hosts)} --per-host {per_host} --port {port} --timeout {timeout} "
             f"{flags} -- {command}")
     r = lab.ssh(hosts[0], line, timeout=timeout + 60)
@@ -57,7 +58,7 @@ def assert_all_checks_pass(by_rank: dict[int, list[dict]], world: int, out: str)
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_algorithm_across_vms(deployed, world):
     hosts = [h.name for h in deployed.hosts[:world]]
-    rc, by_rank, out = launch(deployed, hosts, f"python3 -m rxelab.selftest --sizes {SIZES}",
+    rc, by_rank, out = launch(deployed, hosts, f"{PY} -m rxelab.selftest --sizes {SIZES}",
                               port=29600 + world)
     assert rc == 0, out[-3000:]
     assert_all_checks_pass(by_rank, world, out)
@@ -71,8 +72,8 @@ def test_every_algorithm_across_vms(deployed, world):
 
 def test_world_size_one(deployed):
     host = deployed.hosts[0]
-    r = deployed.ssh(host, f"cd {REMOTE_LIB} && PYTHONPATH=$HOME/{REMOTE_LIB} "
-                           f"python3 -m rxelab.selftest --sizes {SIZES}", timeout=300)
+    r = deployed.ssh(host, f"cd {REMOTE_HOME} && $HOME/rxelab/venv/bin/rxelab-selftest "
+                           f"--sizes {SIZES}", timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     records = [json.loads(x) for x in r.stdout.splitlines()]
     assert_all_checks_pass({0: records}, 1, r.stdout)
@@ -81,7 +82,7 @@ def test_world_size_one(deployed):
 @pytest.mark.parametrize("hosts, per_host", [(1, 3), (2, 2)], ids=["3-ranks-one-vm", "2x2"])
 def test_several_ranks_per_vm_over_rxe_loopback(deployed, hosts, per_host):
     names = [h.name for h in deployed.hosts[:hosts]]
-    rc, by_rank, out = launch(deployed, names, "python3 -m rxelab.selftest --sizes 0,1,7,4096,65536",
+    rc, by_rank, out = launch(deployed, names, f"{PY} -m rxelab.selftest --sizes 0,1,7,4096,65536",
                               per_host=per_host, port=29610 + hosts)
     assert rc == 0, out[-3000:]
     assert_all_checks_pass(by_rank, hosts * per_host, out)
@@ -89,7 +90,7 @@ def test_several_ranks_per_vm_over_rxe_loopback(deployed, hosts, per_host):
 
 def test_bad_input_is_refused_before_anything_is_posted(deployed):
     names = [h.name for h in deployed.hosts]
-    rc, by_rank, out = launch(deployed, names, "python3 -m rxelab.selftest --mode bad-input",
+    rc, by_rank, out = launch(deployed, names, f"{PY} -m rxelab.selftest --mode bad-input",
                               port=29620)
     assert rc == 0, out[-3000:]
     assert_all_checks_pass(by_rank, 3, out)
@@ -104,7 +105,7 @@ def test_a_dead_or_hung_peer_is_a_clear_error_within_the_timeout(deployed, how):
     # A hung victim never exits: the launcher stops the job at its own timeout, so that is kept
     # short (the survivors name the victim at their own timeout, 10 s, and report at once)
     rc, by_rank, out = launch(deployed, names,
-                              f"python3 -m rxelab.selftest --mode {how} --victim 2 --timeout 10",
+                              f"{PY} -m rxelab.selftest --mode {how} --victim 2 --timeout 10",
                               port=29630 + len(how), timeout=20)
     assert rc != 0, "the job as a whole fails"
     for rank in (0, 1):
@@ -139,14 +140,15 @@ def test_seed_api_ports_one_to_one(deployed):
         "print('{\"seed-api\": \"ok\"}')\n"
     )
     names = [h.name for h in deployed.hosts[:2]]
-    rc, by_rank, out = launch(deployed, names, f"python3 -c {shlex.quote(program)}", port=29640)
+    rc, by_rank, out = launch(deployed, names, f"{PY} -c {shlex.quote(program)}", port=29640)
     assert rc == 0, out[-3000:]
     assert by_rank[0] == [{"seed-api": "ok"}] and by_rank[1] == [{"seed-api": "ok"}]
 
 
 def test_benchmark_prints_osu_rows_with_bandwidth_and_the_perftest_limit(deployed):
     names = [h.name for h in deployed.hosts]
-    command = ("python3 -m rxelab.bench --sizes 1,65536 --iterations 2 --warmup 1 --perftest")
+    command = ("$HOME/rxelab/venv/bin/rxelab-bench --sizes 1,65536 --iterations 2 --warmup 1 "
+               "--perftest")
     rc, _, out = launch(deployed, names, command, port=29650)
     assert rc == 0, out[-3000:]
     lines = [x.split("] ", 1)[1] for x in out.splitlines() if x.startswith("[0] ")]
@@ -176,8 +178,8 @@ def test_no_rank_outlives_the_launcher_on_any_node(deployed, sig):
     """SIGTERM (or SIGKILL) to the launcher on node1: the ranks on node1, node2 and node3 end."""
     marker = f"sleep 7{len(sig)}7"
     names = ",".join(h.name for h in deployed.hosts)
-    r = deployed.ssh(deployed.hosts[0], f"cd {REMOTE_LIB} || exit 1; PYTHONPATH=$HOME/{REMOTE_LIB} nohup "
-                     f"python3 -m rxelab.launch --hosts {names} -- {marker} >/tmp/launch.out 2>&1 "
+    r = deployed.ssh(deployed.hosts[0], f"cd {REMOTE_HOME} || exit 1; nohup "
+                     f"$HOME/rxelab/venv/bin/rxelab-launch --hosts {names} -- {marker} >/tmp/launch.out 2>&1 "
                      f"</dev/null & echo $!")
     launcher = int(r.stdout.strip())
     try:

@@ -213,16 +213,24 @@ def test_an_old_run_takes_versions_from_its_debian_packages(results):
                                   "rdma-core": "44.0-2"})
     for text in (page, md):
         assert "Open MPI (4.1.4)" in text and "UCX (1.13.1)" in text
-        assert "versions: Open MPI 4.1.4, UCX 1.13.1, rdma-core 44.0, kernel 6.1.0-56-amd64" in text
+        assert ("versions: rxelab unknown, Open MPI 4.1.4, UCX 1.13.1, rdma-core 44.0, kernel "
+                "6.1.0-56-amd64") in text
     assert report.upstream_version("4.5+0.17-1") == "4.5+0.17"
     assert report.upstream_version("44.0") == "44.0"
+
+
+def test_the_report_states_the_rxelab_wheel_a_run_used(results):
+    page, md = with_env(results, versions={"rxelab": "0.2.0", "open_mpi": "4.1.4"})
+    for text in (page, md):
+        assert "versions: rxelab 0.2.0, Open MPI 4.1.4" in text
 
 
 def test_a_run_without_versions_or_settings_says_unknown(results):
     page, md = with_env(results, versions={"open_mpi": None, "ucx": None})
     for text in (page, md):
         assert "Open MPI (unknown)" in text and "UCX (unknown)" in text
-        assert "versions: Open MPI unknown, UCX unknown, rdma-core unknown, kernel unknown" in text
+        assert ("versions: rxelab unknown, Open MPI unknown, UCX unknown, rdma-core unknown, "
+                "kernel unknown") in text
         assert "how the nodes ran" in text.lower() and "was not recorded" in text
         assert "UCX settings that were not recorded" in text
         for claim in ("4.1.4", "1.13.1", "TCG", "rxe0", "None"):

@@ -23,11 +23,12 @@ RUN = "0123456789ab"
 
 def test_rxelab_case_runs_our_launcher_on_the_data_network():
     cmd = commands.rxelab_command(CASE, HOSTS, 29701, RUN)
-    assert "python3 -m rxelab.launch --hosts 10.10.0.11,10.10.0.12,10.10.0.13 --per-host 1 " \
-        "--port 29701" in cmd
+    assert '"$HOME"/rxelab/venv/bin/python3 -m rxelab.launch --hosts 10.10.0.11,10.10.0.12,' \
+        '10.10.0.13 --per-host 1 --port 29701' in cmd
     assert "server_client.py --op alltoall --algorithm sequential --size 4096 --stages 5" in cmd
-    assert cmd.startswith(f'RXELAB_RUN_ID={RUN} PYTHONPATH="$HOME"/rxelab/lib ')
-    assert ' "$HOME"/rxelab/apps/server_client.py ' in cmd and "'$HOME" not in cmd
+    assert cmd.startswith(f'RXELAB_RUN_ID={RUN} "$HOME"/rxelab/venv/bin/python3 ')
+    assert '"$HOME"/rxelab/venv/bin/python3 "$HOME"/rxelab/apps/server_client.py ' in cmd
+    assert "'$HOME" not in cmd and "PYTHONPATH" not in cmd, "the venv's python, the wheel's rxelab"
 
 
 def test_rxelab_case_passes_the_rc_retry_settings():
@@ -42,7 +43,8 @@ def test_mpi_case_uses_tcp_on_the_data_network_and_forces_coll_tuned_algorithms(
     assert "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include 10.10.0.0/24" in cmd
     assert "--mca oob_tcp_if_include 10.10.0.0/24" in cmd and "data0" not in cmd
     assert "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_alltoall_algorithm 2" in cmd
-    assert ' "$HOME"/rxelab/apps/mpi_compare.py ' in cmd and ' PYTHONPATH="$HOME"/rxelab/lib ' in cmd
+    assert ' "$HOME"/rxelab/venv/bin/python3 "$HOME"/rxelab/apps/mpi_compare.py ' in cmd
+    assert "PYTHONPATH" not in cmd
     assert "'$HOME" not in cmd, "$HOME must reach the remote shell to expand"
     assert cmd.startswith(f"RXELAB_RUN_ID={RUN} timeout ") and "-x RXELAB_RUN_ID " in cmd
     default = commands.mpi_command({**case, "algorithm": "mpi-default"}, HOSTS, "10.10.0.0/24", RUN)
@@ -215,5 +217,5 @@ def test_a_home_with_a_space_stays_one_word(tmp_path):
     probe = f"printf '%s\\n' {words}"
     out = subprocess.run(["sh", "-c", probe], env={"HOME": str(home), "PATH": os.environ["PATH"]},
                          capture_output=True, text=True, timeout=30).stdout.splitlines()
-    assert f"{home}/rxelab/apps/mpi_compare.py" in out and f"PYTHONPATH={home}/rxelab/lib" in out
+    assert f"{home}/rxelab/apps/mpi_compare.py" in out and f"{home}/rxelab/venv/bin/python3" in out
     assert json.dumps(out).count(str(home)) == 2

@@ -1,0 +1,124 @@
+"""The library as the wheel a cluster user installs (issue 28, item 1): `pip wheel lib/`
+builds it with every subpackage, numpy as its only dependency (pyverbs is the system's), a
+version and three console scripts; installed into a fresh venv (numpy seen from outside, as a
+node sees Debian's), it runs a collective, the self-test and the benchmark from there - not
+from the source tree - on the in-memory fabric standing in for the system's pyverbs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import numpy
+import pytest
+import rxelab
+
+REPO = Path(__file__).resolve().parents[2]
+FAKEVERBS = REPO / "tests" / "fakeverbs"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """`pip wheel lib/`, as fab deploy runs it (on a copy of lib/: no build files left in the
+    checkout)."""
+    from experiments import fleet
+
+    found = fleet.build_wheel(tmp_path_factory.mktemp("dist"))
+    assert not (REPO / "lib" / "build").exists(), "the build wrote into the checkout"
+    return found
+
+
+def test_the_wheel_holds_every_subpackage_its_scripts_and_only_numpy(wheel):
+    z = zipfile.ZipFile(wheel)
+    names = set(z.namelist())
+    sources = {p.relative_to(REPO / "lib").as_posix() for p in (REPO / "lib" / "rxelab").rglob("*.py")}
+    assert sources and sources <= names, f"missing from the wheel: {sorted(sources - names)}"
+    assert "rxelab/collectives/alltoall_sequential.py" in names
+    assert wheel.name.startswith(f"rxelab-{rxelab.__version__}-")
+    info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+    meta = z.read(f"{info}/METADATA").decode()
+    required = [line.split(":", 1)[1].strip() for line in meta.splitlines()
+                if line.startswith("Requires-Dist:")]
+    plain = [r for r in required if "extra ==" not in r]
+    assert plain == ["numpy>=1.24"], required
+    scripts = z.read(f"{info}/entry_points.txt").decode()
+    for script, target in (("rxelab-launch", "rxelab.launch:main"),
+                           ("rxelab-bench", "rxelab.bench:main"),
+                           ("rxelab-selftest", "rxelab.selftest:main")):
+        assert f"{script} = {target}" in scripts
+    assert not any(n.startswith(("infra/", "experiments/", "apps/", "tests/")) for n in names)
+
+
+@pytest.fixture(scope="module")
+def venv(wheel, tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, timeout=300,
+                   capture_output=True)
+    r = subprocess.run([str(home / "bin" / "pip"), "install", "-q", "--no-index", "--no-deps",
+                        "--disable-pip-version-check", str(wheel)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    # numpy as a node has it (the system's), and nothing else from outside
+    system = home / "system"
+    system.mkdir()
+    found = Path(numpy.__file__).parent
+    for part in (found, found.parent / "numpy.libs"):
+        if part.exists():
+            (system / part.name).symlink_to(part)
+    site = next((home / "lib").glob("python3*/site-packages"))
+    (site / "system-numpy.pth").write_text(f"{system}\n")
+    return home
+
+
+def run_in(venv: Path, argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path),
+           "PYTHONPATH": str(FAKEVERBS)}  # pyverbs: the in-memory fabric (a node: the system's)
+    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_installed_wheel_runs_a_collective_the_selftest_and_the_bench(venv, tmp_path):
+    py = str(venv / "bin" / "python")
+    r = run_in(venv, [py, "-c", "import rxelab, numpy; print(rxelab.__file__, rxelab.__version__)"],
+               tmp_path)
+    assert r.returncode == 0, r.stderr
+    where, version = r.stdout.split()
+    assert where.startswith(str(venv)) and version == rxelab.__version__, "not the installed wheel"
+
+    collective = textwrap.dedent("""
+        import socket, threading, numpy as np, rxelab
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+        out = {}
+        def rank(r):
+            with rxelab.init(r, 3, "127.0.0.1", port, device="fake0", timeout=20) as comm:
+                x = np.arange(3 * 8, dtype=np.uint8) + 10 * r
+                y = np.zeros_like(x)
+                comm.alltoall(x, y, algorithm="sequential")
+                out[r] = y.tolist()
+        ts = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+        [t.start() for t in ts]; [t.join(60) for t in ts]
+        print(out[0][:8] == list(range(8)) and out[1][8:16] == [18 + i for i in range(8)])
+    """)
+    r = run_in(venv, [py, "-c", collective], tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stdout + r.stderr
+
+    r = run_in(venv, [str(venv / "bin" / "rxelab-selftest"), "--sizes", "0,7,4096"], tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    summary = [json.loads(x) for x in r.stdout.splitlines() if '"summary"' in x]
+    assert summary and summary[-1]["failed"] == 0 and summary[-1]["checks"] > 0
+
+    r = run_in(venv, [str(venv / "bin" / "rxelab-bench"), "--op", "allreduce", "--sizes", "1024",
+                      "--iterations", "2", "--warmup", "0"], tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert any(line.split()[:1] == ["1024"] for line in r.stdout.splitlines()), r.stdout
+
+    # our launcher, from the wheel: a rank of one on this host, with the job's environment
+    r = run_in(venv, [str(venv / "bin" / "rxelab-launch"), "--hosts", "localhost", "--timeout",
+                      "120", "--", py, "-c", "import os, rxelab; print(os.environ['RANK'], "
+                      "os.environ['WORLD_SIZE'], rxelab.__file__)"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"[0] 0 1 {where}" in r.stdout, r.stdout
