@@ -173,7 +173,7 @@ CHECK = (
     "|| echo 'PROBLEM: python3 >= 3.11 missing'; "
     '"$py" -c "import numpy" 2>/dev/null || echo "PROBLEM: numpy missing (python3-numpy)"; '
     '"$py" -c "import pyverbs" 2>/dev/null || echo "PROBLEM: pyverbs missing (python3-pyverbs)"; '
-    '"$py" -c "import rxelab; print(\"VERSION:\", rxelab.__version__)" 2>/dev/null '
+    '"$py" -c "import rxelab; print(\'VERSION:\', rxelab.__version__)" 2>/dev/null '
     "|| echo 'PROBLEM: the rxelab wheel is not installed'; "
     'test -e "/sys/class/infiniband/$dev" || echo "PROBLEM: no RDMA device $dev"; '
     'test "$(cut -d" " -f2 "/sys/class/infiniband/$dev/ports/$port/state" 2>/dev/null)" = ACTIVE '

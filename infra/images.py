@@ -53,6 +53,13 @@ UBUNTU_PACKAGES = [
     "python3-venv",  # the rxelab wheel goes into a venv that sees the system's pyverbs
     "python3-pip",
     "openmpi-bin",
+    # Slurm (slurmctld on the first node, slurmd on each) with MUNGE, and PMIx for srun --mpi=pmix
+    "munge",
+    "slurmd",
+    "slurmctld",
+    "slurm-client",
+    "slurm-wlm-basic-plugins",
+    "libpmix2",
 ]
 
 

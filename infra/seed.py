@@ -12,6 +12,7 @@ who holds the lab key anyway.
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from infra.state import LabState, mkdir_private, write_atomic
 from infra.units import rdma_device_unit
 
 TEMPLATES = REPO / "cloud-init"
+SLURM_CPUS = 4  # ranks Slurm may place on a node (each VM has one vCPU; they share it)
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,13 @@ def ensure_key(path: Path, comment: str) -> KeyPair:
         mkdir_private(path.parent)
         runner.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path])
     return KeyPair(path.read_text(), path.with_suffix(".pub").read_text().strip())
+
+
+def ensure_munge_key(path: Path) -> str:
+    """The lab's own MUNGE key (1 KiB of randomness), base64: made once, 0600 like every key."""
+    if not path.exists():
+        write_atomic(path, base64.b64encode(os.urandom(1024)).decode() + "\n")
+    return path.read_text().strip()
 
 
 def _env() -> jinja2.Environment:
@@ -69,6 +78,7 @@ def render(
     cluster_key: KeyPair,
     host_keys: dict[str, KeyPair],
     instance_tag: str,
+    munge_key_b64: str,
 ) -> dict[str, str]:
     """The three NoCloud files for one node, as text."""
     ubuntu = config.image is Image.UBUNTU
@@ -90,8 +100,13 @@ def render(
         "cluster_key": cluster_key,
         "packages": UBUNTU_PACKAGES + extra_packages(config.extras) if ubuntu else [],
         "instance_tag": instance_tag,
+        "munge_key_b64": munge_key_b64,
+        "controller": config.all_nodes()[0].name,
     }
     env = _env()
+    context["slurm_conf"] = env.get_template("slurm.conf.j2").render(
+        lab=config.lab, controller=config.all_nodes()[0], nodes=config.all_nodes(),
+        cpus=SLURM_CPUS)
     return {
         name: env.get_template(f"{name}.yaml.j2").render(context)
         for name in ("user-data", "network-config", "meta-data")
@@ -122,13 +137,14 @@ def make_seeds(config: LabConfig, state: LabState, instance_tag: str) -> None:
     lab_key = ensure_key(state.ssh_key, f"{config.lab}-lab")
     cluster_key = ensure_key(state.cluster_key, f"{config.lab}-cluster")
     host_keys = {n.name: ensure_key(state.host_key(n.name), n.name) for n in config.all_nodes()}
+    munge_key = ensure_munge_key(state.munge_key)
     known = "".join(
         f"[127.0.0.1]:{n.ssh_port} {host_keys[n.name].public}\n" for n in config.all_nodes()
     )
     write_atomic(state.known_hosts, known)
     for node in config.all_nodes():
         files = render(config, node, lab_key=lab_key, cluster_key=cluster_key,
-                       host_keys=host_keys, instance_tag=instance_tag)
+                       host_keys=host_keys, instance_tag=instance_tag, munge_key_b64=munge_key)
         rendered = state.seeds / node.name
         mkdir_private(rendered)
         for name, text in files.items():

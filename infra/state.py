@@ -143,6 +143,11 @@ class LabState:
         return self.keys / "cluster_ed25519"
 
     @property
+    def munge_key(self) -> Path:
+        """The lab's MUNGE key (base64), which its Slurm authenticates with."""
+        return self.keys / "munge.key.b64"
+
+    @property
     def known_hosts(self) -> Path:
         return self.root / "known_hosts"
 

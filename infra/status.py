@@ -20,7 +20,11 @@ PROBE = (
     # the netdev under the GID, its MTU, and the RDMA port's active MTU
     'nd=$(cat "$p/gid_attrs/ndevs/$gid" 2>/dev/null); '
     'echo "mtu ${nd:-?} $(cat "/sys/class/net/$nd/mtu" 2>/dev/null || echo ?) '
-    '$(ibv_devinfo -d "$dev" -i "$port" 2>/dev/null | sed -n \'s/.*active_mtu:[^0-9]*\\([0-9]*\\).*/\\1/p\')"'
+    '$(ibv_devinfo -d "$dev" -i "$port" 2>/dev/null '
+    '| sed -n \'s/.*active_mtu:[^0-9]*\\([0-9]*\\).*/\\1/p\')"; '
+    # Slurm's view of this node (idle, allocated, down...), where the host has Slurm
+    'command -v sinfo >/dev/null && echo "slurm $(timeout 10 sinfo -h -N -n "$(hostname)" -o %T '
+    '2>/dev/null | head -n 1)"; true'
 )
 
 
@@ -36,6 +40,7 @@ class NodeStatus:
     rdma: str
     data_ip_ok: bool
     mtu: str = "-"  # "data0 9000 / rdma 4096": the netdev, its MTU, the port's active MTU
+    slurm: str = "-"  # what Slurm says of the node (idle, allocated, down, ...); "-": no Slurm
 
 
 def probe(host: Host, running: bool | None) -> NodeStatus:
@@ -47,7 +52,19 @@ def probe(host: Host, running: bool | None) -> NodeStatus:
     lines = r.stdout.split("\n")
     port_state = lines[0].strip()  # e.g. "4: ACTIVE"
     rdma = "missing" if port_state == "missing" else port_state.split(":")[-1].strip()
-    return NodeStatus(host, "running", rdma, "has-ip" in r.stdout, parse_mtu(r.stdout))
+    return NodeStatus(host, "running", rdma, "has-ip" in r.stdout, parse_mtu(r.stdout),
+                      parse_slurm(r.stdout))
+
+
+def parse_slurm(text: str) -> str:
+    """The probe's `slurm STATE` line: "-" without Slurm, "no answer" when slurmctld said
+    nothing (not up yet, or down)."""
+    for line in text.splitlines():
+        if line.startswith("slurm"):
+            state = line.removeprefix("slurm").strip()
+            return state[:20] if state and state.replace("*", "").replace("~", "").isalpha() \
+                else "no answer"
+    return "-"
 
 
 def parse_mtu(text: str) -> str:
@@ -67,7 +84,8 @@ def collect(inv: Inventory, running: dict[str, bool] | None = None) -> list[Node
 
 def show(rows: list[NodeStatus], console: Console | None = None) -> None:
     table = Table(title="rxelab nodes")
-    for col in ("node", "state", "SSH endpoint", "data IP", "RDMA device", "port state", "MTU"):
+    for col in ("node", "state", "SSH endpoint", "data IP", "RDMA device", "port state", "MTU",
+                "Slurm"):
         table.add_column(col)
     for s in rows:
         h = s.host
@@ -80,6 +98,7 @@ def show(rows: list[NodeStatus], console: Console | None = None) -> None:
             f"{h.rdma.device}/{h.rdma.port} gid {h.rdma.gid_index}",
             f"[{style}]{s.rdma}[/{style}]",
             s.mtu,
+            s.slurm,
         )
     # Not a terminal (CI, Terraform, a pipe): rich would squeeze the table into 80 columns.
     (console or Console(width=None if sys.stdout.isatty() else 120)).print(table)

@@ -12,9 +12,10 @@ read a digest; a captured exchange is worthless (the other end's nonce is new ev
 in this job and in any other that shares the secret (the scope differs, and so does every
 nonce). The secret itself never travels, nor anything that could stand for it.
 
-The credential is a small interface (prove, check, seal key), so a cluster's own (MUNGE
-under Slurm, say) can stand in for the shared secret. Only the standard library's hmac,
-hashlib and secrets are used: no cryptography of our own beyond this protocol.
+The credential is a small interface (a handshake that proves, checks and gives the seal's
+key), so a cluster's own stands in for the shared secret: MUNGE under Slurm (rxelab.munge).
+Only the standard library's hmac, hashlib and secrets are used: no cryptography of our own
+beyond this protocol.
 """
 
 from __future__ import annotations
@@ -34,6 +35,17 @@ CONNECTOR, LISTENER = b"connector", b"listener"
 _KEY_LABEL = b"rxelab job key v1"
 
 
+class Handshake(Protocol):
+    """One connection's proofs: this end's (prove), the other end's (check), and the key the
+    connection is sealed with once both are done."""
+
+    def prove(self, role: bytes, transcript: bytes) -> str: ...
+
+    def check(self, role: bytes, transcript: bytes, proof: str) -> bool: ...
+
+    def seal_key(self, transcript: bytes) -> bytes: ...
+
+
 class Credential(Protocol):
     """What a rank proves itself with. `secured` is False for a job without a secret, where
     the protocol still runs (one code path) but anyone passes it."""
@@ -44,11 +56,7 @@ class Credential(Protocol):
     @property
     def source(self) -> str: ...
 
-    def prove(self, role: bytes, transcript: bytes) -> str: ...
-
-    def check(self, role: bytes, transcript: bytes, proof: str) -> bool: ...
-
-    def seal_key(self, transcript: bytes) -> bytes: ...
+    def handshake(self) -> Handshake: ...
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,9 @@ class SharedSecret:
     def of(cls, secret: str, source: str) -> SharedSecret:
         key = hmac.new(_KEY_LABEL, secret.encode(), hashlib.sha256).digest()
         return cls(key, source, bool(secret))
+
+    def handshake(self) -> SharedSecret:
+        return self  # nothing to keep from one proof to the next: the key is the secret's
 
     def prove(self, role: bytes, transcript: bytes) -> str:
         return hmac.new(self.key, b"proof\0" + role + b"\0" + transcript, hashlib.sha256).hexdigest()
@@ -98,8 +109,8 @@ class Session:
 
     __slots__ = ("_send_key", "_recv_key", "sent", "received")
 
-    def __init__(self, credential: Credential, transcript_bytes: bytes, role: bytes) -> None:
-        base = credential.seal_key(transcript_bytes)
+    def __init__(self, base: bytes, role: bytes) -> None:
+        """base: the handshake's seal key; role: this end's."""
         keys = {r: hmac.new(base, b"direction\0" + r, hashlib.sha256).digest()
                 for r in (CONNECTOR, LISTENER)}
         other = LISTENER if role == CONNECTOR else CONNECTOR

@@ -21,7 +21,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rxelab import hostlist
+from rxelab import hostlist, munge
 from rxelab.auth import OPEN, Credential, SharedSecret
 from rxelab.errors import ConfigError
 
@@ -147,9 +147,14 @@ def launch_id(env: Mapping[str, str]) -> str:
 
 
 def credential(env: Mapping[str, str]) -> Credential:
-    """The job's credential from its secret (rxelab.auth); OPEN when it has none."""
+    """The job's credential: its secret (rxelab.auth); under Slurm without one, MUNGE, the
+    cluster's own (rxelab.munge); OPEN when it has neither."""
     secret, source = job_secret(env)
-    return SharedSecret.of(secret, source) if secret else OPEN
+    if secret:
+        return SharedSecret.of(secret, source)
+    if env.get("SLURM_JOB_ID") and munge.available():
+        return munge.MungeCredential()
+    return OPEN
 
 
 def job_secret(env: Mapping[str, str]) -> tuple[str, str]:

@@ -73,10 +73,11 @@ def dial(address: tuple[str, int], credential: Credential, *, kind: str, rank: i
         except ProtocolError as err:
             raise AuthError(f"{where} is not this job's: {err}") from None
         transcript = auth.transcript(knock, challenge["nonce"])
-        if not credential.check(LISTENER, transcript, challenge["proof"]):
+        hs = credential.handshake()
+        if not hs.check(LISTENER, transcript, challenge["proof"]):
             raise AuthError(f"{where} does not hold this job's secret")
-        wire.send(sock, {"type": "proof", "proof": credential.prove(CONNECTOR, transcript)})
-        return Link(sock, Session(credential, transcript, CONNECTOR), knock)
+        wire.send(sock, {"type": "proof", "proof": hs.prove(CONNECTOR, transcript)})
+        return Link(sock, Session(hs.seal_key(transcript), CONNECTOR), knock)
     except BaseException:
         sock.close()
         raise
@@ -88,12 +89,12 @@ class Greeting:
     itself, the link and its first sealed message (what the connection is for). Anything out
     of turn, unproven or unwanted is a ProtocolError: the hall drops the connection."""
 
-    __slots__ = ("credential", "wanted", "knock", "transcript", "session")
+    __slots__ = ("hs", "wanted", "knock", "transcript", "session")
 
     def __init__(self, credential: Credential, wanted: Any) -> None:
         """wanted(knock) -> None, or why this listener will not serve it (another job's
         scope, say): said before anything is proven, so it reveals nothing."""
-        self.credential, self.wanted = credential, wanted
+        self.hs, self.wanted = credential.handshake(), wanted
         self.knock: dict[str, Any] | None = None
         self.transcript = b""
         self.session: Session | None = None
@@ -124,13 +125,13 @@ class Greeting:
         mine = auth.nonce()
         self.transcript = auth.transcript(knock, mine)
         return wire.encode({"type": "challenge", "nonce": mine,
-                            "proof": self.credential.prove(LISTENER, self.transcript)})
+                            "proof": self.hs.prove(LISTENER, self.transcript)})
 
     def _check_proof(self, message: dict[str, Any]) -> None:
-        if message["type"] != "proof" or not self.credential.check(CONNECTOR, self.transcript,
-                                                                     message["proof"]):
+        if message["type"] != "proof" or not self.hs.check(CONNECTOR, self.transcript,
+                                                             message["proof"]):
             raise AuthError("did not prove it holds this job's secret")
-        self.session = Session(self.credential, self.transcript, LISTENER)
+        self.session = Session(self.hs.seal_key(self.transcript), LISTENER)
 
     def _check_request(self, message: dict[str, Any]) -> None:
         """The first sealed message is what the knock announced, by the rank it announced."""

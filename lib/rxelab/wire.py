@@ -25,7 +25,7 @@ VERSION = 6  # 2: hellos carry the job token; 3: a digest of the job's secret; 4
 # frames instead of a digest of the secret
 HEADER = struct.Struct("!4sHI")
 MAX_BODY = 1 << 20  # a table for thousands of ranks fits; a stray stream does not
-HANDSHAKE_BODY = 1024  # before a connection is proven, no frame is larger than this
+HANDSHAKE_BODY = 2048  # before a connection is proven, no frame is larger than this
 
 # type -> {field: (python type, check)}
 _U24 = (int, lambda v: 0 <= v < 1 << 24)
@@ -37,6 +37,8 @@ _GID = (str, lambda v: len(v) == 39 and all(len(g) == 4 and set(g) <= _HEX for g
 _ENDPOINT = {"qpn": _U24, "psn": _U24, "gid": _GID, "lid": (int, lambda v: 0 <= v < 1 << 16)}
 _NONCE = (str, lambda v: len(v) == 64 and set(v) <= _LOWER_HEX)  # also a proof (HMAC-SHA256)
 _JOB = (str, lambda v: len(v) == 32 and set(v) <= _LOWER_HEX)  # the job's id, drawn by rank 0
+# an HMAC (rxelab.auth), or a MUNGE credential (rxelab.munge)
+_PROOF = (str, lambda v: 0 < len(v) <= 1500 and v.isprintable())
 _SCOPE = (str, lambda v: 0 < len(v) <= 200 and v.isprintable())
 _PORT = (int, lambda v: 0 <= v < 1 << 16)  # 0: this rank keeps no listener (not elastic)
 _GENERATION = (int, lambda v: 0 <= v < 1 << 31)
@@ -63,8 +65,8 @@ SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
     # listener's nonce and proof; the connector's proof. Everything after it is sealed.
     "knock": {"kind": (str, lambda v: v in KINDS), "rank": (int, lambda v: -1 <= v < 1 << 20),
               "to": _RANK, "generation": _GENERATION, "scope": _SCOPE, "nonce": _NONCE},
-    "challenge": {"nonce": _NONCE, "proof": _NONCE},
-    "proof": {"proof": _NONCE},
+    "challenge": {"nonce": _NONCE, "proof": _PROOF},
+    "proof": {"proof": _PROOF},
     "hello": {"rank": _RANK, "world_size": _RANK, "host": (str, lambda v: 0 < len(v) < 256),
               "settings": _SETTINGS, "listen": _PORT, "generation": _GENERATION,
               "endpoints": (dict, None)},

@@ -25,7 +25,8 @@ def test_network_config_sets_the_data_nic_mtu(tmp_path):
     config = LabConfig(mtu=9000, state_dir=tmp_path)
     key = KeyPair("private", "ssh-ed25519 AAAA test")
     files = seed.render(config, config.node(1), lab_key=key, cluster_key=key,
-                        host_keys={n.name: key for n in config.all_nodes()}, instance_tag="t")
+                        host_keys={n.name: key for n in config.all_nodes()}, instance_tag="t",
+                        munge_key_b64="bXVuZ2U=")
     data0 = files["network-config"].split("data0:", 1)[1]
     assert "mtu: 9000" in data0
 

@@ -1,3 +1,5 @@
+import base64
+
 import pytest
 import yaml
 
@@ -10,7 +12,8 @@ def keys():
     kp = lambda n: seed.KeyPair(f"-----BEGIN KEY-----\n{n}\n-----END KEY-----\n",  # noqa: E731
                                 f"ssh-ed25519 AAAA{n} {n}")
     return {"lab_key": kp("lab"), "cluster_key": kp("cluster"),
-            "host_keys": {f"node{i}": kp(f"host{i}") for i in range(1, 5)}}
+            "host_keys": {f"node{i}": kp(f"host{i}") for i in range(1, 5)},
+            "munge_key_b64": "bXVuZ2U="}
 
 
 @pytest.mark.parametrize("image", [Image.DEBIAN, Image.UBUNTU])
@@ -120,3 +123,32 @@ def test_a_lab_recorded_before_extras_reads_as_none(tmp_path):
     assert LabConfig.from_json(json.dumps(data)).extras is Extras.NONE
     with pytest.raises(ValueError):
         LabConfig.from_json(json.dumps({**data, "extras": "tensorflow"}))
+
+
+def test_every_node_gets_the_labs_slurm_and_only_the_first_runs_its_controller(tmp_path):
+    config = LabConfig(nodes=3, state_dir=tmp_path)
+    seen = {}
+    for node in config.all_nodes():
+        ud = yaml.safe_load(seed.render(config, node, instance_tag="t", **keys())["user-data"])
+        files = {f["path"]: f for f in ud["write_files"]}
+        key = files["/etc/munge/munge.key"]
+        assert key["owner"] == "munge:munge" and key["permissions"] == "0400"
+        assert key["encoding"] == "b64" and key["content"] == "bXVuZ2U=" and key["defer"] is True
+        conf = files["/etc/slurm/slurm.conf"]["content"]
+        assert "SlurmctldHost=node1(10.10.0.11)" in conf and "AuthType=auth/munge" in conf
+        for n in config.all_nodes():
+            assert f"NodeName={n.name} NodeAddr={n.data_ip} CPUs={seed.SLURM_CPUS}" in conf
+        seen[node.name] = "/etc/slurm/rxelab-controller" in files
+    assert seen == {"node1": True, "node2": False, "node3": False}
+
+
+def test_each_lab_has_a_munge_key_of_its_own_private_to_its_owner(tmp_path):
+    keys_of = []
+    for lab in ("a", "b"):
+        state = LabState(tmp_path / lab)
+        key = seed.ensure_munge_key(state.munge_key)
+        assert len(base64.b64decode(key)) == 1024
+        assert state.munge_key.stat().st_mode & 0o777 == 0o600
+        assert seed.ensure_munge_key(state.munge_key) == key, "made once per lab"
+        keys_of.append(key)
+    assert keys_of[0] != keys_of[1]

@@ -51,6 +51,26 @@ mkdir -p "$root/etc/systemd/system-generators" "$root/etc/systemd/system/multi-u
 ln -sf /dev/null "$root/etc/systemd/system-generators/cloud-init-generator"
 ln -sf /lib/systemd/system/cloud-init.target "$root/etc/systemd/system/multi-user.target.wants/cloud-init.target"
 
+# Slurm: each lab writes its own MUNGE key and slurm.conf (cloud-init, from the seed): never
+# one baked into every image. munged and slurmd start once cloud-init wrote them; slurmctld
+# only on the node the seed makes the controller.
+rm -f "$root/etc/munge/munge.key"
+# After ssh and the RDMA device, too: a node is ready (SSH, rxe0) first, and the daemons'
+# start-up under emulation does not hold that up.
+for unit in munge slurmd slurmctld; do
+  mkdir -p "$root/etc/systemd/system/$unit.service.d"
+  printf '[Unit]\nAfter=cloud-init-local.service ssh.service rxe0.service\n' \
+    > "$root/etc/systemd/system/$unit.service.d/rxelab.conf"
+done
+printf 'ConditionPathExists=/etc/munge/munge.key\n' >> "$root/etc/systemd/system/munge.service.d/rxelab.conf"
+printf 'After=munge.service\n' >> "$root/etc/systemd/system/slurmd.service.d/rxelab.conf"
+printf 'After=munge.service\nConditionPathExists=/etc/slurm/rxelab-controller\n' \
+  >> "$root/etc/systemd/system/slurmctld.service.d/rxelab.conf"
+chroot "$root" systemctl enable munge.service slurmd.service slurmctld.service
+# Slurm's PMIx plugin (srun --mpi=pmix) loads libpmix.so by that name, which only libpmix-dev
+# ships (with headers and three more -dev packages): the one link, instead.
+ln -sf libpmix.so.2 "$root/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so"
+
 # sshd starts last on the way to ready: no second run of it (`sshd -t`) to test a fixed config.
 mkdir -p "$root/etc/systemd/system/ssh.service.d"
 printf '[Service]\nExecStartPre=\n' > "$root/etc/systemd/system/ssh.service.d/rxelab.conf"
