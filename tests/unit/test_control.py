@@ -170,6 +170,20 @@ def proven_hello(port: int, credential: SharedSecret, rank: int, world: int,
     return link.sock
 
 
+def heard_by(socks: list[socket.socket]) -> bytes:
+    """Everything the strangers' connections were sent, then closed."""
+    leaked = b""
+    for s in socks:
+        s.settimeout(0.5)
+        try:
+            while chunk := s.recv(1 << 16):
+                leaked += chunk
+        except (TimeoutError, OSError):
+            pass
+        s.close()
+    return leaked
+
+
 STRANGERS = {
     "a hello without the handshake": lambda port: raw_hello(),
     "a knock and then a forged proof": lambda port: knock_bytes(3, port) + wire.encode(
@@ -190,15 +204,7 @@ def test_a_stranger_is_dropped_and_the_job_completes(stranger):
         time.sleep(0.3)
 
     results = run_job(3, port, before_joiners=intrude)
-    leaked = b""
-    for s in socks:
-        s.settimeout(0.5)
-        try:
-            while chunk := s.recv(1 << 16):
-                leaked += chunk
-        except (TimeoutError, OSError):
-            pass
-        s.close()
+    leaked = heard_by(socks)
     assert all(isinstance(results[r], dict) for r in range(3)), results
     assert b"qpn" not in leaked and b"table" not in leaked, "the stranger was sent the job's endpoints"
 
@@ -223,17 +229,7 @@ def test_a_process_that_cannot_prove_itself_or_does_not_fit_is_dropped(who):
 
     results = run_job(3, port, before_joiners=intrude)
     assert all(isinstance(results[r], dict) for r in range(3)), results
-    leaked = b""
-    for s in socks:
-        if s is None:
-            continue
-        s.settimeout(0.5)
-        try:
-            while chunk := s.recv(1 << 16):
-                leaked += chunk
-        except (TimeoutError, OSError):
-            pass
-        s.close()
+    leaked = heard_by([s for s in socks if s is not None])
     assert b"qpn" not in leaked, "the stranger was sent the job's endpoints"
     if who == "a guessed secret":
         assert socks == [None], "a guessed secret never gets past the handshake"

@@ -129,6 +129,16 @@ def test_a_shrink_right_after_a_collective_loses_no_rank_and_no_block(seed):
 
 
 # ---- items 11-13: newcomers ----------------------------------------------------------------
+def at_rank_0(comm, newcomer) -> threading.Thread | None:
+    """Rank 0 starts newcomer(rendezvous port) in a thread; every rank then passes a barrier."""
+    t = None
+    if comm.rank == 0:
+        t = threading.Thread(target=newcomer, args=(comm.rendezvous[1],), daemon=True)
+        t.start()
+    comm.barrier()
+    return t
+
+
 def test_a_newcomer_that_gave_up_is_not_taken_in_by_the_next_admit():
     said: dict[str, str] = {}
 
@@ -162,11 +172,7 @@ def test_a_newcomer_with_other_options_is_refused_and_the_job_goes_on_as_it_was(
             said["newcomer"] = err
 
     def job(comm):
-        t = None
-        if comm.rank == 0:
-            t = threading.Thread(target=knock, args=(comm.rendezvous[1],), daemon=True)
-            t.start()
-        comm.barrier()
+        t = at_rank_0(comm, knock)
         same = comm.admit(timeout=3, wanted=1)
         if t is not None:
             t.join(20)
@@ -191,11 +197,7 @@ def test_an_elastic_job_with_compression_admits_a_newcomer_with_the_same_codec()
             results["newcomer"] = err
 
     def job(comm):
-        t = None
-        if comm.rank == 0:
-            t = threading.Thread(target=knock, args=(comm.rendezvous[1],), daemon=True)
-            t.start()
-        comm.barrier()
+        t = at_rank_0(comm, knock)
         grown = comm.admit(timeout=10, wanted=1)
         with grown:
             ids = ids_of(grown, comm.rank)
