@@ -17,7 +17,7 @@ import paramiko
 from fabric import task
 from invoke.exceptions import CommandTimedOut, Exit
 
-from experiments import elastic_report, fleet, runner
+from experiments import about, elastic_report, fleet, runner
 from experiments import report as report_mod
 from experiments import spec as spec_mod
 from infra import inventory as inventory_mod
@@ -75,8 +75,10 @@ def _interrupt(signum, frame):
                     + ") or a .toml path",
             "inventory": "inventory file (default: the lab's)",
             "results": "where result directories go (default: results/)",
+            "launcher": "how the ranks start: ssh (ours, mpirun) or srun (Slurm); default: the spec's",
             "accept_new_host_keys": ACCEPT_NEW})
-def run_experiment(c, spec="smoke", inventory=None, results=None, accept_new_host_keys=False):
+def run_experiment(c, spec="smoke", inventory=None, results=None, launcher=None,
+                   accept_new_host_keys=False):
     """Run an experiment spec on the nodes (deploys first) and keep its results."""
     # `kill` or a closed terminal ends a run as Ctrl-C does: partial results kept, the nodes
     # cleaned up (otherwise the remote ranks would run on until their own deadline)
@@ -86,16 +88,23 @@ def run_experiment(c, spec="smoke", inventory=None, results=None, accept_new_hos
         chosen = spec_mod.load(spec)
     except spec_mod.SpecError as err:
         raise Exit(f"error: {err}", code=1) from None
+    if launcher is not None and launcher not in spec_mod.LAUNCHERS:
+        raise Exit(f"error: --launcher {launcher!r}: must be one of {', '.join(spec_mod.LAUNCHERS)}",
+                   code=1)
+    if (launcher or chosen.launcher) == "srun" and chosen.elastic:
+        raise Exit(f"error: spec {chosen.name} is an elastic scenario: it starts its own ranks "
+                   "over SSH, not through srun", code=1)
     inv, lab_state = _inventory(inventory, accept_new_host_keys)
     if chosen.max_nodes > len(inv.hosts):
         raise Exit(f"error: spec {chosen.name} needs {chosen.max_nodes} nodes, the inventory has "
                    f"{len(inv.hosts)}", code=1)
     _deploy(inv, list(inv.hosts[:chosen.max_nodes]))
     try:
-        env = runner.environment(list(inv.hosts[:chosen.max_nodes]), lab_state)
+        env = about.environment(list(inv.hosts[:chosen.max_nodes]), lab_state)
         lab = LabState(lab_state) if lab_state else None
         lab_mtu = lab.load_config().mtu if lab and lab.config_file.exists() else None
-        run = runner.Runner(chosen, inv, Path(results) if results else RESULTS, lab_mtu=lab_mtu)
+        run = runner.Runner(chosen, inv, Path(results) if results else RESULTS, lab_mtu=lab_mtu,
+                            launcher=launcher)
         print(f"{chosen.name}: " + ("an elastic scenario" if chosen.elastic else
                                     f"{len(chosen.cases())} cases") + f" -> {run.dir}")
         out = run.run(env)

@@ -2,9 +2,12 @@
 CPUs): S stages of the collective (--op) of M bytes, verified every stage, reported in the
 same JSON lines as apps/server_client.py and apps/mpi_compare.py. Gloo runs over TCP on the
 network of MASTER_ADDR (the interface is found from that address, never assumed). Started by
-torchrun or by our launcher, which both set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT:
+torchrun or by our launcher, which both set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT,
+or by srun, whose variables give the same through rxelab's own discovery (the step's first
+node, a port drawn from the job and step ids):
 
     python3 -m rxelab.launch --hosts node1,node2,node3 -- python3 apps/gloo_compare.py
+    srun -N3 python3 apps/gloo_compare.py
 
 Gloo's calls differ from MPI's in two ways the timings include: all_reduce works in place (the
 input is copied into the result buffer first, as a training loop keeps its gradient), and
@@ -25,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stages
+from rxelab.errors import ConfigError
 
 INIT_TIMEOUT_S = 120
 
@@ -44,6 +48,21 @@ def interface_towards(address: str) -> str | None:
     return None
 
 
+def from_slurm(env: dict[str, str]) -> dict[str, str]:
+    """torchrun's variables for a rank started by srun (none outside Slurm, or where they are
+    set already)."""
+    if all(env.get(k) for k in TORCHRUN) or not env.get("SLURM_PROCID"):
+        return {}
+    from rxelab import bootstrap  # the library's discovery: Slurm's hostlist and port rules
+
+    job = bootstrap.discover(env={k: v for k, v in env.items() if k.startswith("SLURM_")})
+    return {"RANK": str(job.rank), "WORLD_SIZE": str(job.world_size),
+            "MASTER_ADDR": job.master_addr, "MASTER_PORT": str(job.master_port)}
+
+
+TORCHRUN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = stages.arguments(__doc__.split("\n\n")[0], ["gloo-default"], "gloo-default")
     args = ap.parse_args(argv)
@@ -51,9 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     described = stages.ops.COLLECTIVES[args.op]
     if described.gloo is None:
         ap.error(f"{args.op} has no Gloo counterpart in torch 1.13")
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    try:
+        os.environ.update(from_slurm(dict(os.environ)))
+    except ConfigError as err:
+        ap.error(f"cannot tell rank and rendezvous from Slurm's variables: {err}")
+    missing = [k for k in TORCHRUN if not os.environ.get(k)]
     if missing:
-        ap.error(f"{', '.join(missing)} not set: start it with torchrun or python3 -m rxelab.launch")
+        ap.error(f"{', '.join(missing)} not set: start it with torchrun, srun or "
+                 "python3 -m rxelab.launch")
     try:
         import torch
         import torch.distributed as dist

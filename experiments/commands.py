@@ -58,19 +58,33 @@ def stop_command(*run_ids: str) -> str:
             "pids=$(ours); [ -z \"$pids\" ] || kill -KILL $pids 2>/dev/null; true")
 
 
-def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str) -> str:
+def rxelab_app(case: dict[str, Any]) -> list[str]:
+    """The demo app of an rxelab case, with init()'s options as flags."""
     p = fleet.remote_paths()
     app = [p["python"], f"{p['apps']}/server_client.py", "--op", case["op"], "--algorithm",
            case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
            "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else []),
-            *(["--data", case["data"]] if case.get("data") else [])]
-    for key in (*library.BY_NAME, "pairs", "compression"):  # init()'s options as flags too
+           *(["--data", case["data"]] if case.get("data") else [])]
+    for key in (*library.BY_NAME, "pairs", "compression"):
         if case.get(key) is not None:
             app += [f"--{key.replace('_', '-')}", str(case[key])]
+    return app
+
+
+def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str) -> str:
+    p = fleet.remote_paths()
     argv = [p["python"], "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
             "--per-host", str(case.get("ranks_per_node") or 1), "--port", str(port),
-            "--timeout", f"{case_timeout(case):.0f}", "--", *app]
-    return started_by(run_id) + _remote_join(argv)
+            "--timeout", f"{case_timeout(case):.0f}", "--", *rxelab_app(case)]
+    return started_by(run_id) + remote_join(argv)
+
+
+def gloo_app(case: dict[str, Any]) -> list[str]:
+    p = fleet.remote_paths()
+    return [p["python"], f"{p['apps']}/gloo_compare.py", "--op", case["op"], "--algorithm",
+            case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
+            "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else []),
+            *(["--data", case["data"]] if case.get("data") else [])]
 
 
 def gloo_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str) -> str:
@@ -78,13 +92,9 @@ def gloo_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str
     would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); the app finds the interface on the
     data network from MASTER_ADDR."""
     p = fleet.remote_paths()
-    app = [p["python"], f"{p['apps']}/gloo_compare.py", "--op", case["op"], "--algorithm",
-           case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
-           "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else []),
-            *(["--data", case["data"]] if case.get("data") else [])]
     argv = [p["python"], "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
-            "--port", str(port), "--timeout", f"{case_timeout(case):.0f}", "--", *app]
-    return started_by(run_id) + _remote_join(argv)
+            "--port", str(port), "--timeout", f"{case_timeout(case):.0f}", "--", *gloo_app(case)]
+    return started_by(run_id) + remote_join(argv)
 
 
 def remote_word(arg: str) -> str:
@@ -93,7 +103,7 @@ def remote_word(arg: str) -> str:
     return '"$HOME"'.join(shlex.quote(part) if part else "" for part in arg.split("$HOME"))
 
 
-def _remote_join(argv: list[str]) -> str:
+def remote_join(argv: list[str]) -> str:
     return " ".join(remote_word(a) for a in argv)
 
 
@@ -110,35 +120,45 @@ def ucx_settings(host: Host, ranks_per_host: int = 1) -> dict[str, str]:
     }
 
 
-def mpi_transport_args(transport: str, hosts: list[Host], network: str) -> list[str]:
-    if transport == "tcp":
-        return ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include",
-                network]
-    exports = [a for k, v in ucx_settings(hosts[0]).items() for a in ("-x", f"{k}={v}")]
-    return ["--mca", "pml", "ucx", "--mca", "btl", "^openib,uct", *exports]
+def mpi_settings(case: dict[str, Any], hosts: list[Host],
+                 network: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(MCA parameters, environment) of an Open MPI case, whatever starts it: the transport
+    (UCX on the RDMA device, or ob1's TCP on the data network) and the collective algorithm
+    the case forces through coll_tuned. mpirun takes them as --mca and -x, srun as the
+    OMPI_MCA_* and other variables of its environment."""
+    if case["transport"] == "tcp":
+        mca, env = {"pml": "ob1", "btl": "tcp,self", "btl_tcp_if_include": network}, {}
+    else:
+        mca, env = {"pml": "ucx", "btl": "^openib,uct"}, ucx_settings(hosts[0])
+    described = ops.COLLECTIVES[case["op"]].mpi
+    assert described is not None, "spec validation lets only collectives with an MPI counterpart through"
+    forced = described.tuned[case["algorithm"]]
+    if forced is not None:
+        mca.update({"coll_tuned_use_dynamic_rules": "1",
+                    f"coll_tuned_{case['op']}_algorithm": str(forced)})
+    return mca, env
+
+
+def mpi_app(case: dict[str, Any]) -> list[str]:
+    """The MPI side's app, run by the venv's python (it reads rxelab's description of the ops)."""
+    p = fleet.remote_paths()
+    return [p["python"], f"{p['apps']}/mpi_compare.py", "--op", case["op"],
+            "--algorithm", case["algorithm"], "--size", str(case["size"]),
+            "--stages", str(case["stages"]), "--warmup", str(case["warmup"]),
+            *(["--tight"] if case.get("tight") else []),
+            *(["--data", case["data"]] if case.get("data") else [])]
 
 
 def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: str) -> str:
     """network: the data network as Open MPI's if_include takes it (a CIDR such as
     10.10.0.0/24, or interface names), found on the hosts themselves, never assumed."""
-    p = fleet.remote_paths()
-    described = ops.COLLECTIVES[case["op"]].mpi
-    assert described is not None, "spec validation lets only collectives with an MPI counterpart through"
-    forced = described.tuned[case["algorithm"]]
-    mca = [] if forced is None else [
-        "--mca", "coll_tuned_use_dynamic_rules", "1",
-        "--mca", f"coll_tuned_{case['op']}_algorithm", str(forced)]
+    mca, env = mpi_settings(case, hosts, network)
     argv = ["timeout", f"{case_timeout(case):.0f}", "mpirun", "-np", str(len(hosts)),
             "--host", ",".join(h.data_ip for h in hosts), "--mca", "oob_tcp_if_include", network,
             "-x", RUN_ID,  # the ranks carry the run's id too: the clean-up finds them
-            *mpi_transport_args(case["transport"], hosts, network), *mca,
-            # the venv's python: the app reads rxelab's description of the ops
-            p["python"], f"{p['apps']}/mpi_compare.py", "--op", case["op"],
-            "--algorithm", case["algorithm"], "--size", str(case["size"]),
-            "--stages", str(case["stages"]), "--warmup", str(case["warmup"]),
-            *(["--tight"] if case.get("tight") else []),
-            *(["--data", case["data"]] if case.get("data") else [])]
-    return started_by(run_id) + _remote_join(argv)
+            *(a for k, v in mca.items() for a in ("--mca", k, v)),
+            *(a for k, v in env.items() for a in ("-x", f"{k}={v}")), *mpi_app(case)]
+    return started_by(run_id) + remote_join(argv)
 
 
 def perftest_command(case: dict[str, Any], host: Host, run_id: str, server_ip: str = "") -> str:

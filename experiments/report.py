@@ -140,6 +140,7 @@ def facts(env: dict[str, Any], results: Path) -> list[str]:
            f"nodes ran as: {ran}; accel: {known('accel')}, systemd-detect-virt: "
            f"{known('virtualization')}, image: {known('image')}",
            "versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
+           f"launcher: {launcher_fact(env)}",
            f"RoCE path MTU: {known('mtu')} (data NIC MTU {known('netdev_mtu')})"]
     devices = {k: t for k, v in _mapping(env, "rdma_devices").items() if (t := _text(v))}
     netdevs = {k: t for k, v in _mapping(env, "netdevs").items() if (t := _text(v))}
@@ -154,6 +155,17 @@ def facts(env: dict[str, Any], results: Path) -> list[str]:
         " ".join(f"{k}={v}" for k, v in settings.items()) if settings else UNKNOWN))
     out.append(gloo_fact(env))
     return out
+
+
+LAUNCHED_BY = {"ssh": "ssh (our launcher, and mpirun, over SSH)",
+               "srun": "srun (Slurm started every rank: srun, srun --mpi=pmix for MPI; "
+                       "perftest pairs over SSH)"}
+
+
+def launcher_fact(env: dict[str, Any]) -> str:
+    """How the ranks were started, as recorded."""
+    said = _text(env.get("launcher"))
+    return LAUNCHED_BY.get(said or "", said or UNKNOWN)
 
 
 def gloo_fact(env: dict[str, Any]) -> str:

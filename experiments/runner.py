@@ -29,9 +29,9 @@ from typing import Any
 from invoke.exceptions import CommandTimedOut
 
 from apps.stages import parse_output
-from experiments import commands, counters, elastic, fleet, netem
+from experiments import commands, counters, elastic, fleet, netem, srun
 from experiments.commands import TIMED_OUT, case_timeout
-from experiments.spec import Spec, contender
+from experiments.spec import LAUNCHERS, Spec, contender
 from infra.inventory import Host, Inventory
 
 NOT_RDMA = "moved no packets over the RDMA device: this run did not use RDMA"
@@ -40,7 +40,8 @@ NO_TORCH = "not run: no torch on these nodes (a lab built with EXTRAS=torch has 
 
 class Runner:
     def __init__(self, spec: Spec, inv: Inventory, results_root: Path, *,
-                 say: Callable[[str], None] = print, lab_mtu: int | None = None) -> None:
+                 say: Callable[[str], None] = print, lab_mtu: int | None = None,
+                 launcher: str | None = None) -> None:
         if spec.max_nodes > len(inv.hosts):
             raise fleet.FleetError(f"spec {spec.name} needs {spec.max_nodes} nodes, the inventory "
                                    f"has {len(inv.hosts)}")
@@ -49,6 +50,12 @@ class Runner:
             raise fleet.FleetError(f"spec {spec.name} asks for MTU {max(too_big)}, the lab's data "
                                    f"network carries {lab_mtu} (make provision MTU=...)")
         self.spec, self.inv, self.say = spec, inv, say
+        self.launcher = launcher or spec.launcher  # how the ranks start: ssh or srun
+        if self.launcher not in LAUNCHERS:
+            raise fleet.FleetError(f"launcher {self.launcher!r}: must be one of {', '.join(LAUNCHERS)}")
+        if self.launcher == "srun" and spec.elastic is not None:
+            raise fleet.FleetError(f"spec {spec.name} is an elastic scenario: it starts its own "
+                                   "ranks over SSH, not through srun")
         self.hosts = list(inv.hosts[:spec.max_nodes])  # the only nodes this run touches
         self.run_id = secrets.token_hex(6)
         self.original_mtu: dict[str, int] = {}  # per node, as found before the first change
@@ -57,6 +64,7 @@ class Runner:
         self.inets: dict[str, list[str]] = {}  # per node: that NIC's addresses, as found
         self.links_down: dict[str, list[str]] = {}  # nodes whose data NIC we took down
         self.network = ""  # the data network as Open MPI's if_include takes it
+        self.slurm_nodes: dict[str, str] = {}  # per node: its name as Slurm knows it (srun)
         self.connections: dict[str, Any] = {}  # one SSH connection per node for the whole run
         self.with_torch: set[str] = set()  # nodes that said they can run the gloo contender
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -75,7 +83,7 @@ class Runner:
     def run(self, environment: dict[str, Any]) -> Path:
         shutil.copy(self.spec.source, self.dir / "spec.toml")
         state = {"spec": self.spec.name, "started": time.time(), "complete": False,
-                 "run_id": self.run_id, **environment}
+                 "run_id": self.run_id, "launcher": self.launcher, **environment}
         self._write_env(state)
         self.with_torch = {name for name, h in (environment.get("hosts") or {}).items()
                            if isinstance(h, dict) and h.get("torch")}
@@ -84,7 +92,8 @@ class Runner:
         try:
             self._discover()
             state.update(netdevs=dict(self.netdevs), data_network=self.network,
-                         rdma_devices={h.name: h.rdma.device for h in self.hosts})
+                         rdma_devices={h.name: h.rdma.device for h in self.hosts},
+                         **({"slurm_nodes": dict(self.slurm_nodes)} if self.slurm_nodes else {}))
             with open(self.dir / "records.jsonl", "x") as records, \
                     open(self.dir / "load.jsonl", "x") as loads:
                 if self.spec.elastic is not None:
@@ -140,6 +149,22 @@ class Runner:
         if problems:
             raise fleet.FleetError("cannot find the data network: " + "; ".join(problems))
         self.network = ",".join(dict.fromkeys(networks))
+        if self.launcher == "srun":
+            self._discover_slurm()
+
+    def _discover_slurm(self) -> None:
+        """Each node's name as Slurm knows it, and that Slurm would start a job there."""
+        results = self._on_hosts(self.hosts, lambda h: srun.PROBE)
+        problems = []
+        for h in self.hosts:
+            r = results[h.name]
+            found = {} if isinstance(r, Exception) else srun.parse_probe(r.stdout)
+            if why := (f"{h.name}: {r}" if isinstance(r, Exception) else srun.node_problem(h, found)):
+                problems.append(why)
+            else:
+                self.slurm_nodes[h.name] = found["node"]
+        if problems:
+            raise fleet.FleetError("launcher = \"srun\": " + "; ".join(problems))
 
     def _write_env(self, state: dict[str, Any]) -> None:
         (self.dir / "environment.json").write_text(json.dumps(state, indent=2) + "\n")
@@ -171,7 +196,8 @@ class Runner:
                 restore = (f"{elastic.heal_command(h, self.netdevs[h.name], self.links_down[h.name])}"
                            f"; {restore}")
             ids = (self.run_id, self.run_id + "-load", elastic.watchdog_id(self.run_id))
-            return (f"{commands.stop_command(*ids)}; {restore}; "
+            cancel = f"{srun.cancel_command(self.run_id)}; " if self._slurm_head(h) else ""
+            return (f"{cancel}{commands.stop_command(*ids)}; {restore}; "
                     f"rm -rf {self.remote_dir}")
         results = self._on_hosts(self.hosts, undo, timeout=60 + elastic.HEAL_S)
         self.netem_on.clear()
@@ -212,7 +238,8 @@ class Runner:
         hosts = list(self.inv.hosts[:case["nodes"]])
         record: dict[str, Any] = {"case": index, "round": rnd, **case,
                                   "netem_label": netem.label(case["netem"]),
-                                  "hosts": [h.name for h in hosts]}
+                                  "hosts": [h.name for h in hosts],
+                                  "launcher": "ssh" if case["app"] == "perftest" else self.launcher}
         samplers: list[Host] = []
         before: dict[str, dict[str, Any]] = {}
         lacking = sorted({h.name for h in hosts} - self.with_torch)
@@ -234,7 +261,9 @@ class Runner:
             load = self._stop_samplers(samplers, index)
             after = self._restore(hosts)
             if record.get("status") != "ok":  # a failed or timed-out case leaves no rank behind
-                self._on_hosts(hosts, lambda h: commands.stop_command(self.run_id), timeout=30)
+                self._on_hosts(hosts, lambda h: (
+                    srun.cancel_command(self.run_id) + "; " if self._slurm_head(h) else ""
+                ) + commands.stop_command(self.run_id), timeout=30)
         record["active_mtu"] = before.get(hosts[0].name, {}).get("active_mtu")
         record["rxe"] = {name: counters.delta(before[name]["counters"], after[name]["counters"])
                          for name in before if name in after and before[name]["counters"]}
@@ -266,10 +295,7 @@ class Runner:
             text, exit_code = self._perftest(case, hosts), 0
             summary = commands.parse_perftest(case["algorithm"], text, case["size"])
         else:
-            port = 29700 + index % 200
-            cmd = (commands.rxelab_command(case, hosts, port, self.run_id) if case["app"] == "rxelab"
-                   else commands.gloo_command(case, hosts, port, self.run_id) if case["app"] == "gloo"
-                   else commands.mpi_command(case, hosts, self.network, self.run_id))
+            cmd = self._command(index, case, hosts)
             try:
                 r = run_interruptibly(head, cmd, timeout=deadline + 60)
                 stdout, text, exit_code = r.stdout, r.stdout + r.stderr, r.exited
@@ -291,6 +317,22 @@ class Runner:
             record.update(status="failed", error=_tail(text))
         else:
             record.update(status="ok" if summary.get("ok") else "wrong", summary=summary)
+
+    def _command(self, index: int, case: dict[str, Any], hosts: list[Host]) -> str:
+        """The case's command for its first node, by the run's launcher."""
+        if self.launcher == "srun":
+            nodes = [self.slurm_nodes[h.name] for h in hosts]
+            return (srun.rxelab_command(case, nodes, self.run_id) if case["app"] == "rxelab"
+                    else srun.gloo_command(case, nodes, self.run_id) if case["app"] == "gloo"
+                    else srun.mpi_command(case, hosts, nodes, self.network, self.run_id))
+        port = 29700 + index % 200
+        return (commands.rxelab_command(case, hosts, port, self.run_id) if case["app"] == "rxelab"
+                else commands.gloo_command(case, hosts, port, self.run_id) if case["app"] == "gloo"
+                else commands.mpi_command(case, hosts, self.network, self.run_id))
+
+    def _slurm_head(self, host: Host) -> bool:
+        """Whether this is the node the run's srun jobs start from (and are cancelled from)."""
+        return self.launcher == "srun" and host.name == self.hosts[0].name
 
     def _perftest(self, case: dict[str, Any], hosts: list[Host]) -> str:
         client, server = hosts[0], hosts[1]
@@ -378,71 +420,3 @@ def _tail(text: str, lines: int = 15) -> str:
     said = [x for x in text.strip().splitlines()
             if not x.split("] ", 1)[-1].lstrip().startswith(("{", "#"))]
     return "\n".join(said[-lines:]) or "no output"
-
-
-# What each node says of itself: its kernel, how it runs (systemd-detect-virt: qemu = TCG,
-# kvm, none = bare metal), and the versions of what the contenders use.
-ABOUT = (
-    'echo "kernel $(uname -r)"; '
-    'echo "virt $(systemd-detect-virt 2>/dev/null || true)"; '
-    'echo "open_mpi $(mpirun --version 2>/dev/null | sed -n \'s/.*(Open MPI) *//p\' | head -n 1)"; '
-    'echo "ucx $(ucx_info -v 2>/dev/null | sed -n \'s/.*version=\\([^ ]*\\).*/\\1/p\' | head -n 1)"; '
-    "dpkg-query -W -f='pkg ${Package} ${Version}\\n' rdma-core python3-pyverbs openmpi-bin libucx0 "
-    "perftest 2>/dev/null; "
-    # torch (the gloo contender) from its metadata: importing it costs seconds under TCG
-    "python3 -c 'import importlib.metadata as m; print(\"torch\", m.version(\"torch\"))' "
-    "2>/dev/null; "
-    # the rxelab the ranks run: the wheel fab deploy installed
-    '"$HOME"/rxelab/venv/bin/python3 -c \'import importlib.metadata as m; '
-    'print("rxelab", m.version("rxelab"))\' 2>/dev/null; '
-)
-PACKAGES = ("rdma-core", "python3-pyverbs", "openmpi-bin", "libucx0", "perftest")
-ACCEL = {"qemu": "tcg", "kvm": "kvm", "none": "none"}
-
-
-def parse_about(text: str) -> dict[str, Any]:
-    about: dict[str, Any] = {"packages": {}}
-    for line in text.splitlines():
-        key, _, value = line.strip().partition(" ")
-        if key == "pkg" and value.split(" ", 1)[0] in PACKAGES and " " in value:
-            name, version = value.split(" ", 1)
-            about["packages"][name] = version
-        elif key in ("kernel", "virt", "open_mpi", "ucx", "torch", "rxelab") and value.strip():
-            about[key] = value.strip()[:200]
-    return about
-
-
-def environment(hosts: list[Host], lab_state: Path | None) -> dict[str, Any]:
-    """Read from the nodes themselves: kernel, how they run (the accelerator), rdma-core, Open
-    MPI and UCX versions, MTUs; from the lab, if this is one, its image. The first node speaks
-    for the run; every node's own account is kept under `hosts`."""
-    def ask(h: Host) -> tuple[dict[str, Any], dict[str, Any]]:
-        with fleet.connect(h) as c:
-            r = c.run(ABOUT + commands.readings_command(h), hide=True, warn=True, timeout=60)
-        return parse_about(r.stdout), commands.parse_readings(r.stdout)
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        answers = dict(zip([h.name for h in hosts], pool.map(ask, hosts), strict=True))
-    first, readings = answers[hosts[0].name]
-    virt = first.get("virt", "?")
-    env: dict[str, Any] = {
-        "nodes": len(hosts), "kernel": first.get("kernel", "?"), "virtualization": virt,
-        "accel": ACCEL.get(virt, virt),
-        # as the tools say them; the report falls back to the packages' versions
-        "versions": {"open_mpi": first.get("open_mpi"), "ucx": first.get("ucx"),
-                     "kernel": first.get("kernel"), "torch": first.get("torch"),
-                     "rxelab": first.get("rxelab")},
-        "packages": first["packages"],
-        "mtu": readings.get("active_mtu", "?"),  # the RoCE path MTU
-        "netdev_mtu": readings.get("netdev_mtu", "?"),
-        "ucx_settings": commands.ucx_settings(hosts[0]),
-        "hosts": {name: {"kernel": a.get("kernel"), "virtualization": a.get("virt"),
-                         "open_mpi": a.get("open_mpi"), "torch": a.get("torch"),
-                         "rdma_device": h.rdma.device}
-                  for (name, (a, _)), h in zip(answers.items(), hosts, strict=True)},
-    }
-    if lab_state is not None and (lab_state / "boot.json").exists():
-        boot = json.loads((lab_state / "boot.json").read_text())
-        env["lab_accel"] = boot.get("accel")
-        env["image"] = boot.get("image", {}).get("kind")
-    return env

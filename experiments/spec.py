@@ -5,6 +5,9 @@
     description = "..."       # at most 2000 characters
     rounds = 1                # every case runs this many times, all cases once per round
                               #   (A, B, A, B, ...); the report gives each case's median, 1..20
+    launcher = "ssh"          # how a case's ranks start: ssh (ours, or mpirun, over SSH) or
+                              #   srun (Slurm starts them: srun, srun --mpi=pmix for MPI;
+                              #   perftest pairs start over SSH either way); [[runs]] only
     [[runs]]                  # 1 to 64 runs
     app = "rxelab"            # rxelab | mpi | gloo | perftest (gloo: torch.distributed's Gloo
                               #   over TCP, on a lab built with EXTRAS=torch; skipped, and said
@@ -105,6 +108,7 @@ PERFTEST_TOOLS = {"ib_write_bw": ("ib_write_bw",), "ib_write_bw_bidir": ("ib_wri
                   "ib_send_bw": ("ib_send_bw",), "ib_send_lat": ("ib_send_lat",)}
 TOOLS = tuple(PERFTEST_TOOLS)
 TRANSPORTS = ("ucx", "tcp")
+LAUNCHERS = ("ssh", "srun")
 # rxelab runs take every option of init(), under its own name and in its own range
 LIBRARY = {o.name: (o.low, o.high) for o in library.OPTIONS}
 RXELAB_ONLY = {"ranks_per_node": (1, 8), **LIBRARY}
@@ -167,6 +171,7 @@ class Spec:
     source: str
     rounds: int = 1
     elastic: dict[str, Any] | None = None  # the elastic scenario, instead of runs
+    launcher: str = "ssh"  # how the cases' ranks start (LAUNCHERS)
 
     def cases(self) -> list[dict[str, Any]]:
         return [c for r in self.runs for c in r.cases()]
@@ -451,6 +456,8 @@ class _SpecDoc(_Strict):
     description: Annotated[str, Field(max_length=2000, description=(
         "must be text of at most 2000 characters"))] = ""
     rounds: _whole("rounds") = 1
+    launcher: Annotated[Literal[LAUNCHERS], Field(description=(
+        f"must be one of {', '.join(LAUNCHERS)}"))] = "ssh"
     runs: _list(_RunDoc, f"must be a non-empty list of at most {MAX_ENTRIES} [[runs]] tables",
                 optional=True) = None
     elastic: _ElasticDoc | None = None
@@ -461,6 +468,9 @@ class _SpecDoc(_Strict):
             raise _bad("a spec has either [[runs]] or one [elastic] table")
         if self.elastic is not None and self.rounds != 1:
             raise _bad("an elastic scenario runs once: rounds = 1")
+        if self.elastic is not None and self.launcher != "ssh":
+            raise _bad("an elastic scenario starts its own ranks (and newcomers) over SSH: "
+                       "launcher = \"srun\" is for [[runs]]")
         return self
 
 
@@ -536,7 +546,8 @@ def parse(doc: dict[str, Any], source: str = "spec") -> Spec:
         raise SpecError(f"{source} is not a valid experiment spec:\n  {problems}") from None
     return Spec(checked.name, checked.description, tuple(_run(r) for r in checked.runs or ()),
                 source, checked.rounds,
-                checked.elastic.model_dump(exclude_none=True) if checked.elastic else None)
+                checked.elastic.model_dump(exclude_none=True) if checked.elastic else None,
+                checked.launcher)
 
 
 # --- the file ------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ class FakeNodes:
     def __init__(self):
         self.log, self.outputs, self.per_case, self.sent = [], [], 100, 0
         self.mtu_unreadable: set[str] = set()
+        self.slurm = {h.name: ("slurm-" + h.name, "IDLE") for h in HOSTS}  # node -> name, state
 
     def connect(self, host):
         return FakeConnection(self, host)
@@ -41,7 +42,7 @@ class FakeConnection:
 
     def run(self, cmd, **kwargs):
         self.nodes.log.append((self.host.name, cmd))
-        if "rxelab.launch --hosts" in cmd or "mpirun -np" in cmd:
+        if "rxelab.launch --hosts" in cmd or "mpirun -np" in cmd or "srun --job-name" in cmd:
             assert kwargs.get("asynchronous"), "a case command must be interruptible"
             return FakePromise(self.nodes, self.nodes.outputs.pop(0))
         if "hw_counters" in cmd:
@@ -50,6 +51,10 @@ class FakeConnection:
             return SimpleNamespace(stdout=f"netdev ens7\nnetdev_mtu {mtu}\nactive_mtu 4096\n"
                                           f"inet {self.host.data_ip}/24\n"
                                           f"sent_pkts:{self.nodes.sent}\n", stderr="", exited=0)
+        if "hostname -s" in cmd:  # the srun launcher's probe: the node as Slurm knows it
+            name, state = self.nodes.slurm[self.host.name]
+            return SimpleNamespace(stdout=f"slurm_node {name}\nslurm_srun /usr/bin/srun\n"
+                                          f"slurm_state {state}\n", stderr="", exited=0)
         return SimpleNamespace(stdout="", stderr="", exited=0)
 
     def close(self):
@@ -85,13 +90,13 @@ class FakePromise:
         return SimpleNamespace(stdout=self.out, stderr="", exited=0)
 
 
-def make_runner(tmp_path, monkeypatch, toml_runs: str):
+def make_runner(tmp_path, monkeypatch, toml_runs: str, launcher: str | None = None):
     toml = tmp_path / "t.toml"
     toml.write_text('name = "t"\n' + toml_runs)
     nodes = FakeNodes()
     monkeypatch.setattr(fleet, "connect", nodes.connect)
     r = runner.Runner(spec.load(str(toml)), Inventory("t", HOSTS), tmp_path / "results",
-                      say=lambda s: None)
+                      say=lambda s: None, launcher=launcher)
     return r, nodes
 
 

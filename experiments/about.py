@@ -1,0 +1,80 @@
+"""What the nodes say of themselves before a run (kernel, how they run, the versions of what
+the contenders use, the MTUs) and what the lab says of itself: the run's environment.json, so
+every figure of a report can name what produced it."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from experiments import commands, fleet
+from infra.inventory import Host
+
+# What each node says of itself: its kernel, how it runs (systemd-detect-virt: qemu = TCG,
+# kvm, none = bare metal), and the versions of what the contenders use.
+ABOUT = (
+    'echo "kernel $(uname -r)"; '
+    'echo "virt $(systemd-detect-virt 2>/dev/null || true)"; '
+    'echo "open_mpi $(mpirun --version 2>/dev/null | sed -n \'s/.*(Open MPI) *//p\' | head -n 1)"; '
+    'echo "ucx $(ucx_info -v 2>/dev/null | sed -n \'s/.*version=\\([^ ]*\\).*/\\1/p\' | head -n 1)"; '
+    "dpkg-query -W -f='pkg ${Package} ${Version}\\n' rdma-core python3-pyverbs openmpi-bin libucx0 "
+    "perftest 2>/dev/null; "
+    # torch (the gloo contender) from its metadata: importing it costs seconds under TCG
+    "python3 -c 'import importlib.metadata as m; print(\"torch\", m.version(\"torch\"))' "
+    "2>/dev/null; "
+    # the rxelab the ranks run: the wheel fab deploy installed
+    '"$HOME"/rxelab/venv/bin/python3 -c \'import importlib.metadata as m; '
+    'print("rxelab", m.version("rxelab"))\' 2>/dev/null; '
+)
+PACKAGES = ("rdma-core", "python3-pyverbs", "openmpi-bin", "libucx0", "perftest")
+ACCEL = {"qemu": "tcg", "kvm": "kvm", "none": "none"}
+
+
+def parse_about(text: str) -> dict[str, Any]:
+    about: dict[str, Any] = {"packages": {}}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key == "pkg" and value.split(" ", 1)[0] in PACKAGES and " " in value:
+            name, version = value.split(" ", 1)
+            about["packages"][name] = version
+        elif key in ("kernel", "virt", "open_mpi", "ucx", "torch", "rxelab") and value.strip():
+            about[key] = value.strip()[:200]
+    return about
+
+
+def environment(hosts: list[Host], lab_state: Path | None) -> dict[str, Any]:
+    """Read from the nodes themselves: kernel, how they run (the accelerator), rdma-core, Open
+    MPI and UCX versions, MTUs; from the lab, if this is one, its image. The first node speaks
+    for the run; every node's own account is kept under `hosts`."""
+    def ask(h: Host) -> tuple[dict[str, Any], dict[str, Any]]:
+        with fleet.connect(h) as c:
+            r = c.run(ABOUT + commands.readings_command(h), hide=True, warn=True, timeout=60)
+        return parse_about(r.stdout), commands.parse_readings(r.stdout)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = dict(zip([h.name for h in hosts], pool.map(ask, hosts), strict=True))
+    first, readings = answers[hosts[0].name]
+    virt = first.get("virt", "?")
+    env: dict[str, Any] = {
+        "nodes": len(hosts), "kernel": first.get("kernel", "?"), "virtualization": virt,
+        "accel": ACCEL.get(virt, virt),
+        # as the tools say them; the report falls back to the packages' versions
+        "versions": {"open_mpi": first.get("open_mpi"), "ucx": first.get("ucx"),
+                     "kernel": first.get("kernel"), "torch": first.get("torch"),
+                     "rxelab": first.get("rxelab")},
+        "packages": first["packages"],
+        "mtu": readings.get("active_mtu", "?"),  # the RoCE path MTU
+        "netdev_mtu": readings.get("netdev_mtu", "?"),
+        "ucx_settings": commands.ucx_settings(hosts[0]),
+        "hosts": {name: {"kernel": a.get("kernel"), "virtualization": a.get("virt"),
+                         "open_mpi": a.get("open_mpi"), "torch": a.get("torch"),
+                         "rdma_device": h.rdma.device}
+                  for (name, (a, _)), h in zip(answers.items(), hosts, strict=True)},
+    }
+    if lab_state is not None and (lab_state / "boot.json").exists():
+        boot = json.loads((lab_state / "boot.json").read_text())
+        env["lab_accel"] = boot.get("accel")
+        env["image"] = boot.get("image", {}).get("kind")
+    return env

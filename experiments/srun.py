@@ -1,0 +1,108 @@
+"""Cases started by Slurm (a spec's `launcher = "srun"`): what a cluster's users do, so the
+runner measures what they would get. rxelab's ranks find rank, size, rendezvous and the job's
+credential in Slurm's own variables; Open MPI's start under `srun --mpi=pmix` with their MCA
+parameters in the environment; Gloo's take theirs from Slurm through its app.
+
+Slurm is someone else's engine here: the runner names every job it starts after its run
+(`rxelab-<run id>`), asks Slurm for that name's jobs of this user only, and cancels exactly
+those ids. The nodes are named as Slurm knows them (each node's `hostname -s`, checked against
+`scontrol show node`), never assumed from the inventory.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from typing import Any
+
+from experiments import commands
+from experiments.commands import case_timeout, started_by
+from infra.inventory import Host
+
+JOB_PREFIX = "rxelab-"
+# A Slurm node name as `hostname -s` and scontrol print it: what may reach --nodelist.
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# States in which a node takes no new job (scontrol's State=, flags after '+').
+UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "FUTURE", "POWERED_DOWN", "INVAL")
+
+
+def job_name(run_id: str) -> str:
+    return JOB_PREFIX + run_id
+
+
+# ---- finding the nodes as Slurm knows them ----------------------------------------------
+PROBE = ('n=$(hostname -s); echo "slurm_node $n"; '
+         'echo "slurm_srun $(command -v srun || true)"; '
+         'echo "slurm_state $(scontrol show node -o "$n" 2>/dev/null '
+         "| sed -n 's/.* State=\\([^ ]*\\).*/\\1/p')\"")
+
+
+def parse_probe(text: str) -> dict[str, str]:
+    found = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key in ("slurm_node", "slurm_srun", "slurm_state"):
+            found[key.removeprefix("slurm_")] = value.strip()
+    return found
+
+
+def node_problem(host: Host, found: dict[str, str]) -> str | None:
+    """Why this node cannot take the run's srun jobs, or None."""
+    name, state = found.get("node", ""), found.get("state", "")
+    if not found.get("srun"):
+        return f"{host.name}: no srun on this node (launcher = \"srun\" needs Slurm's client)"
+    if not NODE_NAME.match(name):
+        return f"{host.name}: its host name {name!r} is not a Slurm node name"
+    if not state:
+        return (f"{host.name}: Slurm knows no node {name!r} (scontrol show node); is slurmd "
+                "running there, and slurmctld reachable?")
+    # sinfo-style marks after a state (DOWN*: not responding, IDLE~: powered off, ...)
+    if any(flag.rstrip("*~#!%$@^-") in UNUSABLE for flag in state.upper().split("+")):
+        return f"{host.name}: Slurm node {name} is {state}: it takes no job"
+    return None
+
+
+# ---- a case's command -------------------------------------------------------------------
+def srun_argv(case: dict[str, Any], nodes: list[str], run_id: str, *extra: str) -> list[str]:
+    """srun on exactly these nodes, a task per rank, under the case's deadline twice over:
+    `timeout` ends srun (which ends its step), Slurm's own time limit ends the job. No task
+    reads the SSH session's input (srun would hand it to task 0)."""
+    deadline = case_timeout(case)
+    return ["timeout", f"{deadline:.0f}", "srun", f"--job-name={job_name(run_id)}",
+            f"--nodes={len(nodes)}", f"--ntasks-per-node={case.get('ranks_per_node') or 1}",
+            f"--nodelist={','.join(nodes)}", f"--time={math.ceil(deadline / 60) + 1}",
+            "--kill-on-bad-exit=1", "--input=none", "--quiet", *extra]
+
+
+def _environment(pairs: dict[str, str]) -> str:
+    return "".join(f"{k}={shlex.quote(v)} " for k, v in pairs.items())
+
+
+def rxelab_command(case: dict[str, Any], nodes: list[str], run_id: str) -> str:
+    """The demo app under srun: no launcher, no port, no secret - Slurm's variables and MUNGE."""
+    argv = [*srun_argv(case, nodes, run_id), *commands.rxelab_app(case)]
+    return started_by(run_id) + commands.remote_join(argv)
+
+
+def gloo_command(case: dict[str, Any], nodes: list[str], run_id: str) -> str:
+    argv = [*srun_argv(case, nodes, run_id), *commands.gloo_app(case)]
+    return started_by(run_id) + commands.remote_join(argv)
+
+
+def mpi_command(case: dict[str, Any], hosts: list[Host], nodes: list[str], network: str,
+                run_id: str) -> str:
+    """Open MPI's ranks started by Slurm's PMIx: the same MCA parameters and UCX settings as
+    under mpirun, as OMPI_MCA_* and UCX_* variables that srun passes on to every task."""
+    mca, env = commands.mpi_settings(case, hosts, network)
+    settings = {**{f"OMPI_MCA_{k}": v for k, v in mca.items()}, **env}
+    argv = [*srun_argv(case, nodes, run_id, "--mpi=pmix"), *commands.mpi_app(case)]
+    return started_by(run_id) + _environment(settings) + commands.remote_join(argv)
+
+
+# ---- clean-up: this run's jobs, and nobody else's ----------------------------------------
+def cancel_command(run_id: str) -> str:
+    """Cancel the jobs of this user named after this run (by their ids), and say which."""
+    name = shlex.quote(job_name(run_id))
+    return (f'ids=$(squeue --noheader --user="$(id -un)" --name={name} --format=%i 2>/dev/null); '
+            '[ -z "$ids" ] || { scancel $ids; echo "cancelled $ids"; }; true')
