@@ -317,6 +317,8 @@ class Runner:
             record.update(status="failed", error=_tail(text))
         else:
             record.update(status="ok" if summary.get("ok") else "wrong", summary=summary)
+            if exit_code not in (0, None):  # its figures came, then the job did not end well
+                record["after_summary"] = f"exit {exit_code}: " + _tail(text, 3)
 
     def _command(self, index: int, case: dict[str, Any], hosts: list[Host]) -> str:
         """The case's command for its first node, by the run's launcher."""

@@ -21,6 +21,12 @@ from experiments.commands import case_timeout, started_by
 from infra.inventory import Host
 
 JOB_PREFIX = "rxelab-"
+# After an MPI job's first rank ends, srun ends the others this much later. Debian 12's Open
+# MPI 4.1.4 under Slurm's PMIx can lose a rank's finalize fence: that rank leaves while the
+# others still close their UCX endpoints to it, and they wait for it forever (seen on the lab
+# with pml_ucx_verbose: the rank that left never waited at the fence). The figures are printed
+# before finalize, so the case keeps them and its record says how the job ended.
+MPI_WAIT_S = 15
 # A Slurm node name as `hostname -s` and scontrol print it: what may reach --nodelist.
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # States in which a node takes no new job (scontrol's State=, flags after '+').
@@ -96,7 +102,8 @@ def mpi_command(case: dict[str, Any], hosts: list[Host], nodes: list[str], netwo
     under mpirun, as OMPI_MCA_* and UCX_* variables that srun passes on to every task."""
     mca, env = commands.mpi_settings(case, hosts, network)
     settings = {**{f"OMPI_MCA_{k}": v for k, v in mca.items()}, **env}
-    argv = [*srun_argv(case, nodes, run_id, "--mpi=pmix"), *commands.mpi_app(case)]
+    argv = [*srun_argv(case, nodes, run_id, "--mpi=pmix", f"--wait={MPI_WAIT_S}"),
+            *commands.mpi_app(case)]
     return started_by(run_id) + _environment(settings) + commands.remote_join(argv)
 
 

@@ -85,3 +85,44 @@ def test_open_mpi_starts_under_srun_with_pmix(deployed):  # noqa: F811
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert sorted(x for x in r.stdout.splitlines() if x.startswith("ok")) == \
         [f"ok {i} 3072" for i in range(3)]
+
+
+SRUN_SPEC = """name = "srun-smoke"
+launcher = "srun"
+
+[[runs]]
+app = "rxelab"
+op = "alltoall"
+algorithms = ["pairwise"]
+nodes = [3]
+sizes = [4096]
+stages = 3
+
+[[runs]]
+app = "mpi"
+op = "alltoall"
+nodes = [3]
+sizes = [4096]
+stages = 3
+transport = ["ucx", "tcp"]
+"""
+
+
+def test_the_runner_launches_rxelab_and_open_mpi_through_slurm(deployed, tmp_path):  # noqa: F811
+    """`launcher = "srun"`: rxelab by srun, Open MPI by srun --mpi=pmix over UCX (proven by rxe's
+    counters) and over TCP; the report says so; no job and no rank of the run is left."""
+    from tests.e2e.test_experiments import run_spec
+
+    records, report, env = run_spec(deployed, tmp_path, SRUN_SPEC)
+    assert [(r["app"], r.get("transport"), r["status"], r["launcher"]) for r in records] == [
+        ("rxelab", None, "ok", "srun"), ("mpi", "ucx", "ok", "srun"), ("mpi", "tcp", "ok", "srun")]
+    for r in records:  # RDMA proven by the device's own counters, TCP moved none over it
+        sent = sum(d.get("sent_pkts", 0) for d in r["rxe"].values())
+        assert (sent == 0) == (r.get("transport") == "tcp"), (r["app"], r.get("transport"), sent)
+        assert r["summary"]["wrong"] == 0 and r["summary"]["ranks"] == 3
+    assert env["launcher"] == "srun" and sorted(env["slurm_nodes"]) == ["node1", "node2", "node3"]
+    assert "launcher: srun (Slurm started every rank" in report
+    left = deployed.ssh("node1", f"squeue --noheader --name=rxelab-{env['run_id']}").stdout
+    assert not left.strip(), f"jobs of the run left in Slurm: {left}"
+    for h in deployed.hosts:
+        assert not deployed.try_ssh(h, f"grep -lsxzF RXELAB_RUN_ID={env['run_id']} /proc/[0-9]*/environ")

@@ -87,6 +87,8 @@ class FakePromise:
     def join(self):
         if isinstance(self.out, BaseException):
             raise self.out
+        if isinstance(self.out, tuple):  # (output, exit code)
+            return SimpleNamespace(stdout=self.out[0], stderr="", exited=self.out[1])
         return SimpleNamespace(stdout=self.out, stderr="", exited=0)
 
 

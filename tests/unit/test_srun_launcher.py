@@ -79,6 +79,7 @@ def test_srun_starts_open_mpi_with_the_same_settings_as_mpirun(tmp_path):
         mpirun = commands.mpi_command(case, HOSTS, "10.10.0.0/24", RUN)
         for k, v in mca.items():
             assert f"--mca {k} {commands.shlex.quote(v)}" in mpirun
+    assert f"--wait={srun.MPI_WAIT_S}" in got["argv"], "a rank stuck in finalize is ended"
     ucx = started(tmp_path, srun.mpi_command(MPI, HOSTS, NODES, "10.10.0.0/24", RUN))["env"]
     assert ucx["OMPI_MCA_pml"] == "ucx" and ucx["OMPI_MCA_btl"] == "^openib,uct"
     assert ucx["UCX_UD_ETH_DGID_CHECK"] == "n" and ucx["UCX_NET_DEVICES"] == "rxe0:1"
@@ -167,6 +168,19 @@ def test_a_failed_case_under_srun_is_cancelled_at_once(tmp_path, monkeypatch):
     recs = records(r.run({"nodes": 3}))
     assert recs[0]["status"] == "failed" and "task 1: Exited" in recs[0]["error"]
     assert len(cmds(nodes, "scancel")) == 2, "after the case, and in the run's clean-up"
+
+
+def test_figures_that_came_before_a_bad_end_are_kept_and_the_end_is_said(tmp_path, monkeypatch):
+    """Open MPI under srun may hang in finalize after its figures: srun --wait ends it, the
+    case keeps its verified figures and says how the job ended."""
+    r, nodes = make_runner(tmp_path, monkeypatch, RUNS.split("[[runs]]\napp = \"perftest\"")[0],
+                           launcher="srun")
+    hung = summary(True, "mpi") + "\nsrun: error: node1: task 0: Killed\n"
+    nodes.outputs += [summary(True), (hung, 137)]
+    recs = records(r.run({"nodes": 3}))
+    assert [x["status"] for x in recs] == ["ok", "ok"]
+    assert "after_summary" not in recs[0]
+    assert recs[1]["after_summary"].startswith("exit 137: ") and "task 0: Killed" in recs[1]["after_summary"]
 
 
 def test_a_node_slurm_does_not_know_stops_the_run_before_any_case(tmp_path, monkeypatch):
