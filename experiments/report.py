@@ -358,6 +358,10 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
     for who in sorted({contender({"transport": "tcp", **r}) for r in skipped}):
         mine = [r for r in skipped if contender({"transport": "tcp", **r}) == who]
         lines.append(f"{len(mine)} {who} cases were not run: {mine[0].get('error', 'skipped')}.")
+    for who in sorted({contender({"transport": "tcp", **r}) for r in records if r.get("after_summary")}):
+        mine = [r for r in records if r.get("after_summary") and contender({"transport": "tcp", **r}) == who]
+        lines.append(f"{len(mine)} {who} cases printed verified figures, then their job did not end "
+                     f"well (kept; records' after_summary): {mine[0]['after_summary'][:160]}")
     done = [r for r in flat if r["status"] == "ok"]
     for (op, nodes, size, stages, net, mtu, mode, data), rs in sorted(_groups(done).items(), key=str):
         if len(rs) < 2:

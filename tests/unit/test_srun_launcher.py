@@ -250,3 +250,15 @@ def test_the_report_states_the_launcher(tmp_path):
     assert any(x.startswith("launcher: ssh (our launcher")
                for x in report.facts({"launcher": "ssh"}, tmp_path))
     assert f"launcher: {report.UNKNOWN}" in report.facts({}, tmp_path)
+
+
+def test_the_report_says_which_cases_ended_badly_after_their_figures():
+    from experiments import report
+
+    base = {"case": 0, "app": "mpi", "transport": "ucx", "op": "alltoall",
+            "algorithm": "mpi-default", "status": "ok"}
+    lines = report.summary_lines([], [{**base, "after_summary": "exit 137: task 1: Killed"},
+                                      {**base, "transport": "tcp"}], [])
+    said = [x for x in lines if "did not end well" in x]
+    assert said == ["1 mpi-ucx cases printed verified figures, then their job did not end well "
+                    "(kept; records' after_summary): exit 137: task 1: Killed"]
