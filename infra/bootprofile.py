@@ -36,12 +36,16 @@ STAGES = (  # cloud-init's stage, its systemd unit, its name in the console line
     ("modules-final", "cloud-final.service", "modules:final"),
 )
 NETWORK_UNITS = ("systemd-networkd.service", "systemd-networkd-wait-online.service")
+# Slurm's daemons (issue 28): started after the node is ready, so they are not part of "ready";
+# what they cost shows as when each came up and its CPU (slurmd's includes its jobs' since boot).
+SLURM_UNITS = ("munge.service", "slurmd.service", "slurmctld.service")
 TOP_CPU = 8
 TOP_MODULES = 6
 
 REMOTE = r"""
 u="cloud-init-local.service cloud-init.service cloud-config.service cloud-final.service
-   systemd-networkd.service systemd-networkd-wait-online.service ssh.service $unit"
+   systemd-networkd.service systemd-networkd-wait-online.service ssh.service
+   munge.service slurmd.service slurmctld.service $unit"
 echo '== time'; systemd-analyze time 2>/dev/null | head -n 1
 echo '== dmesg'; sudo -n dmesg 2>/dev/null | grep -m 1 'Run /init as init process'
 echo '== units'; systemctl show -p Id -p InactiveExitTimestampMonotonic \
@@ -165,7 +169,7 @@ def parse(name: str, text: str, seen_ready: float | None = None) -> NodeProfile:
     if net and local_end is not None:
         p.phases["network up after init-local (networkd, wait-online)"] = max(net) - local_end
     device_unit = next((u for u in units if u not in {x[1] for x in STAGES} | set(NETWORK_UNITS)
-                        | {"ssh.service"}), None)
+                        | set(SLURM_UNITS) | {"ssh.service"}), None)
     finished = _int(s.get("finished", []))
     marks = {
         "ssh.service active": end("ssh.service"),
@@ -177,6 +181,13 @@ def parse(name: str, text: str, seen_ready: float | None = None) -> NodeProfile:
             p.marks[label] = t
     if len(p.marks) == len(marks):
         p.guest_ready = max(p.marks.values())
+    for unit in SLURM_UNITS:  # after "ready" is settled: not part of it
+        if (t := end(unit)) is not None:
+            p.marks[f"{unit} active"] = t
+    slurm_cpu = [units[u]["CPUUsageNSec"] / 1e9 for u in SLURM_UNITS
+                 if units.get(u, {}).get("CPUUsageNSec") is not None and end(u) is not None]
+    if slurm_cpu:
+        p.phases["Slurm daemons' CPU since boot (munged, slurmd, slurmctld)"] = sum(slurm_cpu)
     for line in s.get("cpu", []):
         parts = line.split(maxsplit=1)
         if len(parts) == 2 and parts[0].isdigit() and parts[1] not in (".", "./system.slice"):

@@ -65,3 +65,24 @@ def test_the_table_shows_every_phase_of_every_node_and_the_target():
     assert f"{a.phases['  init-local: Python start-up']:.1f}" in row and row.rstrip("│ ").endswith("-")
     assert "rxe0.service active, at" in text and "config-users-groups" in text
     assert "slowest node ready 54.6 s after its qemu started (target <= 45 s)" in text
+
+
+def test_slurms_daemons_are_shown_beside_readiness_not_in_it():
+    """Where Slurm's daemons came up and what CPU they took; "ready" stays ssh, the RDMA unit
+    and cloud-init (the daemons start after it)."""
+    blocks = ("Id=munge.service\nInactiveExitTimestampMonotonic=50000000\n"
+              "ActiveEnterTimestampMonotonic=51500000\nCPUUsageNSec=700000000\n\n"
+              "Id=slurmd.service\nInactiveExitTimestampMonotonic=52000000\n"
+              "ActiveEnterTimestampMonotonic=55250000\nCPUUsageNSec=2300000000\n\n"
+              "Id=slurmctld.service\nInactiveExitTimestampMonotonic=0\n"
+              "ActiveEnterTimestampMonotonic=0\nCPUUsageNSec=18446744073709551615\n\n")
+    plain = bootprofile.parse("node2", SAMPLE)
+    text = SAMPLE.replace("== units\n", "== units\n" + blocks, 1)
+    p = bootprofile.parse("node2", text)
+    assert p.marks["munge.service active"] == 51.5 and p.marks["slurmd.service active"] == 55.25
+    assert "slurmctld.service active" not in p.marks, "not on this node: no mark"
+    assert p.marks["rxe0.service active"] == plain.marks["rxe0.service active"], \
+        "the RDMA unit is still the one found"
+    assert p.guest_ready == plain.guest_ready
+    assert abs(p.phases["Slurm daemons' CPU since boot (munged, slurmd, slurmctld)"] - 3.0) < 1e-9
+    assert "munge.service slurmd.service slurmctld.service" in bootprofile.REMOTE
