@@ -165,7 +165,9 @@ LAUNCHED_BY = {"ssh": "ssh (our launcher, and mpirun, over SSH)",
 def launcher_fact(env: dict[str, Any]) -> str:
     """How the ranks were started, as recorded."""
     said = _text(env.get("launcher"))
-    return LAUNCHED_BY.get(said or "", said or UNKNOWN)
+    if said is None:  # recorded since 2026-11-25; every run before started over SSH
+        return LAUNCHED_BY["ssh"] + ", as every run before launchers were recorded"
+    return LAUNCHED_BY.get(said, said)
 
 
 def gloo_fact(env: dict[str, Any]) -> str:

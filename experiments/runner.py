@@ -155,7 +155,7 @@ class Runner:
     def _discover_slurm(self) -> None:
         """Each node's name as Slurm knows it, and that Slurm would start a job there."""
         results = self._on_hosts(self.hosts, lambda h: srun.PROBE)
-        problems = []
+        problems, cpus = [], {}
         for h in self.hosts:
             r = results[h.name]
             found = {} if isinstance(r, Exception) else srun.parse_probe(r.stdout)
@@ -163,6 +163,15 @@ class Runner:
                 problems.append(why)
             else:
                 self.slurm_nodes[h.name] = found["node"]
+                if found.get("cputot", "").isdigit():
+                    cpus[h.name] = int(found["cputot"])
+        cases = self.spec.cases()
+        per_node = max((c.get("ranks_per_node") or 1 for c in cases if c["app"] != "perftest"),
+                       default=1)
+        problems += srun.placement_problems(self.slurm_nodes, cpus, per_node)
+        if any(c["app"] == "gloo" for c in cases) and len(set(self.netdevs.values())) > 1:
+            problems.append("Gloo under srun needs one data NIC name on every node (its "
+                            f"GLOO_SOCKET_IFNAME), these differ: {self.netdevs}")
         if problems:
             raise fleet.FleetError("launcher = \"srun\": " + "; ".join(problems))
 
@@ -260,7 +269,9 @@ class Runner:
             record["wall_seconds"] = time.monotonic() - started
             load = self._stop_samplers(samplers, index)
             after = self._restore(hosts)
-            if record.get("status") != "ok":  # a failed or timed-out case leaves no rank behind
+            # a failed or timed-out case, or one whose job ended badly after its figures, leaves
+            # no rank behind
+            if record.get("status") != "ok" or record.get("after_summary"):
                 self._on_hosts(hosts, lambda h: (
                     srun.cancel_command(self.run_id) + "; " if self._slurm_head(h) else ""
                 ) + commands.stop_command(self.run_id), timeout=30)
@@ -325,7 +336,8 @@ class Runner:
         if self.launcher == "srun":
             nodes = [self.slurm_nodes[h.name] for h in hosts]
             return (srun.rxelab_command(case, nodes, self.run_id) if case["app"] == "rxelab"
-                    else srun.gloo_command(case, nodes, self.run_id) if case["app"] == "gloo"
+                    else srun.gloo_command(case, nodes, self.run_id, self.netdevs[hosts[0].name])
+                    if case["app"] == "gloo"
                     else srun.mpi_command(case, hosts, nodes, self.network, self.run_id))
         port = 29700 + index % 200
         return (commands.rxelab_command(case, hosts, port, self.run_id) if case["app"] == "rxelab"

@@ -29,8 +29,13 @@ JOB_PREFIX = "rxelab-"
 MPI_WAIT_S = 15
 # A Slurm node name as `hostname -s` and scontrol print it: what may reach --nodelist.
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-# States in which a node takes no new job (scontrol's State=, flags after '+').
-UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "FUTURE", "POWERED_DOWN", "INVAL")
+# States in which a node takes no new job (scontrol's State=: a base state, flags after '+';
+# a '*' after a state means not responding). A node that is busy or reserved takes one later:
+# srun --immediate turns that wait into an error that says so.
+UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "FUTURE", "INVALID_REG", "MAINTENANCE",
+            "REBOOT_ISSUED")
+# How long a case's srun waits for its nodes before it fails, saying why.
+ALLOCATE_S = 120
 
 
 def job_name(run_id: str) -> str:
@@ -38,18 +43,20 @@ def job_name(run_id: str) -> str:
 
 
 # ---- finding the nodes as Slurm knows them ----------------------------------------------
+# The first State= and CPUTot= of the node's one line (a Reason= after them may say anything).
 PROBE = ('n=$(hostname -s); echo "slurm_node $n"; '
          'echo "slurm_srun $(command -v srun || true)"; '
-         'echo "slurm_state $(scontrol show node -o "$n" 2>/dev/null '
-         "| sed -n 's/.* State=\\([^ ]*\\).*/\\1/p')\"")
+         'line=$(scontrol show node -o "$n" 2>/dev/null); '
+         'for k in State CPUTot; do echo "slurm_$k $(printf %s "$line" | grep -o " $k=[^ ]*" '
+         '| head -n 1 | cut -d= -f2)"; done')
 
 
 def parse_probe(text: str) -> dict[str, str]:
     found = {}
     for line in text.splitlines():
         key, _, value = line.strip().partition(" ")
-        if key in ("slurm_node", "slurm_srun", "slurm_state"):
-            found[key.removeprefix("slurm_")] = value.strip()
+        if key in ("slurm_node", "slurm_srun", "slurm_State", "slurm_CPUTot"):
+            found[key.removeprefix("slurm_").lower()] = value.strip()
     return found
 
 
@@ -61,23 +68,43 @@ def node_problem(host: Host, found: dict[str, str]) -> str | None:
     if not NODE_NAME.match(name):
         return f"{host.name}: its host name {name!r} is not a Slurm node name"
     if not state:
-        return (f"{host.name}: Slurm knows no node {name!r} (scontrol show node); is slurmd "
-                "running there, and slurmctld reachable?")
-    # sinfo-style marks after a state (DOWN*: not responding, IDLE~: powered off, ...)
-    if any(flag.rstrip("*~#!%$@^-") in UNUSABLE for flag in state.upper().split("+")):
+        return (f"{host.name}: Slurm knows no node {name!r} (scontrol show node; a node's Slurm "
+                "name is taken to be its `hostname -s`); is slurmd running there, and slurmctld "
+                "reachable?")
+    if any(flag.rstrip("*") in UNUSABLE or flag.endswith("*") for flag in state.upper().split("+")):
         return f"{host.name}: Slurm node {name} is {state}: it takes no job"
     return None
+
+
+def placement_problems(slurm_nodes: dict[str, str], cpus: dict[str, int],
+                       ranks_per_node: int) -> list[str]:
+    """Why the run's cases cannot start as the spec says: two hosts that are one Slurm node
+    (srun would add a node of its own choosing to make up the count), or more ranks per node
+    than a node has CPUs (srun refuses such a step)."""
+    problems = []
+    by_name: dict[str, list[str]] = {}
+    for host, name in slurm_nodes.items():
+        by_name.setdefault(name, []).append(host)
+    problems += [f"{', '.join(hosts)} are one Slurm node, {name}"
+                 for name, hosts in by_name.items() if len(hosts) > 1]
+    problems += [f"{host} ({slurm_nodes[host]}) has {n} CPUs in Slurm, the spec asks for "
+                 f"{ranks_per_node} ranks per node" for host, n in cpus.items() if n < ranks_per_node]
+    return problems
 
 
 # ---- a case's command -------------------------------------------------------------------
 def srun_argv(case: dict[str, Any], nodes: list[str], run_id: str, *extra: str) -> list[str]:
     """srun on exactly these nodes, a task per rank, under the case's deadline twice over:
     `timeout` ends srun (which ends its step), Slurm's own time limit ends the job. No task
-    reads the SSH session's input (srun would hand it to task 0)."""
+    reads the SSH session's input (srun would hand it to task 0). Nodes busy with other jobs
+    make srun fail after ALLOCATE_S, saying so, rather than wait out the deadline."""
     deadline = case_timeout(case)
     return ["timeout", f"{deadline:.0f}", "srun", f"--job-name={job_name(run_id)}",
             f"--nodes={len(nodes)}", f"--ntasks-per-node={case.get('ranks_per_node') or 1}",
             f"--nodelist={','.join(nodes)}", f"--time={math.ceil(deadline / 60) + 1}",
+            # whatever the caller's SLURM_EXPORT_ENV and SLURM_DISTRIBUTION say: the ranks get
+            # the run's id and settings, rank 0 is on the step's first node
+            "--export=ALL", "--distribution=block", f"--immediate={ALLOCATE_S}",
             "--kill-on-bad-exit=1", "--input=none", "--quiet", *extra]
 
 
@@ -91,9 +118,12 @@ def rxelab_command(case: dict[str, Any], nodes: list[str], run_id: str) -> str:
     return started_by(run_id) + commands.remote_join(argv)
 
 
-def gloo_command(case: dict[str, Any], nodes: list[str], run_id: str) -> str:
+def gloo_command(case: dict[str, Any], nodes: list[str], run_id: str, netdev: str) -> str:
+    """Gloo's ranks take rank and rendezvous from Slurm (through the app) and the data NIC
+    from the runner: a node's name may resolve to another network (or to 127.0.1.1)."""
     argv = [*srun_argv(case, nodes, run_id), *commands.gloo_app(case)]
-    return started_by(run_id) + commands.remote_join(argv)
+    return (started_by(run_id) + _environment({"GLOO_SOCKET_IFNAME": netdev})
+            + commands.remote_join(argv))
 
 
 def mpi_command(case: dict[str, Any], hosts: list[Host], nodes: list[str], network: str,

@@ -54,7 +54,8 @@ class FakeConnection:
         if "hostname -s" in cmd:  # the srun launcher's probe: the node as Slurm knows it
             name, state = self.nodes.slurm[self.host.name]
             return SimpleNamespace(stdout=f"slurm_node {name}\nslurm_srun /usr/bin/srun\n"
-                                          f"slurm_state {state}\n", stderr="", exited=0)
+                                          f"slurm_State {state}\nslurm_CPUTot 4\n",
+                                   stderr="", exited=0)
         return SimpleNamespace(stdout="", stderr="", exited=0)
 
     def close(self):

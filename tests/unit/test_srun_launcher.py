@@ -6,7 +6,6 @@ override; Gloo's app finding torchrun's variables in Slurm's."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ MPI = {**CASE, "app": "mpi", "algorithm": "mpi-pairwise", "transport": "ucx"}
 FAKE_SRUN = """#!/usr/bin/env python3
 import json, os, sys
 keep = {k: v for k, v in os.environ.items()
-        if k.startswith(("OMPI_MCA_", "UCX_", "RXELAB_", "MASTER_", "RANK", "WORLD_SIZE"))}
+        if k.startswith(("OMPI_MCA_", "UCX_", "RXELAB_", "MASTER_", "RANK", "WORLD_SIZE", "GLOO_"))}
 print(json.dumps({"argv": sys.argv[1:], "env": keep}))
 """
 
@@ -39,7 +38,8 @@ def fake_bin(tmp_path: Path, **scripts: str) -> dict[str, str]:
     for name, text in scripts.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path / "a b")}
+    # a minimal environment: none of the developer's own UCX_*, OMPI_MCA_* or SLURM_* settings
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path / "a b"), "LANG": "C.UTF-8"}
 
 
 def started(tmp_path: Path, command: str) -> dict:
@@ -57,6 +57,9 @@ def test_srun_starts_the_demo_app_on_slurms_nodes_with_nothing_exported(tmp_path
     assert "--nodes=3" in argv and "--ntasks-per-node=2" in argv
     assert "--input=none" in argv, "srun would give the SSH session's input to task 0"
     assert "--kill-on-bad-exit=1" in argv and any(a.startswith("--time=") for a in argv)
+    assert {"--export=ALL", "--distribution=block", f"--immediate={srun.ALLOCATE_S}"} <= set(argv), \
+        "the caller's SLURM_EXPORT_ENV or SLURM_DISTRIBUTION cannot change the ranks' settings " \
+        "or rank 0's node"
     home = str(tmp_path / "a b")
     assert app[:2] == [f"{home}/rxelab/venv/bin/python3", f"{home}/rxelab/apps/server_client.py"], \
         "the venv's python, in a home with a space, one word each"
@@ -115,25 +118,45 @@ def test_the_clean_up_cancels_this_runs_jobs_of_this_user_by_their_ids(tmp_path,
     ({"node": "node1", "srun": "", "state": "IDLE"}, "no srun on this node"),
     ({"node": "node1", "srun": "/usr/bin/srun", "state": ""}, "Slurm knows no node 'node1'"),
     ({"node": "node1", "srun": "/usr/bin/srun", "state": "IDLE+DRAIN"}, "is IDLE+DRAIN: it takes no job"),
-    ({"node": "node1", "srun": "/usr/bin/srun", "state": "DOWN*"}, None),  # '*': not responding
+    ({"node": "node1", "srun": "/usr/bin/srun", "state": "IDLE*"}, "is IDLE*"),  # not responding
+    ({"node": "node1", "srun": "/usr/bin/srun", "state": "MIXED+MAINTENANCE"}, "it takes no job"),
+    ({"node": "node1", "srun": "/usr/bin/srun", "state": "IDLE+POWERED_DOWN"}, None),  # resumed
     ({"node": "a;rm -rf ~", "srun": "/usr/bin/srun", "state": "IDLE"}, "is not a Slurm node name"),
     ({"node": "node1", "srun": "/usr/bin/srun", "state": "MIXED"}, None),
 ])
 def test_a_node_slurm_cannot_use_is_named_with_the_reason(found, why):
     host = HOSTS[0]
     got = srun.node_problem(host, found)
-    if found["state"] == "DOWN*":
-        assert got is not None and "DOWN*" in got
-    elif why is None:
+    if why is None:
         assert got is None
     else:
         assert got is not None and got.startswith("node1: ") and why in got
 
 
-def test_the_probe_reads_a_nodes_slurm_name_and_state():
-    out = "slurm_node node1\nslurm_srun /usr/bin/srun\nslurm_state IDLE\nnoise\n"
-    assert srun.parse_probe(out) == {"node": "node1", "srun": "/usr/bin/srun", "state": "IDLE"}
-    assert "hostname -s" in srun.PROBE and "scontrol show node" in srun.PROBE
+FAKE_SCONTROL = """#!/bin/sh
+[ "$*" = "show node -o $(hostname -s)" ] || exit 1
+echo "NodeName=$(hostname -s) Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUEfctv=4 CPUTot=4 \
+State=IDLE+DRAIN ThreadsPerCore=1 Partitions=lab Reason=was State=IDLE CPUTot=64 [root@x]"
+"""
+
+
+def test_the_probe_reads_a_nodes_slurm_name_state_and_cpus_through_a_shell(tmp_path):
+    """The first State= and CPUTot= of scontrol's line: an admin's Reason may say anything."""
+    env = fake_bin(tmp_path, scontrol=FAKE_SCONTROL, srun="#!/bin/sh\n")
+    r = subprocess.run(["sh", "-c", srun.PROBE], capture_output=True, text=True, env=env, timeout=30)
+    got = srun.parse_probe(r.stdout)
+    name = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    assert got == {"node": name, "srun": str(tmp_path / "bin" / "srun"), "state": "IDLE+DRAIN",
+                   "cputot": "4"}
+    assert "it takes no job" in srun.node_problem(HOSTS[0], got)
+
+
+def test_two_hosts_that_are_one_slurm_node_or_too_few_cpus_are_refused():
+    nodes = {"node1": "c1", "node2": "c1", "node3": "c3"}
+    assert srun.placement_problems(nodes, {"node1": 4, "node2": 4, "node3": 2}, 3) == [
+        "node1, node2 are one Slurm node, c1",
+        "node3 (c3) has 2 CPUs in Slurm, the spec asks for 3 ranks per node"]
+    assert srun.placement_problems({"node1": "c1", "node2": "c2"}, {"node1": 4}, 4) == []
 
 
 RUNS = ('[[runs]]\napp = "rxelab"\nop = "alltoall"\nalgorithms = ["pairwise"]\nnodes = [3]\nsizes = [8]\n'
@@ -180,7 +203,43 @@ def test_figures_that_came_before_a_bad_end_are_kept_and_the_end_is_said(tmp_pat
     recs = records(r.run({"nodes": 3}))
     assert [x["status"] for x in recs] == ["ok", "ok"]
     assert "after_summary" not in recs[0]
+    assert len(cmds(nodes, "scancel")) == 2, "the stuck job is cancelled after its case, then at the end"
     assert recs[1]["after_summary"].startswith("exit 137: ") and "task 0: Killed" in recs[1]["after_summary"]
+
+
+def test_a_spec_that_srun_cannot_place_stops_the_run_before_any_case(tmp_path, monkeypatch):
+    per_node = RUNS.replace('nodes = [3]\nsizes = [8]\n', 'nodes = [3]\nsizes = [8]\nranks_per_node = 8\n', 1)
+    r, nodes = make_runner(tmp_path, monkeypatch, per_node, launcher="srun")
+    nodes.slurm["node2"] = nodes.slurm["node1"]
+    with pytest.raises(fleet.FleetError) as e:
+        r.run({"nodes": 3})
+    assert "node1, node2 are one Slurm node, slurm-node1" in str(e.value)
+    assert "has 4 CPUs in Slurm, the spec asks for 8 ranks per node" in str(e.value)
+    assert not cmds(nodes, "srun --job-name")
+
+
+def test_gloo_under_srun_is_told_the_data_nic(tmp_path, monkeypatch):
+    """A node's name may resolve to another network (on the lab, node1 to 127.0.1.1 on node1):
+    Gloo is given the NIC behind the RDMA device, found on the nodes."""
+    gloo = '[[runs]]\napp = "gloo"\nop = "allreduce"\nnodes = [3]\nsizes = [8]\n'
+    r, nodes = make_runner(tmp_path, monkeypatch, gloo, launcher="srun")
+    nodes.outputs += [summary(True, "gloo")]
+    recs = records(r.run({"nodes": 3, "hosts": {h.name: {"torch": "1.13.1"} for h in HOSTS}}))
+    assert recs[0]["status"] == "ok" and recs[0]["launcher"] == "srun"
+    (_, cmd), = cmds(nodes, "srun --job-name")
+    assert "GLOO_SOCKET_IFNAME=ens7 " in cmd and "gloo_compare.py" in cmd
+    got = started(tmp_path, srun.gloo_command(CASE, NODES, RUN, "data 0"))
+    assert got["env"] == {"RXELAB_RUN_ID": RUN, "GLOO_SOCKET_IFNAME": "data 0"}, "quoted, one word"
+    assert "--mpi=pmix" not in got["argv"]
+    assert any(a.endswith("apps/gloo_compare.py") for a in got["argv"])
+
+
+def test_the_cli_launcher_overrides_the_specs(tmp_path, monkeypatch):
+    only_rxelab = RUNS.split("[[runs]]\napp = \"mpi\"")[0]
+    r, nodes = make_runner(tmp_path, monkeypatch, 'launcher = "srun"\n' + only_rxelab, launcher="ssh")
+    nodes.outputs += [summary(True)]
+    assert [x["launcher"] for x in records(r.run({"nodes": 3}))] == ["ssh"]
+    assert cmds(nodes, "rxelab.launch --hosts") and not cmds(nodes, "srun") and not cmds(nodes, "scancel")
 
 
 def test_a_node_slurm_does_not_know_stops_the_run_before_any_case(tmp_path, monkeypatch):
@@ -249,7 +308,8 @@ def test_the_report_states_the_launcher(tmp_path):
                for x in report.facts({"launcher": "srun"}, tmp_path))
     assert any(x.startswith("launcher: ssh (our launcher")
                for x in report.facts({"launcher": "ssh"}, tmp_path))
-    assert f"launcher: {report.UNKNOWN}" in report.facts({}, tmp_path)
+    assert any(x.startswith("launcher: ssh (our launcher") and "before launchers were recorded" in x
+               for x in report.facts({}, tmp_path)), "runs before the key were all over SSH"
 
 
 def test_the_report_says_which_cases_ended_badly_after_their_figures():
