@@ -58,13 +58,19 @@ def stop_command(*run_ids: str) -> str:
             "pids=$(ours); [ -z \"$pids\" ] || kill -KILL $pids 2>/dev/null; true")
 
 
+def app_argv(case: dict[str, Any], script: str) -> list[str]:
+    """One of the apps (they take the same flags) on the case, run by the venv's python (the
+    wheel's rxelab: the apps read its description of the ops)."""
+    p = fleet.remote_paths()
+    return [p["python"], f"{p['apps']}/{script}", "--op", case["op"], "--algorithm",
+            case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
+            "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else []),
+            *(["--data", case["data"]] if case.get("data") else [])]
+
+
 def rxelab_app(case: dict[str, Any]) -> list[str]:
     """The demo app of an rxelab case, with init()'s options as flags."""
-    p = fleet.remote_paths()
-    app = [p["python"], f"{p['apps']}/server_client.py", "--op", case["op"], "--algorithm",
-           case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
-           "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else []),
-           *(["--data", case["data"]] if case.get("data") else [])]
+    app = app_argv(case, "server_client.py")
     for key in (*library.BY_NAME, "pairs", "compression"):
         if case.get(key) is not None:
             app += [f"--{key.replace('_', '-')}", str(case[key])]
@@ -80,11 +86,7 @@ def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: s
 
 
 def gloo_app(case: dict[str, Any]) -> list[str]:
-    p = fleet.remote_paths()
-    return [p["python"], f"{p['apps']}/gloo_compare.py", "--op", case["op"], "--algorithm",
-            case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
-            "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else []),
-            *(["--data", case["data"]] if case.get("data") else [])]
+    return app_argv(case, "gloo_compare.py")
 
 
 def gloo_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str) -> str:
@@ -140,13 +142,7 @@ def mpi_settings(case: dict[str, Any], hosts: list[Host],
 
 
 def mpi_app(case: dict[str, Any]) -> list[str]:
-    """The MPI side's app, run by the venv's python (it reads rxelab's description of the ops)."""
-    p = fleet.remote_paths()
-    return [p["python"], f"{p['apps']}/mpi_compare.py", "--op", case["op"],
-            "--algorithm", case["algorithm"], "--size", str(case["size"]),
-            "--stages", str(case["stages"]), "--warmup", str(case["warmup"]),
-            *(["--tight"] if case.get("tight") else []),
-            *(["--data", case["data"]] if case.get("data") else [])]
+    return app_argv(case, "mpi_compare.py")
 
 
 def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: str) -> str:

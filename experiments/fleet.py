@@ -20,9 +20,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import paramiko
 from fabric import Config, Connection
@@ -250,3 +252,20 @@ def remote_paths() -> dict[str, str]:
     system's packages) and the apps."""
     return {"python": f"$HOME/{REMOTE_HOME}/venv/bin/python3", "apps": f"$HOME/{REMOTE_HOME}/apps"}
 
+
+def run_interruptibly(connection: Any, command: str, timeout: float) -> Any:
+    """A long remote command that Ctrl-C can stop. Fabric's own run, given Ctrl-C without a
+    pty, re-raises it and then waits for the remote command to end (its output readers join
+    with no timeout), so a run of 100000 stages would hold Ctrl-C for hours. Here we wait,
+    and on Ctrl-C we close the channel and cancel the timeout's (non-daemon) timer thread,
+    which would otherwise keep the process alive; the caller's clean-up ends the remote ranks."""
+    promise = connection.run(command, hide=True, warn=True, timeout=timeout, asynchronous=True)
+    runner = promise.runner
+    try:
+        while not (runner.process_is_finished or runner.has_dead_threads):
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        runner.stop()  # closes the channel and cancels the timeout's timer thread
+        connection.close()
+        raise
+    return promise.join()

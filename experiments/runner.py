@@ -29,9 +29,9 @@ from typing import Any
 from invoke.exceptions import CommandTimedOut
 
 from apps.stages import parse_output
-from experiments import commands, counters, elastic, fleet, netem, srun
+from experiments import caselog, commands, counters, elastic, fleet, netem, srun
 from experiments.commands import TIMED_OUT, case_timeout
-from experiments.spec import LAUNCHERS, Spec, contender
+from experiments.spec import LAUNCHERS, Spec
 from infra.inventory import Host, Inventory
 
 NOT_RDMA = "moved no packets over the RDMA device: this run did not use RDMA"
@@ -104,13 +104,13 @@ class Runner:
                 for rnd, i, case in self._order(cases):
                     self.say(f"[{i + 1}/{len(cases)}"
                              + (f", round {rnd + 1}/{self.spec.rounds}" if self.spec.rounds > 1 else "")
-                             + f"] {case_label(case)}")
+                             + f"] {caselog.label(case)}")
                     record, load = self._case(head, i, case, rnd)
                     records.write(json.dumps(record) + "\n")
                     records.flush()
                     for line in load:
                         loads.write(json.dumps(line) + "\n")
-                    self.say(f"    {record['status']}: {outcome(record)}")
+                    self.say(f"    {record['status']}: {caselog.outcome(record)}")
             state["complete"] = True
         except KeyboardInterrupt:
             self.say("interrupted: partial results kept, marked incomplete")
@@ -308,7 +308,7 @@ class Runner:
         else:
             cmd = self._command(index, case, hosts)
             try:
-                r = run_interruptibly(head, cmd, timeout=deadline + 60)
+                r = fleet.run_interruptibly(head, cmd, timeout=deadline + 60)
                 stdout, text, exit_code = r.stdout, r.stdout + r.stderr, r.exited
             except CommandTimedOut as err:  # the remote deadline did not end it: ours did
                 stdout = text = err.result.stdout or ""
@@ -323,13 +323,13 @@ class Runner:
                 record["partial"] = progress[-1]
         if summary is None and exit_code == TIMED_OUT:
             record.update(status="timeout",
-                          error=f"passed its deadline of {deadline:.0f} s; " + _tail(text, 5))
+                          error=f"passed its deadline of {deadline:.0f} s; " + caselog.tail(text, 5))
         elif summary is None:
-            record.update(status="failed", error=_tail(text))
+            record.update(status="failed", error=caselog.tail(text))
         else:
             record.update(status="ok" if summary.get("ok") else "wrong", summary=summary)
             if exit_code not in (0, None):  # its figures came, then the job did not end well
-                record["after_summary"] = f"exit {exit_code}: " + _tail(text, 3)
+                record["after_summary"] = f"exit {exit_code}: " + caselog.tail(text, 3)
 
     def _command(self, index: int, case: dict[str, Any], hosts: list[Host]) -> str:
         """The case's command for its first node, by the run's launcher."""
@@ -355,7 +355,7 @@ class Runner:
             commands.perftest_command(case, server, self.run_id) + " >/dev/null 2>&1 &",
             hide=True, timeout=30, pty=False)
         time.sleep(2)
-        r = run_interruptibly(self._connection(client), commands.perftest_command(
+        r = fleet.run_interruptibly(self._connection(client), commands.perftest_command(
             case, client, self.run_id, server.data_ip), timeout=timeout + 30)
         return r.stdout + r.stderr
 
@@ -386,51 +386,3 @@ class Runner:
 
 class CaseSetupError(Exception):
     pass
-
-
-def run_interruptibly(connection: Any, command: str, timeout: float) -> Any:
-    """A long remote command that Ctrl-C can stop. Fabric's own run, given Ctrl-C without a
-    pty, re-raises it and then waits for the remote command to end (its output readers join
-    with no timeout), so a run of 100000 stages would hold Ctrl-C for hours. Here we wait,
-    and on Ctrl-C we close the channel and cancel the timeout's (non-daemon) timer thread,
-    which would otherwise keep the process alive; the caller's clean-up ends the remote ranks."""
-    promise = connection.run(command, hide=True, warn=True, timeout=timeout, asynchronous=True)
-    runner = promise.runner
-    try:
-        while not (runner.process_is_finished or runner.has_dead_threads):
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        runner.stop()  # closes the channel and cancels the timeout's timer thread
-        connection.close()
-        raise
-    return promise.join()
-
-
-def case_label(case: dict[str, Any]) -> str:
-    extra = "".join([f", {case['ranks_per_node']} ranks per node" if case.get("ranks_per_node") else "",
-                     f", pairs={case['pairs']}" if case.get("pairs") else "",
-                     f", {case['data']} data" if case.get("data") else "",
-                     f", MTU {case['mtu']}" if case.get("mtu") else "",
-                     f", {netem.label(case['netem'])}" if any(case.get("netem", {}).values()) else ""])
-    return (f"{contender(case)} {case['op']}/{case['algorithm']} {case['nodes']} nodes "
-            f"{case['size']} B x {case['stages']}{' back to back' if case.get('tight') else ''}{extra}")
-
-
-def outcome(record: dict[str, Any]) -> str:
-    shown = record.get("summary", {})
-    moved = counters.total(record.get("rxe", {}), "sent_pkts")
-    pkts = f", {moved} rxe packets" if record.get("rxe") else ""
-    if "avg_stage_us" in shown:
-        return f"{shown['avg_stage_us']:.0f} us/{'call' if shown.get('tight') else 'stage'}{pkts}"
-    if shown:
-        return f"{shown.get('bw_MBps', shown.get('lat_us', 0)):.2f}{pkts}"
-    partial = record.get("partial")
-    done = f" ({partial['stages_done']} stages done)" if partial else ""
-    return record.get("error", "")[:200] + done
-
-
-def _tail(text: str, lines: int = 15) -> str:
-    """The last lines that say something: not the JSON records, not `#` notes."""
-    said = [x for x in text.strip().splitlines()
-            if not x.split("] ", 1)[-1].lstrip().startswith(("{", "#"))]
-    return "\n".join(said[-lines:]) or "no output"

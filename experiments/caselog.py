@@ -1,0 +1,39 @@
+"""What a run says of a case in a line: its label while it runs, its outcome when it ends, and
+the last lines of output that explain a failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from experiments import counters, netem
+from experiments.spec import contender
+
+
+def label(case: dict[str, Any]) -> str:
+    extra = "".join([f", {case['ranks_per_node']} ranks per node" if case.get("ranks_per_node") else "",
+                     f", pairs={case['pairs']}" if case.get("pairs") else "",
+                     f", {case['data']} data" if case.get("data") else "",
+                     f", MTU {case['mtu']}" if case.get("mtu") else "",
+                     f", {netem.label(case['netem'])}" if any(case.get("netem", {}).values()) else ""])
+    return (f"{contender(case)} {case['op']}/{case['algorithm']} {case['nodes']} nodes "
+            f"{case['size']} B x {case['stages']}{' back to back' if case.get('tight') else ''}{extra}")
+
+
+def outcome(record: dict[str, Any]) -> str:
+    shown = record.get("summary", {})
+    moved = counters.total(record.get("rxe", {}), "sent_pkts")
+    pkts = f", {moved} rxe packets" if record.get("rxe") else ""
+    if "avg_stage_us" in shown:
+        return f"{shown['avg_stage_us']:.0f} us/{'call' if shown.get('tight') else 'stage'}{pkts}"
+    if shown:
+        return f"{shown.get('bw_MBps', shown.get('lat_us', 0)):.2f}{pkts}"
+    partial = record.get("partial")
+    done = f" ({partial['stages_done']} stages done)" if partial else ""
+    return record.get("error", "")[:200] + done
+
+
+def tail(text: str, lines: int = 15) -> str:
+    """The last lines that say something: not the JSON records, not `#` notes."""
+    said = [x for x in text.strip().splitlines()
+            if not x.split("] ", 1)[-1].lstrip().startswith(("{", "#"))]
+    return "\n".join(said[-lines:]) or "no output"
