@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import report
+from experiments import report, report_summary, run_facts
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "results-mini"
 
@@ -22,7 +22,7 @@ def results(tmp_path):
 def test_report_has_the_tables_plots_and_the_emulation_caveat(results):
     html_path, md_path = report.write(results)
     page = html_path.read_text()
-    assert report.EMULATION_NOTE in page
+    assert run_facts.EMULATION_NOTE in page
     records = [json.loads(x) for x in (results / "records.jsonl").read_text().splitlines()]
     collective = [r for r in records if r["app"] != "perftest"]
     assert page.count("<tr><td>") == len(collective) + 1, "one row per case (+1 perftest row)"
@@ -167,7 +167,7 @@ def test_a_kvm_run_is_not_called_emulation(results):
                         versions={"open_mpi": "4.1.4", "ucx": "1.13.1", "rdma_core": "44.0"},
                         ucx_settings=UCX_RXE)
     for text in (page, md):
-        assert "emulation (TCG)" not in text and report.EMULATION_NOTE not in text
+        assert "emulation (TCG)" not in text and run_facts.EMULATION_NOTE not in text
         assert "hardware virtualization (KVM)" in text and "not hardware numbers" in text
         assert "UCX_UD_ETH_DGID_CHECK=n" in text
 
@@ -198,13 +198,13 @@ def test_a_tcg_run_carries_the_emulation_caveat_and_its_own_settings(results):
         assert "not hardware numbers" in text and "UCX_UD_ETH_DGID_CHECK=n" in text
         assert "Open MPI (4.1.4)" in text and "UCX (1.13.1)" in text
         assert "UCX_NET_DEVICES=rxe0:1" in text and "UCX_IB_GID_INDEX=1" in text
-    assert report.EMULATION_NOTE in page and f"> {report.EMULATION_NOTE}" in md
+    assert run_facts.EMULATION_NOTE in page and f"> {run_facts.EMULATION_NOTE}" in md
     page, _ = with_env(results, accel="tcg", ucx_settings={**UCX_RXE, "UCX_NET_DEVICES": "rxe1:1",
                                                            "UCX_IB_GID_INDEX": "3"})
-    assert report.EMULATION_NOTE in page and "UCX_NET_DEVICES=rxe1:1" in page
+    assert run_facts.EMULATION_NOTE in page and "UCX_NET_DEVICES=rxe1:1" in page
     assert "rxe0" not in page and "UCX_IB_GID_INDEX=1" not in page, "the run's gid, not a default"
     page, _ = with_env(results, virtualization="qemu")
-    assert report.EMULATION_NOTE in page, "systemd-detect-virt's qemu is emulation too"
+    assert run_facts.EMULATION_NOTE in page, "systemd-detect-virt's qemu is emulation too"
 
 
 def test_an_old_run_takes_versions_from_its_debian_packages(results):
@@ -215,8 +215,8 @@ def test_an_old_run_takes_versions_from_its_debian_packages(results):
         assert "Open MPI (4.1.4)" in text and "UCX (1.13.1)" in text
         assert ("versions: rxelab unknown, Open MPI 4.1.4, UCX 1.13.1, rdma-core 44.0, kernel "
                 "6.1.0-56-amd64") in text
-    assert report.upstream_version("4.5+0.17-1") == "4.5+0.17"
-    assert report.upstream_version("44.0") == "44.0"
+    assert run_facts.upstream_version("4.5+0.17-1") == "4.5+0.17"
+    assert run_facts.upstream_version("44.0") == "44.0"
 
 
 def test_the_report_states_the_rxelab_wheel_a_run_used(results):
@@ -339,7 +339,7 @@ def test_an_impaired_case_run_in_rounds_speaks_once_against_its_own_kind_of_clea
                                   "avg_stage_us": base["summary"]["avg_stage_us"] * factor}})
     recs = [clean, fast, *lossy]
     flat = report.medians(report.rows(recs))
-    lines = [x for x in report.loss_lines(flat, recs) if x.startswith("Under impairment")]
+    lines = [x for x in report_summary.loss_lines(flat, recs) if x.startswith("Under impairment")]
     assert len(lines) == 1 and lines[0].count("loss 1%") == 1, lines
     assert "loss 1%: 3.0x its clean time" in lines[0], "the median round over the stage-by-stage clean run"
 
@@ -364,7 +364,7 @@ def test_gloo_cases_not_run_are_said_so_and_not_counted_as_failures(results):
     ({"node1": {"kernel": "6.1"}}, "Gloo (torch.distributed): unknown"),
 ])
 def test_the_facts_say_whether_the_nodes_had_torch(results, hosts, said):
-    assert report.gloo_fact({"hosts": hosts}) == said
+    assert run_facts.gloo_fact({"hosts": hosts}) == said
     env = json.loads((results / "environment.json").read_text())
     (results / "environment.json").write_text(json.dumps({**env, "hosts": hosts}))
     _, md = report.write(results)

@@ -302,14 +302,14 @@ def test_a_host_of_another_cluster_keeps_its_own_rdma_device_under_srun(tmp_path
 
 
 def test_the_report_states_the_launcher(tmp_path):
-    from experiments import report
+    from experiments import run_facts
 
     assert any(x.startswith("launcher: srun (Slurm started every rank")
-               for x in report.facts({"launcher": "srun"}, tmp_path))
+               for x in run_facts.facts({"launcher": "srun"}, tmp_path))
     assert any(x.startswith("launcher: ssh (our launcher")
-               for x in report.facts({"launcher": "ssh"}, tmp_path))
+               for x in run_facts.facts({"launcher": "ssh"}, tmp_path))
     assert any(x.startswith("launcher: ssh (our launcher") and "before launchers were recorded" in x
-               for x in report.facts({}, tmp_path)), "runs before the key were all over SSH"
+               for x in run_facts.facts({}, tmp_path)), "runs before the key were all over SSH"
 
 
 def test_the_report_says_which_cases_ended_badly_after_their_figures():

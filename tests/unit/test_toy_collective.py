@@ -73,11 +73,11 @@ def test_the_benchmark_measures_it_and_the_nonblocking_variant_runs(shift):
 
 
 def test_specs_and_the_report_read_it(shift):
-    from experiments import report, spec
+    from experiments import report, report_summary, spec
 
     s = spec.parse({"name": "t", "runs": [{"app": "rxelab", "op": "shift", "sizes": [8]}]})
     assert [c["algorithm"] for c in s.cases()] == ["direct"]
     with pytest.raises(spec.SpecError, match="no MPI counterpart"):
         spec.parse({"name": "t", "runs": [{"app": "mpi", "op": "shift", "sizes": [8]}]})
-    assert report.size_unit("shift") == "per peer"
+    assert report_summary.size_unit("shift") == "per peer"
     assert report.bandwidth(1_000_000, 3, 1.0, "shift") == (1.0, 1.0)

@@ -1,0 +1,168 @@
+"""The report's plain words: one line per finding (what ran and verified, who led each group of
+cases and by how much, what impairment did, how busy the links were), read from the records
+alone, and the load samples' peak over mean."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from rxelab import ops
+
+from experiments import compression_report, counters, netem
+from experiments.spec import contender
+
+BACK_TO_BACK = "back to back"  # how a case timed call by call is named
+
+
+def peak_to_mean(samples: list[dict[str, Any]]) -> tuple[list[float], list[float], float]:
+    """Throughput over time (MB/s, tx+rx; times are the samples' wall clock) from cumulative
+    byte counters, and its peak/mean over the busy samples."""
+    ts, rates = [], []
+    for a, b in zip(samples, samples[1:], strict=False):
+        dt = b["t"] - a["t"]
+        if dt <= 0 or a.get("tx_bytes") is None or b.get("tx_bytes") is None:
+            continue
+        moved = (b["tx_bytes"] - a["tx_bytes"]) + (b["rx_bytes"] - a["rx_bytes"])
+        ts.append(b["t"])  # wall-clock: nodes' curves line up (as far as their clocks agree)
+        rates.append(moved / dt / 1e6)
+    busy = busy_samples(rates)
+    ratio = max(busy) / (sum(busy) / len(busy)) if busy else 0.0
+    return ts, rates, ratio
+
+
+def busy_samples(rates: list[float]) -> list[float]:
+    """The samples of the collective itself: above a tenth of the peak (the launch's own
+    small TCP traffic on the data NIC stays below it)."""
+    peak = max(rates, default=0.0)
+    return [x for x in rates if peak > 0 and x > 0.1 * peak]
+
+
+def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
+                  loads: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    skipped = [r for r in records if r["status"] == "skipped"]
+    bad = [r for r in records if r["status"] not in ("ok", "skipped")]
+    ok = len(records) - len(bad) - len(skipped)
+    failed = ", ".join(f"{contender({'transport': 'tcp', **r})} {r['algorithm']} ({r['status']})"
+                       for r in bad)
+    lines.append(f"{ok} of {len(records)} cases ran and verified their data"
+                 + (f"; not ok: {failed}" if bad else "."))
+    for who in sorted({contender({"transport": "tcp", **r}) for r in skipped}):
+        mine = [r for r in skipped if contender({"transport": "tcp", **r}) == who]
+        lines.append(f"{len(mine)} {who} cases were not run: {mine[0].get('error', 'skipped')}.")
+    for who in sorted({contender({"transport": "tcp", **r}) for r in records if r.get("after_summary")}):
+        mine = [r for r in records if r.get("after_summary") and contender({"transport": "tcp", **r}) == who]
+        lines.append(f"{len(mine)} {who} cases printed verified figures, then their job did not end "
+                     f"well (kept; records' after_summary): {mine[0]['after_summary'][:160]}")
+    done = [r for r in flat if r["status"] == "ok"]
+    for (op, nodes, size, stages, net, mtu, mode, data), rs in sorted(_groups(done).items(), key=str):
+        if len(rs) < 2:
+            continue
+        rs = sorted(rs, key=lambda r: r["avg_us"])
+        best, worst = rs[0], rs[-1]
+        calls = f"{stages} calls back to back" if mode == BACK_TO_BACK else f"{stages} stages"
+        where = f"{op}, {nodes} nodes, {size} B {size_unit(op)}, {calls}" + \
+            (f", {data} data" if data != "pattern" else "") + \
+            (f", {net}" if net != "none" else "") + (f", RoCE MTU {mtu}" if mtu != "-" else "")
+        text = (f"{where}: fastest {best['contender']} {best['algorithm']} ({best['avg_us']:.0f} us "
+                f"per call), {worst['avg_us'] / best['avg_us']:.1f}x faster than the slowest "
+                f"({worst['contender']} {worst['algorithm']})")
+        ours = min((r["avg_us"] for r in rs if r["contender"] == "rxelab"), default=None)
+        ratios = []
+        for rival in ("mpi-ucx", "mpi-tcp", "gloo"):
+            theirs = min((r["avg_us"] for r in rs if r["contender"] == rival), default=None)
+            if ours and theirs:
+                ratios.append(f"{ours / theirs:.2f}x {rival}'s time")
+        mine = [r for r in rs if r["contender"] == "rxelab"]  # sorted: the first is the best
+        share = mine[0].get("link_pct") if mine else None
+        rounds = f" (medians of {best['rounds']} rounds)" if best["rounds"] > 1 else ""
+        lines.append(text + (f"; best rxelab takes {' and '.join(ratios)}" if ratios else "")
+                     + (f", {share:.0f} % of the link" if share is not None else "") + rounds + ".")
+    moved = defaultdict(list)
+    for r in records:
+        if r.get("rxe") and r["app"] != "perftest":
+            moved[contender({"transport": "tcp", **r})].append(counters.total(r["rxe"], "sent_pkts"))
+    if moved:
+        lines.append("Packets sent by the RDMA devices per case: " + "; ".join(
+            f"{name} {min(v)}-{max(v)}" for name, v in sorted(moved.items()))
+            + " (mpi-tcp should be 0: it does not use RDMA).")
+    lines += loss_lines(flat, records)
+    lines += compression_report.lines(flat)
+    case_label = {r["case"]: f"{r['op']}/{r['algorithm']}" for r in records}
+    ratios_by: dict[str, list[float]] = defaultdict(list)
+    for entry in loads:
+        ratios_by[case_label.get(entry["case"], str(entry["case"]))].append(
+            peak_to_mean(entry["samples"])[2])
+    for label, rs in sorted(ratios_by.items()):
+        lines.append(f"Network load of {label}: peak-to-mean ratio {max(rs):.2f} "
+                     f"(worst node; lower is steadier).")
+    return lines
+
+
+def size_unit(op: str) -> str:
+    """What a case's size counts: its collective's description says (perftest: per message)."""
+    described = ops.COLLECTIVES.get(op)
+    return described.unit if described else "per peer"
+
+
+def _groups(flat: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in flat:
+        groups[(r["op"], r["nodes"], r["size"], r["stages"], r["network"], r["mtu"],
+                r["mode"], r["data"])].append(r)
+    return groups
+
+
+def loss_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
+    """In plain words, who degrades how: each contender's time per call under each impairment,
+    as a multiple of its time on the clean network in the same run."""
+    # a case run in rounds speaks once: by its median round (or, with none, its first)
+    chosen = {(r["case"], r["round"]) for r in flat}
+    with_rows = {r["case"] for r in flat}
+    impaired = [r for r in records if any((r.get("netem") or {}).values())
+                and ((r["case"], r.get("round", 0)) in chosen
+                     or (r["case"] not in with_rows and r.get("round", 0) == 0))]
+    if not impaired:
+        return []
+    base = {(r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"], r["mode"], r["data"]):
+            r["avg_us"] for r in flat if r["network"] == "none" and r["status"] == "ok"}
+    shown = {(r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"], r["mode"], r["data"],
+              r["network"]): r for r in flat}
+    out = []
+    by_who: dict[tuple, list[str]] = defaultdict(list)
+    for rec in impaired:
+        who = (contender({"transport": "tcp", **rec}), rec["algorithm"], rec["op"], rec["size"],
+               rec.get("active_mtu") or "-", BACK_TO_BACK if rec.get("tight") else "stages",
+               rec.get("data") or "pattern")
+        net = netem.label(rec["netem"])
+        row = shown.get((*who, net))
+        clean = base.get(who)
+        retries = counters.total(rec.get("rxe") or {}, "completer_retry_err")
+        extra = f", {retries} retransmission timeouts" if retries else ""
+        if rec["status"] == "timeout":
+            part = rec.get("partial") or {}
+            by_who[who].append(f"{net}: ran out of time ({part.get('stages_done', 0)} of "
+                               f"{rec['stages']} stages done{extra})")
+        elif rec["status"] != "ok" or row is None:
+            by_who[who].append(f"{net}: {rec['status']}")
+        elif clean:
+            by_who[who].append(f"{net}: {row['avg_us'] / clean:.1f}x its clean time{extra}")
+        else:
+            by_who[who].append(f"{net}: {row['avg_us'] / 1e3:.1f} ms per call{extra}")
+    worst = max((r["loss"] for r in flat if r["loss_only"]), default=0)
+    at_worst = sorted((r["avg_us"] / base[k], f"{r['contender']} {r['algorithm']}")
+                      for r in flat if r["loss_only"] and r["loss"] == worst and r["status"] == "ok"
+                      and (k := (r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"],
+                                 r["mode"], r["data"])) in base)
+    if worst and at_worst:
+        out.append(f"At {worst:g} % loss, time per call as a multiple of the clean network's: "
+                   + ", ".join(f"{who} {x:.1f}x" for x, who in at_worst)
+                   + ". RoCE's reliable connection retransmits go-back-N after a timeout; TCP "
+                     "retransmits selectively and fast: that is why RoCE fabrics are made lossless.")
+    for who, parts in sorted(by_who.items(), key=str):
+        data = f", {who[6]} data" if who[6] != "pattern" else ""
+        out.append(f"Under impairment, {who[0]} {who[2]}/{who[1]} ({who[3]} B {size_unit(who[2])}"
+                   f"{data}): "
+                   + "; ".join(parts) + ".")
+    return out
