@@ -23,7 +23,7 @@ from typing import Any
 
 from rxelab import forming
 from rxelab.bootstrap import JobInfo
-from rxelab.errors import PeerError, ProtocolError
+from rxelab.errors import PeerError, ProtocolError, Reason
 from rxelab.link import Link
 from rxelab.porter import Porter
 
@@ -59,7 +59,7 @@ class ControlPlane:
         self.at_barrier: dict[int, set[int]] = {}  # rank 0: barrier -> ranks that reached it
         self.released = 0  # other ranks: the last barrier rank 0 released
         self.left: set[int] = set()  # ranks that said bye: their closed socket is no news
-        self.failure: tuple[str, int | None] | None = None  # what ended the job, and who
+        self.failure: tuple[str, int | None, Reason] | None = None  # what ended the job, who, why
         self.send_locks: dict[Link, threading.Lock] = {}
         # rank 0: a barrier's releases go out whole before any abort, so a death just after
         # a barrier leaves every rank past it (never some past it and some not)
@@ -144,7 +144,7 @@ class ControlPlane:
                             self._file(r, message)
                     except ProtocolError as err:
                         sel.unregister(sock)
-                        self._end(f"rank {r} sent a bad control message: {err}", r, skip=r)
+                        self._end(f"rank {r} sent a bad control message: {err}", r, Reason.FAILED, skip=r)
         finally:
             sel.close()
 
@@ -156,7 +156,7 @@ class ControlPlane:
             if now - self.heard.get(r, now) > SILENT_S and r not in self.left:
                 sel.unregister(sock)
                 self._end(f"rank {r} has been silent for {SILENT_S:g} s (no heartbeat): its node "
-                          "is down or cut off from this one", r, skip=r)
+                          "is down or cut off from this one", r, Reason.SILENT, skip=r)
 
     def _file(self, r: int, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -164,9 +164,10 @@ class ControlPlane:
             return
         if kind == "abort":
             if self.job.rank == 0:  # pass it on; say who stopped and why
-                self._end(f"rank {r} stopped: {message['reason']}", message["rank"], skip=r)
+                self._end(f"rank {r} stopped: {message['reason']}", message["rank"], Reason.ABORTED,
+                          skip=r)
             else:  # rank 0 passes on what another said, or says what it found: say it as is
-                self._end(str(message["reason"]), message["rank"])
+                self._end(str(message["reason"]), message["rank"], Reason.ABORTED)
             return
         with self.state:
             if kind == "barrier" and self.job.rank == 0:
@@ -181,23 +182,26 @@ class ControlPlane:
         with self.state:
             if r in self.left or self.stopping:  # a goodbye came first, or we are closing
                 return
-        self._end(f"rank {r}'s process is gone (its control connection closed)", r, skip=r)
+        self._end(f"rank {r}'s process is gone (its control connection closed)", r, Reason.DIED,
+                  skip=r)
 
-    def _end(self, why: str, blamed: int | None, skip: int | None = None) -> None:
+    def _end(self, why: str, blamed: int | None, reason: Reason,
+             skip: int | None = None) -> None:
         """The job cannot go on: remember why (the first reason stands), and on rank 0 tell
         every other rank."""
         with self.state:
             first = self.failure is None
             if first:
-                self.failure = (why, blamed)
+                self.failure = (why, blamed, reason)
             self.state.notify_all()
         if first and self.job.rank == 0:
             self.abort(why, blamed if blamed is not None else 0, skip=skip)
 
     def _raise_failure(self) -> None:
         assert self.failure is not None
-        why, who = self.failure
-        raise PeerError(why, peer=who, hint="see that rank's own output for why it stopped")
+        why, who, reason = self.failure
+        raise PeerError(why, peer=who, reason=reason,
+                        hint="see that rank's own output for why it stopped")
 
     def watch(self) -> None:
         """Called while waiting on RDMA: raise what the reader found (a rank gone, an abort)."""
@@ -241,7 +245,7 @@ class ControlPlane:
             if not self._wait(lambda: self.at_barrier.get(seq, set()) >= others, deadline):
                 missing = sorted(others - self.at_barrier.get(seq, set()))
                 raise PeerError(f"ranks {missing} did not reach barrier {seq} within "
-                                f"{self.timeout:g} s", peer=missing[0])
+                                f"{self.timeout:g} s", peer=missing[0], reason=Reason.STALLED)
             with self.state:
                 self.at_barrier.pop(seq, None)
             with self.releasing:
@@ -249,16 +253,17 @@ class ControlPlane:
                     try:
                         self._send(link, {"type": "release", "seq": seq})
                     except OSError as err:
-                        raise PeerError(f"rank {r} is gone: {err}", peer=r) from None
+                        raise PeerError(f"rank {r} is gone: {err}", peer=r,
+                                        reason=Reason.DIED) from None
         else:
             assert self.root is not None
             try:
                 self._send(self.root, {"type": "barrier", "rank": self.job.rank, "seq": seq})
             except OSError as err:
-                raise PeerError(f"rank 0 is gone: {err}", peer=0) from None
+                raise PeerError(f"rank 0 is gone: {err}", peer=0, reason=Reason.DIED) from None
             if not self._wait(lambda: self.released >= seq, deadline):
                 raise PeerError(f"rank 0 did not release barrier {seq} within {self.timeout:g} s "
-                                "(a rank did not reach it)", peer=0)
+                                "(a rank did not reach it)", peer=0, reason=Reason.STALLED)
 
     def farewell(self, seconds: float) -> None:
         """Leave as a job, then close: no rank takes its QPs down while another may still be

@@ -20,61 +20,40 @@ import ctypes
 import itertools
 import select
 import socket
-import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyverbs.enums as e
-
+from rxelab import verbs
 from rxelab.codecs import BY_ID
-from rxelab.errors import MismatchError, PeerError, ProtocolError
+from rxelab.errors import MismatchError, PeerError, ProtocolError, Reason
+from rxelab.messages import (
+    ABORT,
+    ABORT_REASONS,
+    CTRL,
+    CTRL_VERSION,
+    DATA_BIT,
+    FAILED,
+    MOVING,
+    PROGRESS_IMM,
+    RTR,
+    RTS,
+    SEND_BIT,
+    TOKEN,
+    UNTRACKED,
+    SendOp,
+    WriteOp,
+)
 from rxelab.verbs import Connection, Device, status_str
 
-CTRL = struct.Struct("!BBHIIIQQ")  # kind, version, reserved, tag, rkey, codec, addr, length
-CTRL_VERSION = 2  # 2: a ready-to-receive names the codec of the block it awaits
-RTR, TOKEN, ABORT, RTS, MOVING = 1, 2, 3, 4, 5
-FAILED, STALLED, DIED, MISMATCH = 0, 1, 2, 3  # why a rank aborted
-ABORT_REASONS = {FAILED: "it failed", STALLED: "no progress from", DIED: "it found dead",
-                 MISMATCH: "counts disagree with"}
-KIND_NAMES = {RTR: "ready-to-receive", TOKEN: "token", ABORT: "abort", RTS: "ready-to-send",
-              MOVING: "progress"}
-# The immediate of a progress notice: no tag is all ones (collective tags use 30 bits, p2p
-# and user tags leave bits clear), and it reads the same in either byte order.
-PROGRESS_IMM = 0xFFFFFFFF
-SEND_BIT = 1 << 63
-DATA_BIT = 1 << 62
 POLL_BATCH = 32
 WATCH_EVERY = 0.25  # seconds between looks at the control connections while waiting
 SIGNAL_EVERY = 8  # at most this many slot sends per completion
 SPINS = 1  # empty polls before sleeping until a completion comes (see Engine.wait)
 BACKOFF = 0.0002  # the sleep instead, where there is no completion channel
 EXPLAIN_S = 0.5  # how long a failed work request waits for a peer to say why
-
-
-@dataclass
-class WriteOp:
-    peer: int
-    tag: int
-    addr: int
-    lkey: int
-    length: int
-    remote_addr: int
-    rkey: int
-    imm: bool = True
-    notify: bool = True  # progress notices every window (the receiver is in a wait, polling)
-    watchers: Iterable[int] = ()  # other ranks that wait on this transfer: told it moves too
-    posted: int = 0
-    done: int = 0
-    chunks_posted: int = 0
-    chunks_done: int = 0
-
-    @property
-    def complete(self) -> bool:
-        return self.chunks_posted > 0 and self.posted == self.length and \
-            self.chunks_done == self.chunks_posted
 
 
 @dataclass
@@ -91,22 +70,6 @@ class Counters:
 @dataclass
 class Arrival:
     count: int = 0  # messages whose last chunk's notice came and nobody took yet
-
-
-class SendOp:
-    """An eager block or control message on its way; done once the peer acknowledged it."""
-
-    __slots__ = ("peer", "done")
-
-    def __init__(self, peer: int, done: bool = False) -> None:
-        self.peer, self.done = peer, done
-
-    @property
-    def complete(self) -> bool:
-        return self.done
-
-
-UNTRACKED = SendOp(-1, done=True)  # what an unacknowledged eager send returns: nothing to wait on
 
 
 @dataclass
@@ -154,7 +117,7 @@ class Engine:
         conn, slot = self._send_slot(peer)
         conn.send_mr.write(CTRL.pack(kind, CTRL_VERSION, 0, tag, rkey, codec, addr, length),
                            CTRL.size, slot * conn.slot_size)
-        return self._post_slot(conn, slot, e.IBV_WR_SEND, CTRL.size, 0, acked)
+        return self._post_slot(conn, slot, verbs.WR_SEND, CTRL.size, 0, acked)
 
     def send_eager(self, peer: int, addr: int, length: int, tag: int,
                    acked: bool = False) -> SendOp:
@@ -170,7 +133,7 @@ class Engine:
             if counters.inflight > counters.peak_inflight:
                 counters.peak_inflight = counters.inflight
         counters.bytes_sent += length
-        return self._post_slot(conn, slot, e.IBV_WR_SEND_WITH_IMM, length, socket.htonl(tag),
+        return self._post_slot(conn, slot, verbs.WR_SEND_WITH_IMM, length, socket.htonl(tag),
                                acked, length)
 
     def _post_slot(self, conn: Connection, slot: int, opcode: int, length: int, imm: int,
@@ -209,13 +172,13 @@ class Engine:
             slot = conn.free_send_slots.pop()
             conn.send_mr.write(CTRL.pack(MOVING, CTRL_VERSION, 0, 0, 0, 0, 0, 0), CTRL.size,
                                slot * conn.slot_size)
-            self._post_slot(conn, slot, e.IBV_WR_SEND, CTRL.size, 0)
+            self._post_slot(conn, slot, verbs.WR_SEND, CTRL.size, 0)
 
     def flush(self, peer: int) -> SendOp:
         """A signaled zero-length RDMA write (it touches no memory and no receive): when it
         completes, everything posted to `peer` before it has."""
         conn, slot = self._send_slot(peer)
-        return self._post_slot(conn, slot, e.IBV_WR_RDMA_WRITE, 0, 0, acked=True)
+        return self._post_slot(conn, slot, verbs.WR_RDMA_WRITE, 0, 0, acked=True)
 
     def write(self, peer: int, addr: int, lkey: int, length: int, remote_addr: int, rkey: int,
               tag: int, imm: bool = True, notify: bool = True,
@@ -250,8 +213,8 @@ class Engine:
                 last = end == op.length
                 moving = not last and op.notify and op.imm \
                     and end // self.window != op.posted // self.window
-                opcode = e.IBV_WR_RDMA_WRITE_WITH_IMM if op.imm and last or moving \
-                    else e.IBV_WR_RDMA_WRITE
+                opcode = verbs.WR_RDMA_WRITE_WITH_IMM if op.imm and last or moving \
+                    else verbs.WR_RDMA_WRITE
                 conn.post(wr_id, opcode, op.addr + op.posted, n, op.lkey,
                           op.remote_addr + op.posted, op.rkey,
                           PROGRESS_IMM if moving else socket.htonl(op.tag))
@@ -293,12 +256,13 @@ class Engine:
             if self.box.aborts:
                 who, why = next(iter(self.box.aborts.items()))
                 raise PeerError(f"rank {who} stopped the operation ({why}); then: {failure}",
-                                peer=who)
+                                peer=who, reason=Reason.ABORTED)
             if self.watch is not None:
                 try:
                     self.watch()
                 except PeerError as known:
-                    raise PeerError(f"{known}; then: {failure}", peer=known.peer) from None
+                    raise PeerError(f"{known}; then: {failure}", peer=known.peer,
+                                    reason=known.reason) from None
             if time.monotonic() > end:
                 raise failure
             n, wcs = self.dev.cq.poll(POLL_BATCH)
@@ -315,7 +279,7 @@ class Engine:
         if wr_id & SEND_BIT:
             peer = (wr_id >> 40) & 0xFFFFF if wr_id & DATA_BIT else (wr_id >> 32) & 0xFFFFF
             self.outstanding[peer] -= 1
-            if wc.status != e.IBV_WC_SUCCESS:
+            if wc.status != verbs.WC_SUCCESS:
                 what = "RDMA write" if wr_id & DATA_BIT else "control send"
                 raise PeerError(f"{what} to rank {peer} failed: {status_str(wc.status)}"
                                 f" (vendor error {wc.vendor_err})", peer=peer,
@@ -337,15 +301,15 @@ class Engine:
                 self.counters.inflight -= eager_bytes
             return
         peer, slot = (wr_id >> 32) & 0xFFFFF, wr_id & 0xFFFFFFFF
-        if wc.status != e.IBV_WC_SUCCESS:
+        if wc.status != verbs.WC_SUCCESS:
             raise PeerError(f"receive from rank {peer} failed: {status_str(wc.status)}", peer=peer)
         conn = self.conns[peer]
-        if wc.opcode == e.IBV_WC_RECV_RDMA_WITH_IMM:
+        if wc.opcode == verbs.WC_RECV_RDMA_WITH_IMM:
             if wc.imm_data != PROGRESS_IMM:  # a progress notice only says the data moves
                 tag = socket.ntohl(wc.imm_data)
                 arrival = self.box.arrivals.setdefault((peer, tag), Arrival())
                 arrival.count += 1
-        elif wc.wc_flags & e.IBV_WC_WITH_IMM:  # eager data: the slot is held until consumed
+        elif wc.wc_flags & verbs.WC_WITH_IMM:  # eager data: the slot is held until consumed
             key = (peer, socket.ntohl(wc.imm_data))
             if key in self.box.eager:
                 raise ProtocolError(f"rank {peer} sent a second eager block with tag "
@@ -402,7 +366,7 @@ class Engine:
             if box.aborts:  # before cond: an abort filed with what we wait for comes first
                 who, why = next(iter(box.aborts.items()))
                 raise PeerError(f"rank {who} stopped the operation ({why}) while this rank "
-                                f"waited for {what}", peer=who)
+                                f"waited for {what}", peer=who, reason=Reason.ABORTED)
             if cond():
                 return
             if progress():
@@ -416,7 +380,8 @@ class Engine:
                 idle_since = now
             elif now - idle_since > self.timeout * patience:
                 raise PeerError(f"no progress for {self.timeout * patience:g} s while waiting for {what}",
-                                peer=peer, hint="a peer may have died, hung, or called a "
+                                peer=peer, reason=Reason.STALLED,
+                                hint="a peer may have died, hung, or called a "
                                                 "different operation")
             if now > next_watch and self.watch is not None:
                 next_watch = now + WATCH_EVERY
@@ -540,9 +505,6 @@ class Engine:
             except Exception:  # the peer may be the one that is gone
                 pass
         return notices
-
-    def abort_all(self, tag: int, why: int = FAILED, blamed: int | None = None) -> None:
-        self.await_notices(self.post_aborts(tag, why, blamed))
 
     def await_notices(self, notices: list[SendOp]) -> None:
         """Wait up to a second for the notices to be acknowledged, whatever else fails."""

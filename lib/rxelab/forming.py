@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rxelab import codecs, listeners, settings
-from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError
+from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError, Reason
 from rxelab.liveness import CONNECT_S, PROBE_S, STRIKES, Watch
 from rxelab.porter import Porter, answer
 
@@ -69,13 +69,13 @@ def serve(plane: ControlPlane, mine: dict[int, dict[str, Any]],
                     dropped = porter.dropped
                     raise PeerError(f"ranks {missing} did not join within {plane.timeout:g} s"
                                     + (f" (connections dropped: {'; '.join(dropped[-3:])})"
-                                       if dropped else ""), peer=missing[0],
+                                       if dropped else ""), peer=missing[0], reason=Reason.SILENT,
                                     hint=f"are they started, with MASTER_ADDR={job.master_addr} "
                                          f"and MASTER_PORT={job.master_port}?")
                 if watch is not None and (gone := watch.gone(missing)):
                     r = min(gone)
                     raise PeerError(f"rank {r} is gone (its listener no longer answers) before "
-                                    "it joined", peer=r)
+                                    "it joined", peer=r, reason=Reason.DIED)
                 try:
                     link, hello = inbox.get(timeout=min(remaining, 0.5))
                 except queue.Empty:
@@ -196,7 +196,8 @@ def join(plane: ControlPlane, mine: dict[int, dict[str, Any]],
                 continue
             except (OSError, PeerError) as err:  # no answer
                 last = str(err)
-                silent += "in time" in last  # a porter answers at once: twice silent is gone
+                # a porter answers at once: twice silent is gone
+                silent += isinstance(err, PeerError) and err.reason == Reason.SILENT
                 refused += silent >= STRIKES
                 continue
             table = _hello(plane, link, hello, deadline)
@@ -205,14 +206,16 @@ def join(plane: ControlPlane, mine: dict[int, dict[str, Any]],
             last = "rank 0 was not gathering this generation yet"
             if plane.generation > 0 and time.monotonic() > later_until:
                 raise PeerError(f"rank 0 of generation {plane.generation} is not gathering it "
-                                f"(it answered 'later' for {LATER_S:g} s)", peer=0)
+                                f"(it answered 'later' for {LATER_S:g} s)", peer=0,
+                                reason=Reason.STALLED)
         if plane.generation > 0 and targets and refused == len(targets):
             raise PeerError(f"rank 0 of generation {plane.generation} is gone (nothing of the "
                             f"job listens at {job.master_addr}:{job.master_port} any more)",
-                            peer=0)
+                            peer=0, reason=Reason.DIED)
         if time.monotonic() > deadline:
             raise PeerError(f"cannot reach rank 0 at {job.master_addr}:{job.master_port} within "
                             f"{plane.timeout:g} s: {unproven or last}", peer=0,
+                            reason=Reason.SILENT,
                             hint="a process without the job's secret holds the port" if unproven
                             else None)
         time.sleep(0.2)
@@ -243,7 +246,7 @@ def _hello(plane: ControlPlane, link: Link, hello: dict[str, Any],
         return None
     if reply["type"] == "failed":
         link.close()
-        raise PeerError(f"rank 0: {reply['reason']}", peer=0)
+        raise PeerError(f"rank 0: {reply['reason']}", peer=0, reason=Reason.ABORTED)
     if reply["type"] != "table":
         link.close()
         raise ProtocolError(f"expected a table message from rank 0, got {reply['type']}")

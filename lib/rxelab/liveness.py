@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from rxelab.auth import Credential
-from rxelab.errors import AuthError, PeerError, ProtocolError
+from rxelab.errors import AuthError, PeerError, ProtocolError, Reason
 from rxelab.link import dial
 
 CONNECT_S = 3.0  # a listener that has not taken the connection by then is taken for dead
@@ -42,7 +42,7 @@ def probe(address: tuple[str, int], credential: Credential, *, scope: str, rank:
     except (OSError, AuthError):
         return GONE
     except PeerError as err:
-        return SILENT if "did not answer in time" in str(err) else UNSURE
+        return SILENT if err.reason == Reason.SILENT else UNSURE
     except ProtocolError:
         return UNSURE
     try:

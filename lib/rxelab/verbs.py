@@ -30,7 +30,15 @@ QP_TIMEOUT = 16  # 4.096 us * 2^16 = 268 ms per ack timeout: generous under emul
 RETRY_CNT = 7  # retransmissions (go-back-N) before the QP goes to error
 RNR_RETRY = 7  # 7 = retry forever on receiver-not-ready
 MIN_RNR_TIMER = 12
-ACCESS_REMOTE = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+ACCESS_LOCAL_WRITE = e.IBV_ACCESS_LOCAL_WRITE
+ACCESS_REMOTE_WRITE = e.IBV_ACCESS_REMOTE_WRITE
+ACCESS_REMOTE = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE
+# what the engine posts and finds in completions (pyverbs' enums, named here: the only module
+# that imports pyverbs)
+WR_SEND, WR_SEND_WITH_IMM = e.IBV_WR_SEND, e.IBV_WR_SEND_WITH_IMM
+WR_RDMA_WRITE, WR_RDMA_WRITE_WITH_IMM = e.IBV_WR_RDMA_WRITE, e.IBV_WR_RDMA_WRITE_WITH_IMM
+WC_SUCCESS, WC_RECV_RDMA_WITH_IMM, WC_WITH_IMM = (e.IBV_WC_SUCCESS, e.IBV_WC_RECV_RDMA_WITH_IMM,
+                                                  e.IBV_WC_WITH_IMM)
 CTRL_SLOT = 64  # a control message; slots grow to the eager limit
 WR_CACHE = 256  # send WRs kept per connection
 

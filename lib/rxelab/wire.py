@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from rxelab.auth import TAG_BYTES, Session
-from rxelab.errors import PeerError, ProtocolError
+from rxelab.errors import PeerError, ProtocolError, Reason
 
 MAGIC = b"RXLB"
 VERSION = 6  # 2: hellos carry the job token; 3: a digest of the job's secret; 4: settings;
@@ -215,7 +215,8 @@ def recv(sock: socket.socket, *, deadline: float, peer: str, expect: str | None 
     rest = _recv_exact(sock, _check_header(header, limit), deadline, peer)
     message = _parse_body(_unseal(header, rest, session))
     if message["type"] == "abort":
-        raise PeerError(f"{peer} aborted: {message['reason']}", peer=message["rank"])
+        raise PeerError(f"{peer} aborted: {message['reason']}", peer=message["rank"],
+                        reason=Reason.ABORTED)
     if expect is not None and message["type"] != expect:
         raise ProtocolError(f"expected a {expect} message from {peer}, got {message['type']}")
     return message
@@ -226,16 +227,18 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float, peer: str) -> byte
     while got < n:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise PeerError(f"{peer} did not answer in time (waited for {n - got} more bytes)")
+            raise PeerError(f"{peer} did not answer in time (waited for {n - got} more bytes)",
+                            reason=Reason.SILENT)
         sock.settimeout(remaining)
         try:
             chunk = sock.recv(min(n - got, 1 << 16))
         except TimeoutError:
             continue
         except OSError as e:
-            raise PeerError(f"connection to {peer} failed: {e}") from None
+            raise PeerError(f"connection to {peer} failed: {e}", reason=Reason.DIED) from None
         if not chunk:
-            raise PeerError(f"{peer} closed the connection" + (" mid-message" if got else ""))
+            raise PeerError(f"{peer} closed the connection" + (" mid-message" if got else ""),
+                            reason=Reason.DIED)
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)

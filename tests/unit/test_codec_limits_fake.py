@@ -48,7 +48,7 @@ def test_the_staging_bound_covers_what_every_collective_stages(p):
                     send, want = c.data(comm.rank, comm.size, count, dtype, 0, "sum", "pattern")
                     recv = np.zeros_like(want)
                     ops.run(comm, name, algo, send, recv, compression="lz4")
-                    plan = list(comm._plans.values())[-1]
+                    plan = list(comm.plans.values())[-1]
                     st = plan.staging
                     used = sum(pinned_size(area.address, area.nbytes)
                                for kind in (SENDING, RECEIVING)

@@ -301,7 +301,7 @@ def test_a_broadcast_codes_its_block_once_for_every_peer(algorithm):
     def job(comm):
         x = np.arange(1 << 15, dtype=np.uint8) if comm.rank == 0 else np.zeros(1 << 15, np.uint8)
         comm.bcast(x, algorithm=algorithm, compression="zstd")
-        staging = list(comm._plans.values())[-1].staging
+        staging = list(comm.plans.values())[-1].staging
         return staging.used[SENDING], bool((x == np.arange(1 << 15, dtype=np.uint8)).all())
     out = run_ranks(5, job, **RENDEZVOUS)
     assert all(ok for _, ok in out) and out[0][0] == 1  # root: one area for its 4 (or 2) peers

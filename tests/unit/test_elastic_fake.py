@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 import rxelab
-from rxelab import elastic, membership
+from rxelab import elastic
 from rxelab.comm import Communicator
 from rxelab.errors import ClosedError, ConfigError, PeerError
+from rxelab.membership import agreement as membership
 
 from tests.unit.fakejob import die, run_ranks, settle
 

@@ -12,8 +12,10 @@ import time
 import numpy as np
 import pytest
 import rxelab
-from rxelab import elastic, membership, newcomers
+from rxelab import elastic
 from rxelab.errors import ConfigError, PeerError
+from rxelab.membership import agreement as membership
+from rxelab.membership import newcomers
 
 from tests.unit.fakejob import die, run_ranks, settle
 

@@ -223,7 +223,7 @@ def test_reductions_let_go_of_buffers_the_application_dropped():
             comm.allreduce(x, np.zeros_like(x))
             comm.reduce_scatter(x, np.zeros((1 << 18) // comm.size, np.float32))
         gc.collect()
-        return len(comm._plans), comm.registry.pinned
+        return len(comm.plans), comm.registry.pinned
     for plans, pinned in run_ranks(2, job, eager_limit=0):
         assert plans <= 4 and pinned < 12 << 20, (plans, pinned)
 
@@ -420,7 +420,7 @@ def test_a_thread_cannot_slip_a_request_in_while_another_starts_a_call():
     between the start of its call and its work is refused (it ran beside it on one engine)."""
     def job(comm):
         entered, refused = threading.Event(), []
-        real = comm._progress.quiesce
+        real = comm.progress.quiesce
 
         def slow_quiesce():
             if threading.current_thread().name == "first":
@@ -428,7 +428,7 @@ def test_a_thread_cannot_slip_a_request_in_while_another_starts_a_call():
                 time.sleep(0.3)  # the first thread is inside its call, before its work
             real()
 
-        comm._progress.quiesce = slow_quiesce
+        comm.progress.quiesce = slow_quiesce
 
         def first() -> None:
             comm.allreduce(np.ones(8), np.zeros(8))

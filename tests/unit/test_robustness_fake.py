@@ -288,7 +288,7 @@ def test_a_plan_stays_while_the_application_holds_its_buffer_and_a_tiny_send_dep
         b = np.ones(16, np.uint8)
         comm.bcast(b)
         comm.allgather(np.ones(8, np.uint8), np.zeros(8 * comm.size, np.uint8))
-        kept = sorted(k[0] for k in comm._plans)
+        kept = sorted(k[0] for k in comm.plans)
         r = np.zeros(4 * comm.size, np.uint8)
         for _ in range(30):  # many unsignaled sends in a row, two allowed outstanding
             comm.alltoall(np.full(4 * comm.size, comm.rank, np.uint8), r, algorithm="parallel")

@@ -1,4 +1,4 @@
-"""Newcomers to a running elastic job (rxelab.membership has the job's side of a change):
+"""Newcomers to a running elastic job (rxelab.membership.admitting has the job's side of a change):
 rank 0's admit() hears the joins waiting at the rendezvous (parked there by its porter until
 it admits), refuses those whose settings differ from the job's, offers each a place and takes
 only those that accept while they still wait; the newcomer's join() knocks until it is
@@ -18,7 +18,7 @@ from rxelab.bootstrap import JobInfo
 from rxelab.errors import ConfigError, PeerError, ProtocolError
 from rxelab.link import Link, dial
 from rxelab.liveness import CONNECT_S, PROBE_S
-from rxelab.membership import READ_S, Seat, say
+from rxelab.membership.seat import READ_S, Seat, say
 from rxelab.porter import answer
 
 MAX_NEWCOMERS = 64  # per admit

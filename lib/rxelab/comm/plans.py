@@ -1,0 +1,268 @@
+"""A collective call made ready (a Plan: its checked layout, its algorithm, its codec) and
+the cache that keeps plans for the next call with the same buffers: a training loop calls
+the same collective on the same buffers thousands of times, and checking them again each
+time costs more than a small collective.
+
+A plan holds the caller's buffers (and an export of any that is not a numpy array) so they
+cannot move or resize while it is kept; plans whose buffers only the cache still refers to
+are let go, so a loop that makes fresh buffers every call does not keep them alive.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from rxelab import codecs, layouts, ops
+from rxelab.buffers import host_array
+from rxelab.collectives.common import Call, Staging
+from rxelab.comm import checks
+from rxelab.errors import ConfigError
+from rxelab.layouts import Layout
+from rxelab.registry import Registry
+
+MAX_PLANS = 8
+_RUNNERS: dict[str, Callable[[Call], None]] = {}  # "module:function" -> the function
+
+
+class Plan:
+    """A collective call made ready: its checked layout and the algorithm that runs it."""
+
+    __slots__ = ("operation", "algorithm", "name", "run", "layout", "exports", "held_version",
+                 "given", "codec", "staging")
+
+    def __init__(self, operation: str, algorithm: str, run: Callable[[Call], None],
+                 layout: Layout, given: tuple[Any, ...] = (),
+                 codec: codecs.Codec | None = None) -> None:
+        self.operation, self.algorithm, self.run, self.layout = operation, algorithm, run, layout
+        self.codec = codec  # how its rendezvous blocks travel (rxelab.codecs; None: as they are)
+        # where its coded blocks pass through: the plan's own, so each area fits the block
+        # it carries at every call (what pin_limit was checked against), and goes with it
+        self.staging = Staging() if codec is not None else None
+        # the caller's own objects, which the plan is found by (their ids): held, so no other
+        # object can take an id while the plan is kept, even if a layout copied them
+        self.given = given
+        self.name = f"{operation}/{algorithm}"
+        # numpy arrays cannot be resized while referenced; anything else is held by an export
+        self.exports = [memoryview(b.owner) for b in (layout.send, layout.recv)
+                        if not isinstance(b.owner, np.ndarray) and b.nbytes]
+        self.held_version = -1  # what the registry held for peers when pin_limit was checked
+
+    def usable(self) -> bool:
+        recv = self.layout.recv.owner
+        return not isinstance(recv, np.ndarray) or bool(recv.flags.writeable)
+
+    def release(self) -> None:
+        for view in self.exports:
+            view.release()
+
+
+def runner(c: ops.Collective, algorithm: str) -> Callable[[Call], None]:
+    """The function that runs it, imported when first used (descriptions name it)."""
+    if algorithm not in c.algorithms:
+        raise ConfigError(f"unknown {c.name} algorithm {algorithm!r}",
+                          hint=f"use one of {', '.join(c.algorithms)}")
+    found = _RUNNERS.get(c.algorithms[algorithm])
+    if found is None:
+        module, _, function = c.algorithms[algorithm].partition(":")
+        found = _RUNNERS[c.algorithms[algorithm]] = getattr(importlib.import_module(module),
+                                                            function)
+    return found
+
+
+def seen_buffers(sendbuf: Any, recvbuf: Any) -> tuple[Any, Any]:
+    """The buffers as the library works on them (tensors as arrays, host_array); one object
+    given twice stays one (in place)."""
+    send = host_array(sendbuf, "send buffer")
+    return send, (send if recvbuf is sendbuf else host_array(recvbuf, "receive buffer"))
+
+
+def memory_of(given: Any, seen: Any) -> tuple[Any, ...] | None:
+    """Where and as what a buffer the library saw through (a tensor, host_array) has its
+    memory now: part of a plan's key, since the same tensor may be given other memory, or
+    another dtype or shape over the same memory (`t.data = t.data.view(torch.int32)`),
+    between calls."""
+    if given is seen or not isinstance(seen, np.ndarray):
+        return None
+    return int(seen.ctypes.data), int(seen.nbytes), seen.dtype.str, seen.shape, seen.strides
+
+
+class PlanCache:
+    """The plans of one communicator, at most MAX_PLANS, oldest dropped first. Only the
+    caller's thread changes them (an i-collective builds its plan there too); the lock is
+    the communicator's, shared with registrations, which the progress thread makes too."""
+
+    def __init__(self, registry: Registry, lock: threading.RLock, size: int) -> None:
+        self.registry, self.lock, self.size = registry, lock, size
+        self.kept: dict[tuple[Any, ...], Plan] = {}
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self.kept)
+
+    def values(self) -> list[Plan]:
+        return list(self.kept.values())
+
+    def ready(self, key: tuple[Any, ...]) -> Plan | None:
+        """The plan of a call just like an earlier one, found before anything else is looked
+        at (the hot path: no lock), if it can run as it is."""
+        try:
+            plan = self.kept.get(key)
+        except TypeError:  # an argument that cannot be hashed: the checks say which
+            return None
+        if plan is not None and plan.usable() and plan.held_version == self.registry.held_version:
+            return plan
+        return None
+
+    def get(self, key: tuple[Any, ...], make: Callable[[], Plan]) -> Plan:
+        """The kept plan of the key, checked again if expose() pinned more since; else a new
+        one, made and checked under the lock."""
+        plan = self.kept.get(key)
+        if plan is not None and plan.usable():
+            if plan.held_version != self.registry.held_version:
+                with self.lock:
+                    self.check_fits(plan)
+            return plan
+        with self.lock:
+            self.let_go_of_dropped()
+            plan = make()
+            self.check_fits(plan)
+            if len(self.kept) >= MAX_PLANS:
+                self.kept.pop(next(iter(self.kept)))
+            self.kept[key] = plan
+            return plan
+
+    def check_fits(self, plan: Plan) -> None:
+        """Every buffer the call may register, each once, within pin_limit beside what is
+        held for peers: refused here, before anything is posted."""
+        lay = plan.layout
+        staging = codecs.staging_bound(plan.codec, lay, self.size, plan.algorithm)
+        self.registry.check_fits(*{id(b): b for b in (lay.send, lay.recv, *lay.scratch_buffers())
+                                   }.values(), staging=staging,
+                                 why=f"compression={plan.codec.name}" if plan.codec else "")
+        plan.held_version = self.registry.held_version
+
+    def clear(self) -> None:
+        for plan in self.kept.values():
+            plan.release()
+        self.kept.clear()
+
+    def let_go_of_dropped(self) -> None:
+        """Plans whose buffers only we still refer to (the application dropped them) go."""
+        holders: dict[int, int] = {}  # id(object) -> references we hold to it
+        objects: dict[int, Any] = {}
+        for plan in self.kept.values():
+            lay = plan.layout  # a Buffer refers to its owner once, even when send is recv
+            for b in {id(lay.send): lay.send, id(lay.recv): lay.recv}.values():
+                holders[id(b.owner)] = holders.get(id(b.owner), 0) + 1
+                objects[id(b.owner)] = b.owner
+        for plan in self.kept.values():
+            for view in plan.exports:
+                holders[id(view.obj)] = holders.get(id(view.obj), 0) + 1
+            for obj in plan.given:  # the caller's objects, held by the plan itself
+                if id(obj) in holders:
+                    holders[id(obj)] += 1
+            for arr in plan.layout.held_arrays():  # reductions' flat views
+                if isinstance(arr, np.ndarray) and id(arr.base) in holders:
+                    holders[id(arr.base)] += 1
+        for entry in self.registry.entries.values():
+            if id(entry.view.obj) in holders:
+                holders[id(entry.view.obj)] += 1
+        # references besides ours: `objects` and getrefcount's argument
+        dropped = {i for i in objects if sys.getrefcount(objects[i]) - 2 <= holders[i]}
+        # a buffer seen through (a tensor's array, host_array) is only ours: its plan lasts
+        # while the caller's own object is referred to by more than our plans
+        callers: dict[int, Any] = {}  # id(our array) -> the caller's object
+        given_refs: dict[int, int] = {}  # id(caller's object) -> slots of plans' `given`
+        for plan in self.kept.values():
+            half = len(plan.given) // 2
+            for given, seen in zip(plan.given[:half], plan.given[half:], strict=True):
+                if given is not seen and given is not None:
+                    callers[id(seen)] = given
+            for obj in plan.given:
+                given_refs[id(obj)] = given_refs.get(id(obj), 0) + 1
+        for i, caller in callers.items():
+            # references besides ours: `callers`, the loop's name, getrefcount's argument
+            if i in dropped and sys.getrefcount(caller) - 3 > given_refs[id(caller)]:
+                dropped.discard(i)
+        for key, plan in list(self.kept.items()):
+            if {id(plan.layout.send.owner), id(plan.layout.recv.owner)} <= dropped:
+                plan.release()
+                del self.kept[key]
+
+
+class Planner:
+    """Makes a communicator's plans: one path for every described collective and its
+    i-variant, one for alltoallv's per-peer counts."""
+
+    def __init__(self, cache: PlanCache, rank: int, size: int,
+                 compression: codecs.Codec | None) -> None:
+        self.cache, self.rank, self.size, self.compression = cache, rank, size, compression
+
+    def codec(self, compression: Any) -> codecs.Codec | None:
+        """A call's codec: its own compression=, else the communicator's."""
+        return self.compression if compression is None else codecs.lookup(compression)
+
+    def described(self, name: str, sendbuf: Any, recvbuf: Any, algorithm: str | None,
+                  given: dict[str, Any], check_open: Callable[[], None]) -> Plan:
+        """A described collective's call, checked and made ready - or, for a call just like
+        an earlier one (same collective, algorithm, buffers and arguments, as the caller gave
+        them), that call's plan."""
+        given_buffers = (sendbuf, recvbuf)
+        sendbuf, recvbuf = seen_buffers(sendbuf, recvbuf)
+        # names and types too: pairs=2.0 or root=True must not find the plan of pairs=2, root=1;
+        # a tensor by its memory as well (`tensor.data = ...` swaps it under the same object)
+        key = (name, algorithm, *map(id, given_buffers),
+               *map(memory_of, given_buffers, (sendbuf, recvbuf)),
+               *[(k, type(v), v) for k, v in given.items()])
+        plan = self.cache.ready(key)
+        if plan is not None:
+            return plan
+        check_open()
+        c = ops.collective(name)
+        chosen = checks.algorithm(c, algorithm)
+        given = dict(given)
+        asked = given.pop("compression", None)
+        codec = self.codec(asked)
+        args = checks.arguments(c, chosen, given, self.rank, self.size)
+
+        def make() -> Plan:
+            run = runner(c, chosen)
+            layout = c.layout(sendbuf, recvbuf, self.size, self.rank, **args)
+            mine = codec
+            if asked is None and not codecs.fits(codec, c.reduces, args.get("op"), layout.recv.dtype):
+                mine = None  # the communicator's lossy codec codes its float sums only
+            codecs.check_use(mine, name, c.reduces, args.get("op"), layout.recv.dtype, self.size)
+            return Plan(name, chosen, run, layout, (*given_buffers, sendbuf, recvbuf), mine)
+        return self.cache.get(key, make)
+
+    def varying(self, sendbuf: Any, send_counts: Any, recvbuf: Any, recv_counts: Any,
+                algorithm: str | None, pairs: int, compression: str | None = None) -> Plan:
+        """alltoallv: alltoall's algorithms over blocks of per-peer counts."""
+        c = ops.collective("alltoall")
+        codec = self.codec(compression)
+        chosen = checks.algorithm(c, algorithm)
+        window = checks.window(chosen, pairs, self.size)
+        sc, rc = (checks.whole_numbers(x, self.size, name) for x, name in
+                  ((send_counts, "send_counts"), (recv_counts, "recv_counts")))
+        given_buffers = (sendbuf, recvbuf)
+        sendbuf, recvbuf = seen_buffers(sendbuf, recvbuf)
+        key = ("alltoallv", chosen, window, *map(id, given_buffers),
+               *map(memory_of, given_buffers, (sendbuf, recvbuf)), tuple(sc), tuple(rc),
+               (type(compression), compression))
+
+        def make() -> Plan:
+            run = runner(c, chosen)
+            layout = layouts.varying(sendbuf, recvbuf, self.size, self.rank, sc, rc, window)
+            mine = codec if compression is not None or codecs.fits(codec, False, None, "") else None
+            codecs.check_use(mine, "alltoallv", False, None, layout.recv.dtype, self.size)
+            return Plan("alltoallv", chosen, run, layout, (*given_buffers, sendbuf, recvbuf),
+                        mine)
+        return self.cache.get(key, make)

@@ -1,0 +1,64 @@
+"""What the progress engine puts on the wire and tracks, without the engine: the control
+message's format and kinds, why a rank aborted, the work-request ids, and the operations an
+algorithm holds while its data moves (WriteOp, SendOp).
+
+Pure Python: the algorithms (rxelab.collectives) and a recording engine import it on a host
+without pyverbs; only rxelab.verbs imports that.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+CTRL = struct.Struct("!BBHIIIQQ")  # kind, version, reserved, tag, rkey, codec, addr, length
+CTRL_VERSION = 2  # 2: a ready-to-receive names the codec of the block it awaits
+RTR, TOKEN, ABORT, RTS, MOVING = 1, 2, 3, 4, 5
+FAILED, STALLED, DIED, MISMATCH = 0, 1, 2, 3  # why a rank aborted
+ABORT_REASONS = {FAILED: "it failed", STALLED: "no progress from", DIED: "it found dead",
+                 MISMATCH: "counts disagree with"}
+# The immediate of a progress notice: no tag is all ones (collective tags use 30 bits, p2p
+# and user tags leave bits clear), and it reads the same in either byte order.
+PROGRESS_IMM = 0xFFFFFFFF
+SEND_BIT = 1 << 63
+DATA_BIT = 1 << 62
+
+
+@dataclass
+class WriteOp:
+    peer: int
+    tag: int
+    addr: int
+    lkey: int
+    length: int
+    remote_addr: int
+    rkey: int
+    imm: bool = True
+    notify: bool = True  # progress notices every window (the receiver is in a wait, polling)
+    watchers: Iterable[int] = ()  # other ranks that wait on this transfer: told it moves too
+    posted: int = 0
+    done: int = 0
+    chunks_posted: int = 0
+    chunks_done: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.chunks_posted > 0 and self.posted == self.length and \
+            self.chunks_done == self.chunks_posted
+
+
+class SendOp:
+    """An eager block or control message on its way; done once the peer acknowledged it."""
+
+    __slots__ = ("peer", "done")
+
+    def __init__(self, peer: int, done: bool = False) -> None:
+        self.peer, self.done = peer, done
+
+    @property
+    def complete(self) -> bool:
+        return self.done
+
+
+UNTRACKED = SendOp(-1, done=True)  # what an unacknowledged eager send returns: nothing to wait on
