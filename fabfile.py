@@ -40,8 +40,13 @@ def _inventory(path: str | None, accept_new_host_keys: bool = False) -> tuple[
     chosen = path or os.environ.get("INVENTORY")
     try:
         accept_new()  # a bad value is said here, once, not in every connection's thread
-        lab_state = None if chosen else default_state_dir()
-        inv = inventory_mod.load(Path(chosen) if chosen else lab_state / "inventory.json")
+        lab_state: Path | None = None
+        if chosen:
+            where = Path(chosen)
+        else:
+            lab_state = default_state_dir()
+            where = lab_state / "inventory.json"
+        inv = inventory_mod.load(where)
     except LabError as err:
         raise Exit(f"error: {err}", code=1) from None
     return inv, lab_state

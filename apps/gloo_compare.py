@@ -23,12 +23,17 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import stages
 from rxelab.errors import ConfigError
+
+if TYPE_CHECKING:  # the same module as mypy reaches it from the tree (the node runs this file)
+    from apps import stages
+else:
+    import stages
 
 INIT_TIMEOUT_S = 120
 

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import stages
+if TYPE_CHECKING:  # the same module as mypy reaches it from the tree (the node runs this file)
+    from apps import stages
+else:
+    import stages
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rxelab
-import stages
 from rxelab import codecs, ops, settings
 from rxelab.errors import RdmaError
+
+if TYPE_CHECKING:  # the same module as mypy reaches it from the tree (the node runs this file)
+    from apps import stages
+else:
+    import stages
 
 ALGORITHMS = sorted({a for c in ops.COLLECTIVES.values() for a in c.algorithms})
 

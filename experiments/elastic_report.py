@@ -73,7 +73,8 @@ def step_times(rec: Record) -> tuple[float | None, float | None]:
     """Median seconds per step before the first event and after the last change."""
     steps = steps_of(rec)
     # after the last change of members is complete (its last rank's line), not its cause
-    marks = [c.get("done", c["time"]) for c in changes(rec)] if rec["contender"] == "rxelab" else []
+    marks: list[float] = ([c["done"] if "done" in c else c["time"] for c in changes(rec)]
+                          if rec["contender"] == "rxelab" else [])
     first = min((a["time"] for a in rec.get("actions", [])), default=None)
     kills = [e["arrived"] for e in rec["events"] if e["event"] == "dying"]
     start = min([t for t in [first, *kills] if t is not None], default=None)

@@ -94,8 +94,8 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
     for entry in loads:
         ratios_by[case_label.get(entry["case"], str(entry["case"]))].append(
             peak_to_mean(entry["samples"])[2])
-    for label, rs in sorted(ratios_by.items()):
-        lines.append(f"Network load of {label}: peak-to-mean ratio {max(rs):.2f} "
+    for label, peaks in sorted(ratios_by.items()):
+        lines.append(f"Network load of {label}: peak-to-mean ratio {max(peaks):.2f} "
                      f"(worst node; lower is steadier).")
     return lines
 

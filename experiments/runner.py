@@ -211,7 +211,7 @@ class Runner:
         results = self._on_hosts(self.hosts, undo, timeout=60 + elastic.HEAL_S)
         self.netem_on.clear()
         for name in list(self.links_down):
-            out = results.get(name)
+            out = results[name]  # every host has its entry
             if isinstance(out, Exception) or not elastic.healed(out.stdout):
                 self.say(f"WARNING: {name}'s data NIC ({self.netdevs.get(name)}) may still be "
                          f"down: {out if isinstance(out, Exception) else out.stdout.strip()}; "

@@ -270,12 +270,15 @@ def show(profiles: list[NodeProfile], console: Console | None = None) -> None:
         table.add_row(label, *(f"{v:.1f}" if (v := value(p)) is not None else "-"
                                for p in profiles))
 
+    def entry(kind: str, name: str) -> Callable[[NodeProfile], float | None]:
+        return lambda p: getattr(p, kind).get(name)
+
     for kind, suffix in (("phases", ""), ("marks", ", at")):
         names: list[str] = []
         for p in profiles:
             names += [k for k in getattr(p, kind) if k not in names]
         for name in names:
-            rows(name + suffix, lambda p, n=name, k=kind: getattr(p, k).get(n))
+            rows(name + suffix, entry(kind, name))
     rows("guest ready (all three), s after the kernel started", lambda p: p.guest_ready)
     rows("host saw it ready, s after qemu started", lambda p: p.seen_ready)
     console.print(table)

@@ -204,8 +204,8 @@ def parse(doc: Any, source: str = "inventory") -> Inventory:
     for dup in sorted({x for x in names if names.count(x) > 1}):
         problems.append(f"nodes: name {dup!r} is used more than once")
     endpoints = [(h.ssh.host, h.ssh.port) for h in hosts]
-    for dup in sorted({x for x in endpoints if endpoints.count(x) > 1}):
-        problems.append(f"nodes: SSH endpoint {dup[0]}:{dup[1]} is used more than once")
+    for address, port in sorted({x for x in endpoints if endpoints.count(x) > 1}):
+        problems.append(f"nodes: SSH endpoint {address}:{port} is used more than once")
     if problems:
         raise LabError(f"{source} is not a valid inventory:\n  " + "\n  ".join(problems))
     return Inventory(checked.lab, hosts)

@@ -251,4 +251,6 @@ def cmdline(pid: int) -> list[str] | None:
 def process_is(pid: int, expected: str, argument: str | None = None) -> bool:
     """pid runs `expected` (and, if given, has `argument` among its arguments)."""
     args = cmdline(pid)
-    return bool(args) and Path(args[0]).name == expected and (argument is None or argument in args)
+    if not args:
+        return False
+    return Path(args[0]).name == expected and (argument is None or argument in args)

@@ -73,6 +73,7 @@ def pingpong(lab, client: Host, server: Host, port: int, iters: int = 200) -> st
     base = f"timeout 90 ibv_rc_pingpong -d rxe0 -g 1 -n {iters} -p {port}"
     srv = subprocess.Popen(ssh_argv(server, base), stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    assert srv.stdout is not None  # stdout=PIPE
     try:
         deadline = time.monotonic() + 60
         while True:  # the client fails at once if the server is not listening yet

@@ -182,16 +182,21 @@ def test_staging_areas_are_registered_once_for_a_loop():
 
 # ---- what a peer wrote is checked before it is decoded -----------------------------------
 
+def a_codec(name: str) -> codecs.Codec:
+    codec = codecs.lookup(name)
+    assert codec is not None, name
+    return codec
+
+
 def coded(codec: str, data: np.ndarray) -> np.ndarray:
     area = np.zeros(codecs.HEADER.size + data.nbytes, np.uint8)
-    codecs.encode(codecs.lookup(codec), data.ctypes.data, data.nbytes, str(data.dtype), area,
-                  False)
+    codecs.encode(a_codec(codec), data.ctypes.data, data.nbytes, str(data.dtype), area, False)
     return area
 
 
 def decode(codec: str, area: np.ndarray, length: int, dtype: str = "uint8") -> np.ndarray:
     out = np.zeros(length, np.uint8)
-    codecs.decode(codecs.lookup(codec), area, out.ctypes.data, length, dtype, peer=4)
+    codecs.decode(a_codec(codec), area, out.ctypes.data, length, dtype, peer=4)
     return out
 
 

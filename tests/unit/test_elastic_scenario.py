@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,8 +73,9 @@ def scenario_records() -> list[dict]:
     5), node 3 is cut off at step 20 (shrink to 3), a newcomer joins at step 30 (4); then
     Open MPI's job ends 1.5 s after its kill."""
     t0 = 1000.0
-    ev = [{"event": "step", "step": k, "seconds": 0.1 if k < 10 else 0.12, "arrived": t0 + k,
-           "size": 6 if k < 10 else 5 if k < 20 else 3 if k < 30 else 4} for k in range(40)]
+    ev: list[dict[str, Any]] = [
+        {"event": "step", "step": k, "seconds": 0.1 if k < 10 else 0.12, "arrived": t0 + k,
+         "size": 6 if k < 10 else 5 if k < 20 else 3 if k < 30 else 4} for k in range(40)]
     ev += [{"event": "dying", "id": 3, "step": 10, "arrived": t0 + 10.0}]
     ev += [{"event": "shrink", "id": i, "step": 9, "size": 5, "detect_s": 0.8, "agree_s": 0.05,
             "build_s": 0.3 + i / 100, "lost": [3], "generation": 1, "arrived": t0 + 11.5}

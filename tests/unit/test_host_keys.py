@@ -25,7 +25,7 @@ class NoEntry(paramiko.ServerInterface):
         return "password"
 
     def check_auth_password(self, username: str, password: str) -> int:
-        return paramiko.AUTH_FAILED
+        return paramiko.common.AUTH_FAILED
 
 
 def host_key(tmp_path: Path, name: str) -> paramiko.PKey:

@@ -104,8 +104,13 @@ def simulate_window(p: int, window: int, seed: int) -> int:
     steps = s.sequential_steps(p)
     mine = {r: [k for k, st in enumerate(steps) if r in st.pair] for r in range(p)}
     pos = dict.fromkeys(range(p), 0)  # index into mine[r]: the pair each rank is at
-    done, tokens, started, active, most = set(), set(), set(), set(), 0
-    now, events = 0.0, []
+    done: set[int] = set()
+    tokens: set[tuple[int, int]] = set()
+    started: set[int] = set()
+    active: set[int] = set()
+    most = 0
+    now = 0.0
+    events: list[tuple[float, int]] = []
 
     def ready(k: int) -> bool:
         for r in steps[k].pair:

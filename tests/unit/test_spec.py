@@ -317,3 +317,7 @@ def test_codecs_and_data_multiply_cases_and_name_the_contender():
     assert {spec.contender(c) for c in rx} == {"rxelab-eager0", "rxelab-eager0-bf16"}
     (mpi,) = [c for c in cases if c["app"] == "mpi"]
     assert mpi["data"] == "random" and "compression" not in mpi
+
+
+def test_every_perftest_tool_a_spec_takes_has_its_command():
+    assert tuple(spec.PERFTEST_TOOLS) == spec.TOOLS

@@ -281,8 +281,7 @@ def test_the_cli_refuses_an_unknown_launcher_before_touching_a_node(tmp_path):
 
 
 def test_gloos_app_takes_torchruns_variables_from_slurms():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "apps"))
-    import gloo_compare
+    from apps import gloo_compare
 
     slurm = {"SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "77",
              "SLURM_STEP_ID": "1", "SLURM_STEP_NODELIST": "c-[01-03]", "SLURM_JOB_NODELIST": "c-[01-04]"}

@@ -41,7 +41,7 @@ class QP:
         self.recvs: list = []  # posted RecvWRs, in order
         self.sq_used = 0  # send queue slots not yet released by a polled completion
         self.unsignaled_done = 0
-        self.attr = None
+        self.attr: QPAttr | None = None
 
     def to_init(self, attr: QPAttr) -> None:
         self.access = attr.qp_access_flags
