@@ -37,7 +37,7 @@ def _config(args: argparse.Namespace) -> LabConfig:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m infra", description=__doc__.split("\n\n")[0])
     p.add_argument("--state-dir", type=lambda s: Path(s).resolve(), default=default_state_dir(),
-                   help="the lab's state directory (default: $RXELAB_STATE or .lab/)")
+                   help=f"the lab's state directory (default: $RXELAB_STATE or {settings.STATE_DIR}/)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every command run")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
