@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--inventory", type=Path, default=os.environ.get("INVENTORY") or None)
     sp.add_argument("remote", nargs=argparse.REMAINDER, help="command to run instead of a shell")
 
-    _config_args(sub.add_parser("configure", help="(Terraform step) validate and record config"))
+    sub.add_parser("configure", help="(Terraform step) resolve and record the config provision wrote")
     sub.add_parser("image", help="(Terraform step) build or find the base image")
     sp = sub.add_parser("network", help="(Terraform step) the data network")
     sp.add_argument("action", choices=["up", "down"])
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 argv_ = ssh_argv(host, *remote, tty=not remote and sys.stdin.isatty())
                 os.execvp(argv_[0], argv_)
             case "configure":
-                lab.configure(_config(args), state)
+                lab.configure(state.load_request(), state)
             case "image":
                 lab.prepare_image(state)
             case "network":

@@ -7,9 +7,10 @@ called by LabConfig), the experiment specs' MTU range (experiments/spec.py), the
 help line (`python -m infra.settings`) and the README's settings table (a test keeps the
 README equal to it, and the Makefile's export line complete).
 
-Lab settings (with a `field`) shape a lab and travel through Terraform (infra/terraform.py;
-terraform/variables.tf is checked against this table); host settings (no field) are read
-where they are used, through value().
+Lab settings (with a `field`) shape a lab: `make provision` writes them once, as the lab's
+config file in its state directory, and Terraform is given only that directory and the
+file's digest (infra/terraform.py). Host settings (no field) are read where they are used,
+through value().
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The settings table is the one source: Terraform's variables, the Makefile's pass-through,
-the CLI and the README must say what it says."""
+"""The settings table is the one source: the CLI, LabConfig, the experiment specs' MTU check,
+the Makefile's pass-through and help and the README say what it says, and Terraform is not
+given the settings at all."""
 
 import re
 
@@ -9,6 +10,7 @@ from infra import settings, terraform
 from infra.cli import parser
 from infra.config import REPO, LabConfig
 from infra.errors import LabError
+from infra.state import LabState
 
 
 def tf_variables() -> dict[str, str]:
@@ -17,25 +19,21 @@ def tf_variables() -> dict[str, str]:
     return dict(blocks)
 
 
-@pytest.mark.parametrize("s", settings.LAB_SETTINGS, ids=lambda s: s.name)
-def test_terraform_declares_each_lab_setting_with_the_same_default_and_range(s):
-    body = tf_variables().get(s.field)
-    assert body is not None, f'terraform/variables.tf lacks variable "{s.field}"'
-    default = re.search(r"default\s*=\s*(.+)", body).group(1).strip().strip('"')
-    assert default == s.default, f"{s.field}: Terraform default {default}, table {s.default}"
-    if s.low is not None:
-        assert f"var.{s.field} >= {s.low}" in body and f"var.{s.field} <= {s.high}" in body, body
-    for choice in s.choices:
-        assert f'"{choice}"' in body, f"{s.field}: Terraform does not allow {choice}"
-
-
-def test_terraform_passes_every_lab_setting_to_the_configure_step():
-    main = (REPO / "terraform" / "main.tf").read_text()
+def test_terraform_is_given_the_state_directory_and_the_configs_digest_not_the_settings(tmp_path):
+    """The lab's settings do not travel through Terraform, so Terraform neither restates nor
+    checks them: it is given where the lab's config is, the config's digest and the Python."""
+    declared = set(tf_variables())
+    assert declared == {"state_dir", "config_digest", "python"}
+    assert set(terraform.variables(LabState(tmp_path), "d1gest")) == declared
+    tf = "\n".join(p.read_text() for p in sorted((REPO / "terraform").glob("*.tf")))
     for s in settings.LAB_SETTINGS:
-        assert f"{s.field} = var.{s.field}" in re.sub(r"\s+", " ", main), s.field
-        assert f'"{s.flag}", var.{s.field}' in main, s.flag
-    assert set(terraform.variables(LabConfig())) == {s.field for s in settings.LAB_SETTINGS} | {
-        "state_dir", "python"} == set(tf_variables())
+        assert f"var.{s.field}" not in tf and f'"{s.flag}"' not in tf, s.field
+        if s.low is not None:
+            assert f">= {s.low}" not in tf and f"<= {s.high}" not in tf, s.name
+    main = (REPO / "terraform" / "main.tf").read_text()
+    assert f'"${{var.state_dir}}/{LabState(tmp_path).request_file.name}"' in main, \
+        "Terraform reads the number of nodes from the config file provision writes"
+    assert "triggers_replace = var.config_digest" in main
 
 
 def test_the_makefile_passes_every_setting_through():
@@ -169,11 +167,11 @@ def test_the_spec_format_says_the_tables_mtu_range():
 
 
 def test_the_state_directory_is_named_once():
-    """`.lab` is spelled in infra/settings.py alone: the code, the Makefile and the
-    help texts take it from there."""
+    """`.lab` is spelled in infra/settings.py alone: the code, the Makefile and the help texts
+    take it from there, and Terraform is given the directory."""
     spelled = re.compile(r"(?<![\w.])\.lab\b(?!\.)")
     files = [*(REPO / "infra").rglob("*.py"), *(REPO / "experiments").glob("*.py"),
-             REPO / "Makefile", REPO / "fabfile.py"]
+             *(REPO / "terraform").glob("*.tf"), REPO / "Makefile", REPO / "fabfile.py"]
     found = [f"{p.relative_to(REPO)}:{n}" for p in files
              for n, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
     assert found == ["infra/settings.py:" + str(next(
