@@ -7,7 +7,7 @@ export RXELAB_ACCEPT_NEW_HOST_KEYS
 
 .PHONY: help deps test-deps provision status boot-profile ssh destroy test test-unit
 help:
-	@echo "make provision   # boot the lab (NODES=3 IMAGE=auto EXTRAS=none ACCEL=auto MEM_MB=1024 MTU=9000)"
+	@echo "make provision   # boot the lab ($$($(PY) -m infra.settings 2>/dev/null || python3 -m infra.settings 2>/dev/null || echo 'settings: README'))"
 	@echo "make status      # node, state, SSH endpoint, data IP, RDMA port state"
 	@echo "make boot-profile # where each node's boot went: kernel, systemd, cloud-init, readiness"
 	@echo "make ssh NODE=node1"

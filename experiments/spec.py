@@ -26,7 +26,7 @@
     tight = false             # rxelab, mpi, gloo: the calls back to back on the same data, timed as
                               #   the slowest rank's span (apps' --tight), not stage by stage
     netem = [{}, {loss = 1}]  # impairments of the data NICs, one case each (experiments/netem.py)
-    mtu = [1500, 9000]        # data NIC MTU for the case, 1280..9000 (default: as provisioned)
+    mtu = [1500, 9000]        # data NIC MTU for the case, {mtu_low}..{mtu_high} (default: as provisioned)
     timeout_s = 300           # a case's deadline, 10..604800 (default: grows with the work)
     ranks_per_node = 2        # rxelab: ranks on each node (default 1), 1..8
     pairs = [1, 2, 15]        # rxelab sequential: at most this many pairs at once, a case each,
@@ -109,7 +109,8 @@ __all__ = ["APPS", "BOUNDS", "GLOO_ALGORITHMS", "KEYS", "LAUNCHERS", "LIBRARY", 
 
 __doc__ = __doc__.replace("{options}", "\n".join(  # type: ignore[union-attr]
     f"    {o.name} = {library.show(o.default)}".ljust(30) + f"# {o.meaning}, {o.low}..{o.high}"
-    + (" (the same on every rank)" if o.shared else "") for o in library.OPTIONS))
+    + (" (the same on every rank)" if o.shared else "") for o in library.OPTIONS)).replace(
+    "{mtu_low}..{mtu_high}", "{}..{}".format(*MTU_RANGE))
 SPECS = Path(__file__).resolve().parent / "specs"
 MAX_BYTES = documents.MAX_BYTES
 MAX_PROBLEMS, MAX_LINE = 40, 300  # what an error shows of a broken file

@@ -24,6 +24,7 @@ from rxelab import codecs, ops
 from rxelab import settings as library
 
 from experiments import netem
+from infra import settings as lab_settings
 
 App = Literal["rxelab", "mpi", "gloo", "perftest"]
 APPS: tuple[str, ...] = get_args(App)
@@ -55,7 +56,7 @@ else:
 # rxelab runs take every option of init(), under its own name and in its own range
 LIBRARY = {o.name: (o.low, o.high) for o in library.OPTIONS}
 RXELAB_ONLY = {"ranks_per_node": (1, 8), **LIBRARY}
-MTU_RANGE = (1280, 9000)
+MTU_RANGE = lab_settings.BY_NAME["MTU"].bounds  # what a lab's data network can be set to
 # Whole numbers' ranges: what the lab can do, far below where a deadline or a buffer overflows.
 BOUNDS = {"nodes": (1, 64), "sizes": (0, 1 << 30), "stages": (1, 10_000_000),
           "warmup": (0, 1_000_000), "timeout_s": (10, 604_800), "mtu": MTU_RANGE,

@@ -37,7 +37,7 @@ def _config(args: argparse.Namespace) -> LabConfig:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m infra", description=__doc__.split("\n\n")[0])
     p.add_argument("--state-dir", type=lambda s: Path(s).resolve(), default=default_state_dir(),
-                   help="the lab's state directory (default: $RXELAB_STATE or .lab/)")
+                   help=f"the lab's state directory (default: $RXELAB_STATE or {settings.STATE_DIR}/)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every command run")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--inventory", type=Path, default=os.environ.get("INVENTORY") or None)
     sp.add_argument("remote", nargs=argparse.REMAINDER, help="command to run instead of a shell")
 
-    _config_args(sub.add_parser("configure", help="(Terraform step) validate and record config"))
+    sub.add_parser("configure", help="(Terraform step) resolve and record the config provision wrote")
     sub.add_parser("image", help="(Terraform step) build or find the base image")
     sp = sub.add_parser("network", help="(Terraform step) the data network")
     sp.add_argument("action", choices=["up", "down"])
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 argv_ = ssh_argv(host, *remote, tty=not remote and sys.stdin.isatty())
                 os.execvp(argv_[0], argv_)
             case "configure":
-                lab.configure(_config(args), state)
+                lab.configure(state.load_request(), state)
             case "image":
                 lab.prepare_image(state)
             case "network":

@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from infra import settings
 from infra.errors import LabError
@@ -31,7 +32,7 @@ VDE_MAX_MTU = 1500  # vde_switch's packet buffer (VDE_MTU 1504) holds no bigger 
 
 
 def default_state_dir() -> Path:
-    return Path(str(settings.value("RXELAB_STATE") or REPO / ".lab")).resolve()
+    return Path(str(settings.value("RXELAB_STATE") or REPO / settings.STATE_DIR)).resolve()
 
 
 def cache_dir() -> Path:
@@ -54,26 +55,31 @@ class Node:
     tap: str
 
 
+def _default(name: str) -> Any:
+    """A lab setting's default, from the settings table (infra/settings.py)."""
+    return settings.BY_FIELD[name].default_value
+
+
 @dataclass(frozen=True)
 class LabConfig:
-    """One lab. Its fields and their ranges are declared in infra/settings.py."""
+    """One lab. Its fields, their defaults and their ranges are declared in infra/settings.py;
+    every value is checked there (Setting.check), once per LabConfig made."""
 
-    nodes: int = 3
-    image: Image = Image.AUTO
-    extras: Extras = Extras.NONE
-    accel: Accel = Accel.AUTO
-    mem_mb: int = 1024
-    data_net: DataNet = DataNet.AUTO
-    mtu: int = 9000
-    lab: str = "rxelab"
-    ssh_port_base: int = 2220
+    nodes: int = _default("nodes")
+    image: Image = _default("image")
+    extras: Extras = _default("extras")
+    accel: Accel = _default("accel")
+    mem_mb: int = _default("mem_mb")
+    data_net: DataNet = _default("data_net")
+    mtu: int = _default("mtu")
+    lab: str = _default("lab")
+    ssh_port_base: int = _default("ssh_port_base")
     subnet: str = "10.10.0.0/24"
     state_dir: Path = field(default_factory=default_state_dir)
 
     def __post_init__(self) -> None:
         for s in settings.LAB_SETTINGS:
-            if s.kind is int:
-                s.parse(getattr(self, s.field))  # raises naming the setting and its range
+            s.check(getattr(self, s.field))  # raises naming the setting and its range
         if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", self.lab):
             raise LabError(
                 f"lab name {self.lab!r} is not usable",
@@ -87,11 +93,10 @@ class LabConfig:
     def from_strings(cls, *, state_dir: Path | None = None, **typed: str | int) -> LabConfig:
         """Build from user-typed values (Make variables, CLI flags), keyed by field name, with
         clear errors; missing ones take the table's defaults."""
-        by_field = {s.field: s for s in settings.LAB_SETTINGS}
-        unknown = sorted(typed.keys() - by_field.keys())
+        unknown = sorted(typed.keys() - settings.BY_FIELD.keys())
         if unknown:
             raise LabError(f"unknown lab settings {unknown}")
-        values = {f: s.parse(typed.get(f, s.default)) for f, s in by_field.items()}
+        values = {f: s.convert(typed[f]) for f, s in settings.BY_FIELD.items() if f in typed}
         return cls(**values, **({"state_dir": state_dir} if state_dir else {}))  # type: ignore[arg-type]
 
     # ---- derived names -------------------------------------------------------------

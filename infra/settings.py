@@ -1,14 +1,16 @@
-"""Every setting of the testbed, declared once.
+"""Every setting of the testbed, declared once: its default, its range, its meaning.
 
 A user sets them as Make variables or environment variables (`make provision MTU=1500`,
 `RXELAB_CACHE=/big/disk make provision`). From this table come the CLI flags and their
-defaults (infra/cli.py), the parsing and range checks (LabConfig.from_strings), the values
-handed to Terraform (infra/terraform.py) and the help text. terraform/variables.tf, the
-Makefile's export line and the README's settings table are written by hand and checked
-against this table by tests/unit/test_settings.py, so none of them can drift.
+defaults (infra/cli.py), LabConfig's defaults and its one check of each value (Setting.check,
+called by LabConfig), the experiment specs' MTU range (experiments/spec.py), the Makefile's
+help line (`python -m infra.settings`) and the README's settings table (a test keeps the
+README equal to it, and the Makefile's export line complete).
 
-Lab settings (with a `field`) shape a lab and travel through Terraform; host settings (no
-field) are read where they are used, through value().
+Lab settings (with a `field`) shape a lab: `make provision` writes them once, as the lab's
+config file in its state directory, and Terraform is given only that directory and the
+file's digest (infra/terraform.py). Host settings (no field) are read where they are used,
+through value().
 """
 
 from __future__ import annotations
@@ -65,9 +67,9 @@ class Setting:
     def choices(self) -> list[str]:
         return [e.value for e in self.kind] if issubclass(self.kind, StrEnum) else []
 
-    def parse(self, text: str | int) -> object:
-        """A user-typed value to its type, or a LabError that names the setting and says
-        what to use instead."""
+    def convert(self, text: str | int) -> object:
+        """A user-typed value to this setting's type (not yet checked against its range), or
+        a LabError that names the setting and says what to use instead."""
         if self.choices:
             try:
                 return self.kind(str(text))
@@ -76,20 +78,49 @@ class Setting:
                                hint=f"use one of {'|'.join(self.choices)}") from None
         if self.kind is int:
             try:
-                value = int(str(text).strip())
+                return int(str(text).strip())
             except ValueError:
                 raise LabError(f"{self.name}={text!r} is not a whole number",
                                hint=f"give {self.name} as digits only") from None
+        return str(text)
+
+    def check(self, value: object) -> None:
+        """The one check of a value of this setting: its type, its choices, its range."""
+        if self.choices and value not in self.choices:
+            raise LabError(f"unknown {self.name} {value!r}",
+                           hint=f"use one of {'|'.join(self.choices)}")
+        if self.kind is int:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise LabError(f"{self.name}={value!r} is not a whole number",
+                               hint=f"give {self.name} as digits only")
             if (self.low is not None and value < self.low) or \
                     (self.high is not None and value > self.high):
                 raise LabError(f"{self.name}={value} is out of range",
                                hint=f"use {self.low}..{self.high}")
-            return value
-        return str(text)
+
+    def parse(self, text: str | int) -> object:
+        """A user-typed value, converted and checked."""
+        value = self.convert(text)
+        self.check(value)
+        return value
+
+    @property
+    def default_value(self) -> object:
+        """The default, typed (None for a host setting without one)."""
+        return self.convert(self.default) if self.default != "" else None
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """A whole-number setting's range, low..high."""
+        if self.low is None or self.high is None:
+            raise ValueError(f"{self.name} has no range")
+        return self.low, self.high
 
     def from_env(self) -> str:
         return os.environ.get(self.name) or self.default
 
+
+STATE_DIR = ".lab"  # the lab's state directory, in the repository, unless RXELAB_STATE says
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("NODES", "3", "how many VMs", "nodes", int, 2, 8),
@@ -109,7 +140,7 @@ SETTINGS: tuple[Setting, ...] = (
             "lab"),
     Setting("SSH_PORT_BASE", "2220", "node i's SSH is forwarded from 127.0.0.1:(base + i)",
             "ssh_port_base", int, 1024, 65527),
-    Setting("RXELAB_STATE", "", "the lab's state directory (default .lab/)"),
+    Setting("RXELAB_STATE", "", f"the lab's state directory (default {STATE_DIR}/)"),
     Setting("RXELAB_CACHE", "", "image cache (default ~/.cache/rxelab)"),
     Setting("RXELAB_BOOT_TIMEOUT", "", "seconds to wait for nodes to be ready "
             "(default 240 + 90 per node under TCG, 300 under KVM)", kind=int, low=10, high=86400),
@@ -126,6 +157,7 @@ SETTINGS: tuple[Setting, ...] = (
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 LAB_SETTINGS = tuple(s for s in SETTINGS if s.field)
+BY_FIELD = {s.field: s for s in LAB_SETTINGS}
 
 
 def value(name: str) -> object:
@@ -144,3 +176,12 @@ def markdown_table() -> str:
             f"; {s.low}..{s.high}" if s.low is not None and s.field else "")
         rows.append(f"| `{s.name}` | {s.default or '-'} | {s.help}{allowed} |")
     return "\n".join(rows)
+
+
+def make_help() -> str:
+    """The lab settings with their defaults, as `make help` shows them."""
+    return " ".join(f"{s.name}={s.default}" for s in LAB_SETTINGS)
+
+
+if __name__ == "__main__":
+    print(make_help())

@@ -11,6 +11,7 @@ every node trusts.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -28,8 +29,8 @@ MARKER = "rxelab-lab.json"
 MARKER_KIND = "rxelab lab state"
 TEMP_SUFFIX = ".rxelab-tmp"  # write_atomic's temporaries: .<name>.<random><TEMP_SUFFIX>
 # What a lab creates at its root, and so all that destroy removes (with the marker, last).
-OWNED = ("lab.json", "inventory.json", "boot.json", "known_hosts", "keys", "run", "logs", "disks",
-         "seeds", "terraform")
+OWNED = ("request.json", "lab.json", "inventory.json", "boot.json", "known_hosts", "keys", "run",
+         "logs", "disks", "seeds", "terraform")
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,14 @@ class LabState:
         return lab_id
 
     @property
+    def request_file(self) -> Path:
+        """The lab's config as `make provision` was asked for it (IMAGE=auto and the like not
+        yet resolved): written once, before Terraform runs, and read by the configure step."""
+        return self.root / "request.json"
+
+    @property
     def config_file(self) -> Path:
+        """The lab's config as the configure step resolved it: what every later step reads."""
         return self.root / "lab.json"
 
     @property
@@ -199,6 +207,20 @@ class LabState:
 
     def save_config(self, config: LabConfig) -> None:
         write_atomic(self.config_file, config.to_json())
+
+    def save_request(self, config: LabConfig) -> str:
+        """Write the config provision was asked for; return its digest (sha256 of the file),
+        which Terraform is given so that a changed config replaces the lab."""
+        text = config.to_json()
+        write_atomic(self.request_file, text)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def load_request(self) -> LabConfig:
+        try:
+            return LabConfig.from_json(self.request_file.read_text())
+        except FileNotFoundError:
+            raise LabError(f"no lab configuration was written to {self.request_file}",
+                           hint="run `make provision`: it writes it before Terraform runs") from None
 
 
 def mkdir_private(path: Path) -> Path:

@@ -1,8 +1,13 @@
 """Driving Terraform for `make provision` / `make destroy`.
 
-Terraform owns the lifecycle (terraform/*.tf); this module only runs it with the lab's
-variables, keeps its state and plugin directory inside the lab's state directory, never lets
-it phone home (CHECKPOINT_DISABLE), and relays its output without the provisioner noise.
+Terraform owns the lifecycle (terraform/*.tf); this module only runs it, keeps its state and
+plugin directory inside the lab's state directory, never lets it phone home
+(CHECKPOINT_DISABLE), and relays its output without the provisioner noise.
+
+The lab's config does not travel through Terraform: `apply` writes it once, as a file in the
+state directory (LabState.request_file), and Terraform is given that directory, the file's
+digest (a changed config replaces the lab) and the Python that runs the steps. The steps read
+the config from the state directory.
 """
 
 from __future__ import annotations
@@ -12,11 +17,9 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from enum import StrEnum
 from pathlib import Path
 
 from infra import run as runner
-from infra import settings
 from infra.config import REPO, LabConfig
 from infra.state import LabState, mkdir_private, write_atomic
 
@@ -26,11 +29,11 @@ NOISE = re.compile(r"\(local-exec\): Executing: |Still creating\.\.\.|Still dest
 PREFIX = re.compile(r"^terraform_data\.[\w\[\]\d]+ \(local-exec\): ")
 
 
-def variables(config: LabConfig) -> dict[str, object]:
-    """The lab settings (infra/settings.py), plus where state lives and which Python runs."""
-    values = {s.field: getattr(config, s.field) for s in settings.LAB_SETTINGS}
-    return {**{k: v.value if isinstance(v, StrEnum) else v for k, v in values.items()},
-            "state_dir": str(config.state_dir), "python": sys.executable}
+def variables(state: LabState, config_digest: str) -> dict[str, object]:
+    """All Terraform is given (terraform/variables.tf): where the lab's state and config
+    live, the config's digest, and which Python runs the steps."""
+    return {"state_dir": str(state.root), "config_digest": config_digest,
+            "python": sys.executable}
 
 
 def _env(state: LabState) -> dict[str, str]:
@@ -101,7 +104,8 @@ def vars_file(state: LabState) -> Path:
 
 def apply(config: LabConfig, state: LabState) -> None:
     init(state)
-    write_atomic(vars_file(state), json.dumps(variables(config), indent=2) + "\n")
+    digest = state.save_request(config)
+    write_atomic(vars_file(state), json.dumps(variables(state, digest), indent=2) + "\n")
     _terraform(state, "apply", "-input=false", "-auto-approve", "-no-color",
                f"-var-file={vars_file(state)}", timeout=5400)
 

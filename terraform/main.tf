@@ -1,37 +1,28 @@
 # The lab's lifecycle. Each resource is one step of the infra package, run as a command;
 # destroy-time provisioners undo them. Everything a step needs is in the resource's input,
 # because destroy-time provisioners may only refer to self.
+#
+# The lab's config is not handed over here: `make provision` wrote it to the state directory
+# (infra/state.py, request_file) and the steps read it there. Terraform reads only the number
+# of nodes from it, and replaces the lab when the config's digest changes.
 
 locals {
-  repo      = abspath("${path.module}/..")
-  state_dir = var.state_dir != "" ? var.state_dir : "${local.repo}/.lab"
-  infra     = "${var.python} -m infra --state-dir '${local.state_dir}'"
-  config = {
-    nodes         = var.nodes
-    image         = var.image
-    extras        = var.extras
-    accel         = var.accel
-    mem_mb        = var.mem_mb
-    data_net      = var.data_net
-    mtu           = var.mtu
-    lab           = var.lab
-    ssh_port_base = var.ssh_port_base
-  }
+  repo        = abspath("${path.module}/..")
+  infra       = "${var.python} -m infra --state-dir '${var.state_dir}'"
+  config_file = "${var.state_dir}/request.json"
+  # No config file: only a destroy of a lab whose file is gone (or that was made before it
+  # existed) gets this far - configure refuses to run without it.
+  nodes = fileexists(local.config_file) ? jsondecode(file(local.config_file)).nodes : 0
 }
 
 # Validate, resolve IMAGE=auto, record the configuration, make keys and cloud-init seeds.
 resource "terraform_data" "lab" {
-  triggers_replace = local.config
+  triggers_replace = var.config_digest
   input            = { infra = local.infra, repo = local.repo }
 
   provisioner "local-exec" {
     working_dir = self.input.repo
-    command = join(" ", [
-      self.input.infra, "configure",
-      "--nodes", var.nodes, "--image", var.image, "--extras", var.extras, "--accel", var.accel,
-      "--mem-mb", var.mem_mb, "--data-net", var.data_net, "--mtu", var.mtu, "--lab", var.lab,
-      "--ssh-port-base", var.ssh_port_base,
-    ])
+    command     = "${self.input.infra} configure"
   }
 }
 
@@ -65,7 +56,7 @@ resource "terraform_data" "network" {
 }
 
 resource "terraform_data" "node" {
-  count            = var.nodes
+  count            = local.nodes
   depends_on       = [terraform_data.image]
   triggers_replace = terraform_data.network.id
   input            = merge(terraform_data.lab.input, { index = count.index + 1 })
@@ -86,7 +77,7 @@ resource "terraform_data" "node" {
 # Wait until every node answers SSH, cloud-init is done and rxe is ACTIVE; write the inventory.
 resource "terraform_data" "ready" {
   triggers_replace = terraform_data.node[*].id
-  input            = "${local.state_dir}/inventory.json"
+  input            = "${var.state_dir}/inventory.json"
 
   provisioner "local-exec" {
     working_dir = local.repo

@@ -23,6 +23,7 @@ def infra(*args, tmp_path):
         (["status"], "error: no inventory at"),
         (["ssh", "node1"], "error: no inventory at"),
         (["node", "up", "1"], "error: no lab is configured"),
+        (["configure"], "error: no lab configuration was written to"),
     ],
 )
 def test_bad_input_is_one_clear_message(tmp_path, args, message):
@@ -45,3 +46,9 @@ def test_status_reads_any_inventory(tmp_path):
     r = infra("status", "--inventory", str(inv), tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "far" in r.stdout and "unreachable" in r.stdout and "192.0.2.7" in r.stdout
+
+
+def test_the_configure_step_takes_no_settings_but_the_config_provision_wrote(tmp_path):
+    """Terraform runs `configure` without any setting: it reads the lab's config file."""
+    r = infra("configure", "--mtu", "1500", tmp_path=tmp_path)
+    assert r.returncode == 2 and "unrecognized arguments: --mtu 1500" in r.stderr, r.stderr

@@ -1,8 +1,11 @@
-"""The Terraform configuration is formatted, initialises offline and validates."""
+"""The Terraform configuration is formatted, initialises offline, validates, and replaces the lab
+when (and only when) the config provision wrote changes."""
 
+import hashlib
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -33,21 +36,62 @@ def test_init_offline_and_validate(tmp_path):
     assert r.returncode == 0 and "Success" in r.stdout, r.stdout + r.stderr
 
 
-def test_variable_validation_rejects_out_of_range_nodes(tmp_path):
+def test_variables_are_where_the_config_is_and_its_digest(tmp_path):
+    """`make provision` writes the lab's config once, in its state directory; Terraform is
+    given that directory and the file's digest, which changes with any setting."""
     state = LabState(tmp_path)
-    r = tf(state, "init", "-input=false", f"-backend-config=path={tmp_path}/tfstate")
-    assert r.returncode == 0, r.stderr
-    r = tf(state, "plan", "-input=false", "-no-color", "-var", "nodes=9")
-    assert r.returncode != 0 and "whole number from 2 to 8" in r.stderr
-
-
-def test_variables_carry_the_whole_lab_config(tmp_path):
     config = LabConfig(nodes=4, mem_mb=2048, lab="abc", state_dir=tmp_path)
-    v = terraform.variables(config)
-    assert (v["nodes"], v["mem_mb"], v["lab"], v["state_dir"]) == (4, 2048, "abc", str(tmp_path))
+    digest = state.save_request(config)
+    assert digest == hashlib.sha256(state.request_file.read_bytes()).hexdigest()
+    assert state.load_request() == config
+    v = terraform.variables(state, digest)
+    assert v == {"state_dir": str(tmp_path), "config_digest": digest, "python": sys.executable}
     declared = (terraform.TF_DIR / "variables.tf").read_text()
     for name in v:
         assert f'variable "{name}"' in declared
+    assert state.save_request(LabConfig(nodes=4, mem_mb=2048, lab="abc", mtu=1500,
+                                        state_dir=tmp_path)) != digest
+
+
+FAKE_PYTHON = """#!/bin/sh
+# Stands in for `python -m infra --state-dir DIR STEP...`: records the step, and writes the
+# inventory the wait step would.
+dir="$4"; shift 4
+echo "$*" >> "$dir/steps.log"
+[ "$1" = wait ] && echo '{"nodes": []}' > "$dir/inventory.json"
+exit 0
+"""
+
+
+def test_a_changed_config_replaces_the_lab_and_an_unchanged_one_nothing(tmp_path):
+    """Terraform, run as provision and destroy run it but with fake steps: the nodes it makes
+    are the config file's, the same digest changes nothing, another digest replaces every
+    step, and a lab whose config file is gone is still destroyed."""
+    state = LabState(tmp_path / "lab")
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    r = tf(state, "init", "-input=false", "-no-color",
+           f"-backend-config=path={tmp_path}/terraform.tfstate")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    def run(command, config=None):
+        digest = state.save_request(config) if config else ""
+        (state.root / "steps.log").write_text("")
+        r = tf(state, command, "-input=false", "-auto-approve", "-no-color",
+               "-var", f"state_dir={state.root}", "-var", f"python={fake}",
+               "-var", f"config_digest={digest}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        return sorted((state.root / "steps.log").read_text().splitlines())
+
+    assert run("apply", LabConfig(nodes=2, state_dir=state.root)) == [
+        "configure", "image", "network up", "node up 1", "node up 2", "wait"]
+    assert run("apply", LabConfig(nodes=2, state_dir=state.root)) == []
+    assert run("apply", LabConfig(nodes=3, mtu=1500, state_dir=state.root)) == [
+        "configure", "image", "network down", "network up", "node down 1", "node down 2",
+        "node up 1", "node up 2", "node up 3", "wait"]
+    state.request_file.unlink()
+    assert run("destroy") == ["network down", "node down 1", "node down 2", "node down 3"]
 
 
 def test_output_is_relayed_without_plan_detail_or_provisioner_noise():
