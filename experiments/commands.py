@@ -22,6 +22,7 @@ from rxelab import settings as library
 
 from experiments import counters, fleet, netem
 from experiments.spec import PERFTEST_TOOLS
+from infra import rdmaport
 from infra.inventory import Host
 
 RUN_ID = "RXELAB_RUN_ID"
@@ -187,13 +188,6 @@ def parse_perftest(tool: str, text: str, size: int) -> dict[str, Any] | None:
 
 
 # ---- around a case, on each node ----------------------------------------------------------
-def netdev_expr(host: Host) -> str:
-    """Shell that sets $nd to the netdev under the RDMA port's GID (data0 in the lab)."""
-    r = host.rdma
-    path = f"/sys/class/infiniband/{r.device}/ports/{r.port}/gid_attrs/ndevs/{r.gid_index}"
-    return f"nd=$(cat {shlex.quote(path)})"
-
-
 # tc's `show` needs no root, but /sbin may not be on a user's PATH
 TC = 'tc=$(command -v tc || echo /sbin/tc)'
 # The kernel's own root qdisc has handle 0: (mq, fq_codel, pfifo_fast, noqueue); one a user set
@@ -211,7 +205,7 @@ def netem_handle(run_id: str) -> str:
 def prepare_command(host: Host, case: dict[str, Any], run_id: str) -> str:
     """Set the case's MTU and impairment, then print the netdev's MTU, the port's active MTU
     and the device counters (the 'before' reading)."""
-    steps = [netdev_expr(host)]
+    steps = [rdmaport.netdev_assign(host.rdma)]
     if case.get("mtu"):
         steps.append(f"sudo -n ip link set dev \"$nd\" mtu {int(case['mtu'])}")
     if any(case.get("netem", {}).values()):
@@ -223,7 +217,7 @@ def restore_command(host: Host, mtu: int | None, run_id: str, netem_applied: boo
     """Undo what this run changed, nothing else: remove the netem under the run's own handle,
     put the MTU back; then print the 'after' reading (with `netem_ours absent` once the
     impairment is gone)."""
-    steps = [netdev_expr(host)]
+    steps = [rdmaport.netdev_assign(host.rdma)]
     if netem_applied:
         steps += [TC, netem.clear_command('"$nd"', netem_handle(run_id), "$tc")]
     if mtu:
@@ -232,12 +226,13 @@ def restore_command(host: Host, mtu: int | None, run_id: str, netem_applied: boo
 
 
 def readings_command(host: Host) -> str:
+    """Prints the netdev under the RDMA port's GID, its MTU and addresses, the port's active
+    MTU and the device counters."""
     r = host.rdma
-    return (f"{netdev_expr(host)}; echo \"netdev $nd\"; "
-            "echo \"netdev_mtu $(cat /sys/class/net/$nd/mtu)\"; "
+    return (f"{rdmaport.netdev_assign(r)}; echo \"netdev $nd\"; "
+            f"echo \"netdev_mtu $({rdmaport.netdev_mtu()})\"; "
             "ip -o addr show dev \"$nd\" scope global 2>/dev/null | awk '{print \"inet\", $4}'; "
-            f"echo \"active_mtu $(ibv_devinfo -d {shlex.quote(r.device)} -i {r.port} 2>/dev/null "
-            f"| sed -n 's/.*active_mtu:[^0-9]*\\([0-9]*\\).*/\\1/p')\"; {counters.read_command(host)}")
+            f"echo \"active_mtu $({rdmaport.active_mtu(r)})\"; {counters.read_command(host)}")
 
 
 def parse_readings(text: str) -> dict[str, Any]:

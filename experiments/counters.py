@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 
+from infra import rdmaport
 from infra.inventory import Host
 
 PACKETS = ("sent_pkts", "rcvd_pkts")
@@ -20,7 +21,7 @@ RETRY = ("completer_retry_err", "rcvd_seq_err", "duplicate_request", "out_of_seq
 
 
 def read_command(host: Host) -> str:
-    d = f"/sys/class/infiniband/{host.rdma.device}/ports/{host.rdma.port}/hw_counters"
+    d = rdmaport.counters_path(host.rdma)
     return f"cd {shlex.quote(d)} 2>/dev/null && grep -H . * 2>/dev/null; true"
 
 
