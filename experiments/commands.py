@@ -13,21 +13,18 @@ reach the shell quoted.
 from __future__ import annotations
 
 import ipaddress
-import re
 import shlex
 from typing import Any
 
-from rxelab import ops
+from rxelab import ops, perftest
 from rxelab import settings as library
 
 from experiments import counters, fleet, netem
-from experiments.spec import PERFTEST_TOOLS
 from infra import rdmaport
 from infra.inventory import Host
 
 RUN_ID = "RXELAB_RUN_ID"
 STOP_GRACE_S = 5
-PERFTEST_PORT = 18515
 TIMED_OUT = 124  # what `timeout` and our launcher exit with when the deadline passed
 
 
@@ -165,26 +162,17 @@ def perftest_command(case: dict[str, Any], host: Host, run_id: str, server_ip: s
 
 
 def perftest_argv(case: dict[str, Any], host: Host) -> list[str]:
-    tool = case["algorithm"]
-    argv = [*PERFTEST_TOOLS[tool], "-d", host.rdma.device, "-i", str(host.rdma.port),
-            "-x", str(host.rdma.gid_index),
-            "-F", "-s", str(max(case["size"], 1 if tool != "ib_send_lat" else 2)),
-            "-n", str(case["stages"]), "-p", str(PERFTEST_PORT)]
-    return argv if tool == "ib_send_lat" else [*argv, "--report_gbits"]
+    r = host.rdma
+    return perftest.argv(case["algorithm"], r.device, r.port, r.gid_index, case["size"],
+                         case["stages"])
 
 
 def parse_perftest(tool: str, text: str, size: int) -> dict[str, Any] | None:
-    for line in text.splitlines():
-        f = line.split()
-        if len(f) >= 5 and f[0].isdigit() and all(re.fullmatch(r"[\d.]+", x) for x in f[1:5]):
-            rec: dict[str, Any] = {"record": "summary", "app": "perftest", "op": tool, "size": size,
-                                   "iterations": int(f[1]), "ok": True}
-            if tool == "ib_send_lat":  # bytes iters t_min t_max t_typical t_avg ...
-                rec["lat_us"] = float(f[4])
-            else:  # bytes iters bw_peak bw_avg[Gb/s] msg_rate (-b: both directions' sum)
-                rec["bw_MBps"] = float(f[3]) * 1e9 / 8 / 1e6
-            return rec
-    return None
+    found = perftest.parse(tool, text)
+    if found is None:
+        return None
+    return {"record": "summary", "app": "perftest", "op": tool, "size": size,
+            "iterations": found.pop("iterations"), "ok": True, **found}
 
 
 # ---- around a case, on each node ----------------------------------------------------------

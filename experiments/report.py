@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rxelab import ops
+from rxelab import ops, perftest
 
 from experiments import compression_report, counters, elastic_report, netem, plots
 from experiments.report_summary import BACK_TO_BACK, peak_to_mean, summary_lines
@@ -131,11 +131,12 @@ def share_rate(records: list[dict[str, Any]]) -> tuple[float | None, str]:
     receives at once, and rxe spends the CPU of both ends on every byte, so where the run
     measured both directions at once (ib_write_bw -b) the rate is each direction's share of
     that; else one direction alone (ib_write_bw), which a collective cannot reach."""
-    both, one = link_rate(records, "ib_write_bw_bidir"), link_rate(records, "ib_write_bw")
+    both, one = link_rate(records, perftest.BIDIR), link_rate(records, "ib_write_bw")
     if both:
         alone = f"; one direction alone {one:.1f} MB/s" if one else ""
         return both / 2, (f"% of link: busbw over {both / 2:.1f} MB/s, each direction's share of "
-                          f"ib_write_bw -b (both directions at once, as in a collective){alone}")
+                          f"{perftest.command(perftest.BIDIR)} (both directions at once, as in a "
+                          f"collective){alone}")
     if one:
         return one, f"% of link: busbw over ib_write_bw's {one:.1f} MB/s (one direction alone)"
     return None, ""

@@ -84,7 +84,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
-from rxelab import codecs, ops
+from rxelab import codecs, ops, perftest
 from rxelab import settings as library
 
 from experiments import netem
@@ -102,11 +102,7 @@ RXELAB_ALGORITHMS = {name: tuple(c.algorithms) for name, c in ops.COLLECTIVES.it
 # Open MPI coll_tuned algorithm numbers (ompi/mca/coll/tuned): what each label forces, for
 # every collective with an MPI counterpart (their descriptions say).
 MPI_ALGORITHMS = {name: dict(c.mpi.tuned) for name, c in ops.COLLECTIVES.items() if c.mpi}
-# perftest's tools by their spec names, each its command; ib_write_bw_bidir is `ib_write_bw -b`:
-# both directions at once, as every rank of a collective sends and receives at once
-PERFTEST_TOOLS = {"ib_write_bw": ("ib_write_bw",), "ib_write_bw_bidir": ("ib_write_bw", "-b"),
-                  "ib_send_bw": ("ib_send_bw",), "ib_send_lat": ("ib_send_lat",)}
-TOOLS = tuple(PERFTEST_TOOLS)
+TOOLS = tuple(perftest.TOOLS)  # perftest's tools by their names (rxelab.perftest)
 TRANSPORTS = ("ucx", "tcp")
 LAUNCHERS = ("ssh", "srun")
 # rxelab runs take every option of init(), under its own name and in its own range
