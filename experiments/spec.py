@@ -98,10 +98,6 @@ SPECS = Path(__file__).resolve().parent / "specs"
 APPS = ("rxelab", "mpi", "gloo", "perftest")
 GLOO_ALGORITHMS = ("gloo-default",)  # Gloo picks its own; the label names the contender's row
 OPS = tuple(ops.COLLECTIVES)
-RXELAB_ALGORITHMS = {name: tuple(c.algorithms) for name, c in ops.COLLECTIVES.items()}
-# Open MPI coll_tuned algorithm numbers (ompi/mca/coll/tuned): what each label forces, for
-# every collective with an MPI counterpart (their descriptions say).
-MPI_ALGORITHMS = {name: dict(c.mpi.tuned) for name, c in ops.COLLECTIVES.items() if c.mpi}
 TOOLS = tuple(perftest.TOOLS)  # perftest's tools by their names (rxelab.perftest)
 TRANSPORTS = ("ucx", "tcp")
 LAUNCHERS = ("ssh", "srun")

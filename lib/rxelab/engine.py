@@ -39,8 +39,6 @@ RTR, TOKEN, ABORT, RTS, MOVING = 1, 2, 3, 4, 5
 FAILED, STALLED, DIED, MISMATCH = 0, 1, 2, 3  # why a rank aborted
 ABORT_REASONS = {FAILED: "it failed", STALLED: "no progress from", DIED: "it found dead",
                  MISMATCH: "counts disagree with"}
-KIND_NAMES = {RTR: "ready-to-receive", TOKEN: "token", ABORT: "abort", RTS: "ready-to-send",
-              MOVING: "progress"}
 # The immediate of a progress notice: no tag is all ones (collective tags use 30 bits, p2p
 # and user tags leave bits clear), and it reads the same in either byte order.
 PROGRESS_IMM = 0xFFFFFFFF
@@ -540,9 +538,6 @@ class Engine:
             except Exception:  # the peer may be the one that is gone
                 pass
         return notices
-
-    def abort_all(self, tag: int, why: int = FAILED, blamed: int | None = None) -> None:
-        self.await_notices(self.post_aborts(tag, why, blamed))
 
     def await_notices(self, notices: list[SendOp]) -> None:
         """Wait up to a second for the notices to be acknowledged, whatever else fails."""
