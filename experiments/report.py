@@ -70,7 +70,7 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "size": r["size"], "stages": r["stages"], "network": netem.label(imp),
                     "loss": float(imp.get("loss", 0)),
                     "loss_only": not any(v for k, v in imp.items() if k != "loss"),
-                    "mtu": r.get("active_mtu") or "-", "avg_us": avg, "min_us": low,
+                    "active_mtu": r.get("active_mtu") or "-", "avg_us": avg, "min_us": low,
                     "max_us": high, "total_s": total, "algbw": algbw, "busbw": busbw,
                     "wrong": s["wrong"] if s else "-", "status": r["status"],
                     "peak_pinned": (s or {}).get("peak_pinned"),
@@ -90,7 +90,7 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 SAME_CASE = ("case", "contender", "op", "algorithm", "nodes", "ranks", "pairs", "size", "stages",
-             "network", "mtu", "mode", "data")
+             "network", "active_mtu", "mode", "data")
 
 
 def medians(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -177,7 +177,7 @@ TABLE_COLS = [("contender", "contender"), ("op", "op"), ("algorithm", "algorithm
               ("nodes", "nodes"), ("ranks", "ranks"), ("pairs", "pairs at once"), ("size", "Size"),
               ("stages", "stages"), ("mode", "calls"), ("rounds", "rounds"), ("data", "data"),
               ("network", "network"),
-              ("mtu", "RoCE MTU"), ("avg_us", "Avg Latency(us)"), ("min_us", "Min Latency(us)"),
+              ("active_mtu", "RoCE MTU"), ("avg_us", "Avg Latency(us)"), ("min_us", "Min Latency(us)"),
               ("max_us", "Max Latency(us)"), ("algbw", "algbw(MB/s)"), ("busbw", "busbw(MB/s)"),
               ("link_pct", "% of link"),
               ("wrong", "#wrong"), ("rxe_pkts", "rxe pkts"), ("retries", "rxe retries"),
