@@ -65,8 +65,8 @@ def environment(hosts: list[Host], lab_state: Path | None) -> dict[str, Any]:
                      "kernel": first.get("kernel"), "torch": first.get("torch"),
                      "rxelab": first.get("rxelab")},
         "packages": first["packages"],
-        "mtu": readings.get("active_mtu", "?"),  # the RoCE path MTU
-        "netdev_mtu": readings.get("netdev_mtu", "?"),
+        "active_mtu": readings.get("active_mtu", "?"),  # the RoCE path MTU
+        "netdev_mtu": readings.get("netdev_mtu", "?"),  # the data NIC's (a spec's `mtu`)
         "ucx_settings": commands.ucx_settings(hosts[0]),
         "hosts": {name: {"kernel": a.get("kernel"), "virtualization": a.get("virt"),
                          "open_mpi": a.get("open_mpi"), "torch": a.get("torch"),

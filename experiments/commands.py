@@ -13,20 +13,18 @@ reach the shell quoted.
 from __future__ import annotations
 
 import ipaddress
-import re
 import shlex
 from typing import Any
 
-from rxelab import ops
+from rxelab import ops, perftest
 from rxelab import settings as library
 
 from experiments import counters, fleet, netem
-from experiments.spec import PERFTEST_TOOLS
+from infra import rdmaport
 from infra.inventory import Host
 
 RUN_ID = "RXELAB_RUN_ID"
 STOP_GRACE_S = 5
-PERFTEST_PORT = 18515
 TIMED_OUT = 124  # what `timeout` and our launcher exit with when the deadline passed
 
 
@@ -164,36 +162,20 @@ def perftest_command(case: dict[str, Any], host: Host, run_id: str, server_ip: s
 
 
 def perftest_argv(case: dict[str, Any], host: Host) -> list[str]:
-    tool = case["algorithm"]
-    argv = [*PERFTEST_TOOLS[tool], "-d", host.rdma.device, "-i", str(host.rdma.port),
-            "-x", str(host.rdma.gid_index),
-            "-F", "-s", str(max(case["size"], 1 if tool != "ib_send_lat" else 2)),
-            "-n", str(case["stages"]), "-p", str(PERFTEST_PORT)]
-    return argv if tool == "ib_send_lat" else [*argv, "--report_gbits"]
+    r = host.rdma
+    return perftest.argv(case["algorithm"], r.device, r.port, r.gid_index, case["size"],
+                         case["stages"])
 
 
 def parse_perftest(tool: str, text: str, size: int) -> dict[str, Any] | None:
-    for line in text.splitlines():
-        f = line.split()
-        if len(f) >= 5 and f[0].isdigit() and all(re.fullmatch(r"[\d.]+", x) for x in f[1:5]):
-            rec: dict[str, Any] = {"record": "summary", "app": "perftest", "op": tool, "size": size,
-                                   "iterations": int(f[1]), "ok": True}
-            if tool == "ib_send_lat":  # bytes iters t_min t_max t_typical t_avg ...
-                rec["lat_us"] = float(f[4])
-            else:  # bytes iters bw_peak bw_avg[Gb/s] msg_rate (-b: both directions' sum)
-                rec["bw_MBps"] = float(f[3]) * 1e9 / 8 / 1e6
-            return rec
-    return None
+    found = perftest.parse(tool, text)
+    if found is None:
+        return None
+    return {"record": "summary", "app": "perftest", "op": tool, "size": size,
+            "iterations": found.pop("iterations"), "ok": True, **found}
 
 
 # ---- around a case, on each node ----------------------------------------------------------
-def netdev_expr(host: Host) -> str:
-    """Shell that sets $nd to the netdev under the RDMA port's GID (data0 in the lab)."""
-    r = host.rdma
-    path = f"/sys/class/infiniband/{r.device}/ports/{r.port}/gid_attrs/ndevs/{r.gid_index}"
-    return f"nd=$(cat {shlex.quote(path)})"
-
-
 # tc's `show` needs no root, but /sbin may not be on a user's PATH
 TC = 'tc=$(command -v tc || echo /sbin/tc)'
 # The kernel's own root qdisc has handle 0: (mq, fq_codel, pfifo_fast, noqueue); one a user set
@@ -211,7 +193,7 @@ def netem_handle(run_id: str) -> str:
 def prepare_command(host: Host, case: dict[str, Any], run_id: str) -> str:
     """Set the case's MTU and impairment, then print the netdev's MTU, the port's active MTU
     and the device counters (the 'before' reading)."""
-    steps = [netdev_expr(host)]
+    steps = [rdmaport.netdev_assign(host.rdma)]
     if case.get("mtu"):
         steps.append(f"sudo -n ip link set dev \"$nd\" mtu {int(case['mtu'])}")
     if any(case.get("netem", {}).values()):
@@ -223,7 +205,7 @@ def restore_command(host: Host, mtu: int | None, run_id: str, netem_applied: boo
     """Undo what this run changed, nothing else: remove the netem under the run's own handle,
     put the MTU back; then print the 'after' reading (with `netem_ours absent` once the
     impairment is gone)."""
-    steps = [netdev_expr(host)]
+    steps = [rdmaport.netdev_assign(host.rdma)]
     if netem_applied:
         steps += [TC, netem.clear_command('"$nd"', netem_handle(run_id), "$tc")]
     if mtu:
@@ -232,12 +214,13 @@ def restore_command(host: Host, mtu: int | None, run_id: str, netem_applied: boo
 
 
 def readings_command(host: Host) -> str:
+    """Prints the netdev under the RDMA port's GID, its MTU and addresses, the port's active
+    MTU and the device counters."""
     r = host.rdma
-    return (f"{netdev_expr(host)}; echo \"netdev $nd\"; "
-            "echo \"netdev_mtu $(cat /sys/class/net/$nd/mtu)\"; "
+    return (f"{rdmaport.netdev_assign(r)}; echo \"netdev $nd\"; "
+            f"echo \"netdev_mtu $({rdmaport.netdev_mtu()})\"; "
             "ip -o addr show dev \"$nd\" scope global 2>/dev/null | awk '{print \"inet\", $4}'; "
-            f"echo \"active_mtu $(ibv_devinfo -d {shlex.quote(r.device)} -i {r.port} 2>/dev/null "
-            f"| sed -n 's/.*active_mtu:[^0-9]*\\([0-9]*\\).*/\\1/p')\"; {counters.read_command(host)}")
+            f"echo \"active_mtu $({rdmaport.active_mtu(r)})\"; {counters.read_command(host)}")
 
 
 def parse_readings(text: str) -> dict[str, Any]:

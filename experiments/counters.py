@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import shlex
 
+from infra import rdmaport
 from infra.inventory import Host
-
-PACKETS = ("sent_pkts", "rcvd_pkts")
-# The retry story of a case: what the issue of lossy RoCE is about.
-RETRY = ("completer_retry_err", "rcvd_seq_err", "duplicate_request", "out_of_seq_request",
-         "retry_exceeded_err", "rcvd_rnr_err", "send_rnr_err")
 
 
 def read_command(host: Host) -> str:
-    d = f"/sys/class/infiniband/{host.rdma.device}/ports/{host.rdma.port}/hw_counters"
+    d = rdmaport.counters_path(host.rdma)
     return f"cd {shlex.quote(d)} 2>/dev/null && grep -H . * 2>/dev/null; true"
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from experiments import commands, fleet
 from experiments.commands import RUN_ID, remote_word, started_by
+from infra import rdmaport
 from infra.inventory import Host
 
 PORT = 29650  # the job's rendezvous on the first node
@@ -101,7 +102,7 @@ def partition_command(host: Host, run_id: str) -> str:
     it back) - with a watchdog on the node that brings it up again if the run never does
     (the controller killed, its network gone). The watchdog carries an id of its own: the
     run's clean-up stops it, and it does not count as one of the run's ranks."""
-    return (f"{commands.netdev_expr(host)} && [ -n \"$nd\" ] || exit 5; "
+    return (f"{rdmaport.netdev_assign(host.rdma)} && [ -n \"$nd\" ] || exit 5; "
             "set -- $SSH_CLIENT; "
             'if [ -n "$1" ] && ip -o route get "$1" 2>/dev/null | grep -qw "dev $nd"; then '
             'echo "this SSH session rides $nd: not taking it down" >&2; exit 6; fi; '
@@ -116,14 +117,13 @@ def heal_command(host: Host, netdev: str, inets: list[str]) -> str:
     """The NIC up again, its addresses back (networkd may have dropped them), and wait until
     the RDMA port is ACTIVE; prints the port's state. The NIC is named as found before it
     went down: while it is down the RDMA port's GID table no longer leads to it."""
-    r = host.rdma
-    state = shlex.quote(f"/sys/class/infiniband/{r.device}/ports/{r.port}/state")
+    state = shlex.quote(rdmaport.state_path(host.rdma))
     readd = "; ".join(f"ip -o addr show dev \"$nd\" | grep -qF {shlex.quote(' ' + i + ' ')} || "
                       f"sudo -n ip addr replace {shlex.quote(i)} dev \"$nd\"" for i in inets)
     check = " && ".join(f"ip -o addr show dev \"$nd\" | grep -qF {shlex.quote(' ' + i + ' ')}"
                         for i in inets) or "true"
     return (f"nd={shlex.quote(netdev)}; sudo -n ip link set dev \"$nd\" up; "
-            f"for i in $(seq {HEAL_S * 2}); do grep -q ACTIVE {state} && break; sleep 0.5; done; "
+            f"{rdmaport.wait_active(host.rdma, HEAL_S)}; "
             f"{readd + '; ' if readd else ''}echo \"port $(cat {state})\"; "
             f"{check} && echo addresses back")
 

@@ -15,6 +15,7 @@ import gzip
 import hashlib
 import io
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,9 +30,10 @@ from typing import Any
 import paramiko
 from fabric import Config, Connection
 
+from infra import rdmaport
 from infra.config import REPO
 from infra.inventory import Host, Inventory
-from infra.ssh import accept_new_host_keys, shell_vars
+from infra.ssh import accept_new_host_keys
 from infra.state import mkdir_private
 
 REMOTE_HOME = "rxelab"  # ~/rxelab/{venv,apps,wheels} on every node
@@ -177,10 +179,19 @@ CHECK = (
     '"$py" -c "import pyverbs" 2>/dev/null || echo "PROBLEM: pyverbs missing (python3-pyverbs)"; '
     '"$py" -c "import rxelab; print(\'VERSION:\', rxelab.__version__)" 2>/dev/null '
     "|| echo 'PROBLEM: the rxelab wheel is not installed'; "
-    'test -e "/sys/class/infiniband/$dev" || echo "PROBLEM: no RDMA device $dev"; '
-    'test "$(cut -d" " -f2 "/sys/class/infiniband/$dev/ports/$port/state" 2>/dev/null)" = ACTIVE '
-    '|| echo "PROBLEM: $dev port $port is not ACTIVE"'
 )
+
+
+def check_command(host: Host) -> str:
+    """CHECK, then whether the node has its RDMA device and the port is ACTIVE."""
+    r = host.rdma
+    return (CHECK.format(home=REMOTE_HOME)
+            + f"{rdmaport.device_exists(r)} || echo "
+            + shlex.quote(f"PROBLEM: no RDMA device {r.device}") + "; "
+            + f"{rdmaport.is_active(r)} || echo "
+            + shlex.quote(f"PROBLEM: {r.device} port {r.port} is not ACTIVE"))
+
+
 # Deploy only into a ~/rxelab that is ours (marked; or one an earlier rxelab deployed: its
 # .deployed holds a digest) or new; the bundle lands inside it, never in a shared /tmp, and
 # only its lib/ and apps/ are replaced.
@@ -220,8 +231,7 @@ def deploy_one(host: Host, data: bytes, digest: str) -> NodeCheck:
                 c.put(io.BytesIO(data), f"{REMOTE_HOME}/.bundle-{digest}.tgz")
                 unpacked = c.run(UNPACK.format(home=REMOTE_HOME, digest=digest), hide=True,
                                  timeout=300).stdout
-            out = unpacked + c.run(shell_vars(dev=host.rdma.device, port=host.rdma.port)
-                                   + CHECK.format(home=REMOTE_HOME), hide=True, warn=True,
+            out = unpacked + c.run(check_command(host), hide=True, warn=True,
                                    timeout=120).stdout
     except paramiko.BadHostKeyException as err:
         return NodeCheck(host.name, False, (f"its SSH host key has CHANGED ({err}): refused",))

@@ -47,12 +47,12 @@ def _by(rows: list[Row], *keys: str) -> dict[tuple, list[Row]]:
 def size_scaling(flat: list[Row], link_MBps: float | None) -> dict[str, bytes]:
     """Latency and busbw against size, one figure per (op, nodes, network, MTU)."""
     out: dict[str, bytes] = {}
-    for (op, nodes, net, mtu), rs in sorted(_by(flat, "op", "nodes", "network", "mtu").items(),
+    for (op, nodes, net, mtu), rs in sorted(_by(flat, "op", "nodes", "network", "active_mtu").items(),
                                             key=lambda kv: str(kv[0])):
         if len({r["size"] for r in rs}) < 2:
             continue
         suffix = f"{op}-{nodes}n" + ("" if net == "none" else f"-{_slug(net)}") + \
-            (f"-mtu{mtu}" if len({r['mtu'] for r in flat}) > 1 else "")
+            (f"-mtu{mtu}" if len({r['active_mtu'] for r in flat}) > 1 else "")
         for metric, ylabel, name in (("avg_us", "latency per call (us)", "latency"),
                                      ("busbw", "busbw (MB/s)", "busbw")):
             fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -77,20 +77,20 @@ def size_scaling(flat: list[Row], link_MBps: float | None) -> dict[str, bytes]:
 def ratio_to(flat: list[Row], rival: str) -> bytes | None:
     """Each contender's time per call over the rival's (mpi-ucx) at the same size, op, nodes,
     network, MTU and way of calling: below 1 is faster. One panel per op."""
-    theirs = {(r["op"], r["nodes"], r["network"], r["mtu"], r["mode"], r["size"]): r["avg_us"]
+    theirs = {(r["op"], r["nodes"], r["network"], r["active_mtu"], r["mode"], r["size"]): r["avg_us"]
               for r in flat if r["contender"] == rival and r["status"] == "ok"}
     mine = [r for r in flat if r["contender"] != rival and r["status"] == "ok" and theirs.get(
-        (r["op"], r["nodes"], r["network"], r["mtu"], r["mode"], r["size"]))]
+        (r["op"], r["nodes"], r["network"], r["active_mtu"], r["mode"], r["size"]))]
     by_op = _by(mine, "op")
     if not any(len({r["size"] for r in rs}) > 1 for rs in by_op.values()):
         return None
     fig, axes = plt.subplots(1, len(by_op), figsize=(6.5 * len(by_op), 4), squeeze=False)
     for ax, ((op,), rs) in zip(axes[0], sorted(by_op.items()), strict=True):
         for label, series in sorted(_by(rs, "contender", "algorithm", "mode", "nodes",
-                                        "network", "mtu").items(), key=str):
+                                        "network", "active_mtu").items(), key=str):
             series.sort(key=lambda r: r["size"])
             ax.plot([r["size"] for r in series],
-                    [r["avg_us"] / theirs[(r["op"], r["nodes"], r["network"], r["mtu"], r["mode"],
+                    [r["avg_us"] / theirs[(r["op"], r["nodes"], r["network"], r["active_mtu"], r["mode"],
                                            r["size"])] for r in series],
                     label=" ".join(str(x) for x in label[:3]), **_style(series[0]))
         ax.axhline(1.0, color="grey", linestyle=":")

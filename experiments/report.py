@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rxelab import ops
+from rxelab import ops, perftest
 
 from experiments import compression_report, counters, elastic_report, netem, plots
 from experiments.report_summary import BACK_TO_BACK, peak_to_mean, summary_lines
@@ -70,7 +70,7 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "size": r["size"], "stages": r["stages"], "network": netem.label(imp),
                     "loss": float(imp.get("loss", 0)),
                     "loss_only": not any(v for k, v in imp.items() if k != "loss"),
-                    "mtu": r.get("active_mtu") or "-", "avg_us": avg, "min_us": low,
+                    "active_mtu": r.get("active_mtu") or "-", "avg_us": avg, "min_us": low,
                     "max_us": high, "total_s": total, "algbw": algbw, "busbw": busbw,
                     "wrong": s["wrong"] if s else "-", "status": r["status"],
                     "peak_pinned": (s or {}).get("peak_pinned"),
@@ -90,7 +90,7 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 SAME_CASE = ("case", "contender", "op", "algorithm", "nodes", "ranks", "pairs", "size", "stages",
-             "network", "mtu", "mode", "data")
+             "network", "active_mtu", "mode", "data")
 
 
 def medians(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -131,11 +131,12 @@ def share_rate(records: list[dict[str, Any]]) -> tuple[float | None, str]:
     receives at once, and rxe spends the CPU of both ends on every byte, so where the run
     measured both directions at once (ib_write_bw -b) the rate is each direction's share of
     that; else one direction alone (ib_write_bw), which a collective cannot reach."""
-    both, one = link_rate(records, "ib_write_bw_bidir"), link_rate(records, "ib_write_bw")
+    both, one = link_rate(records, perftest.BIDIR), link_rate(records, "ib_write_bw")
     if both:
         alone = f"; one direction alone {one:.1f} MB/s" if one else ""
         return both / 2, (f"% of link: busbw over {both / 2:.1f} MB/s, each direction's share of "
-                          f"ib_write_bw -b (both directions at once, as in a collective){alone}")
+                          f"{perftest.command(perftest.BIDIR)} (both directions at once, as in a "
+                          f"collective){alone}")
     if one:
         return one, f"% of link: busbw over ib_write_bw's {one:.1f} MB/s (one direction alone)"
     return None, ""
@@ -176,7 +177,7 @@ TABLE_COLS = [("contender", "contender"), ("op", "op"), ("algorithm", "algorithm
               ("nodes", "nodes"), ("ranks", "ranks"), ("pairs", "pairs at once"), ("size", "Size"),
               ("stages", "stages"), ("mode", "calls"), ("rounds", "rounds"), ("data", "data"),
               ("network", "network"),
-              ("mtu", "RoCE MTU"), ("avg_us", "Avg Latency(us)"), ("min_us", "Min Latency(us)"),
+              ("active_mtu", "RoCE MTU"), ("avg_us", "Avg Latency(us)"), ("min_us", "Min Latency(us)"),
               ("max_us", "Max Latency(us)"), ("algbw", "algbw(MB/s)"), ("busbw", "busbw(MB/s)"),
               ("link_pct", "% of link"),
               ("wrong", "#wrong"), ("rxe_pkts", "rxe pkts"), ("retries", "rxe retries"),

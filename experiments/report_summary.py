@@ -109,7 +109,7 @@ def size_unit(op: str) -> str:
 def _groups(flat: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in flat:
-        groups[(r["op"], r["nodes"], r["size"], r["stages"], r["network"], r["mtu"],
+        groups[(r["op"], r["nodes"], r["size"], r["stages"], r["network"], r["active_mtu"],
                 r["mode"], r["data"])].append(r)
     return groups
 
@@ -125,9 +125,9 @@ def loss_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]]) -> lis
                      or (r["case"] not in with_rows and r.get("round", 0) == 0))]
     if not impaired:
         return []
-    base = {(r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"], r["mode"], r["data"]):
+    base = {(r["contender"], r["algorithm"], r["op"], r["size"], r["active_mtu"], r["mode"], r["data"]):
             r["avg_us"] for r in flat if r["network"] == "none" and r["status"] == "ok"}
-    shown = {(r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"], r["mode"], r["data"],
+    shown = {(r["contender"], r["algorithm"], r["op"], r["size"], r["active_mtu"], r["mode"], r["data"],
               r["network"]): r for r in flat}
     out = []
     by_who: dict[tuple, list[str]] = defaultdict(list)
@@ -153,7 +153,7 @@ def loss_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]]) -> lis
     worst = max((r["loss"] for r in flat if r["loss_only"]), default=0)
     at_worst = sorted((r["avg_us"] / base[k], f"{r['contender']} {r['algorithm']}")
                       for r in flat if r["loss_only"] and r["loss"] == worst and r["status"] == "ok"
-                      and (k := (r["contender"], r["algorithm"], r["op"], r["size"], r["mtu"],
+                      and (k := (r["contender"], r["algorithm"], r["op"], r["size"], r["active_mtu"],
                                  r["mode"], r["data"])) in base)
     if worst and at_worst:
         out.append(f"At {worst:g} % loss, time per call as a multiple of the clean network's: "

@@ -33,6 +33,13 @@ def text(value: Any) -> str | None:
     return None if text in ("", "?") else text
 
 
+def active_mtu(env: dict[str, Any]) -> str | None:
+    """The RoCE path MTU (the RDMA port's active MTU) the run recorded: `active_mtu`, or
+    `mtu` in runs before it had that name (their `mtu` was already the port's, never the data
+    NIC's, which is `netdev_mtu`)."""
+    return text(env["active_mtu"] if "active_mtu" in env else env.get("mtu"))
+
+
 def _mapping(env: dict[str, Any], key: str) -> dict[str, Any]:
     value = env.get(key)
     return value if isinstance(value, dict) else {}
@@ -130,7 +137,7 @@ def facts(env: dict[str, Any], results: Path) -> list[str]:
            f"{known('virtualization')}, image: {known('image')}",
            "versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
            f"launcher: {launcher_fact(env)}",
-           f"RoCE path MTU: {known('mtu')} (data NIC MTU {known('netdev_mtu')})"]
+           f"RoCE path MTU: {active_mtu(env) or UNKNOWN} (data NIC MTU {known('netdev_mtu')})"]
     devices = {k: t for k, v in _mapping(env, "rdma_devices").items() if (t := text(v))}
     netdevs = {k: t for k, v in _mapping(env, "netdevs").items() if (t := text(v))}
     if devices or netdevs:

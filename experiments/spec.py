@@ -83,13 +83,10 @@ from experiments.spec_doc import (
     LAUNCHERS,
     LIBRARY,
     MAX_ENTRIES,
-    MPI_ALGORITHMS,
     MTU_RANGE,
     NAME,
     ONLY,
     OPS,
-    PERFTEST_TOOLS,
-    RXELAB_ALGORITHMS,
     RXELAB_ONLY,
     TOOLS,
     TRANSPORTS,
@@ -103,8 +100,8 @@ from infra import documents
 from infra.documents import spell
 
 __all__ = ["APPS", "BOUNDS", "GLOO_ALGORITHMS", "KEYS", "LAUNCHERS", "LIBRARY", "MAX_BYTES",
-           "MAX_ENTRIES", "MPI_ALGORITHMS", "MTU_RANGE", "NAME", "ONLY", "OPS", "PERFTEST_TOOLS",
-           "RXELAB_ALGORITHMS", "RXELAB_ONLY", "SPECS", "TOOLS", "TRANSPORTS", "Run", "Spec",
+           "MAX_ENTRIES", "MTU_RANGE", "NAME", "ONLY", "OPS",
+           "RXELAB_ONLY", "SPECS", "TOOLS", "TRANSPORTS", "Run", "Spec",
            "SpecError", "contender", "find", "load", "parse", "ranks"]
 
 __doc__ = __doc__.replace("{options}", "\n".join(  # type: ignore[union-attr]

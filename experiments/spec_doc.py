@@ -30,17 +30,10 @@ App = Literal["rxelab", "mpi", "gloo", "perftest"]
 APPS: tuple[str, ...] = get_args(App)
 GLOO_ALGORITHMS = ("gloo-default",)  # Gloo picks its own; the label names the contender's row
 OPS = tuple(ops.COLLECTIVES)
-RXELAB_ALGORITHMS = {name: tuple(c.algorithms) for name, c in ops.COLLECTIVES.items()}
-# Open MPI coll_tuned algorithm numbers (ompi/mca/coll/tuned): what each label forces, for
-# every collective with an MPI counterpart (their descriptions say).
-MPI_ALGORITHMS = {name: dict(c.mpi.tuned) for name, c in ops.COLLECTIVES.items() if c.mpi}
-# perftest's tools by their spec names (Tool, in this order), each its command;
-# ib_write_bw_bidir is `ib_write_bw -b`: both directions at once, as every rank of a collective
-# sends and receives at once
+# perftest's tools by their names (rxelab.perftest says each one's command; a test holds the
+# two lists equal): ib_write_bw_bidir is `ib_write_bw -b`
 Tool = Literal["ib_write_bw", "ib_write_bw_bidir", "ib_send_bw", "ib_send_lat"]
 TOOLS: tuple[str, ...] = get_args(Tool)
-PERFTEST_TOOLS = {"ib_write_bw": ("ib_write_bw",), "ib_write_bw_bidir": ("ib_write_bw", "-b"),
-                  "ib_send_bw": ("ib_send_bw",), "ib_send_lat": ("ib_send_lat",)}
 Transport = Literal["ucx", "tcp"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 Launcher = Literal["ssh", "srun"]

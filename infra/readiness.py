@@ -19,9 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra import rdmaport
 from infra.errors import LabError
 from infra.inventory import Host
-from infra.ssh import shell_vars, ssh_run
+from infra.ssh import ssh_run
 
 POLL_S = 3.0
 SLOW_POLL_S = 20.0
@@ -37,11 +38,14 @@ CONSOLE_STAGES = (
     ("Linux version", "kernel"),
 )
 HEARTBEAT_S = 15.0
-PROBE = (
-    "test -f /var/lib/cloud/instance/boot-finished && echo boot-finished; "
-    "cat /run/cloud-init/result.json 2>/dev/null; echo; "
-    'cat "/sys/class/infiniband/$dev/ports/$port/state" 2>/dev/null || echo no-rdma-device'
-)
+NO_DEVICE = "no-rdma-device"
+
+
+def probe_command(host: Host) -> str:
+    """Whether cloud-init finished, its result, and the RDMA port's state."""
+    return ("test -f /var/lib/cloud/instance/boot-finished && echo boot-finished; "
+            "cat /run/cloud-init/result.json 2>/dev/null; echo; "
+            + rdmaport.state_command(host.rdma, NO_DEVICE))
 
 
 def console_stage(text: str) -> str | None:
@@ -72,9 +76,9 @@ def parse_probe(output: str, device: str) -> tuple[str, str | None, bool]:
             errors = []
         if errors:
             return "cloud-init failed", "cloud-init reported errors: " + "; ".join(map(str, errors)), False
-    if "ACTIVE" in output:
+    if rdmaport.ACTIVE in output:
         return f"ready ({device} ACTIVE)", None, True
-    if "no-rdma-device" in output:
+    if NO_DEVICE in output:
         return f"cloud-init done, waiting for {device}", None, False
     return f"cloud-init done, {device} not ACTIVE yet", None, False
 
@@ -128,7 +132,7 @@ def wait_ready(
     def watch(host: Host) -> None:
         p = progress[host.name]
         console = Console(serial_log(host))
-        probe = shell_vars(dev=host.rdma.device, port=host.rdma.port) + PROBE
+        probe = probe_command(host)
         last_probe = time.monotonic()
         while not stop.is_set():
             if not alive(host):

@@ -9,28 +9,29 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
+from infra import rdmaport
 from infra.inventory import Host, Inventory
 from infra.ssh import shell_vars, ssh_run
 
-# Inventory values reach the remote shell only as quoted assignments, used as "$dev" etc.
-PROBE = (
-    'p="/sys/class/infiniband/$dev/ports/$port"; '
-    'cat "$p/state" 2>/dev/null || echo missing; '
-    'ip -4 -br addr show 2>/dev/null | grep -qF " $ip/" && echo has-ip || echo no-ip; '
-    # the netdev under the GID, its MTU, and the RDMA port's active MTU
-    'nd=$(cat "$p/gid_attrs/ndevs/$gid" 2>/dev/null); '
-    'echo "mtu ${nd:-?} $(cat "/sys/class/net/$nd/mtu" 2>/dev/null || echo ?) '
-    '$(ibv_devinfo -d "$dev" -i "$port" 2>/dev/null '
-    '| sed -n \'s/.*active_mtu:[^0-9]*\\([0-9]*\\).*/\\1/p\')"; '
-    # Slurm's view of this node (idle, allocated, down...), where the host has Slurm
-    'command -v sinfo >/dev/null && echo "slurm $(timeout 10 sinfo -h -N -n "$(hostname)" -o %T '
-    '2>/dev/null | head -n 1)"; true'
-)
+MISSING = "missing"
 
 
 def probe_command(host: Host) -> str:
+    """The port's state, whether the data IP is set, the netdev under the port's GID with its
+    MTU and the port's active MTU (`mtu NETDEV MTU ACTIVE_MTU`), and Slurm's view of the node.
+    Inventory values reach the remote shell only quoted."""
     r = host.rdma
-    return shell_vars(dev=r.device, port=r.port, ip=host.data_ip, gid=r.gid_index) + PROBE
+    return (
+        shell_vars(ip=host.data_ip)
+        + rdmaport.state_command(r, MISSING) + "; "
+        + 'ip -4 -br addr show 2>/dev/null | grep -qF " $ip/" && echo has-ip || echo no-ip; '
+        + rdmaport.netdev_assign(r, quiet=True) + "; "
+        + f'echo "mtu ${{nd:-?}} $({rdmaport.netdev_mtu()} 2>/dev/null || echo ?) '
+        + f'$({rdmaport.active_mtu(r)})"; '
+        # Slurm's view of this node (idle, allocated, down...), where the host has Slurm
+        + 'command -v sinfo >/dev/null && echo "slurm $(timeout 10 sinfo -h -N -n "$(hostname)" '
+        + '-o %T 2>/dev/null | head -n 1)"; true'
+    )
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def probe(host: Host, running: bool | None) -> NodeStatus:
         return NodeStatus(host, "unreachable", "?", False)
     lines = r.stdout.split("\n")
     port_state = lines[0].strip()  # e.g. "4: ACTIVE"
-    rdma = "missing" if port_state == "missing" else port_state.split(":")[-1].strip()
+    rdma = MISSING if port_state == MISSING else rdmaport.parse_state(port_state)
     return NodeStatus(host, "running", rdma, "has-ip" in r.stdout, parse_mtu(r.stdout),
                       parse_slurm(r.stdout))
 

@@ -7,9 +7,9 @@ Rank 0 prints a `#` preamble (versions, device, parameters), then per algorithm 
 rows (size per peer, avg/min/max latency over ranks, iterations) with nccl-tests' algbw and
 busbw (busbw = algbw * (n-1)/n) and the #wrong bytes of a checked last iteration. With
 --perftest, ib_write_bw and ib_send_bw between rank 0 and rank 1 give the link's limit in the
-same units (`ib_write_bw -b` runs both directions at once and reports their sum, which is
-what a 2-rank all-to-all's algbw compares to). --json FILE adds one JSON line per row (never
-overwriting an existing file).
+same units (ib_write_bw_bidir, `ib_write_bw -b`, runs both directions at once and reports
+their sum, which is what a 2-rank all-to-all's algbw compares to). --json FILE adds one JSON
+line per row (never overwriting an existing file).
 
 Under emulation (TCG) absolute times are not hardware numbers; ratios measured in one run are.
 """
@@ -21,7 +21,6 @@ import ipaddress
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -32,6 +31,10 @@ import numpy as np
 import rxelab
 from rxelab import codecs, ops, settings
 from rxelab.errors import RdmaError
+from rxelab.perftest import BANDWIDTH as PERFTEST_TOOLS
+from rxelab.perftest import argv as perftest_argv
+from rxelab.perftest import command as perftest_command
+from rxelab.perftest import parse as parse_perftest
 
 MB = 1e6
 
@@ -134,18 +137,10 @@ def row(r: dict[str, Any]) -> str:
             f"{r['iterations']:>12}{r['algbw_MBps']:>13.2f}{r['busbw_MBps']:>13.2f}{r['wrong']:>8}")
 
 
-PERFTESTS = {  # name -> argv; "-b": both directions at once, reported as their sum
-    "ib_write_bw": ["ib_write_bw"],
-    "ib_write_bw -b": ["ib_write_bw", "-b"],
-    "ib_send_bw": ["ib_send_bw"],
-}
-
-
 def perftest(comm: Any, tool: str, m: int, iters: int) -> dict[str, Any] | None:
     """A perftest between rank 0 (client) and rank 1 (server), m bytes per message."""
     dev = comm.dev
-    base = [*PERFTESTS[tool], "-d", dev.name, "-i", str(dev.port), "-x", str(dev.gid_index), "-F",
-            "--report_gbits", "-s", str(max(m, 1)), "-n", str(iters), "-p", "18515"]
+    base = perftest_argv(tool, dev.name, dev.port, dev.gid_index, m, iters)
     result = None
     if comm.rank == 1:
         server = subprocess.Popen(base, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -161,14 +156,12 @@ def perftest(comm: Any, tool: str, m: int, iters: int) -> dict[str, Any] | None:
         comm.barrier()
         time.sleep(1.0)  # the server needs a moment to listen
         out = subprocess.run([*base, str(ip or gid)], capture_output=True, text=True, timeout=120)
-        for line in out.stdout.splitlines():
-            fields = line.split()
-            if len(fields) >= 4 and fields[0].isdigit() and re.fullmatch(r"[\d.]+", fields[3]):
-                gbps = float(fields[3])
-                result = {"op": tool, "algorithm": "perftest", "size": m, "ranks": 2,
-                          "iterations": int(fields[1]), "avg_us": 0.0, "min_us": 0.0,
-                          "max_us": 0.0, "algbw_MBps": gbps * 1e9 / 8 / MB,
-                          "busbw_MBps": gbps * 1e9 / 8 / MB, "wrong": 0}
+        found = parse_perftest(tool, out.stdout)
+        if found is not None:
+            result = {"op": tool, "algorithm": "perftest", "size": m, "ranks": 2,
+                      "iterations": found["iterations"], "avg_us": 0.0, "min_us": 0.0,
+                      "max_us": 0.0, "algbw_MBps": found["bw_MBps"],
+                      "busbw_MBps": found["bw_MBps"], "wrong": 0}
     else:
         comm.barrier()
     comm.barrier()
@@ -248,9 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"{m:<10}{o['pure_us']:>14.1f}{o['cpu_us']:>14.1f}"
                                   f"{o['total_us']:>14.1f}{o['overlap_pct']:>12.1f}", flush=True)
             if args.perftest and comm.size >= 2:
-                for tool in PERFTESTS:
+                for tool in PERFTEST_TOOLS:
                     if comm.rank == 0:
-                        print(f"# {tool} (rank 0 -> rank 1: the link's limit)\n{HEADER}", flush=True)
+                        run = perftest_command(tool)
+                        print(f"# {tool}{f' ({run})' if run != tool else ''} (rank 0 -> rank 1: "
+                              f"the link's limit)\n{HEADER}", flush=True)
                     for m in sizes:
                         found = perftest(comm, tool, m, 200 if m <= 65536 else 50)
                         if found is not None:

@@ -45,7 +45,6 @@ MIN_AREA = 4096  # a staging area's smallest size (rxelab.collectives.common.Sta
 HEADER = struct.Struct("!BBH4xQQ")  # codec id, form, reserved, raw bytes, payload bytes
 CODED, STORED = 0, 1
 NONE = "none"
-FP16_MAX = 65504.0
 
 
 @dataclass(frozen=True)

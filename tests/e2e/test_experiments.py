@@ -82,7 +82,7 @@ def test_smoke_verifies_every_algorithm_and_runs_mpi_on_the_same_nodes(smoke):
     assert env["complete"] is True and env["kernel"] and env["accel"] in ("tcg", "kvm")
     assert "rdma-core" in env["packages"] and "openmpi-bin" in env["packages"]
     assert "libucx0" in env["packages"] and env["ucx_settings"]["UCX_UD_ETH_DGID_CHECK"] == "n"
-    assert env["mtu"] == 4096 and env["netdev_mtu"] == 9000
+    assert env["active_mtu"] == 4096 and env["netdev_mtu"] == 9000
     assert (smoke / "spec.toml").read_text().startswith('name = "smoke"')
 
 

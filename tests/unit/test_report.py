@@ -158,6 +158,16 @@ def with_env(results, **env):
     return html_path.read_text(), md_path.read_text()
 
 
+def test_the_mtus_are_named_for_what_they_are_and_old_runs_still_say_theirs(results):
+    """environment.json says active_mtu (the RoCE path MTU) and netdev_mtu (the data NIC's, a
+    spec's `mtu`); a run recorded before says the port's as `mtu` (the fixture's)."""
+    assert "RoCE path MTU: 1024 (3) (data NIC MTU unknown)" in report.write(results)[1].read_text()
+    for page in with_env(results, active_mtu=4096, netdev_mtu=9000):
+        assert "RoCE path MTU: 4096 (data NIC MTU 9000)" in page
+    for page in with_env(results, active_mtu="?", mtu=1024, netdev_mtu=1500):
+        assert "RoCE path MTU: unknown (data NIC MTU 1500)" in page, "the new key, not the old"
+
+
 UCX_RXE = {"UCX_NET_DEVICES": "rxe0:1", "UCX_TLS": "rc_v,self", "UCX_UD_ETH_DGID_CHECK": "n",
            "UCX_IB_GID_INDEX": "1"}
 

@@ -120,6 +120,17 @@ def test_perftest_argv_and_parsing():
     assert both[:2] == ["ib_write_bw", "-b"] and both[2:] == argv[1:], "the same run, both ways"
 
 
+def test_the_benchmark_runs_perftest_as_the_specs_do_under_the_same_names():
+    from rxelab import bench, perftest
+
+    from experiments import spec
+    assert set(bench.PERFTEST_TOOLS) <= set(spec.TOOLS) and perftest.BIDIR in bench.PERFTEST_TOOLS
+    assert perftest.command(perftest.BIDIR) == "ib_write_bw -b"
+    bw = " 65536      200              0.08               0.07                 0.000138\n"
+    assert perftest.parse(perftest.BIDIR, bw) == {"iterations": 200,
+                                                  "bw_MBps": pytest.approx(0.07e9 / 8 / 1e6)}
+
+
 def test_timeouts_grow_with_the_work_and_a_spec_can_set_them():
     small = commands.case_timeout(CASE)
     big = commands.case_timeout({**CASE, "size": 4 << 20, "stages": 1000})
