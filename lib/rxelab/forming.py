@@ -15,7 +15,8 @@ import queue
 import secrets
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rxelab import codecs, listeners, settings
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError, Reason
@@ -23,15 +24,35 @@ from rxelab.liveness import CONNECT_S, PROBE_S, STRIKES, Watch
 from rxelab.porter import Porter, answer
 
 if TYPE_CHECKING:
-    from rxelab.control import ControlPlane
+    from rxelab.bootstrap import JobInfo
     from rxelab.link import Link
+
+
+class Plane(Protocol):
+    """What forming reads and fills in of the control plane it forms (rxelab.control, which
+    calls in here: declared, so this module does not import it back)."""
+
+    job: JobInfo
+    timeout: float
+    elastic: bool
+    porter: Porter | None
+    generation: int
+    look: Callable[[int], str] | None
+    job_id: str
+    directory: dict[int, tuple[str, int]]
+    peers: dict[int, Link]
+    root: Link | None
+
+    def abort(self, reason: str, blamed: int, skip: int | None = None) -> None: ...
+
+    def close(self) -> None: ...
 
 SAME_HOST = ""  # a listener's host in the directory: at MASTER_ADDR, beside rank 0
 LATER_S = 5.0  # a later generation's rank 0 that answers "later" longer than this is not
 # going to gather it (it moved on)
 
 
-def alone(plane: ControlPlane) -> None:
+def alone(plane: Plane) -> None:
     """An elastic job of one rank: nobody to gather, but the rendezvous stays open for
     newcomers."""
     job = plane.job
@@ -44,7 +65,7 @@ def alone(plane: ControlPlane) -> None:
     plane.directory = {0: (job.master_addr, plane.porter.port)}
 
 
-def serve(plane: ControlPlane, mine: dict[int, dict[str, Any]],
+def serve(plane: Plane, mine: dict[int, dict[str, Any]],
           options: dict[str, Any]) -> dict[int, dict[str, Any]]:
     """Rank 0: every rank's hello, then each rank's table; the others' endpoints for us."""
     job = plane.job
@@ -126,7 +147,7 @@ def serve(plane: ControlPlane, mine: dict[int, dict[str, Any]],
     return {p: hellos[p]["endpoints"]["0"] for p in hellos if p != 0}
 
 
-def _accept_hello(plane: ControlPlane, hello: dict[str, Any],
+def _accept_hello(plane: Plane, hello: dict[str, Any],
                   hellos: dict[int, dict[str, Any]]) -> None:
     """A ProtocolError drops the connection: not fit for this job (another size, another
     generation, a rank it does not have). Two proven processes that claim one rank are an
@@ -160,7 +181,7 @@ def _accept_hello(plane: ControlPlane, hello: dict[str, Any],
     hellos[r] = hello
 
 
-def join(plane: ControlPlane, mine: dict[int, dict[str, Any]],
+def join(plane: Plane, mine: dict[int, dict[str, Any]],
          options: dict[str, Any]) -> dict[int, dict[str, Any]]:
     """Any other rank: dial rank 0 (each address MASTER_ADDR resolves to, until one proves
     itself), say hello, take the table. A first generation's rank 0 may not listen yet:
@@ -221,7 +242,7 @@ def join(plane: ControlPlane, mine: dict[int, dict[str, Any]],
         time.sleep(0.2)
 
 
-def _dial_root(plane: ControlPlane, addr: tuple[str, int], deadline: float) -> Link:
+def _dial_root(plane: Plane, addr: tuple[str, int], deadline: float) -> Link:
     from rxelab.link import dial
 
     job = plane.job
@@ -231,7 +252,7 @@ def _dial_root(plane: ControlPlane, addr: tuple[str, int], deadline: float) -> L
                 connect_s=CONNECT_S)
 
 
-def _hello(plane: ControlPlane, link: Link, hello: dict[str, Any],
+def _hello(plane: Plane, link: Link, hello: dict[str, Any],
            deadline: float) -> dict[str, Any] | None:
     """The table, or None when rank 0 said to come back later (it is not gathering yet)."""
     try:
@@ -254,7 +275,7 @@ def _hello(plane: ControlPlane, link: Link, hello: dict[str, Any],
     return reply
 
 
-def _take_table(plane: ControlPlane, table: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def _take_table(plane: Plane, table: dict[str, Any]) -> dict[int, dict[str, Any]]:
     job = plane.job
     got = {int(k): v for k, v in table["endpoints"].items()}
     if set(got) != set(range(job.world_size)) - {job.rank}:

@@ -12,13 +12,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rxelab import messages, verbs
 from rxelab.errors import ConfigError, MismatchError, PeerError, ProtocolError, Reason
 
 if TYPE_CHECKING:
-    from rxelab.comm.core import Core
+    from rxelab.control import ControlPlane
+    from rxelab.engine import Engine
+    from rxelab.registry import Registry
+    from rxelab.requests import ProgressThread
 
 
 class CallerGuard:
@@ -46,6 +49,19 @@ class CallerGuard:
             self.lock.release()
 
 
+class Guarded(Protocol):
+    """What failing a communicator touches (rxelab.comm.core.Core has it all)."""
+
+    rank: int
+    failed: str | None
+    engine: Engine
+    registry: Registry | None
+    control: ControlPlane
+    lock: threading.RLock
+    guard: CallerGuard
+    progress: ProgressThread
+
+
 def abort_code(err: BaseException) -> int:
     """What the RDMA abort notice tells the peers of why this rank stopped."""
     if isinstance(err, ProtocolError | MismatchError):
@@ -58,7 +74,7 @@ def abort_code(err: BaseException) -> int:
     return messages.FAILED
 
 
-def fail(comm: Core, what: str, tag: int, err: BaseException) -> None:
+def fail(comm: Guarded, what: str, tag: int, err: BaseException) -> None:
     """The communicator is failed: the peers are told to stop waiting (RDMA notices posted
     first, before anything they would queue behind could fail), no peer may write into this
     rank's memory any more (a late writer fails at its end), and the control plane says
@@ -85,7 +101,7 @@ def fail(comm: Core, what: str, tag: int, err: BaseException) -> None:
 
 
 @contextmanager
-def communicating(comm: Core, what: str, tag: int) -> Iterator[None]:
+def communicating(comm: Guarded, what: str, tag: int) -> Iterator[None]:
     """Around everything that talks to peers: any exception on the way (a peer's error, a
     pyverbs error, KeyboardInterrupt, MemoryError) fails the communicator (fail()).
     Point-to-point calls do not wait for started nonblocking requests: MPI lets them run

@@ -1,0 +1,50 @@
+"""Failures carry their reason from where they are raised (issue 29): what a rank tells its
+peers when it stops is chosen by the reason, never by the message's words."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from rxelab import messages, wire
+from rxelab.comm.guard import abort_code
+from rxelab.errors import MismatchError, PeerError, ProtocolError, Reason
+
+
+@pytest.mark.parametrize(("reason", "code"), [
+    (Reason.DIED, messages.DIED), (Reason.SILENT, messages.DIED),
+    (Reason.STALLED, messages.STALLED), (Reason.ABORTED, messages.FAILED),
+    (Reason.FAILED, messages.FAILED)])
+def test_the_abort_a_rank_sends_follows_the_reason(reason, code):
+    assert abort_code(PeerError("something", peer=1, reason=reason)) == code
+
+
+def test_the_words_of_a_message_do_not_choose_the_abort():
+    assert abort_code(PeerError("rank 1 is gone, no progress")) == messages.FAILED
+    assert abort_code(PeerError("fine words", reason=Reason.SILENT)) == messages.DIED
+
+
+def test_disagreements_abort_as_mismatches():
+    assert abort_code(MismatchError("counts")) == messages.MISMATCH
+    assert abort_code(ProtocolError("bad frame")) == messages.MISMATCH
+    assert abort_code(KeyboardInterrupt()) == messages.FAILED
+
+
+def test_a_peer_that_says_nothing_is_silent_and_one_that_closes_died():
+    a, b = socket.socketpair()
+    try:
+        with pytest.raises(PeerError) as silent:
+            wire.recv(a, deadline=time.monotonic() + 0.2, peer="rank 1")
+        assert silent.value.reason == Reason.SILENT and silent.value.lost
+        b.close()
+        with pytest.raises(PeerError) as died:
+            wire.recv(a, deadline=time.monotonic() + 2, peer="rank 1")
+        assert died.value.reason == Reason.DIED and died.value.lost
+    finally:
+        a.close()
+
+
+def test_a_stalled_operation_is_not_taken_for_a_death():
+    err = PeerError("no progress", reason=Reason.STALLED)
+    assert not err.lost and err.reason == "no progress"
