@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import images, settings
+from infra import debian_image, images, settings, ubuntu_image
 from infra.config import Image
 from infra.errors import LabError
 
@@ -25,7 +25,7 @@ def test_recipe_key_is_stable_and_follows_every_recipe_file(tmp_path, monkeypatc
     assert images.debian_recipe_key() == before
     recipes = tmp_path / "recipes"
     shutil.copytree(images.RECIPES, recipes)
-    monkeypatch.setattr(images, "RECIPES", recipes)
+    monkeypatch.setattr(debian_image, "RECIPES", recipes)
     assert images.debian_recipe_key() == before, "same files, same key"
     with (recipes / "debian-12" / "packages.txt").open("a") as f:
         f.write("htop\n")
@@ -142,7 +142,7 @@ def image_server(tmp_path, signer, monkeypatch):
     (root / images.UBUNTU_FILE).write_bytes(payload)
     keyring = signer.export(tmp_path / "keyring.gpg", signer.pinned, signer.other)
     monkeypatch.setenv("RXELAB_UBUNTU_KEYRING", str(keyring))
-    monkeypatch.setattr(images, "UBUNTU_SIGNING_KEY", signer.pinned)
+    monkeypatch.setattr(ubuntu_image, "UBUNTU_SIGNING_KEY", signer.pinned)
     requests: list[str] = []
 
     class Handler(http.server.SimpleHTTPRequestHandler):
@@ -279,7 +279,7 @@ def test_extras_make_an_image_of_their_own_and_leave_the_base_image_alone(tmp_pa
                                if o.startswith("--include=")][0]
     recipes = tmp_path / "recipes"
     shutil.copytree(images.RECIPES, recipes)
-    monkeypatch.setattr(images, "RECIPES", recipes)
+    monkeypatch.setattr(debian_image, "RECIPES", recipes)
     with (recipes / "extras" / "torch.txt").open("a") as f:
         f.write("python3-lz4\n")
     assert images.debian_recipe_key(Extras.TORCH) != torch, "a changed extras list, a new image"

@@ -3,7 +3,7 @@ import base64
 import pytest
 import yaml
 
-from infra import images, seed, units
+from infra import debian_image, images, seed, units
 from infra.config import Image, LabConfig
 from infra.state import LabState
 
@@ -60,7 +60,7 @@ def test_the_rxe_unit_comes_back_after_a_reboot_and_waits_only_for_its_nic():
 def test_the_debian_recipe_key_follows_the_rxe_unit(monkeypatch):
     before = images.debian_recipe_key()
     monkeypatch.setattr(units, "rdma_device_unit", lambda: ("rxe0.service", "[Unit]\n"))
-    monkeypatch.setattr(images, "rdma_device_unit", units.rdma_device_unit)
+    monkeypatch.setattr(debian_image, "rdma_device_unit", units.rdma_device_unit)
     assert images.debian_recipe_key() != before, "a changed unit builds a new image"
 
 

@@ -1,0 +1,174 @@
+"""The debian-12 base image, built here from Debian packages (mmdebstrap, the mirror taken
+from the host's own apt sources), so that the lab works on machines that reach no image
+server: its recipe (infra/recipes/debian-12, EXTRAS' package lists, the rxe unit), the cache
+key that follows every part of the recipe, and the build into a raw disk with the kernel and
+initrd beside it for direct boot. A second provision finds the cached image and builds
+nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import tarfile
+import time
+from pathlib import Path
+
+from infra import run as runner
+from infra import settings
+from infra.config import Extras, Image, cache_dir
+from infra.errors import LabError
+from infra.image_cache import BaseImage, fresh_build_dir, images_dir
+from infra.units import rdma_device_unit
+
+RECIPES = Path(__file__).resolve().parent / "recipes"
+DEBIAN_SUITE = "bookworm"
+DEBIAN_DISK_SIZE = "3G"
+EXTRAS_DISK_SIZE = {Extras.NONE: DEBIAN_DISK_SIZE, Extras.TORCH: "6G"}  # torch: ~1.3 GB installed
+
+
+def cached_debian(extras: Extras = Extras.NONE) -> BaseImage | None:
+    manifest = images_dir() / debian_image_name(extras) / "image.json"
+    return BaseImage.from_json(manifest.read_text()) if manifest.exists() else None
+
+
+def _package_list(path: Path) -> list[str]:
+    lines = path.read_text().splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+
+
+def extra_packages(extras: Extras) -> list[str]:
+    """What EXTRAS adds to either image (Debian's bakes them in, Ubuntu's cloud-init installs)."""
+    return [] if extras is Extras.NONE else _package_list(RECIPES / "extras" / f"{extras.value}.txt")
+
+
+def debian_packages(extras: Extras = Extras.NONE) -> list[str]:
+    return _package_list(RECIPES / "debian-12" / "packages.txt") + extra_packages(extras)
+
+
+def debian_image_name(extras: Extras = Extras.NONE) -> str:
+    """The cache directory of a Debian image: the base image keeps its name without extras."""
+    key = debian_recipe_key(extras)
+    return f"debian-12-{key}" if extras is Extras.NONE else f"debian-12-{extras.value}-{key}"
+
+
+def debian_recipe_key(extras: Extras = Extras.NONE) -> str:
+    """Changes whenever anything that goes into the image changes (files, packages, size)."""
+    h = hashlib.sha256()
+    h.update(f"suite={DEBIAN_SUITE} size={DEBIAN_DISK_SIZE}\n".encode())
+    h.update(" ".join(debian_mmdebstrap_options()).encode())
+    if extras is not Extras.NONE:  # the base image's key stays what it was
+        h.update(f"extras={extras.value} size={EXTRAS_DISK_SIZE[extras]} "
+                 f"packages={','.join(extra_packages(extras))}\n".encode())
+    for path in sorted((RECIPES / "debian-12").iterdir()):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    name, text = rdma_device_unit()
+    h.update(name.encode() + b"\0" + text.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def debian_mmdebstrap_options(extras: Extras = Extras.NONE) -> list[str]:
+    return [
+        "--mode=unshare",  # mounts live in a private namespace: nothing leaks if killed
+        "--variant=apt",
+        "--skip=essential/unlink",  # else the .deb cache misses the Essential packages
+        "--aptopt=APT::Install-Recommends \"false\"",
+        "--dpkgopt=path-exclude=/usr/share/doc/*",
+        "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+        "--dpkgopt=path-exclude=/usr/share/man/*",
+        "--dpkgopt=path-exclude=/usr/share/locale/*",
+        "--include=" + ",".join(debian_packages(extras)),
+    ]
+
+
+def ensure_debian(extras: Extras = Extras.NONE) -> BaseImage:
+    dest = images_dir() / debian_image_name(extras)
+    if (cached := cached_debian(extras)) is not None:
+        print(f"image: debian-12 found in cache ({dest})", flush=True)
+        return cached
+    runner.require("mmdebstrap", "mkfs.ext4")
+    sources = Path(str(settings.value("RXELAB_APT_SOURCES")))
+    if not sources.exists():
+        raise LabError(
+            f"no apt sources file at {sources} to take the Debian mirror from",
+            hint="set RXELAB_APT_SOURCES to a deb822 .sources file naming a Debian mirror",
+        )
+    debs = cache_dir() / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    work = fresh_build_dir(dest.name)
+    started = time.monotonic()
+    print(f"image: building debian-12 ({len(debian_packages(extras))} packages and their dependencies) "
+          f"into {dest}", flush=True)
+    try:
+        tar = work / "root.tar"
+        unit_name, unit_text = rdma_device_unit()
+        unit = work / unit_name
+        unit.write_text(unit_text)
+        runner.run_streaming(
+            [
+                "mmdebstrap",
+                *debian_mmdebstrap_options(extras),
+                '--setup-hook=mkdir -p "$1"/var/cache/apt/archives/',
+                f"--setup-hook=sync-in {debs} /var/cache/apt/archives/",
+                f"--customize-hook=sync-out /var/cache/apt/archives {debs}",
+                # a shell command line: the paths quoted (a cache directory may hold spaces)
+                f'--customize-hook={shlex.quote(str(RECIPES / "debian-12" / "customize.sh"))} '
+                f'"$1" {shlex.quote(str(unit))}',
+                DEBIAN_SUITE,
+                tar,
+                sources,
+            ],
+            prefix="image: ",
+            timeout=1800,
+            log_file=work / "mmdebstrap.log",
+        )
+        kernel, initrd = _extract_boot_files(tar, work)
+        _tar_to_ext4(tar, work / "disk.raw", work / "root", EXTRAS_DISK_SIZE[extras])
+        tar.unlink()
+        image = BaseImage(Image.DEBIAN, dest / "disk.raw", "raw", dest / kernel.name,
+                          dest / initrd.name)
+        (work / "image.json").write_text(image.to_json())
+        if dest.exists():
+            shutil.rmtree(dest)
+        work.rename(dest)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    print(f"image: debian-12{'' if extras is Extras.NONE else ' with ' + extras.value} built in "
+          f"{time.monotonic() - started:.0f} s", flush=True)
+    return image
+
+
+def _tar_to_ext4(tar: Path, disk: Path, scratch: Path, size: str = DEBIAN_DISK_SIZE) -> None:
+    """Unpack and pack into an ext4 file system; without root, fakeroot keeps the owners."""
+    scratch.mkdir()
+    script = 'tar -C "$1" --numeric-owner -xpf "$2" && mkfs.ext4 -q -F -L root -d "$1" "$3" "$4"'
+    argv = ["sh", "-c", script, "sh", str(scratch), str(tar), str(disk), size]
+    if os.geteuid() != 0:
+        runner.require("fakeroot")
+        argv = ["fakeroot", *argv]
+    try:
+        runner.run(argv, timeout=900)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _extract_boot_files(tar: Path, into: Path) -> tuple[Path, Path]:
+    with tarfile.open(tar) as t:
+        names = t.getnames()
+        wanted = {}
+        for prefix in ("vmlinuz-", "initrd.img-"):
+            found = sorted(n for n in names if n.lstrip("./").startswith("boot/" + prefix))
+            if not found:
+                raise LabError(f"the built root has no /boot/{prefix}*: is linux-image-amd64 in it?")
+            wanted[prefix] = found[-1]
+        out = []
+        for member in wanted.values():
+            src = t.extractfile(member)
+            assert src is not None
+            path = into / Path(member).name
+            with path.open("wb") as f:
+                shutil.copyfileobj(src, f)
+            out.append(path)
+    return out[0], out[1]

@@ -1,0 +1,116 @@
+"""The report, rendered from results recorded once on the 3-node lab
+(tests/fixtures/results-mini), shows what the run holds: its tables, plots and caveat; the
+sections that only some runs have (seed stages, MPI by transport, a loss study, long runs' stage
+figures) appear when they do; an incomplete run says so."""
+
+import json
+
+from experiments import report, run_facts
+from tests.unit.report_helpers import results_fixture  # noqa: F401 (the fixture: results)
+
+
+def test_report_has_the_tables_plots_and_the_emulation_caveat(results):
+    html_path, md_path = report.write(results)
+    page = html_path.read_text()
+    assert run_facts.EMULATION_NOTE in page
+    records = [json.loads(x) for x in (results / "records.jsonl").read_text().splitlines()]
+    collective = [r for r in records if r["app"] != "perftest"]
+    assert page.count("<tr><td>") == len(collective) + 1, "one row per case (+1 perftest row)"
+    for algo in ("sequential", "pairwise", "parallel", "mpi-default", "mpi-pairwise"):
+        assert f"<td>{algo}</td>" in page
+    assert page.count("data:image/png;base64,") == 4, "latency, busbw, memory and load inlined"
+    for name in ("latency-alltoall-3n.png", "busbw-alltoall-3n.png", "memory.png", "load.png"):
+        assert (results / name).stat().st_size > 5000, name
+    md = md_path.read_text()
+    assert "## Summary" in md and "peak-to-mean" in md and "ib_write_bw" in md
+    assert "| 262144 |" in md
+
+
+def test_an_incomplete_run_says_so(results):
+    env = json.loads((results / "environment.json").read_text())
+    (results / "environment.json").write_text(json.dumps({**env, "complete": False}))
+    html_path, _ = report.write(results)
+    assert "INCOMPLETE" in html_path.read_text()
+
+
+def test_the_seed_stages_table_appears_when_runs_differ_in_stages(results):
+    lines = (results / "records.jsonl").read_text().splitlines()
+    extra = []
+    for line in lines:
+        r = json.loads(line)
+        if r["app"] == "rxelab" and r.get("summary"):
+            r = {**r, "stages": 100, "summary": {**r["summary"], "stages": 100,
+                                                 "total_seconds": r["summary"]["total_seconds"] * 30}}
+            extra.append(json.dumps(r))
+    (results / "records.jsonl").write_text("\n".join(lines + extra) + "\n")
+    _, md_path = report.write(results)
+    md = md_path.read_text()
+    assert "## Stages (total seconds)" in md and "| run | 3 stages | 100 stages |" in md
+    assert "| rxelab alltoall/sequential 1024 B |" in md
+
+
+def synthetic(results, transform):
+    """Rewrite the fixture's records with transform(record) -> list of records."""
+    records = [json.loads(x) for x in (results / "records.jsonl").read_text().splitlines()]
+    out = [new for r in records for new in transform(r)]
+    for i, r in enumerate(out):
+        r["case"] = i
+    (results / "records.jsonl").write_text("\n".join(json.dumps(r) for r in out) + "\n")
+    return out
+
+
+def test_mpi_rows_are_labelled_by_transport_and_compared_with_rxelab(results):
+    def both(r):
+        if r["app"] != "mpi":
+            return [r]
+        return [{**r, "transport": t, "rxe": {"node1": {"sent_pkts": 0 if t == "tcp" else 500}}}
+                for t in ("ucx", "tcp")]
+    synthetic(results, both)
+    _, md_path = report.write(results)
+    md = md_path.read_text()
+    assert "| mpi-ucx | alltoall |" in md and "| mpi-tcp | alltoall |" in md
+    assert "mpi-ucx 500-500" in md and "mpi-tcp 0-0" in md
+    assert "best rxelab takes" in md and "x mpi-ucx's time and" in md
+    assert "UCX_UD_ETH_DGID_CHECK=n" in md, "how MPI runs over rxe, and why"
+
+
+def test_loss_study_plot_and_words(results):
+    def lossy(r):
+        if r["app"] == "perftest" or r["size"] != 1024:
+            return [r]
+        out = []
+        for loss, factor in ((0, 1), (1.0, 3), (5.0, 20)):
+            s = dict(r["summary"])
+            s["avg_stage_us"] *= factor
+            out.append({**r, "netem": {"loss": loss} if loss else {}, "summary": s,
+                        "rxe": {"node1": {"sent_pkts": 9, "completer_retry_err": int(loss * 10)}}})
+        out.append({**r, "netem": {"loss": 1.0, "delay_ms": 1, "jitter_ms": 2, "reorder": 5},
+                    "status": "timeout", "summary": None, "error": "passed its deadline",
+                    "partial": {"stages_done": 2, "seconds": 4.0}})
+        return out
+    synthetic(results, lossy)
+    _, md_path = report.write(results)
+    md = md_path.read_text()
+    assert (results / "loss.png").stat().st_size > 5000
+    assert "At 5 % loss, time per call as a multiple of the clean network's" in md
+    assert "loss 1%: 3.0x its clean time, 10 retransmission timeouts" in md
+    assert "ran out of time (2 of 3 stages done)" in md
+    assert "| timeout |" in md and "| 2000000 |" in md, "a timed-out case shows its partial average"
+
+
+def test_long_runs_get_the_stages_figure_and_call_distributions(results):
+    def stages(r):
+        if r["app"] == "perftest" or r["size"] != 1024:
+            return [r]
+        out = []
+        for n in (100, 1000):
+            s = {**r["summary"], "stages": n, "total_seconds": r["summary"]["total_seconds"] * n}
+            out.append({**r, "stages": n, "summary": s, "stage_seconds": [0.01 + i * 1e-5
+                                                                          for i in range(n)]})
+        return out
+    synthetic(results, stages)
+    html_path, _ = report.write(results)
+    for name in ("stages.png", "distribution.png"):
+        assert (results / name).stat().st_size > 5000, name
+    page = html_path.read_text()
+    assert page.index("alt='stages.png'") < page.index("<h2>Collectives</h2>"), "the answer first"
