@@ -28,7 +28,7 @@ A shrink needs no rank in particular to have survived:
 
 A newcomer is taken in only if it proved the secret, has the job's settings (else it is
 refused and the job is left as it was), and accepted the offer while it still waited
-(rxelab.newcomers).
+(rxelab.membership.newcomers).
 
 No collective is ever in flight across a change: shrink and admit are called by the
 application between collectives, on every rank; the collective a failure interrupted has an
