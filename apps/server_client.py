@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     if codec is not None and codec.lossy:
         def tolerance(stage: int) -> np.ndarray:
             n = args.size // np.dtype(described.dtype).itemsize
-            return codecs.error_bound(codec, ops.inputs(args.op, comm.rank, comm.size, n,
-                                                         described.dtype, stage, args.data))
+            return codecs.error_bound(codec, described.inputs(comm.rank, comm.size, n,
+                                                             described.dtype, stage, args.data))
     try:
         with rxelab.init(compression=args.compression, **settings.from_flags(args)) as comm:
             r, p = comm.rank, comm.size

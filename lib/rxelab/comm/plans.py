@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rxelab import codecs, layouts, ops
+from rxelab import codecs, ops
 from rxelab.buffers import host_array
 from rxelab.collectives.common import Call, Staging
 from rxelab.comm import checks
@@ -200,7 +200,7 @@ class PlanCache:
 
 class Planner:
     """Makes a communicator's plans: one path for every described collective and its
-    i-variant, one for alltoallv's per-peer counts."""
+    i-variant."""
 
     def __init__(self, cache: PlanCache, rank: int, size: int,
                  compression: codecs.Codec | None) -> None:
@@ -232,6 +232,9 @@ class Planner:
         asked = given.pop("compression", None)
         codec = self.codec(asked)
         args = checks.arguments(c, chosen, given, self.rank, self.size)
+        if c.counts is not None:  # lists of counts: the plan is kept by their checked values
+            key = (*key[:6], *[(k, CHECKED, args[k]) if k in args else (k, type(v), v)
+                               for k, v in given.items()], ("compression", type(asked), asked))
 
         def make() -> Plan:
             run = runner(c, chosen)
@@ -243,26 +246,5 @@ class Planner:
             return Plan(name, chosen, run, layout, (*given_buffers, sendbuf, recvbuf), mine)
         return self.cache.get(key, make)
 
-    def varying(self, sendbuf: Any, send_counts: Any, recvbuf: Any, recv_counts: Any,
-                algorithm: str | None, pairs: int, compression: str | None = None) -> Plan:
-        """alltoallv: alltoall's algorithms over blocks of per-peer counts."""
-        c = ops.collective("alltoall")
-        codec = self.codec(compression)
-        chosen = checks.algorithm(c, algorithm)
-        window = checks.window(chosen, pairs, self.size)
-        sc, rc = (checks.whole_numbers(x, self.size, name) for x, name in
-                  ((send_counts, "send_counts"), (recv_counts, "recv_counts")))
-        given_buffers = (sendbuf, recvbuf)
-        sendbuf, recvbuf = seen_buffers(sendbuf, recvbuf)
-        key = ("alltoallv", chosen, window, *map(id, given_buffers),
-               *map(memory_of, given_buffers, (sendbuf, recvbuf)), tuple(sc), tuple(rc),
-               (type(compression), compression))
 
-        def make() -> Plan:
-            run = runner(c, chosen)
-            layout = layouts.varying(sendbuf, recvbuf, self.size, self.rank, sc, rc, window)
-            mine = codec if compression is not None or codecs.fits(codec, False, None, "") else None
-            codecs.check_use(mine, "alltoallv", False, None, layout.recv.dtype, self.size)
-            return Plan("alltoallv", chosen, run, layout, (*given_buffers, sendbuf, recvbuf),
-                        mine)
-        return self.cache.get(key, make)
+CHECKED = "checked"  # in a plan's key: the value as the checks made it (never a caller's type)
