@@ -92,7 +92,9 @@ def test_specs_and_the_report_read_it(shift):
 
 def gather_run(c: Call) -> None:
     """The algorithm: every rank sends its block to the root, which receives them in place."""
-    lay, root, r = c.blocks, c.layout.root, c.rank
+    lay, r = c.layout, c.rank
+    assert isinstance(lay, layouts.RootedBlocks)
+    root = lay.root
     if r != root:
         c.finish([c.send_block(root, DATA, lay.send_off[root], lay.send_len[root])])
         return
