@@ -202,6 +202,11 @@ def test_the_demo_apps_stage_loop_runs_it_on_the_library(gather):
     sends = [stages.buffers("gather", 2, r, 3, 64)[0] for r in range(3)]
     assert (stages.buffers("gather", 2, 0, 3, 64)[1] == np.concatenate(sends)).all()
     assert stages.buffers("gather", 2, 1, 3, 64)[1].size == 0, "only the root receives"
+    from apps import server_client  # its --op and --algorithm take it
+    ap = stages.arguments("", server_client.algorithms(), "star")
+    parsed = ap.parse_args(["--op", "gather", "--algorithm", "direct", "--size", "64"])
+    stages.check_args(ap, parsed)
+    assert (parsed.op, parsed.algorithm) == ("gather", "direct")
 
 
 class FakeMpiComm:

@@ -11,6 +11,7 @@ are let go, so a loop that makes fresh buffers every call does not keep them ali
 from __future__ import annotations
 
 import importlib
+import operator
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -227,14 +228,18 @@ class Planner:
             return plan
         check_open()
         c = ops.collective(name)
+        if c.counts is not None:  # per-peer counts (lists): the plan is kept by their values
+            counted = counted_key(key[:6], given)
+            plan = None if counted is None else self.cache.ready(counted)
+            if plan is not None:
+                return plan
         chosen = checks.algorithm(c, algorithm)
-        given = dict(given)
+        all_given, given = given, dict(given)
         asked = given.pop("compression", None)
         codec = self.codec(asked)
         args = checks.arguments(c, chosen, given, self.rank, self.size)
-        if c.counts is not None:  # lists of counts: the plan is kept by their checked values
-            key = (*key[:6], *[(k, CHECKED, args[k]) if k in args else (k, type(v), v)
-                               for k, v in given.items()], ("compression", type(asked), asked))
+        if c.counts is not None:
+            key = counted_key(key[:6], all_given) or key  # checked: whole numbers now
 
         def make() -> Plan:
             run = runner(c, chosen)
@@ -247,4 +252,16 @@ class Planner:
         return self.cache.get(key, make)
 
 
-CHECKED = "checked"  # in a plan's key: the value as the checks made it (never a caller's type)
+CHECKED = "checked"  # in a plan's key: counts by value (never a caller's type)
+COUNTED = ("send_counts", "recv_counts")
+
+
+def counted_key(head: tuple[Any, ...], given: dict[str, Any]) -> tuple[Any, ...] | None:
+    """A call's key with its per-peer counts as tuples of their whole numbers (a list, a
+    tuple or a numpy array of the same numbers find the same plan); None if they are not
+    all whole numbers (the checks say what is wrong)."""
+    try:
+        return (*head, *[(k, CHECKED, tuple(map(operator.index, v))) if k in COUNTED
+                         else (k, type(v), v) for k, v in given.items()])
+    except TypeError:
+        return None
