@@ -9,10 +9,11 @@ node, a port drawn from the job and step ids):
     python3 -m rxelab.launch --hosts node1,node2,node3 -- python3 apps/gloo_compare.py
     srun -N3 python3 apps/gloo_compare.py
 
-Gloo's calls differ from MPI's in two ways the timings include: all_reduce works in place (the
-input is copied into the result buffer first, as a training loop keeps its gradient), and
-all_gather fills a list of tensors (views of the one result buffer here). torch 1.13's Gloo
-has no reduce_scatter (rxelab.ops says which collectives it has).
+Gloo's calls differ from MPI's in ways the timings include (each description's Gloo adapter
+in rxelab.ops makes its call: all_reduce works in place, the input copied into the result
+buffer first, as a training loop keeps its gradient; all_gather fills a list of tensors,
+views of the one result buffer here). Not every collective has a Gloo counterpart in torch
+1.13: its description says which, and why not.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     stages.check_args(ap, args)
     described = stages.ops.COLLECTIVES[args.op]
     if described.gloo is None:
-        ap.error(f"{args.op} has no Gloo counterpart in torch 1.13")
+        ap.error(f"{args.op} has no Gloo counterpart {described.no_gloo}")
     try:
         os.environ.update(from_slurm(dict(os.environ)))
     except ConfigError as err:
@@ -106,19 +107,10 @@ def main(argv: list[str] | None = None) -> int:
               f"failed: {first}", file=sys.stderr)
         return 2
     r, p = dist.get_rank(), dist.get_world_size()
-    call = getattr(dist, described.gloo)  # the description's torch.distributed call
+    call = described.gloo_call(dist, r, p)  # the description's torch.distributed call
 
     def collective(send: np.ndarray, recv: np.ndarray) -> None:
-        s, out = torch.from_numpy(send), torch.from_numpy(recv)  # zero copy, both ways
-        if described.in_place:
-            call(s, src=0)
-        elif described.reduces:
-            out.copy_(s)
-            call(out, op=dist.ReduceOp.SUM)
-        elif described.gloo == "all_gather":
-            call(list(out.chunk(p)), s)
-        else:
-            call(out, s)
+        call(torch.from_numpy(send), torch.from_numpy(recv))  # zero copy, both ways
 
     dist.barrier()  # the "start signal"
     mine = stages.run(args, r, p, collective, dist.barrier, "gloo")

@@ -1,7 +1,6 @@
-"""The same demo with MPI (mpi4py): S stages of MPI_Allgather (or --op alltoall, allreduce,
-reduce_scatter, bcast: MPI_Alltoall, MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Bcast) of M
-bytes, verified every stage, reported in the same JSON lines as
-apps/server_client.py. Which MPI algorithm runs is the MPI's business (force one with
+"""The same demo with MPI (mpi4py): S stages of MPI_Allgather (or --op another collective:
+its description's MPI counterpart, rxelab.ops) of M bytes, verified every stage, reported in
+the same JSON lines as apps/server_client.py. Which MPI algorithm runs is the MPI's business (force one with
 Open MPI's coll_tuned MCA parameters); --algorithm only labels the output.
 
     mpirun -np 3 --host node1,node2,node3 --mca pml ob1 --mca btl tcp,self \\
@@ -35,15 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     comm = MPI.COMM_WORLD
     r, p = comm.Get_rank(), comm.Get_size()
-    call = getattr(comm, described.mpi.call)  # the description's mpi4py method
-
-    def collective(send: np.ndarray, recv: np.ndarray) -> None:
-        if described.in_place:
-            call(send, root=0)
-        elif described.reduces:
-            call(send, recv, op=MPI.SUM)
-        else:
-            call(send, recv)
+    collective = described.mpi_call(comm, MPI)  # the description's mpi4py call
     comm.Barrier()  # the "start signal"
     mine = stages.run(args, r, p, collective, comm.Barrier, "mpi")
     table = np.zeros(p * mine.size, np.float64)

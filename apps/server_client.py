@@ -28,11 +28,16 @@ if TYPE_CHECKING:  # the same module as mypy reaches it from the tree (the node 
 else:
     import stages
 
-ALGORITHMS = sorted({a for c in ops.COLLECTIVES.values() for a in c.algorithms})
+def algorithms() -> list[str]:
+    """Every described collective's algorithms (as registered now)."""
+    return sorted({a for c in ops.COLLECTIVES.values() for a in c.algorithms})
+
+
+ALGORITHMS = algorithms()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = stages.arguments(__doc__.split("\n\n")[0], ALGORITHMS, "star")
+    ap = stages.arguments(__doc__.split("\n\n")[0], algorithms(), "star")
     settings.add_flags(ap)
     ap.add_argument("--pairs", type=int, default=1,
                     help="sequential: at most this many pairs exchange at once (default 1)")
@@ -55,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if codec is not None and codec.lossy:
         def tolerance(stage: int) -> np.ndarray:
             n = args.size // np.dtype(described.dtype).itemsize
-            return codecs.error_bound(codec, ops.inputs(args.op, comm.rank, comm.size, n,
-                                                         described.dtype, stage, args.data))
+            return codecs.error_bound(codec, described.inputs(comm.rank, comm.size, n,
+                                                             described.dtype, stage, args.data))
     try:
         with rxelab.init(compression=args.compression, **settings.from_flags(args)) as comm:
             r, p = comm.rank, comm.size

@@ -25,8 +25,8 @@ DEFAULT_SIZE = 4096
 def buffers(op: str, stage: int, rank: int, p: int, size: int,
             data: str = "pattern") -> tuple[np.ndarray, np.ndarray]:
     """What a rank sends in a stage and what it must end up with (rxelab.ops' test data of
-    kind `data`, the stage number as salt). size: bytes per peer (alltoall, allgather), of the
-    vector (allreduce, bcast) or of each rank's result block (reduce_scatter)."""
+    kind `data`, the stage number as salt). size: bytes as the collective's description
+    counts them (its `unit`: rxelab.ops.units())."""
     c = ops.COLLECTIVES[op]
     return c.data(rank, p, size // np.dtype(c.dtype).itemsize, c.dtype, stage, "sum", data)
 
@@ -35,17 +35,17 @@ Check = Callable[[int], Any]  # stage -> per element, how far a result may be fr
 
 
 def count_wrong(got: np.ndarray, want: np.ndarray, tolerance: Any = None) -> int:
-    """Elements not as they must be: exactly, or within a lossy codec's bound."""
-    if tolerance is None:
-        return int(np.count_nonzero(got != want))
-    return int(np.count_nonzero(~(np.abs(got.astype(np.float64) - want) <= tolerance)))
+    """Elements not as they must be: exactly, or within a lossy codec's bound (rxelab.ops'
+    one count)."""
+    return ops.count_wrong(got, want, tolerance)
 
 
 def arguments(description: str, algorithms: Iterable[str], default_algorithm: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--op", choices=OPS, default="allgather",
+    known = tuple(ops.COLLECTIVES)  # as registered now (a test may add one)
+    ap.add_argument("--op", choices=known, default="allgather",
                     help="allgather (the seed's all-to-all broadcast, default) or another "
-                         f"collective: {', '.join(OPS)} (each moves its description's dtype)")
+                         f"collective: {', '.join(known)} (each moves its description's dtype)")
     ap.add_argument("--stages", type=int, default=DEFAULT_STAGES,
                     help=f"how many times the collective runs (the seed used 100, 1000, 10000; "
                          f"default {DEFAULT_STAGES})")
@@ -116,9 +116,9 @@ def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.nd
     follow one another from a common start (a barrier) and the last one is checked. A result
     is checked exactly, or within tolerance(stage) where a lossy codec rounds it."""
     data = getattr(args, "data", "pattern")
+    described = ops.COLLECTIVES[args.op]
     send, want = buffers(args.op, 0, rank, p, args.size, data)
     recv = np.zeros_like(want)
-    got = ops.COLLECTIVES[args.op].result(send, recv)
     mine = np.zeros(args.stages * 2, np.float64)
     progress = Progress(app) if rank == 0 else None
     tight = bool(getattr(args, "tight", False))
@@ -134,8 +134,8 @@ def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.nd
         if s >= 0:
             mine[2 * s] = took
             if not tight or s == args.stages - 1:
-                mine[2 * s + 1] = count_wrong(got, want, tolerance(0 if tight else s)
-                                        if tolerance else None)
+                mine[2 * s + 1] = ops.wrong(described, send, recv, want,
+                                            tolerance(0 if tight else s) if tolerance else None)
             if progress:
                 progress.stage(took)
     return mine

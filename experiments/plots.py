@@ -14,6 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 import matplotlib
+from rxelab import ops
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -95,7 +96,8 @@ def ratio_to(flat: list[Row], rival: str) -> bytes | None:
                     label=" ".join(str(x) for x in label[:3]), **_style(series[0]))
         ax.axhline(1.0, color="grey", linestyle=":")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("bytes per peer" if op in ("alltoall", "allgather") else "bytes")
+        described = ops.COLLECTIVES.get(op)
+        ax.set_xlabel(described.axis if described else "bytes")
         ax.set_ylabel(f"time per call / {rival}'s")
         ax.set_title(f"{op}: time relative to {rival} (below 1: faster)")
         ax.legend(fontsize=7)

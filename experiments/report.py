@@ -35,9 +35,8 @@ def load(results: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict
 
 
 def bandwidth(size: int, ranks: int, seconds: float, op: str = "alltoall") -> tuple[float, float]:
-    """nccl-tests' model, per collective (rxelab.ops): algbw = bytes moved per rank / time,
-    busbw = algbw * factor (alltoall, allgather, reduce_scatter (n-1)/n; allreduce 2(n-1)/n;
-    bcast 1), in MB/s."""
+    """nccl-tests' model, per collective: algbw = bytes moved per rank / time, busbw = algbw *
+    factor (each description's algbw_bytes and busbw, rxelab.ops), in MB/s."""
     if seconds <= 0 or ranks < 1:
         return 0.0, 0.0
     c = ops.COLLECTIVES[op]

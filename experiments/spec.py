@@ -12,13 +12,12 @@
     app = "rxelab"            # rxelab | mpi | gloo | perftest (gloo: torch.distributed's Gloo
                               #   over TCP, on a lab built with EXTRAS=torch; skipped, and said
                               #   so, where the nodes have no torch)
-    op = "allgather"          # allgather | alltoall | allreduce | reduce_scatter | bcast
-    algorithms = ["star"]     # rxelab: the library's; mpi: mpi-default|mpi-linear|mpi-pairwise|
-                              #   mpi-ring|mpi-bruck (forced through Open MPI's coll_tuned);
-                              #   gloo: gloo-default
+    op = "allgather"          # {ops}
+    algorithms = ["star"]     # rxelab: the library's; mpi: {mpi_labels}
+                              #   (forced through Open MPI's coll_tuned); gloo: gloo-default
     tools = ["ib_write_bw"]   # perftest: ib_write_bw | ib_write_bw_bidir | ib_send_bw | ib_send_lat
     nodes = [2, 3]            # how many nodes take part (1 rank each), 1..64
-    sizes = [1024, 65536]     # bytes per peer, 0..1073741824 (1 GiB)
+    sizes = [1024, 65536]     # bytes as the op counts them, 0..1073741824 (1 GiB)
     stages = 10               # repetitions (perftest: iterations), 1..10000000
     warmup = 1                # 0..1000000
     transport = ["ucx", "tcp"]  # mpi: Open MPI over UCX on the RDMA device, and/or over TCP
@@ -32,7 +31,7 @@
     pairs = [1, 2, 15]        # rxelab sequential: at most this many pairs at once, a case each,
                               #   1..130816 (every pair of 64 nodes x 8 ranks)
     compression = ["none", "zstd"]  # rxelab: how rendezvous blocks travel, a case each: none,
-                              #   lz4, zstd; fp16, bf16 for allreduce and reduce_scatter only
+                              #   lz4, zstd; fp16, bf16 for float sums only ({lossy_ops})
     data = ["zeros", "random"]  # rxelab, mpi, gloo: what the buffers hold, a case each: pattern
                               #   (default), zeros, sparse (1 in 100 set), random
 
@@ -82,6 +81,7 @@ from experiments.spec_doc import (
     KEYS,
     LAUNCHERS,
     LIBRARY,
+    LOSSY_OPS,
     MAX_ENTRIES,
     MTU_RANGE,
     NAME,
@@ -107,7 +107,11 @@ __all__ = ["APPS", "BOUNDS", "GLOO_ALGORITHMS", "KEYS", "LAUNCHERS", "LIBRARY", 
 __doc__ = __doc__.replace("{options}", "\n".join(  # type: ignore[union-attr]
     f"    {o.name} = {library.show(o.default)}".ljust(30) + f"# {o.meaning}, {o.low}..{o.high}"
     + (" (the same on every rank)" if o.shared else "") for o in library.OPTIONS)).replace(
-    "{mtu_low}..{mtu_high}", "{}..{}".format(*MTU_RANGE))
+    "{mtu_low}..{mtu_high}", "{}..{}".format(*MTU_RANGE)).replace(
+    "{ops}", " | ".join(ops.COLLECTIVES) + " (rxelab.ops' registry)").replace(
+    "{mpi_labels}", "|".join(dict.fromkeys(a for c in ops.COLLECTIVES.values() if c.mpi
+                                           for a in c.mpi.tuned))).replace(
+    "{lossy_ops}", ", ".join(LOSSY_OPS))
 SPECS = Path(__file__).resolve().parent / "specs"
 MAX_BYTES = documents.MAX_BYTES
 MAX_PROBLEMS, MAX_LINE = 40, 300  # what an error shows of a broken file

@@ -30,6 +30,23 @@ App = Literal["rxelab", "mpi", "gloo", "perftest"]
 APPS: tuple[str, ...] = get_args(App)
 GLOO_ALGORITHMS = ("gloo-default",)  # Gloo picks its own; the label names the contender's row
 OPS = tuple(ops.COLLECTIVES)
+
+
+def spoken(names: list[str] | tuple[str, ...]) -> str:
+    """a, b and c."""
+    return " and ".join(filter(None, (", ".join(names[:-1]), *names[-1:])))
+
+
+def lossy_fits(c: ops.Collective) -> bool:
+    """Whether a lossy codec may code its test data: a float sum."""
+    return c.reduces and c.dtype in codecs.LOSSY_DTYPES
+
+
+def lossy_ops() -> list[str]:
+    return [c.name for c in ops.COLLECTIVES.values() if lossy_fits(c)]
+
+
+LOSSY_OPS = tuple(lossy_ops())
 # perftest's tools by their names (rxelab.perftest says each one's command; a test holds the
 # two lists equal): ib_write_bw_bidir is `ib_write_bw -b`
 Tool = Literal["ib_write_bw", "ib_write_bw_bidir", "ib_send_bw", "ib_send_lat"]
@@ -172,7 +189,8 @@ class RunFields(_Strict):
         if info.data.get("app") == "mpi" and ops.COLLECTIVES[op].mpi is None:
             raise bad(f"{op} has no MPI counterpart (its description names none)")
         if info.data.get("app") == "gloo" and ops.COLLECTIVES[op].gloo is None:
-            raise bad(f"{op} has no Gloo counterpart in torch 1.13 (its description names none)")
+            raise bad(f"{op} has no Gloo counterpart {ops.COLLECTIVES[op].no_gloo} (its "
+                      "description names none)")
         return op
 
     @field_validator("algorithms")
@@ -206,9 +224,8 @@ class RunFields(_Strict):
     def _codec_fits(cls, names: list[str], info: ValidationInfo) -> list[str]:
         described = ops.COLLECTIVES.get(info.data.get("op") or "")
         lossy = [n for n in names if n != codecs.NONE and codecs.CODECS[n].lossy]
-        if described is not None and lossy and (not described.reduces or
-                                                described.dtype not in codecs.LOSSY_DTYPES):
-            raise bad(f"{', '.join(lossy)} round values: only for allreduce and reduce_scatter "
+        if described is not None and lossy and not lossy_fits(described):
+            raise bad(f"{', '.join(lossy)} round values: only for {spoken(lossy_ops())} "
                       f"(float sums), not {described.name}")
         return names
 
@@ -226,9 +243,12 @@ class RunFields(_Strict):
         if app is None or op is None:  # their own errors say enough
             return pairs
         names = info.data.get("algorithms") or algorithms(app, op)
-        if (app != "rxelab" or op not in ("alltoall", "allgather")
-                or set(names) != {"sequential"}):
-            raise bad("only rxelab's sequential alltoall and allgather take pairs")
+        described = ops.COLLECTIVES.get(op)
+        if app != "rxelab" or described is None or not described.windowed \
+                or not set(names) <= set(described.windowed):
+            windowed = [c for c in ops.COLLECTIVES.values() if c.windowed]
+            kinds = spoken(sorted({a for c in windowed for a in c.windowed}))
+            raise bad(f"only rxelab's {kinds} {spoken([c.name for c in windowed])} take pairs")
         return pairs
 
 

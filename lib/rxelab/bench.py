@@ -41,17 +41,18 @@ MB = 1e6
 
 def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int,
             compression: str | None = None) -> dict[str, Any]:
-    """size: bytes as the collective's description counts them (per peer for alltoall and
-    allgather, of the vector for allreduce and bcast, of each result block for reduce_scatter)."""
+    """size: bytes as the collective's description counts them (its `unit`: rxelab.ops.units())."""
     p, r = comm.size, comm.rank
     coll = ops.COLLECTIVES[op]
     dtype = coll.dtype
-    send, want = coll.data(r, p, size // np.dtype(dtype).itemsize, dtype, 0, "sum")
+    count = size // np.dtype(dtype).itemsize
+    send, want = coll.data(r, p, count, dtype, 0, "sum")
     recv = np.zeros_like(want)
+    fresh = send.copy() if coll.in_place else None  # a call overwrites it: put back each time
     times, peak_inflight, peak_pinned = [], 0, 0
     for i in range(warmup + iters):
-        if coll.in_place:  # the root's data again, the others' buffer cleared
-            np.copyto(send, coll.data(r, p, send.size, dtype, 0, "sum")[0])
+        if fresh is not None:  # the root's data again, the others' buffer cleared
+            np.copyto(send, fresh)
         recv.fill(0)
         comm.barrier()
         t0 = time.perf_counter()
@@ -60,14 +61,11 @@ def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int,
             times.append(time.perf_counter() - t0)
             peak_inflight = max(peak_inflight, stats.peak_inflight)
             peak_pinned = max(peak_pinned, stats.peak_pinned)
-    got = coll.result(send, recv)
     codec = codecs.lookup(compression)
+    bound = None
     if codec is not None and codec.lossy:  # within the codec's bound, not exactly
-        parts = ops.inputs(op, r, p, send.size // (p if op == "reduce_scatter" else 1), dtype)
-        bound = codecs.error_bound(codec, parts)
-        wrong = int(np.count_nonzero(~(np.abs(got.astype(np.float64) - want) <= bound)))
-    else:
-        wrong = int(np.count_nonzero(got != want))
+        bound = codecs.error_bound(codec, coll.inputs(r, p, count, dtype))
+    wrong = ops.wrong(coll, send, recv, want, bound)
     mine = np.array([float(np.mean(times)), float(np.min(times)), float(np.max(times)),
                      wrong, peak_inflight, peak_pinned], np.float64)
     every = np.zeros(p * mine.size, np.float64)
@@ -113,8 +111,8 @@ def overlap(comm: Any, op: str, algo: str, size: int, iters: int) -> dict[str, A
     for _ in range(iters):
         comm.barrier()
         t0 = time.perf_counter()
-        req = comm.start(op, send, None if coll.in_place else recv, algorithm=algo,
-                         **coll.arguments(p))
+        req = comm.start(op, *coll.given(send, recv), algorithm=algo,
+                         **coll.arguments(p, rank=r, send=send))
         cpu.append(compute(t_pure))
         req.wait()
         total.append(time.perf_counter() - t0)
@@ -183,9 +181,10 @@ def preamble(comm: Any, args: argparse.Namespace) -> list[str]:
         f"# iterations {args.iterations} (sizes > 64 KiB: {max(2, args.iterations // 4)}), "
         f"warm-up {args.warmup}",
         "# settings " + " ".join(f"{k}={settings.show(v)}" for k, v in comm.options.items()),
-        "# size = bytes per peer (alltoall, allgather), of the vector (allreduce, bcast), of a "
-        "result block (reduce_scatter); latency = per-rank average over iterations; algbw and "
-        "busbw as nccl-tests define them (busbw = algbw*(n-1)/n; allreduce 2(n-1)/n; bcast 1)",
+        f"# size = bytes ({ops.units()}); latency = per-rank average over iterations; algbw and "
+        "busbw as nccl-tests define them (busbw = algbw * the collective's factor, over "
+        f"{comm.size} ranks: "
+        + ", ".join(f"{c.name} {c.busbw(comm.size):.3g}" for c in ops.COLLECTIVES.values()) + ")",
     ]
 
 

@@ -127,9 +127,13 @@ def check_use(codec: Codec | None, collective: str, reduces: bool, op: str | Non
                           f"would grow past any useful bound ({codec.name} serves up to {most} "
                           f"ranks)", hint="use fp16 (finer) or a lossless codec")
     if not fits(codec, reduces, op, dtype):
+        from rxelab.ops import COLLECTIVES  # the descriptions say which are float sums
+
+        sums = ", ".join(c.name for c in COLLECTIVES.values()
+                         if c.reduces and c.dtype in LOSSY_DTYPES)
         what = f"{collective} of {dtype}" + (f" with op={op}" if reduces else "")
         raise ConfigError(f"compression={codec.name} rounds values: it is for sums of float32 "
-                          f"or float64 (allreduce, reduce_scatter), not {what}",
+                          f"or float64 ({sums}), not {what}",
                           hint="use a lossless codec (lz4, zstd) for any other data")
 
 

@@ -1,5 +1,6 @@
 """Where each rank's data lies in a collective call's buffers, checked before anything is posted:
-one pure function per kind of collective (blocks per peer, a reduction, a rooted broadcast)
+one pure function per kind of collective (blocks per peer, a reduction, a rooted broadcast;
+RootedBlocks for a rooted collective of blocks)
 that takes the caller's objects and returns the call's Layout or raises a ConfigError naming
 what is wrong. Collective descriptions (rxelab.ops) name their builder; the algorithms read
 the layout.
@@ -56,6 +57,14 @@ class Blocks(Layout):
         sends it, coded once, and the others receive it)."""
         per_peer = sum(max(s, r) for s, r in zip(self.send_len, self.recv_len, strict=True))
         return p + 1, per_peer + self.recv.nbytes
+
+
+@dataclass
+class RootedBlocks(Blocks):
+    """Blocks of a rooted collective (gather, scatter): a block per peer, at the root only
+    (the others' blocks are to or from the root, the rest empty)."""
+
+    root: int = 0
 
 
 @dataclass

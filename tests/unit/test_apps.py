@@ -18,6 +18,10 @@ def simulate(op: str, sends: list[np.ndarray], r: int, m: int) -> np.ndarray:
         "allreduce": lambda: sum(sends[1:], sends[0]),
         "reduce_scatter": lambda: sum(sends[1:], sends[0])[r * m:(r + 1) * m],
         "bcast": lambda: sends[0],
+        # src sends dst m + (2 src + dst) % 3 elements, its blocks one after another
+        "alltoallv": lambda: np.concatenate([
+            sends[s][sum(m + (2 * s + d) % 3 for d in range(r)):][:m + (2 * s + r) % 3]
+            for s in range(p)]),
     }[op]()
 
 

@@ -318,3 +318,23 @@ def test_the_sequential_schedule_keeps_its_window_on_the_wire(p, window, eager_l
         assert tokens == sum(len(schedules.token_receivers(schedules.sequential_steps(p), k))
                              for k in range(len(order)))
         assert p != 3 or tokens == 0
+
+
+def test_alltoallv_plans_are_kept_by_their_counts():
+    """alltoallv is a described collective: one plan per buffers and counts, found again
+    whether the counts come as a list, a tuple or a numpy array, and new counts a new plan."""
+    def job(comm):
+        p, r = comm.size, comm.rank
+        s, out = np.zeros(8 * p, np.uint8), np.zeros(8 * p, np.uint8)
+        for counts in ([8] * p, tuple([8] * p), np.full(p, 8)):
+            comm.alltoallv(s, counts, out, counts)
+        kept = len(comm.plans)
+        f = [8, 4, 12]  # circulant: rank r sends d f[(d - r) % p], the same total
+        comm.ialltoallv(s, [f[(d - r) % p] for d in range(p)], out,
+                        [f[(r - q) % p] for q in range(p)]).wait(10)
+        send, want = ops.COLLECTIVES["alltoallv"].data(r, p, 5, "uint8", 1, "sum")
+        got = np.zeros_like(want)
+        ops.run(comm, "alltoallv", "sequential", send, got, pairs=2)
+        return kept, len(comm.plans), bool((got == want).all())
+    from rxelab import ops
+    assert run_ranks(3, job) == [(1, 3, True)] * 3

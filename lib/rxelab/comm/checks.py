@@ -63,13 +63,15 @@ def nbytes(value: Any) -> int:
     return value
 
 
-def window(algorithm: str, pairs: Any, size: int) -> int:
-    """The sequential schedule's window: how many pairs exchange at once."""
+def window(algorithm: str, pairs: Any, size: int, windowed: tuple[str, ...] = ("sequential",)) -> int:
+    """The sequential schedule's window: how many pairs exchange at once (of the algorithms
+    in `windowed`, a description's)."""
     pairs = whole(pairs, "pairs")
     if pairs < 1:
         raise ConfigError(f"pairs={pairs!r}: at least one pair must be able to exchange")
-    if pairs != 1 and algorithm != "sequential":
-        raise ConfigError(f"pairs= sets the sequential schedule's window, not {algorithm}'s")
+    if pairs != 1 and algorithm not in windowed:
+        raise ConfigError(f"pairs= sets the {' and '.join(windowed)} schedule's window, not "
+                          f"{algorithm}'s")
     return min(pairs, max(1, size * (size - 1) // 2))
 
 
@@ -89,7 +91,7 @@ def arguments(c: ops.Collective, chosen: str, given: dict[str, Any], rank: int,
         raise ConfigError(f"{c.name} takes no {', '.join(unknown)}")
     out: dict[str, Any] = {}
     if "pairs" in c.takes:
-        out["window"] = window(chosen, given.get("pairs", 1), size)
+        out["window"] = window(chosen, given.get("pairs", 1), size, c.windowed)
     if "root" in c.takes:
         root = whole(given.get("root", 0), "root")
         if not 0 <= root < size:
@@ -98,4 +100,10 @@ def arguments(c: ops.Collective, chosen: str, given: dict[str, Any], rank: int,
     if "op" in c.takes:
         names(op=given.get("op", "sum"))
         out["op"] = given.get("op", "sum")
+    if "send_counts" in c.takes:
+        missing = [k for k in ("send_counts", "recv_counts") if k not in given]
+        if missing:
+            raise ConfigError(f"{c.name} needs {' and '.join(missing)}")
+        for k in ("send_counts", "recv_counts"):
+            out[k] = tuple(whole_numbers(given[k], size, k))
     return out

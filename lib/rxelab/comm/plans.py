@@ -11,6 +11,7 @@ are let go, so a loop that makes fresh buffers every call does not keep them ali
 from __future__ import annotations
 
 import importlib
+import operator
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from rxelab import codecs, layouts, ops
+from rxelab import codecs, ops
 from rxelab.buffers import host_array
 from rxelab.collectives.common import Call, Staging
 from rxelab.comm import checks
@@ -200,7 +201,7 @@ class PlanCache:
 
 class Planner:
     """Makes a communicator's plans: one path for every described collective and its
-    i-variant, one for alltoallv's per-peer counts."""
+    i-variant."""
 
     def __init__(self, cache: PlanCache, rank: int, size: int,
                  compression: codecs.Codec | None) -> None:
@@ -227,11 +228,18 @@ class Planner:
             return plan
         check_open()
         c = ops.collective(name)
+        if c.counts is not None:  # per-peer counts (lists): the plan is kept by their values
+            counted = counted_key(key[:6], given)
+            plan = None if counted is None else self.cache.ready(counted)
+            if plan is not None:
+                return plan
         chosen = checks.algorithm(c, algorithm)
-        given = dict(given)
+        all_given, given = given, dict(given)
         asked = given.pop("compression", None)
         codec = self.codec(asked)
         args = checks.arguments(c, chosen, given, self.rank, self.size)
+        if c.counts is not None:
+            key = counted_key(key[:6], all_given) or key  # checked: whole numbers now
 
         def make() -> Plan:
             run = runner(c, chosen)
@@ -243,26 +251,17 @@ class Planner:
             return Plan(name, chosen, run, layout, (*given_buffers, sendbuf, recvbuf), mine)
         return self.cache.get(key, make)
 
-    def varying(self, sendbuf: Any, send_counts: Any, recvbuf: Any, recv_counts: Any,
-                algorithm: str | None, pairs: int, compression: str | None = None) -> Plan:
-        """alltoallv: alltoall's algorithms over blocks of per-peer counts."""
-        c = ops.collective("alltoall")
-        codec = self.codec(compression)
-        chosen = checks.algorithm(c, algorithm)
-        window = checks.window(chosen, pairs, self.size)
-        sc, rc = (checks.whole_numbers(x, self.size, name) for x, name in
-                  ((send_counts, "send_counts"), (recv_counts, "recv_counts")))
-        given_buffers = (sendbuf, recvbuf)
-        sendbuf, recvbuf = seen_buffers(sendbuf, recvbuf)
-        key = ("alltoallv", chosen, window, *map(id, given_buffers),
-               *map(memory_of, given_buffers, (sendbuf, recvbuf)), tuple(sc), tuple(rc),
-               (type(compression), compression))
 
-        def make() -> Plan:
-            run = runner(c, chosen)
-            layout = layouts.varying(sendbuf, recvbuf, self.size, self.rank, sc, rc, window)
-            mine = codec if compression is not None or codecs.fits(codec, False, None, "") else None
-            codecs.check_use(mine, "alltoallv", False, None, layout.recv.dtype, self.size)
-            return Plan("alltoallv", chosen, run, layout, (*given_buffers, sendbuf, recvbuf),
-                        mine)
-        return self.cache.get(key, make)
+CHECKED = "checked"  # in a plan's key: counts by value (never a caller's type)
+COUNTED = ("send_counts", "recv_counts")
+
+
+def counted_key(head: tuple[Any, ...], given: dict[str, Any]) -> tuple[Any, ...] | None:
+    """A call's key with its per-peer counts as tuples of their whole numbers (a list, a
+    tuple or a numpy array of the same numbers find the same plan); None if they are not
+    all whole numbers (the checks say what is wrong)."""
+    try:
+        return (*head, *[(k, CHECKED, tuple(map(operator.index, v))) if k in COUNTED
+                         else (k, type(v), v) for k, v in given.items()])
+    except TypeError:
+        return None
