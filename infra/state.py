@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra import settings
 from infra.config import LabConfig
 from infra.errors import LabError
 
@@ -209,11 +210,14 @@ class LabState:
         write_atomic(self.config_file, config.to_json())
 
     def save_request(self, config: LabConfig) -> str:
-        """Write the config provision was asked for; return its digest (sha256 of the file),
-        which Terraform is given so that a changed config replaces the lab."""
-        text = config.to_json()
-        write_atomic(self.request_file, text)
-        return hashlib.sha256(text.encode()).hexdigest()
+        """Write the config provision was asked for; return its digest, which Terraform is
+        given so that a changed setting replaces the lab. The digest covers the lab settings
+        (infra/settings.py) alone, as Terraform's trigger did when it was given each of them:
+        a field added to the config, or where state lives, replaces nothing."""
+        write_atomic(self.request_file, config.to_json())
+        chosen = json.loads(config.to_json())
+        asked = {s.field: chosen[s.field] for s in settings.LAB_SETTINGS}
+        return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
 
     def load_request(self) -> LabConfig:
         try:

@@ -163,11 +163,12 @@ class ControlPlane:
         if kind == "beat":
             return
         if kind == "abort":
+            # what befell the blamed rank, as the rank that found it said (a death stays one)
+            why = Reason(message["why"])
             if self.job.rank == 0:  # pass it on; say who stopped and why
-                self._end(f"rank {r} stopped: {message['reason']}", message["rank"], Reason.ABORTED,
-                          skip=r)
+                self._end(f"rank {r} stopped: {message['reason']}", message["rank"], why, skip=r)
             else:  # rank 0 passes on what another said, or says what it found: say it as is
-                self._end(str(message["reason"]), message["rank"], Reason.ABORTED)
+                self._end(str(message["reason"]), message["rank"], why)
             return
         with self.state:
             if kind == "barrier" and self.job.rank == 0:
@@ -195,7 +196,7 @@ class ControlPlane:
                 self.failure = (why, blamed, reason)
             self.state.notify_all()
         if first and self.job.rank == 0:
-            self.abort(why, blamed if blamed is not None else 0, skip=skip)
+            self.abort(why, blamed if blamed is not None else 0, skip=skip, why=reason)
 
     def _raise_failure(self) -> None:
         assert self.failure is not None
@@ -208,17 +209,19 @@ class ControlPlane:
         if self.failure is not None:
             self._raise_failure()
 
-    def abort(self, reason: str, blamed: int, skip: int | None = None) -> None:
+    def abort(self, reason: str, blamed: int, skip: int | None = None,
+              why: Reason = Reason.FAILED) -> None:
         """Tell the job over TCP too (the RDMA path to a peer may be what broke): rank 0
         tells every other rank, the others tell rank 0, which passes it on."""
         with self.releasing:
-            self._abort(reason, blamed, skip)
+            self._abort(reason, blamed, skip, why)
 
-    def _abort(self, reason: str, blamed: int, skip: int | None) -> None:
+    def _abort(self, reason: str, blamed: int, skip: int | None, why: Reason) -> None:
         for other, link in self._links().items():
             if other != skip and other not in self.left:
                 try:
-                    self._send(link, {"type": "abort", "rank": blamed, "reason": reason[:1000]})
+                    self._send(link, {"type": "abort", "rank": blamed, "reason": reason[:1000],
+                                            "why": why.value})
                 except OSError:
                     pass
 

@@ -43,7 +43,8 @@ class Plane(Protocol):
     peers: dict[int, Link]
     root: Link | None
 
-    def abort(self, reason: str, blamed: int, skip: int | None = None) -> None: ...
+    def abort(self, reason: str, blamed: int, skip: int | None = None,
+              why: Reason = Reason.FAILED) -> None: ...
 
     def close(self) -> None: ...
 
@@ -115,7 +116,8 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
                     where[hello["rank"]] = link.sock.getpeername()[0]
     except BaseException as err:
         # those that said hello hear why (not a goodbye, which says all is well)
-        plane.abort(f"rank 0 could not gather the job: {err}", getattr(err, "peer", None) or 0)
+        plane.abort(f"rank 0 could not gather the job: {err}", getattr(err, "peer", None) or 0,
+                    why=err.reason if isinstance(err, PeerError) else Reason.FAILED)
         plane.close()
         if not plane.elastic:
             porter.close(listener=True)
@@ -132,9 +134,9 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
         lost = sorted(set(plane.peers) - set(where))
         if lost:
             why = f"rank {lost[0]}'s connection broke as it joined"
-            plane.abort(why, lost[0])
+            plane.abort(why, lost[0], why=Reason.DIED)
             plane.close()
-            raise PeerError(why, peer=lost[0])
+            raise PeerError(why, peer=lost[0], reason=Reason.DIED)
         # a rank on this host that came over loopback is reached where the others reach us
         beside = {r for r in plane.peers if listeners.loopback(where[r])}
         plane.directory = {0: (job.master_addr, porter.port), **{

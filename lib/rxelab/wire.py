@@ -20,13 +20,14 @@ from rxelab.auth import TAG_BYTES, Session
 from rxelab.errors import PeerError, ProtocolError, Reason
 
 MAGIC = b"RXLB"
-VERSION = 6  # 2: hellos carry the job token; 3: a digest of the job's secret; 4: settings;
+VERSION = 7  # 2: hellos carry the job token; 3: a digest of the job's secret; 4: settings;
 # 5: membership (listeners, generations, shrink and join); 6: a mutual handshake and sealed
-# frames instead of a digest of the secret
+# frames instead of a digest of the secret; 7: an abort carries why (errors.Reason)
 HEADER = struct.Struct("!4sHI")
 MAX_BODY = 1 << 20  # a table for thousands of ranks fits; a stray stream does not
 HANDSHAKE_BODY = 2048  # before a connection is proven, no frame is larger than this
 
+_REASONS = frozenset(r.value for r in Reason)
 # type -> {field: (python type, check)}
 _U24 = (int, lambda v: 0 <= v < 1 << 24)
 _RANK = (int, lambda v: 0 <= v < 1 << 20)
@@ -75,7 +76,8 @@ SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
     "release": {"seq": (int, lambda v: v >= 0)},
     "bye": {"rank": _RANK},
     "beat": {"rank": _RANK},  # elastic jobs: I am alive (control.BEAT_S)
-    "abort": {"rank": _RANK, "reason": (str, None)},
+    # rank: whom it blames; why: what befell that rank (errors.Reason), carried as it was found
+    "abort": {"rank": _RANK, "reason": (str, None), "why": (str, lambda v: v in _REASONS)},
     # membership (rxelab.membership): a survivor to the coordinator it found, and the answers
     "shrink": {"rank": _RANK, "generation": _GENERATION},
     "members": {"generation": _GENERATION, "members": (list, lambda v: 0 < len(v) <= 1 << 20 and all(
@@ -216,7 +218,7 @@ def recv(sock: socket.socket, *, deadline: float, peer: str, expect: str | None 
     message = _parse_body(_unseal(header, rest, session))
     if message["type"] == "abort":
         raise PeerError(f"{peer} aborted: {message['reason']}", peer=message["rank"],
-                        reason=Reason.ABORTED)
+                        reason=Reason(message["why"]))
     if expect is not None and message["type"] != expect:
         raise ProtocolError(f"expected a {expect} message from {peer}, got {message['type']}")
     return message

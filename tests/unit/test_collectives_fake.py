@@ -87,6 +87,18 @@ def test_alltoallv_with_zero_and_uneven_counts(p, eager_limit):
         assert set(rank_result.values()) == {0}, rank_result
 
 
+def test_alltoallv_takes_counts_as_any_iterable_of_whole_numbers():
+    """As before alltoallv was described: a generator or map of counts is read once."""
+    def job(comm):
+        p = comm.size
+        send, recv = np.arange(2 * p, dtype=np.int64), np.zeros(2 * p, np.int64)
+        comm.alltoallv(send, (2 for _ in range(p)), recv, map(int, [2] * p))
+        return recv.tolist()
+    out = run_ranks(3, job, **SMALL)
+    for r in range(3):
+        assert out[r] == [x for s in range(3) for x in (2 * r, 2 * r + 1)], out
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.int32, np.complex64])
 def test_dtypes_travel_intact(dtype):
     for rank_result in run_ranks(4, alltoall_job(rxelab.ALLTOALL_ALGORITHMS, [1, 33], dtype), **SMALL):

@@ -1,7 +1,6 @@
 """The Terraform configuration is formatted, initialises offline, validates, and replaces the lab
 when (and only when) the config provision wrote changes."""
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -38,12 +37,16 @@ def test_init_offline_and_validate(tmp_path):
 
 def test_variables_are_where_the_config_is_and_its_digest(tmp_path):
     """`make provision` writes the lab's config once, in its state directory; Terraform is
-    given that directory and the file's digest, which changes with any setting."""
+    given that directory and the digest of its settings, which changes with any of them and
+    with nothing else (where the state lives, say: a moved lab is not rebuilt)."""
     state = LabState(tmp_path)
     config = LabConfig(nodes=4, mem_mb=2048, lab="abc", state_dir=tmp_path)
     digest = state.save_request(config)
-    assert digest == hashlib.sha256(state.request_file.read_bytes()).hexdigest()
     assert state.load_request() == config
+    elsewhere = tmp_path / "moved"
+    elsewhere.mkdir()
+    assert LabState(elsewhere).save_request(LabConfig(nodes=4, mem_mb=2048, lab="abc",
+                                                      state_dir=elsewhere)) == digest
     v = terraform.variables(state, digest)
     assert v == {"state_dir": str(tmp_path), "config_digest": digest, "python": sys.executable}
     declared = (terraform.TF_DIR / "variables.tf").read_text()

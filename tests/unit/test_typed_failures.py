@@ -48,3 +48,20 @@ def test_a_peer_that_says_nothing_is_silent_and_one_that_closes_died():
 def test_a_stalled_operation_is_not_taken_for_a_death():
     err = PeerError("no progress", reason=Reason.STALLED)
     assert not err.lost and err.reason == "no progress"
+
+
+def test_a_death_rank_0_passes_on_reaches_every_rank_as_a_death():
+    """The other ranks hear of rank 2's death from rank 0 (the control plane is a star): they
+    learn it as a death of rank 2, not as "some rank aborted", and their own aborts say so."""
+    from tests.unit.fakejob import die, run_ranks, settle
+
+    def job(comm):
+        settle(comm)
+        if comm.rank == 2:
+            die(comm)
+            return None
+        with pytest.raises(PeerError) as err:
+            comm.barrier()
+        return err.value.peer, err.value.reason
+    out = run_ranks(5, job, timeout=20)
+    assert [out[r] for r in (0, 1, 3, 4)] == [(2, Reason.DIED)] * 4, out

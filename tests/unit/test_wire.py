@@ -79,7 +79,8 @@ def test_bad_endpoints_are_protocol_errors(endpoint, problem):
 
 def test_oversized_message_is_refused_before_sending():
     with pytest.raises(ProtocolError, match="exceeds"):
-        wire.encode({"type": "abort", "rank": 0, "reason": "x" * (wire.MAX_BODY + 10)})
+        wire.encode({"type": "abort", "rank": 0, "reason": "x" * (wire.MAX_BODY + 10),
+                     "why": "failed"})
 
 
 def pair():
@@ -110,10 +111,17 @@ def test_recv_reports_a_peer_that_closed_mid_message():
 def test_abort_from_a_peer_becomes_a_peer_error():
     a, b = pair()
     with a, b:
-        wire.send(a, {"type": "abort", "rank": 2, "reason": "out of memory"})
+        wire.send(a, {"type": "abort", "rank": 2, "reason": "out of memory", "why": "died"})
         with pytest.raises(PeerError, match="rank 2 aborted: out of memory") as e:
             wire.recv(b, deadline=time.monotonic() + 5, peer="rank 2")
-        assert e.value.peer == 2
+        assert e.value.peer == 2 and e.value.reason == "died", "the reason travels as it was found"
+
+
+def test_an_abort_without_its_reason_or_with_an_unknown_one_is_refused():
+    for message in ({"type": "abort", "rank": 2, "reason": "x"},
+                    {"type": "abort", "rank": 2, "reason": "x", "why": "is gone"}):
+        with pytest.raises(ProtocolError, match="why"):
+            wire.encode(message)
 
 
 def test_wrong_message_type_is_named():

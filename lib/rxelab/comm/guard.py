@@ -94,7 +94,8 @@ def fail(comm: Guarded, what: str, tag: int, err: BaseException) -> None:
             pass
     try:
         comm.control.abort(f"rank {comm.rank} failed in {what}: {err}",
-                           comm.rank if blamed is None else blamed)
+                           comm.rank if blamed is None else blamed,
+                           why=err.reason if isinstance(err, PeerError) else Reason.FAILED)
         comm.engine.await_notices(notices)
     except BaseException:  # telling peers is best effort
         pass

@@ -229,6 +229,7 @@ class Planner:
         check_open()
         c = ops.collective(name)
         if c.counts is not None:  # per-peer counts (lists): the plan is kept by their values
+            given = {k: _once(v) if k in COUNTED else v for k, v in given.items()}
             counted = counted_key(key[:6], given)
             plan = None if counted is None else self.cache.ready(counted)
             if plan is not None:
@@ -254,6 +255,17 @@ class Planner:
 
 CHECKED = "checked"  # in a plan's key: counts by value (never a caller's type)
 COUNTED = ("send_counts", "recv_counts")
+
+
+def _once(counts: Any) -> Any:
+    """Counts as given, but an iterator read once into a tuple (the key and the checks both
+    read them)."""
+    if isinstance(counts, list | tuple | np.ndarray):
+        return counts
+    try:
+        return tuple(counts)
+    except TypeError:  # not iterable: the checks say so
+        return counts
 
 
 def counted_key(head: tuple[Any, ...], given: dict[str, Any]) -> tuple[Any, ...] | None:

@@ -44,11 +44,13 @@ def admit(member: Member, build_on: Callable[[Seat], Build[T]], timeout: float, 
     fits(a newcomer's settings) says why they differ from the job's, or None."""
     seat = member.seat("admit")
     try:
-        wanted = operator.index(wanted) if not isinstance(wanted, bool) else -1
+        if isinstance(wanted, bool):
+            raise TypeError
+        wanted = operator.index(wanted)
     except TypeError:
-        wanted = -1
+        raise ConfigError(f"wanted={wanted!r} must be a whole number") from None
     if not 0 <= wanted <= newcomers.MAX_NEWCOMERS:
-        raise ConfigError(f"wanted must be a whole number 0..{newcomers.MAX_NEWCOMERS}")
+        raise ConfigError(f"wanted={wanted} must be 0..{newcomers.MAX_NEWCOMERS}")
     deadline_of(timeout, 0.0)  # checked
     quorum = check_quorum(quorum, member.size)
     wait = min(float(timeout), member.timeout * newcomers.ADMIT_SHARE)
