@@ -19,7 +19,7 @@ from infra import run as runner
 from infra import settings
 from infra.config import Extras, Image, cache_dir
 from infra.errors import LabError
-from infra.image_cache import BaseImage, fresh_build_dir, images_dir
+from infra.image_cache import BaseImage, fresh_build_dir, images_dir, publish
 from infra.units import rdma_device_unit
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
@@ -126,12 +126,8 @@ def ensure_debian(extras: Extras = Extras.NONE) -> BaseImage:
         kernel, initrd = _extract_boot_files(tar, work)
         _tar_to_ext4(tar, work / "disk.raw", work / "root", EXTRAS_DISK_SIZE[extras])
         tar.unlink()
-        image = BaseImage(Image.DEBIAN, dest / "disk.raw", "raw", dest / kernel.name,
-                          dest / initrd.name)
-        (work / "image.json").write_text(image.to_json())
-        if dest.exists():
-            shutil.rmtree(dest)
-        work.rename(dest)
+        image = publish(work, dest, BaseImage(Image.DEBIAN, dest / "disk.raw", "raw",
+                                              dest / kernel.name, dest / initrd.name))
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

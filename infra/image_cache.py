@@ -67,3 +67,13 @@ def fresh_build_dir(name: str) -> Path:
     work = base / f".build-{name}-{os.getpid()}"
     work.mkdir()
     return work
+
+
+def publish(work: Path, dest: Path, image: BaseImage) -> BaseImage:
+    """A finished build takes its place in the cache at once (a rename), with its description;
+    whatever stood there before goes."""
+    (work / "image.json").write_text(image.to_json())
+    if dest.exists():
+        shutil.rmtree(dest)
+    work.rename(dest)
+    return image

@@ -18,7 +18,7 @@ from infra import run as runner
 from infra import settings
 from infra.config import Image
 from infra.errors import LabError
-from infra.image_cache import BaseImage, fresh_build_dir, images_dir
+from infra.image_cache import BaseImage, fresh_build_dir, images_dir, publish
 
 UBUNTU_FILE = "ubuntu-24.04-server-cloudimg-amd64.img"
 # "UEC Image Automatic Signing Key <cdimage@ubuntu.com>", which signs the cloud images'
@@ -85,11 +85,7 @@ def ensure_ubuntu(base_url: str | None = None) -> BaseImage:
                 f"the download has {actual}; the file was discarded",
                 hint="try again; if it repeats, the mirror or a proxy is serving a bad file",
             )
-        image = BaseImage(Image.UBUNTU, dest / UBUNTU_FILE, "qcow2")
-        (work / "image.json").write_text(image.to_json())
-        if dest.exists():
-            shutil.rmtree(dest)
-        work.rename(dest)
+        image = publish(work, dest, BaseImage(Image.UBUNTU, dest / UBUNTU_FILE, "qcow2"))
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

@@ -1,35 +1,26 @@
 """What every part of the communicator relies on, declared once: its state and its inner
-calls. The parts (p2p.py, named.py, guard.py) are typed against this, so none of them imports
-the communicator; communicator.py fills it in."""
+calls. The parts (p2p.py, named.py) are typed against this, so none of them imports the
+communicator; communicator.py fills it in. What failing one touches is guard.py's Guarded."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rxelab.comm.guard import Guarded
+
 if TYPE_CHECKING:
     from rxelab.buffers import Buffer
-    from rxelab.comm.guard import CallerGuard
     from rxelab.comm.plans import Plan, Planner
     from rxelab.comm.results import Stats
-    from rxelab.control import ControlPlane
-    from rxelab.engine import Engine
-    from rxelab.registry import Registry
-    from rxelab.requests import ProgressThread, Request
+    from rxelab.requests import Request
 
 
-class Core:
-    rank: int
+class Core(Guarded):
+    """Guarded's state (what failing a communicator touches), and the rest."""
+
     size: int
     timeout: float
-    failed: str | None
-    engine: Engine
-    registry: Registry | None
-    control: ControlPlane
-    lock: threading.RLock
-    guard: CallerGuard
-    progress: ProgressThread
     planner: Planner
     p2p_sent: dict[int, int]
     p2p_recv: dict[int, int]
