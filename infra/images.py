@@ -69,5 +69,5 @@ def ensure(kind: Image, extras: Extras = Extras.NONE) -> BaseImage:
     if kind is Image.DEBIAN:
         return ensure_debian(extras)
     if kind is Image.UBUNTU:
-        return ensure_ubuntu()  # its extras, as its base set, come by cloud-init (infra/seed.py)
+        return ensure_ubuntu()  # its extras, as its base set, come by cloud-init (infra/nocloud.py)
     raise LabError(f"image {kind.value!r} must be resolved before it is built")

@@ -12,7 +12,7 @@ import socket
 import time
 
 from infra import accel as accel_mod
-from infra import images, inventory, network, readiness, seed, settings, vm
+from infra import images, inventory, network, nocloud, readiness, settings, vm
 from infra import run as runner
 from infra.config import Accel, LabConfig
 from infra.errors import LabError
@@ -30,7 +30,7 @@ def configure(config: LabConfig, state: LabState) -> LabConfig:
     resolved = LabConfig(**{**vars(config), "image": kind, "data_net": data_net, "mtu": mtu})
     state.claim()
     state.save_config(resolved)
-    seed.make_seeds(resolved, state, instance_tag=f"{int(time.time())}")
+    nocloud.make_isos(resolved, state, instance_tag=f"{int(time.time())}")
     return resolved
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import lab, network, seed, vm
+from infra import lab, network, nocloud, vm
 from infra import run as runner
 from infra.config import REPO, Image, LabConfig
 from infra.errors import LabError
@@ -124,7 +124,7 @@ def test_a_seed_iso_cut_short_by_a_crash_is_private_too(tmp_path, monkeypatch):
     old = os.umask(0o022)
     try:
         with pytest.raises(OSError):
-            seed.write_iso({"user-data": "secret"}, tmp_path / "seeds" / "n-seed.iso")
+            nocloud.write_iso({"user-data": "secret"}, tmp_path / "seeds" / "n-seed.iso")
     finally:
         os.umask(old)
     (left,) = list((tmp_path / "seeds").iterdir())

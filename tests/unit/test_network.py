@@ -2,9 +2,9 @@
 
 import pytest
 
-from infra import network, seed
+from infra import network, nocloud
 from infra.config import DataNet, LabConfig
-from infra.seed import KeyPair
+from infra.nocloud import KeyPair
 from infra.status import parse_mtu
 
 
@@ -24,7 +24,7 @@ def test_vde_cannot_carry_jumbo_frames_and_says_so():
 def test_network_config_sets_the_data_nic_mtu(tmp_path):
     config = LabConfig(mtu=9000, state_dir=tmp_path)
     key = KeyPair("private", "ssh-ed25519 AAAA test")
-    files = seed.render(config, config.node(1), lab_key=key, cluster_key=key,
+    files = nocloud.render(config, config.node(1), lab_key=key, cluster_key=key,
                         host_keys={n.name: key for n in config.all_nodes()}, instance_tag="t",
                         munge_key_b64="bXVuZ2U=")
     data0 = files["network-config"].split("data0:", 1)[1]

@@ -1,5 +1,5 @@
 """Slurm in the lab (issue 28), the host's side: what `make status` makes of each node's Slurm
-state. The lab's own Slurm (MUNGE key, slurm.conf, the controller) is in test_seed; srun on
+state. The lab's own Slurm (MUNGE key, slurm.conf, the controller) is in test_nocloud; srun on
 the lab is in tests/e2e/test_slurm.py."""
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""cloud-init NoCloud seeds: one user-data template for both images, rendered with Jinja2,
-packed per node into an ISO labelled `cidata` (pycdlib, so no genisoimage is needed).
+"""cloud-init's NoCloud data (its "seed"; here the NoCloud ISO, since "the seed" in this
+project is the original C code whose API rxelab.seed_api keeps): one user-data template for
+both images, rendered with Jinja2, packed per node into an ISO labelled `cidata` (pycdlib, so
+no genisoimage is needed).
 
 Keys are made per lab, never committed: the lab key (host -> nodes), the cluster key
 (node -> node, for mpirun) and one SSH host key per node, pinned in the lab's known_hosts so
@@ -132,7 +134,7 @@ def write_iso(files: dict[str, str], dest: Path) -> None:
     tmp.replace(dest)
 
 
-def make_seeds(config: LabConfig, state: LabState, instance_tag: str) -> None:
+def make_isos(config: LabConfig, state: LabState, instance_tag: str) -> None:
     """Keys, rendered files (kept next to the ISO for reading) and ISOs for every node."""
     lab_key = ensure_key(state.ssh_key, f"{config.lab}-lab")
     cluster_key = ensure_key(state.cluster_key, f"{config.lab}-cluster")

@@ -3,13 +3,13 @@ import base64
 import pytest
 import yaml
 
-from infra import debian_image, images, seed, units
+from infra import debian_image, images, nocloud, units
 from infra.config import Image, LabConfig
 from infra.state import LabState
 
 
 def keys():
-    kp = lambda n: seed.KeyPair(f"-----BEGIN KEY-----\n{n}\n-----END KEY-----\n",  # noqa: E731
+    kp = lambda n: nocloud.KeyPair(f"-----BEGIN KEY-----\n{n}\n-----END KEY-----\n",  # noqa: E731
                                 f"ssh-ed25519 AAAA{n} {n}")
     return {"lab_key": kp("lab"), "cluster_key": kp("cluster"),
             "host_keys": {f"node{i}": kp(f"host{i}") for i in range(1, 5)},
@@ -19,7 +19,7 @@ def keys():
 @pytest.mark.parametrize("image", [Image.DEBIAN, Image.UBUNTU])
 def test_user_data_is_valid_cloud_config_for_both_images(tmp_path, image):
     config = LabConfig(nodes=3, image=image, state_dir=tmp_path)
-    files = seed.render(config, config.node(2), instance_tag="t", **keys())
+    files = nocloud.render(config, config.node(2), instance_tag="t", **keys())
     text = files["user-data"]
     assert text.startswith("#cloud-config\n")
     ud = yaml.safe_load(text)
@@ -67,7 +67,7 @@ def test_the_debian_recipe_key_follows_the_rxe_unit(monkeypatch):
 def test_network_config_matches_nics_by_mac(tmp_path):
     config = LabConfig(nodes=3, state_dir=tmp_path)
     node = config.node(3)
-    nc = yaml.safe_load(seed.render(config, node, instance_tag="t", **keys())["network-config"])
+    nc = yaml.safe_load(nocloud.render(config, node, instance_tag="t", **keys())["network-config"])
     assert nc["version"] == 2
     assert nc["ethernets"]["mgmt0"]["match"]["macaddress"] == node.mgmt_mac
     assert nc["ethernets"]["mgmt0"]["dhcp4"] is True
@@ -78,18 +78,18 @@ def test_network_config_matches_nics_by_mac(tmp_path):
 
 def test_meta_data_has_a_per_node_instance_id(tmp_path):
     config = LabConfig(nodes=2, state_dir=tmp_path)
-    md = [yaml.safe_load(seed.render(config, n, instance_tag="42", **keys())["meta-data"])
+    md = [yaml.safe_load(nocloud.render(config, n, instance_tag="42", **keys())["meta-data"])
           for n in config.all_nodes()]
     assert md[0]["instance-id"] != md[1]["instance-id"]
     assert md[1]["local-hostname"] == "node2"
 
 
-def test_make_seeds_writes_keys_known_hosts_and_cidata_isos(tmp_path):
+def test_make_isos_writes_keys_known_hosts_and_cidata_isos(tmp_path):
     import pycdlib
 
     config = LabConfig(nodes=2, image=Image.DEBIAN, state_dir=tmp_path)
     state = LabState(tmp_path)
-    seed.make_seeds(config, state, instance_tag="1")
+    nocloud.make_isos(config, state, instance_tag="1")
     assert (state.ssh_key.stat().st_mode & 0o777) == 0o600
     known = state.known_hosts.read_text().splitlines()
     assert known[1].startswith("[127.0.0.1]:2222 ssh-ed25519 ")
@@ -102,7 +102,7 @@ def test_make_seeds_writes_keys_known_hosts_and_cidata_isos(tmp_path):
     finally:
         iso.close()
     first_key = state.ssh_key.read_text()
-    seed.make_seeds(config, state, instance_tag="2")
+    nocloud.make_isos(config, state, instance_tag="2")
     assert state.ssh_key.read_text() == first_key, "keys are made once per lab"
 
 
@@ -110,7 +110,7 @@ def test_extras_reach_ubuntu_by_cloud_init_and_debian_by_its_image(tmp_path):
     from infra.config import Extras
     for image, installs in ((Image.UBUNTU, True), (Image.DEBIAN, False)):
         config = LabConfig(nodes=3, image=image, extras=Extras.TORCH, state_dir=tmp_path)
-        ud = yaml.safe_load(seed.render(config, config.node(1), instance_tag="t", **keys())["user-data"])
+        ud = yaml.safe_load(nocloud.render(config, config.node(1), instance_tag="t", **keys())["user-data"])
         assert ("python3-torch" in ud.get("packages", [])) is installs
 
 
@@ -129,7 +129,7 @@ def test_every_node_gets_the_labs_slurm_and_only_the_first_runs_its_controller(t
     config = LabConfig(nodes=3, state_dir=tmp_path)
     seen = {}
     for node in config.all_nodes():
-        ud = yaml.safe_load(seed.render(config, node, instance_tag="t", **keys())["user-data"])
+        ud = yaml.safe_load(nocloud.render(config, node, instance_tag="t", **keys())["user-data"])
         files = {f["path"]: f for f in ud["write_files"]}
         key = files["/etc/munge/munge.key"]
         assert key["owner"] == "munge:munge" and key["permissions"] == "0400"
@@ -137,7 +137,7 @@ def test_every_node_gets_the_labs_slurm_and_only_the_first_runs_its_controller(t
         conf = files["/etc/slurm/slurm.conf"]["content"]
         assert "SlurmctldHost=node1(10.10.0.11)" in conf and "AuthType=auth/munge" in conf
         for n in config.all_nodes():
-            assert f"NodeName={n.name} NodeAddr={n.data_ip} CPUs={seed.SLURM_CPUS}" in conf
+            assert f"NodeName={n.name} NodeAddr={n.data_ip} CPUs={nocloud.SLURM_CPUS}" in conf
         seen[node.name] = "/etc/slurm/rxelab-controller" in files
     assert seen == {"node1": True, "node2": False, "node3": False}
 
@@ -146,9 +146,9 @@ def test_each_lab_has_a_munge_key_of_its_own_private_to_its_owner(tmp_path):
     keys_of = []
     for lab in ("a", "b"):
         state = LabState(tmp_path / lab)
-        key = seed.ensure_munge_key(state.munge_key)
+        key = nocloud.ensure_munge_key(state.munge_key)
         assert len(base64.b64decode(key)) == 1024
         assert state.munge_key.stat().st_mode & 0o777 == 0o600
-        assert seed.ensure_munge_key(state.munge_key) == key, "made once per lab"
+        assert nocloud.ensure_munge_key(state.munge_key) == key, "made once per lab"
         keys_of.append(key)
     assert keys_of[0] != keys_of[1]
