@@ -163,8 +163,8 @@ def run_streaming(
                     print(f"{prefix}{shown}", flush=True)
 
     reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    try:
+    try:  # from here on a signal (Ctrl-C, a closed terminal) is passed on to the program
+        reader.start()
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
@@ -184,7 +184,8 @@ def run_streaming(
         proc.wait()
         raise
     finally:
-        reader.join(timeout=5)
+        if reader.ident is not None:
+            reader.join(timeout=5)
     if proc.returncode != 0:
         raise CommandError(args, proc.returncode, "\n".join(tail), "")
 

@@ -311,8 +311,12 @@ class Engine(Waits):
         elif kind == MOVING:  # only that a transfer this rank waits behind moves: the
             pass  # completion itself was the news (the wait's deadline starts again)
         elif kind == ABORT:
-            reason = ABORT_REASONS.get(rkey, "it failed")
-            self.box.aborts[peer] = reason if rkey == FAILED or not addr else f"{reason} rank {addr - 1}"
+            reason, blamed = ABORT_REASONS.get(rkey, "it failed"), addr - 1 if addr else None
+            if blamed is not None and rkey == FAILED:  # another's failure it passes on: whose
+                reason = reason if blamed == peer else f"rank {blamed} stopped"
+            elif blamed is not None:
+                reason = f"{reason} rank {blamed}"
+            self.box.aborts[peer] = reason
         else:
             raise ProtocolError(f"unknown control message kind {kind} from rank {peer}")
 

@@ -191,6 +191,8 @@ def test_a_rank_cut_off_without_a_closed_connection_is_found_by_its_silence(monk
     out = run_ranks(4, job, timeout=60, deadline=60, elastic=True, keep_errors=True)
     for r in (0, 1, 3):
         assert out[r][1] < 10, out  # the no-progress timeout is 60 s
-        assert out[r][2:] == (2, True), f"rank 2 is taken for lost on every rank: {out}"
+    # whoever heard its silence takes rank 2 for lost (the others may hear a peer's abort)
+    heard = [out[r][2:] for r in (0, 1, 3) if "rank 2 has been silent" in out[r][0]]
+    assert heard and set(heard) == {(2, True)}, out
     # whoever heard of it first says why (the others may hear a peer's abort first)
     assert any("rank 2 has been silent" in out[r][0] for r in (0, 1, 3)), out
