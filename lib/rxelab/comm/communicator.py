@@ -307,12 +307,12 @@ class Communicator(PointToPoint, NamedCollectives):
     def seat(self, what: str) -> membership.Seat:
         """This rank's place in the job, as membership carries it to the next communicator."""
         self._check_open()
+        return self._seat(what)
+
+    def _seat(self, what: str = "a change of membership") -> membership.Seat:
         if not self.control.elastic:
             raise ConfigError(f"{what}: this communicator is not elastic",
                               hint="rxelab.init(elastic=True) on every rank")
-        return self._seat()
-
-    def _seat(self) -> membership.Seat:
         assert self.control.porter is not None, "an elastic communicator has a listener"
         return membership.Seat(dataclasses.replace(self.job, job_id=self.control.job_id),
                                self.control.porter, dict(self.control.directory),
@@ -330,12 +330,9 @@ class Communicator(PointToPoint, NamedCollectives):
         """Close this communicator for a change of membership, keeping the listener. A shrink
         waits for no rank (some are dead), but what this rank sent last still arrives first:
         a peer may yet need our last block to finish the collective it is in."""
-        if not self.control.elastic:
-            raise ConfigError(f"{what}: this communicator is not elastic",
-                              hint="rxelab.init(elastic=True) on every rank")
+        seat = self._seat(what)
         if self.closed:
             raise ClosedError(f"{what}: the communicator is closed")
-        seat = self._seat()
         self._keep_porter = True
         if not farewell and self.failed is None:  # the survivors do not wait for the dead
             with self.guard.exclusive(what):

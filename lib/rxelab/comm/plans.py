@@ -223,24 +223,25 @@ class Planner:
         key = (name, algorithm, *map(id, given_buffers),
                *map(memory_of, given_buffers, (sendbuf, recvbuf)),
                *[(k, type(v), v) for k, v in given.items()])
-        plan = self.cache.ready(key)
+        # per-peer counts (lists, unhashable) are looked up by their values below
+        plan = None if COUNTED[0] in given else self.cache.ready(key)
         if plan is not None:
             return plan
         check_open()
         c = ops.collective(name)
-        if c.counts is not None:  # per-peer counts (lists): the plan is kept by their values
+        counted = None
+        if c.counts is not None:  # the plan is kept by the counts' values
             given = {k: _once(v) if k in COUNTED else v for k, v in given.items()}
             counted = counted_key(key[:6], given)
             plan = None if counted is None else self.cache.ready(counted)
             if plan is not None:
                 return plan
         chosen = checks.algorithm(c, algorithm)
-        all_given, given = given, dict(given)
+        given = dict(given)
         asked = given.pop("compression", None)
         codec = self.codec(asked)
         args = checks.arguments(c, chosen, given, self.rank, self.size)
-        if c.counts is not None:
-            key = counted_key(key[:6], all_given) or key  # checked: whole numbers now
+        key = counted or key  # the counts are checked whole numbers by now
 
         def make() -> Plan:
             run = runner(c, chosen)
