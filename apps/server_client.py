@@ -28,12 +28,10 @@ if TYPE_CHECKING:  # the same module as mypy reaches it from the tree (the node 
 else:
     import stages
 
+
 def algorithms() -> list[str]:
     """Every described collective's algorithms (as registered now)."""
     return sorted({a for c in ops.COLLECTIVES.values() for a in c.algorithms})
-
-
-ALGORITHMS = algorithms()
 
 
 def main(argv: list[str] | None = None) -> int:
