@@ -38,12 +38,15 @@ SILENT_S = 10.0
 class ControlPlane:
     def __init__(self, job: JobInfo, timeout: float, *, elastic: bool = False,
                  porter: Porter | None = None, generation: int = 0,
-                 look: Callable[[int], str] | None = None) -> None:
+                 look: Callable[[int], str] | None = None,
+                 listener: socket.socket | None = None) -> None:
         """elastic: this rank keeps a listener, served by its porter, for the job's life
         (rxelab.membership), given (a later generation's) or made here (rank 0's is the
         rendezvous), and every rank learns where the others listen. look(rank): whether a
         rank that has not said hello yet still lives (rxelab.liveness's verdict on a shrink's
-        member, whose listener is known): rank 0 stops waiting for one that is gone."""
+        member, whose listener is known): rank 0 stops waiting for one that is gone.
+        listener: rank 0's rendezvous, listening already (its starter published the port)."""
+        self.listener = listener  # taken by forming; closed here if it never was
         self.job = job
         self.timeout = timeout
         self.elastic = elastic or porter is not None
@@ -296,6 +299,9 @@ class ControlPlane:
 
     def close(self) -> None:
         """Say goodbye (a closed connection without one means a dead rank), then close."""
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         links = list(self._links().values())
         for link in links:
             self._say_bye(link)

@@ -42,6 +42,7 @@ class Plane(Protocol):
     directory: dict[int, tuple[str, int]]
     peers: dict[int, Link]
     root: Link | None
+    listener: socket.socket | None  # rank 0's rendezvous, listening already if given
 
     def abort(self, reason: str, blamed: int, skip: int | None = None,
               why: Reason = Reason.FAILED) -> None: ...
@@ -53,13 +54,20 @@ LATER_S = 5.0  # a later generation's rank 0 that answers "later" longer than th
 # going to gather it (it moved on)
 
 
+def _rendezvous(plane: Plane) -> socket.socket:
+    """Rank 0's listener: the one its starter made (rxelab.torch publishes its port in torch's
+    store before the job forms), else one at MASTER_ADDR:MASTER_PORT."""
+    given, plane.listener = plane.listener, None
+    return given or listeners.listen(plane.job)
+
+
 def alone(plane: Plane) -> None:
     """An elastic job of one rank: nobody to gather, but the rendezvous stays open for
     newcomers."""
     job = plane.job
     plane.job_id = job.job_id or secrets.token_hex(16)
     if plane.porter is None:
-        plane.porter = Porter(listeners.listen(job), job.credential, set(), rank=0,
+        plane.porter = Porter(_rendezvous(plane), job.credential, set(), rank=0,
                               generation=plane.generation)
     plane.porter.update(rank=0, generation=plane.generation,
                         scopes={plane.job_id, f"join {plane.porter.port}"})
@@ -72,7 +80,7 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
     job = plane.job
     deadline = time.monotonic() + plane.timeout
     plane.job_id = job.job_id or secrets.token_hex(16)
-    porter = plane.porter or Porter(listeners.listen(job), job.credential, set(), rank=0,
+    porter = plane.porter or Porter(_rendezvous(plane), job.credential, set(), rank=0,
                                     generation=plane.generation)
     porter.update(rank=0, generation=plane.generation, scopes={job.scope(), plane.job_id}
                   | ({f"join {porter.port}"} if plane.elastic else set()))

@@ -31,6 +31,11 @@ class Request:
         """The Stats of the collective, once it is done (its exception, if it failed)."""
         return self._future.result(timeout)
 
+    def when_done(self, fn: Callable[[Request], None]) -> None:
+        """fn(self) once it is done or failed, on the progress thread (at once if it is):
+        keep fn short, it holds up the next request."""
+        self._future.add_done_callback(lambda _: fn(self))
+
 
 class ProgressThread:
     """One worker per communicator, started on the first request."""

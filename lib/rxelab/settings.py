@@ -35,6 +35,12 @@ class Option:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def env(self) -> str:
+        """Its environment variable, where the caller's code cannot be changed to pass it
+        (rxelab.torch reads these: init_process_group has no room for them)."""
+        return ENV_PREFIX + self.name.upper()
+
     def check(self, value: Any) -> int | float:
         """value as this option's type, or a ConfigError naming the option and its range."""
         if isinstance(value, bool):
@@ -86,6 +92,29 @@ OPTIONS: tuple[Option, ...] = (
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 SHARED = tuple(o.name for o in OPTIONS if o.shared)
+
+
+ENV_PREFIX = "RXELAB_"
+
+
+def from_environ(env: Mapping[str, str]) -> dict[str, int | float]:
+    """The options the environment sets (RXELAB_EAGER_LIMIT=4096 ...), each checked and
+    named by its variable when it is wrong."""
+    found: dict[str, int | float] = {}
+    for o in OPTIONS:
+        raw = env.get(o.env, "").strip()
+        if not raw:
+            continue
+        try:
+            value: int | float = o.kind(raw)
+        except ValueError:
+            raise ConfigError(f"{o.env}={raw!r}: {o.meaning}; not a "
+                              f"{'whole number' if o.kind is int else 'number'}") from None
+        try:
+            found[o.name] = o.check(value)
+        except ConfigError as err:
+            raise ConfigError(f"{o.env}: {err}") from None
+    return found
 
 
 def resolve(given: Mapping[str, Any]) -> dict[str, int | float]:

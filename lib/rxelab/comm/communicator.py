@@ -13,6 +13,7 @@ communicator's builder.
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ class Communicator(PointToPoint, NamedCollectives):
                  port: int | None = None, gid_index: int | None = None, elastic: bool = False,
                  _porter: Any = None, _generation: int = 0,
                  _look: Callable[[int], str] | None = None, compression: str | None = None,
+                 _listener: socket.socket | None = None,
                  **options: Any) -> None:
         """options: those of rxelab.settings (timeout, eager_limit, chunk, window, slots,
         send_depth, pin_limit, qp_timeout, retry_cnt), each checked there. elastic: this
@@ -79,7 +81,7 @@ class Communicator(PointToPoint, NamedCollectives):
         self.failed: str | None = None  # set when a collective failed part-way
         self.conns: dict[int, verbs.Connection] = {}
         self.control = ControlPlane(job, timeout, elastic=elastic, porter=_porter,
-                                    generation=_generation, look=_look)
+                                    generation=_generation, look=_look, listener=_listener)
         self.dev: verbs.Device | None = None
         self.registry: Registry | None = None
         self.seq = 0

@@ -1,0 +1,53 @@
+"""rxelab as a torch.distributed backend. Importing this module registers "rxelab":
+
+    import torch.distributed as dist
+    import rxelab.torch
+    dist.init_process_group("rxelab")          # torchrun, srun, our launcher: env://
+    model = DistributedDataParallel(model)     # its gradients go over rxelab's allreduce
+
+The ranks meet through the store torch hands the backend (rxelab.torch.rendezvous); options
+come from `pg_options=rxelab.torch.Options(...)` or the environment (rxelab.torch.options);
+what it supports and how is in rxelab.torch.group. Needs torch >= 1.13.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from rxelab.torch.group import SUPPORTED, ProcessGroupRxelab
+from rxelab.torch.options import Options, resolve
+from rxelab.torch.rendezvous import meet
+
+__all__ = ["BACKEND", "SUPPORTED", "Options", "ProcessGroupRxelab", "create", "new_group"]
+BACKEND = "rxelab"
+
+
+def new_group(store: Any, rank: int, size: int, timeout: timedelta = timedelta(minutes=30),
+              options: Options | None = None) -> ProcessGroupRxelab:
+    """A process group of its own over `store` (torch's Store), for a program that makes its
+    groups itself (DDP(process_group=...)) rather than through init_process_group."""
+    from rxelab.comm import Communicator
+
+    chosen = resolve(options, os.environ)
+    job, listener = meet(store, rank, size, timeout.total_seconds())
+    try:
+        comm = Communicator(job, _listener=listener, **chosen.opening())
+    except BaseException:
+        if listener is not None:
+            listener.close()
+        raise
+    return ProcessGroupRxelab(comm, chosen)
+
+
+def create(backend_options: Any, pg_options: Any = None) -> ProcessGroupRxelab:
+    """torch's creator of the backend (extended API): the group's store, rank, size, timeout."""
+    return new_group(backend_options.store, backend_options.group_rank,
+                     backend_options.group_size, backend_options.timeout, pg_options)
+
+
+if BACKEND.upper() not in dist.Backend._plugins:
+    dist.Backend.register_backend(BACKEND, create, extended_api=True)

@@ -1,0 +1,116 @@
+"""How the ranks of a torch process group meet: through the store torch hands the backend,
+not a port of their own. Rank 0 listens on a free port of every address and publishes where
+(its host, the port) in the store; the others read it there and dial, as under init().
+
+The job's secret (rxelab.auth: every control-plane connection proves it) comes from rxelab's
+own sources (RXELAB_JOB_TOKEN, RXELAB_JOB_TOKEN_FILE, Open MPI's job key: rxelab.bootstrap)
+where the ranks have one; otherwise rank 0 draws one and puts it in the store, so the job is
+as closed as torch's store is (whoever can reach the store could join Gloo's job as well).
+The host rank 0 publishes is RXELAB_MASTER_ADDR, else MASTER_ADDR, else its host name.
+
+What the store holds is read as untrusted input: checked before it is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from rxelab import bootstrap, listeners
+from rxelab.auth import SharedSecret
+from rxelab.errors import ConfigError, PeerError, ProtocolError, Reason
+
+WHERE_KEY = "rxelab/rendezvous"  # inside torch's PrefixStore of the group: one per group
+SECRET_KEY = "rxelab/secret"
+FROM_STORE = "torch's store"
+SOURCE = "torch.distributed"
+_HOST = re.compile(r"[A-Za-z0-9._:%-]{1,255}")
+
+
+def where(env: Mapping[str, str]) -> str:
+    """The host name or address the other ranks dial to reach rank 0."""
+    return env.get("RXELAB_MASTER_ADDR") or env.get("MASTER_ADDR") or socket.gethostname()
+
+
+def meet(store: Any, rank: int, size: int, wait_s: float,
+         env: Mapping[str, str] | None = None) -> tuple[bootstrap.JobInfo, socket.socket | None]:
+    """This rank's JobInfo, and on rank 0 of a job of several ranks its listener (which the
+    communicator serves the job's hellos on)."""
+    env = os.environ if env is None else env
+    if not (isinstance(rank, int) and isinstance(size, int) and 0 <= rank < size
+            and size <= bootstrap.MAX_RANKS):
+        raise ConfigError(f"rank {rank} of {size} is not a rank of a job rxelab can form")
+    secret, source = bootstrap.job_secret(env)
+    if size == 1:
+        return bootstrap.JobInfo(0, 1, "127.0.0.1", 0, SOURCE,
+                                 SharedSecret.of(secret or secrets.token_hex(32), source or "own"),
+                                 launch_id=""), None
+    if rank == 0:
+        return _publish(store, size, secret, source, env)
+    info = _read(store, wait_s)
+    if info["secret"] == FROM_STORE:
+        if secret:
+            raise ConfigError(f"this rank has a job secret ({source}), rank 0 has none",
+                              hint="give every rank the same RXELAB_JOB_TOKEN, or none")
+        secret, source = _text(store.get(SECRET_KEY), "the job's secret", 256), FROM_STORE
+    elif not secret:
+        raise ConfigError(f"rank 0 has a job secret ({info['secret']}), this rank has none",
+                          hint="give every rank the same RXELAB_JOB_TOKEN, or none")
+    return bootstrap.JobInfo(rank, size, info["host"], info["port"], SOURCE,
+                             SharedSecret.of(secret, source), launch_id=info["launch"]), None
+
+
+def _publish(store: Any, size: int, secret: str, source: str, env: Mapping[str, str]
+             ) -> tuple[bootstrap.JobInfo, socket.socket]:
+    if not secret:
+        secret, source = secrets.token_hex(32), FROM_STORE
+        store.set(SECRET_KEY, secret)
+    try:
+        listener = listeners.any_address(0)  # a job with a secret: every address, a free port
+    except OSError as err:
+        raise ConfigError(f"rank 0 cannot listen for the job's rendezvous: {err}") from None
+    host, port, launch = where(env), listener.getsockname()[1], secrets.token_hex(8)
+    store.set(WHERE_KEY, json.dumps({"host": host, "port": port, "launch": launch,
+                                     "secret": source}))
+    return bootstrap.JobInfo(0, size, host, port, SOURCE, SharedSecret.of(secret, source),
+                             launch_id=launch), listener
+
+
+def _read(store: Any, wait_s: float) -> dict[str, Any]:
+    try:
+        store.wait([WHERE_KEY], timedelta(seconds=wait_s))
+    except RuntimeError as err:  # torch's store says it timed out, or lost its server
+        raise PeerError(f"rank 0 did not publish its rendezvous in torch's store within "
+                        f"{wait_s:g} s ({str(err).splitlines()[0][:200]})", peer=0,
+                        reason=Reason.SILENT,
+                        hint="is rank 0 started, with the rxelab backend too?") from None
+    raw = _text(store.get(WHERE_KEY), "rank 0's rendezvous", 1024)
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        raise ProtocolError("rank 0's rendezvous in torch's store is not JSON") from None
+    ok = (isinstance(info, dict) and isinstance(info.get("host"), str)
+          and _HOST.fullmatch(info["host"]) is not None
+          and isinstance(info.get("port"), int) and not isinstance(info["port"], bool)
+          and 1 <= info["port"] <= 65535
+          and isinstance(info.get("launch"), str) and re.fullmatch(r"[0-9a-f]{16}", info["launch"])
+          and isinstance(info.get("secret"), str) and len(info["secret"]) <= 64)
+    if not ok:
+        raise ProtocolError(f"rank 0's rendezvous in torch's store is malformed: {raw[:200]!r}")
+    return info
+
+
+def _text(value: Any, what: str, limit: int) -> str:
+    data = bytes(value)
+    if not data or len(data) > limit:
+        raise ProtocolError(f"{what} in torch's store is empty or longer than {limit} bytes")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{what} in torch's store is not text") from None

@@ -1,0 +1,202 @@
+"""Every collective the rxelab backend supports, through torch.distributed's own calls, against
+a reference computed here: float32, float64 and int64, in place, blocking and async_op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.torch.groups import run_groups
+
+P = 3
+DTYPES = (torch.float32, torch.float64, torch.int64)
+
+
+def data(rank: int, n: int, dtype: torch.dtype, salt: int = 0) -> torch.Tensor:
+    """Rank-specific values that no two ranks share, exact in every dtype tested."""
+    return (torch.arange(n, dtype=torch.int64) * 3 + rank * 7 + salt + 1).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op,reference", [
+    (dist.ReduceOp.SUM, lambda xs: sum(xs[1:], xs[0].clone())),
+    (dist.ReduceOp.PRODUCT, lambda xs: xs[0] * xs[1] * xs[2]),
+    (dist.ReduceOp.MIN, lambda xs: torch.stack(xs).min(0).values),
+    (dist.ReduceOp.MAX, lambda xs: torch.stack(xs).max(0).values),
+])
+def test_all_reduce_in_place(dtype, op, reference):
+    def job(pg):
+        t = data(pg.rank(), 11, dtype)
+        dist.all_reduce(t, op, group=pg)
+        return t
+    got = run_groups(P, job)
+    want = reference([data(r, 11, dtype) for r in range(P)])
+    for t in got:
+        assert t.dtype == dtype and torch.equal(t, want), (t, want)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
+def test_all_reduce_avg_divides_the_sum(dtype):
+    def job(pg):
+        t = data(pg.rank(), 8, dtype)
+        dist.all_reduce(t, dist.ReduceOp.AVG, group=pg)
+        return t
+    want = sum(data(r, 8, dtype) for r in range(P)) / P
+    for t in run_groups(P, job):
+        assert torch.allclose(t, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("root", range(P))
+def test_broadcast_from_every_root(dtype, root):
+    def job(pg):
+        t = data(pg.rank(), 9, dtype)
+        dist.broadcast(t, root, group=pg)
+        return t
+    for t in run_groups(P, job):
+        assert torch.equal(t, data(root, 9, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_gather_list_and_tensor_forms(dtype):
+    def job(pg):
+        mine = data(pg.rank(), 6, dtype).view(2, 3)
+        listed = [torch.zeros(2, 3, dtype=dtype) for _ in range(P)]
+        dist.all_gather(listed, mine, group=pg)
+        whole = torch.zeros(P * 2, 3, dtype=dtype)
+        dist.all_gather_into_tensor(whole, mine, group=pg)
+        return listed, whole
+    want = [data(r, 6, dtype).view(2, 3) for r in range(P)]
+    for listed, whole in run_groups(P, job):
+        assert all(torch.equal(a, b) for a, b in zip(listed, want, strict=True))
+        assert torch.equal(whole, torch.cat(want))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reduce_scatter_list_and_tensor_forms(dtype):
+    def job(pg):
+        r = pg.rank()
+        ins = [data(r, 4, dtype, salt=10 * k) for k in range(P)]
+        out = torch.zeros(4, dtype=dtype)
+        dist.reduce_scatter(out, ins, group=pg)
+        whole = torch.cat(ins)
+        out2 = torch.zeros(4, dtype=dtype)
+        dist.reduce_scatter_tensor(out2, whole, dist.ReduceOp.MAX, group=pg)
+        return r, out, out2
+    for r, out, out2 in run_groups(P, job):
+        mine = [data(q, 4, dtype, salt=10 * r) for q in range(P)]
+        assert torch.equal(out, sum(mine[1:], mine[0].clone()))
+        assert torch.equal(out2, torch.stack(mine).max(0).values)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_to_all_lists_even_and_uneven(dtype):
+    def sizes(src, dst):  # uneven: what src sends dst
+        return 1 + (src + 2 * dst) % 3
+
+    def job(pg):
+        r = pg.rank()
+        ins = [data(r, 5, dtype, salt=100 * d) for d in range(P)]
+        outs = [torch.zeros(5, dtype=dtype) for _ in range(P)]
+        dist.all_to_all(outs, ins, group=pg)
+        uneven_in = [data(r, sizes(r, d), dtype, salt=100 * d) for d in range(P)]
+        uneven_out = [torch.zeros(sizes(s, r), dtype=dtype) for s in range(P)]
+        dist.all_to_all(uneven_out, uneven_in, group=pg)
+        return r, outs, uneven_out
+    for r, outs, uneven in run_groups(P, job):
+        for s in range(P):
+            assert torch.equal(outs[s], data(s, 5, dtype, salt=100 * r))
+            assert torch.equal(uneven[s], data(s, sizes(s, r), dtype, salt=100 * r))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_to_all_single_even_and_with_split_sizes(dtype):
+    def split(src, dst):  # rows src sends dst
+        return (src + dst) % 3
+
+    def job(pg):
+        r = pg.rank()
+        x = data(r, P * 2 * 4, dtype).view(P * 2, 4)
+        y = torch.zeros_like(x)
+        dist.all_to_all_single(y, x, group=pg)
+        ins = [split(r, d) for d in range(P)]
+        outs = [split(s, r) for s in range(P)]
+        xv = data(r, sum(ins) * 4, dtype).view(-1, 4)
+        yv = torch.zeros(sum(outs), 4, dtype=dtype)
+        dist.all_to_all_single(yv, xv, outs, ins, group=pg)
+        return r, y, yv
+    for r, y, yv in run_groups(P, job):
+        want = [data(s, P * 2 * 4, dtype).view(P * 2, 4)[2 * r:2 * r + 2] for s in range(P)]
+        assert torch.equal(y, torch.cat(want))
+        pieces = []
+        for s in range(P):
+            rows = [split(s, d) for d in range(P)]
+            start = sum(rows[:r])
+            pieces.append(data(s, sum(rows) * 4, dtype).view(-1, 4)[start:start + rows[r]])
+        assert torch.equal(yv, torch.cat(pieces))
+
+
+def test_barrier_and_send_recv_in_a_ring():
+    def job(pg):
+        r, p = pg.rank(), pg.size()
+        dist.barrier(group=pg)
+        got = torch.zeros(4, dtype=torch.float64)
+        mine = data(r, 4, torch.float64)
+        if r % 2 == 0:  # rendezvous sends: one side sends first
+            pg.send([mine], (r + 1) % p, 0).wait()
+            pg.recv([got], (r - 1) % p, 0).wait()
+        else:
+            pg.recv([got], (r - 1) % p, 0).wait()
+            pg.send([mine], (r + 1) % p, 0).wait()
+        return r, got
+    for r, got in run_groups(2, job):
+        assert torch.equal(got, data((r - 1) % 2, 4, torch.float64))
+
+
+def test_async_op_returns_at_once_and_completes_in_order():
+    def job(pg):
+        r = pg.rank()
+        ts = [data(r, 1000, torch.float32, salt=k) for k in range(4)]
+        works = [dist.all_reduce(t, group=pg, async_op=True) for t in ts]
+        b = data(r, 10, torch.float64)
+        works.append(dist.broadcast(b, 2, group=pg, async_op=True))
+        for w in works:
+            w.wait()
+        return ts, b, [w.is_completed() for w in works], [w.get_future().done() for w in works]
+    for ts, b, completed, done in run_groups(P, job):
+        for k, t in enumerate(ts):
+            assert torch.equal(t, sum(data(r, 1000, torch.float32, salt=k) for r in range(P)))
+        assert torch.equal(b, data(2, 10, torch.float64))
+        assert all(completed) and all(done)
+
+
+def test_a_tensor_that_needs_a_gradient_is_reduced_in_its_own_memory():
+    def job(pg):
+        w = torch.ones(5, requires_grad=True)
+        with torch.no_grad():
+            dist.all_reduce(w, group=pg)
+        return w
+    for w in run_groups(P, job):
+        assert torch.equal(w.detach(), torch.full((5,), float(P)))
+
+
+def test_bool_and_bfloat16_travel_where_nothing_is_reduced():
+    def job(pg):
+        r = pg.rank()
+        flags = torch.tensor([r == 1, True, False])
+        dist.broadcast(flags, 1, group=pg)
+        listed = [torch.zeros(2, dtype=torch.bfloat16) for _ in range(P)]
+        dist.all_gather(listed, torch.full((2,), r + 0.5, dtype=torch.bfloat16), group=pg)
+        return flags, listed
+    for flags, listed in run_groups(P, job):
+        assert flags.tolist() == [True, True, False]
+        assert [x.tolist() for x in listed] == [[r + 0.5] * 2 for r in range(P)]
+
+
+def test_empty_tensors_are_a_no_op():
+    def job(pg):
+        t = torch.zeros(0)
+        dist.all_reduce(t, group=pg)
+        return t.numel()
+    assert run_groups(P, job) == [0] * P
