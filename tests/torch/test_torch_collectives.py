@@ -200,3 +200,12 @@ def test_empty_tensors_are_a_no_op():
         dist.all_reduce(t, group=pg)
         return t.numel()
     assert run_groups(P, job) == [0] * P
+
+
+def test_bfloat16_all_reduce_sums_in_float32_and_lands_in_the_tensor():
+    def job(pg):
+        t = torch.full((6,), 1.5 + pg.rank(), dtype=torch.bfloat16)
+        dist.all_reduce(t, group=pg)
+        return t
+    for t in run_groups(P, job):
+        assert t.dtype == torch.bfloat16 and t.tolist() == [1.5 * P + sum(range(P))] * 6

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from rxelab.comm import Communicator
 from rxelab.errors import ConfigError
 from rxelab.torch.options import Options
-from rxelab.torch.tensors import direct, one, reduction, several
+from rxelab.torch.tensors import WIDENED, direct, one, reduction, several
 from rxelab.torch.works import Completions, finished
 
 SUPPORTED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
@@ -68,10 +68,28 @@ class ProcessGroupRxelab(dist.ProcessGroup):
 
     # ---- collectives ----------------------------------------------------------------
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
-        t = direct(one(tensors, "all_reduce"), "all_reduce", "the tensor", reduced=True)
+        given = one(tensors, "all_reduce")
+        if isinstance(given, torch.Tensor) and given.dtype in WIDENED:
+            return self._widened_allreduce(given, tensors, opts)
+        t = direct(given, "all_reduce", "the tensor", reduced=True)
         op, average = reduction(opts, t.dtype, "all_reduce")
         return self._start("allreduce", t, t, tensors, self._averaged(t) if average else None,
                            op=op)
+
+    def _widened_allreduce(self, given: torch.Tensor, tensors: Any, opts: Any) -> Any:
+        """bfloat16 (DDP's bf16 hook): numpy has no such type, so it is summed in float32,
+        each rank's values widened exactly; twice the bytes travel."""
+        direct(given.view(torch.int16), "all_reduce", "the tensor")  # its layout, checked
+        op, average = reduction(opts, given.dtype, "all_reduce")
+        wide = given.detach().to(WIDENED[given.dtype])
+        divide = self._averaged(wide) if average else None
+
+        def narrow() -> None:
+            if divide is not None:
+                divide()
+            with torch.no_grad():
+                given.copy_(wide)
+        return self._start("allreduce", wide, wide, tensors, narrow, op=op)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         t = direct(one(tensors, "broadcast"), "broadcast", "the tensor")

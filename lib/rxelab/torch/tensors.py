@@ -1,7 +1,8 @@
 """What the backend checks of the tensors torch hands it, and how a reduction of torch's is
 named in the library. CPU tensors in place: the library reads and writes their memory
 directly, so a tensor it works on must be a dense, contiguous CPU tensor of a dtype numpy
-knows (bool and bfloat16 travel as bytes where nothing is reduced). Outputs of the list
+knows (bool and bfloat16 travel as bytes where nothing is reduced; all_reduce sums bfloat16 in
+float32). Outputs of the list
 forms (all_gather, all_to_all) are copied into, so they may be laid out any way."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from rxelab.errors import ConfigError
 
 REDUCED = (torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
            torch.int64, torch.uint8)
-AS_BYTES = {torch.bool: torch.uint8, torch.bfloat16: torch.int16}  # moved, never reduced
+AS_BYTES = {torch.bool: torch.uint8, torch.bfloat16: torch.int16}  # moved as they are
+WIDENED = {torch.bfloat16: torch.float32}  # all_reduce sums these in a wider type
 _OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max"}
 AVG = "AVG"
 
