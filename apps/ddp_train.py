@@ -5,7 +5,7 @@ rank ends with the same parameters and that rxelab's match Gloo's within float s
 tolerance, and reports the time per step and per gradient bucket of each, as JSON lines.
 
     python3 -m rxelab.launch --hosts node1,node2,node3 -- python3 apps/ddp_train.py
-    torchrun --nnodes 3 --nproc-per-node 1 --rdzv-endpoint node1:29400 apps/ddp_train.py
+    torchrun --nnodes 3 --nproc_per_node 1 --node_rank I --master_addr node1 apps/ddp_train.py
     srun -N3 python3 apps/ddp_train.py
 
 The first backend of --backends is the job's default group (dist.init_process_group); the
@@ -21,6 +21,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import logging
 import os
 import statistics
 import sys
@@ -287,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {backends[0]}'s rendezvous failed: {first}", file=sys.stderr)
         return 2
     rank, p = dist.get_rank(), dist.get_world_size()
+    logging.getLogger("torch.nn.parallel.distributed").setLevel(logging.WARNING)  # per DDP
     first_bucket(args.first_bucket_mb)
     groups: dict[str, Any] = {backends[0]: None}
     for b in backends[1:]:
