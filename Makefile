@@ -40,9 +40,12 @@ ssh: deps
 destroy: deps
 	$(PY) -m infra destroy
 
-# Two workers: the VM tests in order on one (tests/conftest.py says how), the unit tests beside.
+# Two workers: the VM tests in order on one (tests/conftest.py says how), the unit tests beside;
+# then the torch backend's host tests under the distribution's torch (.venv-torch).
 test: test-deps
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	.venv-torch/bin/python -m pytest tests/torch $(PYTEST_ARGS)
 
 test-unit: test-deps
 	$(PY) -m pytest -m 'not vm' $(PYTEST_ARGS)
+	.venv-torch/bin/python -m pytest tests/torch $(PYTEST_ARGS)

@@ -266,9 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{', '.join(missing)} not set: start it with torchrun, srun or "
                  "python3 -m rxelab.launch")
     try:
-        import torch.distributed as dist
-
         import rxelab.torch as rxelab_torch
+        import torch.distributed as dist
     except ImportError as err:
         print(f"error: torch is not installed here ({err}); a lab built with EXTRAS=torch has it",
               file=sys.stderr)

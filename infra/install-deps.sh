@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs fakeroot vde2 iproute2
               openssh-client python3-venv gpgv)
+# the tests of rxelab.torch run against the distribution's torch (Debian 12: 1.13, the nodes')
+[ "${1:-}" = test ] && APT_PACKAGES+=(python3-torch)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -30,6 +32,14 @@ extras=""
 # the library first (lib/ is its own project, the rxelab wheel), then the testbed beside it
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ./lib
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".$extras"
+if [ "${1:-}" = test ]; then
+  # .venv-torch: the system's python3 and its torch, with the test tools beside them; numpy
+  # stays below 2, which the distribution's torch was built against
+  [ -x .venv-torch/bin/python ] || /usr/bin/python3 -m venv --system-site-packages .venv-torch
+  .venv-torch/bin/python -m pip install -q --disable-pip-version-check -e ./lib -e ".[test]" "numpy<2"
+  .venv-torch/bin/python -c 'import torch, torch.distributed as d; assert d.is_available()' || {
+    echo "deps: .venv-torch cannot import the system's torch (python3-torch)" >&2; exit 1; }
+fi
 if ! command -v terraform >/dev/null; then
   echo "deps: terraform is not installed: install Terraform >= 1.4 from HashiCorp" \
        "(it is not in Debian's archive); everything else is in place" >&2

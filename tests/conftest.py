@@ -4,6 +4,7 @@ lab name and SSH ports of its own, so a user's lab on the same machine is never 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import time
@@ -26,6 +27,9 @@ from infra.inventory import Host, Inventory
 from infra.ssh import ssh_argv
 from infra.state import LabState
 from tests import lab_sessions
+
+# tests/torch runs under the distribution's torch, in .venv-torch (the Makefile's second run)
+collect_ignore = [] if importlib.util.find_spec("torch") else ["torch"]
 
 PROVISION_TIMEOUT_S = 1800
 DESTROY_TIMEOUT_S = 600

@@ -12,11 +12,11 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+import rxelab.torch as rt
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from pyverbs import _fabric
 
-import rxelab.torch as rt
 from tests.unit.fakejob import RankFailed
 
 

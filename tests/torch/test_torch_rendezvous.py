@@ -1,0 +1,125 @@
+"""How the ranks of a torch process group meet (rxelab.torch.rendezvous) and what the backend
+takes as options (rxelab.torch.options): both pure Python (torch is here only because the
+package registers the backend when imported). The store is a
+stand-in with torch's Store calls (set, get, wait)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from rxelab.errors import ConfigError, PeerError, ProtocolError
+from rxelab.torch import options as opts
+from rxelab.torch import rendezvous as rdv
+
+
+class Store:
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        if any(k not in self.data for k in keys):
+            raise RuntimeError(f"Wait timeout after {timeout}")
+
+
+def test_rank_0_publishes_where_it_listens_and_a_secret_drawn_for_the_job():
+    store = Store()
+    job0, listener = rdv.meet(store, 0, 3, 5.0, env={"MASTER_ADDR": "10.0.0.1"})
+    try:
+        assert listener is not None and job0.master_port == listener.getsockname()[1]
+        job2, none = rdv.meet(store, 2, 3, 5.0, env={})
+        assert none is None
+        assert (job2.master_addr, job2.master_port) == ("10.0.0.1", job0.master_port)
+        assert job2.launch_id == job0.launch_id and job0.secured and job2.secured
+        assert job2.credential.key == job0.credential.key, "one secret, from the store"
+        assert job0.scope() == job2.scope()
+    finally:
+        listener.close()
+
+
+def test_a_secret_of_rxelabs_own_never_goes_into_the_store():
+    store = Store()
+    job0, listener = rdv.meet(store, 0, 2, 5.0, env={"RXELAB_JOB_TOKEN": "s3cret"})
+    listener.close()
+    assert rdv.SECRET_KEY not in store.data
+    assert b"s3cret" not in b"".join(store.data.values())
+    job1, _ = rdv.meet(store, 1, 2, 5.0, env={"RXELAB_JOB_TOKEN": "s3cret"})
+    assert job1.credential.key == job0.credential.key
+    with pytest.raises(ConfigError, match="rank 0 has a job secret .*this rank has none"):
+        rdv.meet(store, 1, 2, 5.0, env={})
+
+
+def test_a_rank_with_a_secret_where_rank_0_has_none_is_refused():
+    store = Store()
+    _, listener = rdv.meet(store, 0, 2, 5.0, env={})
+    listener.close()
+    with pytest.raises(ConfigError, match="this rank has a job secret"):
+        rdv.meet(store, 1, 2, 5.0, env={"RXELAB_JOB_TOKEN": "x"})
+
+
+def test_a_missing_rank_0_is_named_after_the_wait():
+    with pytest.raises(PeerError, match="rank 0 did not publish its rendezvous .* within 0.5 s"):
+        rdv.meet(Store(), 1, 2, 0.5, env={})
+
+
+@pytest.mark.parametrize("value", [
+    b"not json", b"[]", json.dumps({"host": "a b", "port": 1, "launch": "0" * 16, "secret": "x"}).encode(),
+    json.dumps({"host": "h", "port": 70000, "launch": "0" * 16, "secret": "x"}).encode(),
+    json.dumps({"host": "h", "port": True, "launch": "0" * 16, "secret": "x"}).encode(),
+    json.dumps({"host": "h", "port": 5, "launch": "; rm -rf", "secret": "x"}).encode(),
+    b"x" * 5000, b"\xff\xfe"])
+def test_what_the_store_holds_is_checked_before_use(value):
+    store = Store()
+    store.set(rdv.WHERE_KEY, value)
+    with pytest.raises(ProtocolError):
+        rdv.meet(store, 1, 2, 1.0, env={})
+
+
+def test_a_job_of_one_needs_no_rendezvous():
+    job, listener = rdv.meet(Store(), 0, 1, 1.0, env={})
+    assert listener is None and job.world_size == 1 and job.secured
+
+
+@pytest.mark.parametrize("rank,size", [(3, 3), (-1, 2), (0, 0), (0, 20000)])
+def test_ranks_outside_the_job_are_refused(rank, size):
+    with pytest.raises(ConfigError):
+        rdv.meet(Store(), rank, size, 1.0, env={})
+
+
+def test_options_from_the_environment_and_from_pg_options():
+    env = {"RXELAB_ALGORITHMS": "allreduce=recursive-doubling, alltoall=pairwise",
+           "RXELAB_EAGER_LIMIT": "4096", "RXELAB_COMPRESSION": "lz4"}
+    got = opts.resolve(None, env)
+    assert got.algorithm("allreduce") == "recursive-doubling"
+    assert got.algorithm("alltoallv") == "pairwise", "alltoallv takes alltoall's choice"
+    assert got.algorithm("bcast") is None and got.settings == {"eager_limit": 4096}
+    assert got.opening()["compression"] == "lz4"
+    mine = opts.resolve(opts.Options(algorithms={"allreduce": "ring"}, compression="none",
+                                     settings={"eager_limit": 0}), env)
+    assert mine.algorithm("allreduce") == "ring" and mine.settings["eager_limit"] == 0
+    assert mine.compression == "none", "pg_options win over the environment"
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"RXELAB_ALGORITHMS": "allreduce"}, "collective=algorithm"),
+    ({"RXELAB_ALGORITHMS": "allreduce=fastest"}, "allreduce has no algorithm 'fastest'"),
+    ({"RXELAB_ALGORITHMS": "reduce=ring"}, "no collective 'reduce'"),
+    ({"RXELAB_EAGER_LIMIT": "lots"}, "RXELAB_EAGER_LIMIT='lots'"),
+    ({"RXELAB_EAGER_LIMIT": "99999999"}, "RXELAB_EAGER_LIMIT: eager_limit"),
+    ({"RXELAB_COMPRESSION": "zip"}, "zip"),
+])
+def test_a_wrong_environment_is_named(env, match):
+    with pytest.raises(ConfigError, match=match):
+        opts.resolve(None, env)
+
+
+def test_pg_options_of_another_kind_are_refused():
+    with pytest.raises(ConfigError, match="rxelab.torch.Options"):
+        opts.resolve({"compression": "lz4"}, {})  # type: ignore[arg-type]
