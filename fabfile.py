@@ -17,7 +17,7 @@ import paramiko
 from fabric import task
 from invoke.exceptions import CommandTimedOut, Exit
 
-from experiments import about, elastic_report, fleet, runner
+from experiments import about, ddp_report, elastic_report, fleet, runner
 from experiments import report as report_mod
 from experiments import spec as spec_mod
 from infra import inventory as inventory_mod
@@ -96,9 +96,9 @@ def run_experiment(c, spec="smoke", inventory=None, results=None, launcher=None,
     if launcher is not None and launcher not in spec_mod.LAUNCHERS:
         raise Exit(f"error: --launcher {launcher!r}: must be one of {', '.join(spec_mod.LAUNCHERS)}",
                    code=1)
-    if (launcher or chosen.launcher) == "srun" and chosen.elastic:
-        raise Exit(f"error: spec {chosen.name} is an elastic scenario: it starts its own ranks "
-                   "over SSH, not through srun", code=1)
+    if (launcher or chosen.launcher) == "srun" and (chosen.elastic or chosen.ddp):
+        raise Exit(f"error: spec {chosen.name} is a scenario ([elastic] or [ddp]): it starts its "
+                   "own ranks over SSH, not through srun", code=1)
     inv, lab_state = _inventory(inventory, accept_new_host_keys)
     if chosen.max_nodes > len(inv.hosts):
         raise Exit(f"error: spec {chosen.name} needs {chosen.max_nodes} nodes, the inventory has "
@@ -111,6 +111,7 @@ def run_experiment(c, spec="smoke", inventory=None, results=None, launcher=None,
         run = runner.Runner(chosen, inv, Path(results) if results else RESULTS, lab_mtu=lab_mtu,
                             launcher=launcher)
         print(f"{chosen.name}: " + ("an elastic scenario" if chosen.elastic else
+                                    "a DDP scenario" if chosen.ddp else
                                     f"{len(chosen.cases())} cases") + f" -> {run.dir}")
         out = run.run(env)
     except KeyboardInterrupt:
@@ -128,6 +129,14 @@ def run_experiment(c, spec="smoke", inventory=None, results=None, launcher=None,
         print(f"results: {out}" + (f" ({'; '.join(wrong)})" if wrong else ""))
         if wrong:
             raise Exit("the elastic scenario did not end well: " + "; ".join(wrong), code=1)
+    if chosen.ddp:
+        trained = ddp_report.load(out)
+        wrong = ddp_report.problems(trained)
+        lacking = [r["error"] for r in trained if r.get("status") == "skipped"]
+        print(f"results: {out}" + (f" ({'; '.join(wrong)})" if wrong else "")
+              + (f" (not run: {lacking[0]})" if lacking else ""))
+        if wrong:
+            raise Exit("the DDP scenario did not end well: " + "; ".join(wrong), code=1)
     skipped = [r for r in records if r["status"] == "skipped"]  # a contender the nodes lack
     bad = [r for r in records if r["status"] not in ("ok", "skipped")]
     print(f"results: {out} ({len(records) - len(bad) - len(skipped)}/{len(records)} cases ok"

@@ -295,3 +295,31 @@ def elastic_steps(records: list[Row], changes: list[list[Row]]) -> bytes | None:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return _png(fig)
+
+
+def ddp_steps(records: list[Row]) -> bytes | None:
+    """DDP's time per step by bucket cap, one bar per variant, the rounds' min-max as error
+    bars (a gap inside them is not a gap)."""
+    if not records:
+        return None
+    caps = sorted({r["bucket_mb"] for r in records})
+    variants = list(dict.fromkeys(r["variant"] for r in records))
+    width = 0.8 / len(variants)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(caps) * len(variants) / 2), 4))
+    for k, v in enumerate(variants):
+        xs, ys, lo, hi = [], [], [], []
+        for i, cap in enumerate(caps):
+            r = next((x for x in records if x["variant"] == v and x["bucket_mb"] == cap), None)
+            if r is not None:
+                xs.append(i + (k - (len(variants) - 1) / 2) * width)
+                ys.append(r["step_ms"])
+                lo.append(r["step_ms"] - r["step_ms_min"])
+                hi.append(r["step_ms_max"] - r["step_ms"])
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=v,
+               hatch="//" if v.startswith("gloo") else None)
+    ax.set_xticks(range(len(caps)), [f"{c:g} MB" for c in caps])
+    ax.set_xlabel("DDP bucket cap")
+    ax.set_ylabel("time per step (ms), median of rounds")
+    ax.set_title("DDP: rxelab against Gloo (error bars: the rounds' min-max)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    return _png(fig)

@@ -15,7 +15,7 @@ from typing import Any
 
 from rxelab import ops, perftest
 
-from experiments import compression_report, counters, elastic_report, netem, plots
+from experiments import compression_report, counters, ddp_report, elastic_report, netem, plots
 from experiments.report_summary import BACK_TO_BACK, peak_to_mean, summary_lines
 from experiments.run_facts import facts, how_nodes_ran, mpi_rdma_note, text
 from experiments.spec import contender, ranks
@@ -202,6 +202,12 @@ def write(results: Path) -> tuple[Path, Path]:
         if (png := elastic_report.figure(scenario)) is not None:
             images = {"elastic.png": png, **images}
     el_head, el_rows = elastic_report.table(scenario)
+    trained = ddp_report.load(results)
+    if trained:
+        summary = [*ddp_report.summary_lines(trained), *summary[1:]]
+        if (png := ddp_report.figure(trained)) is not None:
+            images = {"ddp.png": png, **images}
+        el_head, el_rows = ddp_report.table(trained)
     perf = [r for r in records if r["app"] == "perftest" and r.get("summary")]
     title = f"rxelab report: {text(env.get('spec')) or results.name}"
     fact_lines = facts(env, results) + ([rate_note] if rate_note else [])
@@ -215,7 +221,7 @@ def write(results: Path) -> tuple[Path, Path]:
           *[f"- {_md(f)}" for f in fact_lines], "",
           "## Summary", "", *[f"- {x}" for x in summary], ""]
     if el_rows:
-        md += ["## Changes of members", "", "| " + " | ".join(el_head) + " |",
+        md += [f"## {'DDP against Gloo' if trained else 'Changes of members'}", "", "| " + " | ".join(el_head) + " |",
                "|" + "---|" * len(el_head)]
         md += ["| " + " | ".join(_md(c) for c in row) + " |" for row in el_rows]
         md.append("")
@@ -250,10 +256,12 @@ def write(results: Path) -> tuple[Path, Path]:
              f"<h1>{esc(title)}</h1>" + (f"<p class='note'>{esc(note)}</p>" if note else "") + "<ul>",
              *[f"<li>{esc(f)}</li>" for f in fact_lines], "</ul><h2>Summary</h2><ul>",
              *[f"<li>{esc(x)}</li>" for x in summary], "</ul>"]
-    first = [n for n in ("elastic.png", "stages.png", "loss.png", "pairs.png") if n in images]
+    first = [n for n in ("ddp.png", "elastic.png", "stages.png", "loss.png", "pairs.png")
+             if n in images]
     parts += [_img(n, images[n]) for n in first]  # the answer first, as a picture
     if el_rows:
-        parts += ["<h2>Changes of members</h2><div class='wide'><table><tr>",
+        parts += [f"<h2>{'DDP against Gloo' if trained else 'Changes of members'}</h2>"
+                  "<div class='wide'><table><tr>",
                   *[f"<th>{esc(h)}</th>" for h in el_head], "</tr>"]
         parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in el_rows]
         parts.append("</table></div>")

@@ -29,7 +29,7 @@ from typing import Any
 from invoke.exceptions import CommandTimedOut
 
 from apps.stages import parse_output
-from experiments import caselog, commands, counters, elastic, fleet, netem, srun
+from experiments import caselog, commands, counters, ddp, elastic, fleet, netem, srun
 from experiments.commands import TIMED_OUT, case_timeout
 from experiments.spec import LAUNCHERS, Spec
 from infra.inventory import Host, Inventory
@@ -53,9 +53,9 @@ class Runner:
         self.launcher = launcher or spec.launcher  # how the ranks start: ssh or srun
         if self.launcher not in LAUNCHERS:
             raise fleet.FleetError(f"launcher {self.launcher!r}: must be one of {', '.join(LAUNCHERS)}")
-        if self.launcher == "srun" and spec.elastic is not None:
-            raise fleet.FleetError(f"spec {spec.name} is an elastic scenario: it starts its own "
-                                   "ranks over SSH, not through srun")
+        if self.launcher == "srun" and (spec.elastic is not None or spec.ddp is not None):
+            raise fleet.FleetError(f"spec {spec.name} is a scenario ([elastic] or [ddp]): it "
+                                   "starts its own ranks over SSH, not through srun")
         self.hosts = list(inv.hosts[:spec.max_nodes])  # the only nodes this run touches
         self.run_id = secrets.token_hex(6)
         self.original_mtu: dict[str, int] = {}  # per node, as found before the first change
@@ -96,11 +96,12 @@ class Runner:
                          **({"slurm_nodes": dict(self.slurm_nodes)} if self.slurm_nodes else {}))
             with open(self.dir / "records.jsonl", "x") as records, \
                     open(self.dir / "load.jsonl", "x") as loads:
-                if self.spec.elastic is not None:
-                    with open(self.dir / "elastic.jsonl", "x") as out:
-                        for record in elastic.Scenario(self).run():
-                            out.write(json.dumps(record) + "\n")
-                            out.flush()
+                for name, scenario in (("elastic", elastic.Scenario), ("ddp", ddp.Scenario)):
+                    if getattr(self.spec, name) is not None:
+                        with open(self.dir / f"{name}.jsonl", "x") as out:
+                            for record in scenario(self).run():
+                                out.write(json.dumps(record) + "\n")
+                                out.flush()
                 for rnd, i, case in self._order(cases):
                     self.say(f"[{i + 1}/{len(cases)}"
                              + (f", round {rnd + 1}/{self.spec.rounds}" if self.spec.rounds > 1 else "")

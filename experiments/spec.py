@@ -56,6 +56,23 @@ rxelab, then the same loop under Open MPI over UCX; experiments/elastic.py):
       {step = 30, join = 1},          # a newcomer starts on node 1 and joins
     ]
 
+Or one DDP scenario (apps/ddp_train.py: the same model trained with DistributedDataParallel
+under rxelab and Gloo, alternated rounds inside one job, once per bucket size; needs a lab
+built with EXTRAS=torch; experiments/ddp.py):
+
+    [ddp]
+    nodes = 3                 # 2..64
+    width = 768               # the MLP's hidden width, 16..8192 (768, depth 4: 1.4 M parameters)
+    depth = 4                 # linear layers, 2..32
+    batch = 16                # samples per rank per step, 1..4096
+    steps = 4                 # timed steps per round, 1..10000
+    warmup = 2                # untimed steps first, 1..1000
+    rounds = 3                # alternated rounds (rxelab, gloo, rxelab, gloo, ...), 1..20
+    bucket_mb = [1, 4, 25]    # DDP's bucket cap (its first bucket's too), a job each
+    hooks = ["none", "fp16"]  # DDP's own hooks, each a variant per backend: none, fp16, bf16
+    codec = false             # one more variant: rxelab's own fp16 codec on the wire
+    timeout_s = 3600          # each job's deadline, 10..604800
+
 A list-valued key (nodes, sizes, algorithms, tools, transport, netem, mtu, pairs, compression,
 data) holds 1 to 64
 values and makes one case per value. Numbers are whole numbers (not true/false, not 1.0). An
@@ -90,6 +107,7 @@ from experiments.spec_doc import (
     RXELAB_ONLY,
     TOOLS,
     TRANSPORTS,
+    DdpDoc,
     ElasticDoc,
     Event,
     RunDoc,
@@ -129,6 +147,8 @@ def _where(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
     and so is an elastic event's field (elastic.events[0].kill)."""
     if loc[:1] == ("elastic",):
         return loc[:4]
+    if loc[:1] == ("ddp",):
+        return loc[:2]
     return loc[:4] if loc[2:3] == ("netem",) else loc[:3]
 
 
@@ -136,6 +156,8 @@ def _field(where: tuple[str | int, ...]) -> FieldInfo:
     """The model field an error is about; the document or a run is a table, not a field."""
     if len(where) == 1:
         return SpecDoc.model_fields[str(where[0])]
+    if where[0] == "ddp":
+        return DdpDoc.model_fields[str(where[1])] if len(where) == 2 else FieldInfo()
     if where[0] == "elastic":
         return (ElasticDoc.model_fields[str(where[1])] if len(where) == 2 else
                 Event.model_fields[str(where[3])] if len(where) == 4 else FieldInfo())
@@ -194,7 +216,7 @@ def parse(doc: dict[str, Any], source: str = "spec") -> Spec:
     return Spec(checked.name, checked.description, tuple(_run(r) for r in checked.runs or ()),
                 source, checked.rounds,
                 checked.elastic.model_dump(exclude_none=True) if checked.elastic else None,
-                checked.launcher)
+                checked.launcher, checked.ddp.model_dump() if checked.ddp else None)
 
 
 # --- the file ------------------------------------------------------------------------------

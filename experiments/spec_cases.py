@@ -52,14 +52,16 @@ class Spec:
     rounds: int = 1
     elastic: dict[str, Any] | None = None  # the elastic scenario, instead of runs
     launcher: str = "ssh"  # how the cases' ranks start (LAUNCHERS)
+    ddp: dict[str, Any] | None = None  # the DDP scenario (experiments/ddp.py), instead of runs
 
     def cases(self) -> list[dict[str, Any]]:
         return [c for r in self.runs for c in r.cases()]
 
     @property
     def max_nodes(self) -> int:
-        if self.elastic is not None:
-            return int(self.elastic["nodes"])
+        for scenario in (self.elastic, self.ddp):
+            if scenario is not None:
+                return int(scenario["nodes"])
         return max(n for r in self.runs for n in r.nodes)
 
 

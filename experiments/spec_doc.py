@@ -338,6 +338,36 @@ class ElasticDoc(_Strict):
         return self
 
 
+DDP_HOOKS = ("none", "fp16", "bf16")  # apps/ddp_train.py's --hooks
+
+
+class DdpDoc(_Strict):
+    """apps/ddp_train.py on the nodes, once per bucket size (experiments/ddp.py)."""
+
+    nodes: Annotated[int, _span(2, 64)] = 3
+    width: Annotated[int, _span(16, 8192)] = 768
+    depth: Annotated[int, _span(2, 32)] = 4
+    batch: Annotated[int, _span(1, 4096)] = 16
+    steps: Annotated[int, _span(1, 10_000)] = 4
+    warmup: Annotated[int, _span(1, 1000)] = 2
+    rounds: Annotated[int, _span(1, 20)] = 3
+    bucket_mb: Annotated[list[Annotated[float, Field(gt=0, le=1024, allow_inf_nan=False)]],
+                         Field(min_length=1, max_length=16, description=(
+                             "must be a list of 1 to 16 bucket caps in MB, above 0 and at most "
+                             "1024"))] = [25.0]
+    hooks: Annotated[list[Literal["none", "fp16", "bf16"]], Field(
+        min_length=1, max_length=3, description=(
+            f"must be a list of DDP hooks, of {', '.join(DDP_HOOKS)}"))] = ["none"]
+    codec: Annotated[bool, Field(strict=True, description="must be true or false")] = False
+    timeout_s: Annotated[int, _span(10, 604_800)] = 3600
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "DdpDoc":
+        if len(set(self.hooks)) != len(self.hooks) or len(set(self.bucket_mb)) != len(self.bucket_mb):
+            raise bad("hooks and bucket_mb each name a value once")
+        return self
+
+
 class SpecDoc(_Strict):
     name: Annotated[str, Field(pattern=NAME, description=(
         "must be a plain name (it names the results directory): a letter or digit, then up to 63 "
@@ -350,11 +380,15 @@ class SpecDoc(_Strict):
     runs: Annotated[list[RunDoc] | None, _entries(
         f"must be a non-empty list of at most {MAX_ENTRIES} [[runs]] tables")] = None
     elastic: ElasticDoc | None = None
+    ddp: DdpDoc | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> "SpecDoc":
-        if (self.runs is None) == (self.elastic is None):
-            raise bad("a spec has either [[runs]] or one [elastic] table")
+        if [self.runs, self.elastic, self.ddp].count(None) != 2:
+            raise bad("a spec has either [[runs]], one [elastic] table or one [ddp] table")
+        if self.ddp is not None and (self.rounds != 1 or self.launcher != "ssh"):
+            raise bad("a [ddp] scenario alternates its own rounds (ddp.rounds) and starts its "
+                      "ranks with our launcher: leave rounds and launcher out")
         if self.elastic is not None and self.rounds != 1:
             raise bad("an elastic scenario runs once: rounds = 1")
         if self.elastic is not None and self.launcher != "ssh":

@@ -19,7 +19,7 @@ GOOD = {"name": "t", "runs": [
 @pytest.mark.parametrize("name", sorted(p.stem for p in spec.SPECS.glob("*.toml")))
 def test_shipped_specs_load(name):
     s = spec.load(name)
-    assert s.name == name and (s.cases() or s.elastic)
+    assert s.name == name and (s.cases() or s.elastic or s.ddp)
 
 
 def test_smoke_covers_every_algorithm_and_mpi():
@@ -115,7 +115,7 @@ def test_bad_specs_name_the_problem(mutate, problem):
 
 
 def test_unknown_spec_lists_the_shipped_ones(tmp_path):
-    shipped = "compression, elastic, kpairs, latency, lossy, memory-and-load, ml, mtu, seed, smoke, sweep"
+    shipped = "compression, ddp, elastic, kpairs, latency, lossy, memory-and-load, ml, mtu, seed, smoke, sweep"
     with pytest.raises(spec.SpecError, match=f"shipped: {shipped}"):
         spec.find("nope")
     broken = tmp_path / "x.toml"
@@ -268,8 +268,8 @@ def test_back_to_back_and_rounds_reach_the_cases():
     ("[elastic]\nmpi=1\nevents=[{step=2,kill=1}]", "elastic.mpi: must be true or false"),
     ("[elastic]\nevents=[]", "elastic.events: must be a list of 1 to 16 events"),
     ("[elastic]\nevents=[{step=2,kill=1}]\n[[runs]]\napp='rxelab'\nop='alltoall'\nnodes=[2]\n"
-     "sizes=[1]", "either [[runs]] or one [elastic] table"),
-    ("", "either [[runs]] or one [elastic] table"),
+     "sizes=[1]", "either [[runs]], one [elastic] table or one [ddp] table"),
+    ("", "either [[runs]], one [elastic] table or one [ddp] table"),
     ("rounds=3\n[elastic]\nevents=[{step=2,kill=1}]", "runs once: rounds = 1"),
     ("[elastic]\nevents=[{step=2,kill=1},{step=3,kill=1}]", "kill = 1: that rank is killed twice"),
     ("[elastic]\nevents=[{step=2,partition=3},{step=3,kill=5}]", "kill = 5: its node is cut off"),
