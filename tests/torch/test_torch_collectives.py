@@ -209,3 +209,20 @@ def test_bfloat16_all_reduce_sums_in_float32_and_lands_in_the_tensor():
         return t
     for t in run_groups(P, job):
         assert t.dtype == torch.bfloat16 and t.tolist() == [1.5 * P + sum(range(P))] * 6
+
+
+def test_all_to_all_single_where_a_rank_sends_nothing():
+    def job(pg):
+        r = pg.rank()
+        ins = [0, 0, 0] if r == 2 else [1, 1, 0]  # rank 2 sends nothing, still receives
+        outs = [ins_s[r] for ins_s in ([1, 1, 0], [1, 1, 0], [0, 0, 0])]
+        x = torch.full((sum(ins),), float(r + 1))
+        y = torch.zeros(sum(outs))
+        dist.all_to_all_single(y, x, outs, ins, group=pg)
+        t = torch.ones(2)
+        dist.all_reduce(t, group=pg)  # the group is still in step
+        return y, t
+    got = run_groups(P, job)
+    assert got[0][0].tolist() == [1.0, 2.0] and got[1][0].tolist() == [1.0, 2.0]
+    assert got[2][0].tolist() == []
+    assert all(t.tolist() == [3.0, 3.0] for _, t in got)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from rxelab.errors import ConfigError
+from rxelab.errors import ConfigError, PeerError, ProtocolError
 
 from tests.torch.groups import run_groups
 
@@ -91,8 +91,11 @@ t = torch.arange(4.)
 dist.all_reduce(t)
 w = dist.broadcast(t, 0, async_op=True)
 w.wait()
+import gc, threading
 print("RESULT", dist.get_backend(), t.tolist(), w.is_completed(), flush=True)
 dist.destroy_process_group()
+gc.collect()
+print("THREADS", sorted(t.name for t in threading.enumerate() if t.name.startswith("rxelab")))
 """
 
 
@@ -104,3 +107,27 @@ def test_init_process_group_rxelab_starts_a_job(how, tmp_path):
                        env=env, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "RESULT rxelab [0.0, 1.0, 2.0, 3.0] True" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert "THREADS []" in r.stdout, "destroy_process_group() closed the group: " + r.stdout
+
+
+def test_a_call_that_fails_raises_from_its_own_wait_and_fails_its_future():
+    def blocking(pg):
+        dist.all_reduce(torch.ones(4 + pg.rank()), group=pg)
+    for err in refused(blocking):
+        assert isinstance(err, (PeerError, ProtocolError)), err
+    def started(pg):
+        w = dist.all_reduce(torch.ones(4 + pg.rank()), group=pg, async_op=True)
+        with pytest.raises(RuntimeError):
+            w.get_future().wait()  # torch's own future is failed, for DDP's reducer too
+        assert w.is_completed() and not w.is_success() and w.exception() is not None
+        w.wait()
+    for err in refused(started):
+        assert isinstance(err, (PeerError, ProtocolError)), err
+
+
+def test_a_subgroups_rank_0_publishes_its_own_address():
+    from rxelab.torch.rendezvous import where
+    env = {"MASTER_ADDR": "127.0.0.1"}
+    assert where(env) == "127.0.0.1"
+    assert where(env, first_of_job=False) == "127.0.0.1", "the address towards MASTER_ADDR"
+    assert where({"MASTER_ADDR": "127.0.0.1", "RXELAB_MASTER_ADDR": "10.1.1.1"}) == "10.1.1.1"

@@ -27,13 +27,14 @@ BACKEND = "rxelab"
 
 
 def new_group(store: Any, rank: int, size: int, timeout: timedelta = timedelta(minutes=30),
-              options: Options | None = None) -> ProcessGroupRxelab:
+              options: Options | None = None, first_of_job: bool = True) -> ProcessGroupRxelab:
     """A process group of its own over `store` (torch's Store), for a program that makes its
-    groups itself (DDP(process_group=...)) rather than through init_process_group."""
+    groups itself (DDP(process_group=...)) rather than through init_process_group.
+    first_of_job: its rank 0 is the job's (at MASTER_ADDR)."""
     from rxelab.comm import Communicator
 
     chosen = resolve(options, os.environ)
-    job, listener = meet(store, rank, size, timeout.total_seconds())
+    job, listener = meet(store, rank, size, timeout.total_seconds(), first_of_job=first_of_job)
     try:
         comm = Communicator(job, _listener=listener, **chosen.opening())
     except BaseException:
@@ -45,8 +46,10 @@ def new_group(store: Any, rank: int, size: int, timeout: timedelta = timedelta(m
 
 def create(backend_options: Any, pg_options: Any = None) -> ProcessGroupRxelab:
     """torch's creator of the backend (extended API): the group's store, rank, size, timeout."""
+    members = list(backend_options.global_ranks_in_group or [])
     return new_group(backend_options.store, backend_options.group_rank,
-                     backend_options.group_size, backend_options.timeout, pg_options)
+                     backend_options.group_size, backend_options.timeout, pg_options,
+                     first_of_job=not members or min(members) == 0)
 
 
 if BACKEND.upper() not in dist.Backend._plugins:

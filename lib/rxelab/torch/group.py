@@ -6,7 +6,8 @@ overlaps with the caller's work and DDP's buckets go out as their gradients are 
 
 What it does not do it refuses, naming the call: it never falls back to Gloo. Point to point
 calls run in the caller's thread after every started collective (send waits for the matching
-recv, as a rendezvous MPI_Send does), and take tag 0 only.
+recv, as a rendezvous MPI_Send does: torch's batch_isend_irecv, which posts every isend
+first, deadlocks on a ring), and take tag 0 only.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from rxelab.torch.works import Completions, finished
 SUPPORTED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
              "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
              "barrier", "send", "recv")
+# the collectives whose sizes every rank shares: an empty call is empty everywhere
+SAME_SIZE_EVERYWHERE = ("allreduce", "bcast", "allgather", "reduce_scatter")
 _OPEN: weakref.WeakSet[ProcessGroupRxelab] = weakref.WeakSet()
 
 
@@ -49,6 +52,8 @@ class ProcessGroupRxelab(dist.ProcessGroup):
         self._completions = Completions()
         self._closed = False
         _OPEN.add(self)
+        # torch's destroy_process_group() only lets go of the group: closed when it is gone
+        self._finalizer = weakref.finalize(self, _close_quietly, comm, self._completions)
 
     def getBackendName(self) -> str:
         return "rxelab"
@@ -60,6 +65,7 @@ class ProcessGroupRxelab(dist.ProcessGroup):
             if self._closed:
                 return
             self._closed = True
+        self._finalizer.detach()
         try:
             self.comm.close()
         finally:
@@ -189,8 +195,9 @@ class ProcessGroupRxelab(dist.ProcessGroup):
 
     def _start(self, collective: str, send: Any, recv: Any, value: Any,
                after: Callable[[], None] | None = None, **arguments: Any) -> Any:
-        if send is not None and recv is not None and send.numel() == 0 and recv.numel() == 0:
-            return finished(value)  # nothing to move: torch allows it, the library needs bytes
+        if collective in SAME_SIZE_EVERYWHERE and send.numel() == 0 and \
+                (recv is None or recv.numel() == 0):
+            return finished(value)  # nothing to move on any rank (all-to-alls may still have)
         with self._lock:
             self._check_open()
             request = self.comm.start(collective, send, recv, self.options.algorithm(collective),
@@ -238,6 +245,14 @@ def _counts(t: torch.Tensor, splits: Any, p: int, call: str, what: str) -> list[
         raise ConfigError(f"{call}: {what} split sizes {splits} must be {p} counts that add up "
                           f"to its {rows} rows")
     return [s * per_row for s in splits]
+
+
+def _close_quietly(comm: Communicator, completions: Completions) -> None:
+    try:
+        comm.close()
+    except Exception:  # collected late, or at exit: the peers may be gone already
+        pass
+    completions.close()
 
 
 @atexit.register

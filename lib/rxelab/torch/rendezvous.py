@@ -33,15 +33,29 @@ SOURCE = "torch.distributed"
 _HOST = re.compile(r"[A-Za-z0-9._:%-]{1,255}")
 
 
-def where(env: Mapping[str, str]) -> str:
-    """The host name or address the other ranks dial to reach rank 0."""
-    return env.get("RXELAB_MASTER_ADDR") or env.get("MASTER_ADDR") or socket.gethostname()
+def where(env: Mapping[str, str], first_of_job: bool = True) -> str:
+    """The host name or address the other ranks dial to reach this group's rank 0. The job's
+    rank 0 is at MASTER_ADDR; a subgroup's rank 0 elsewhere gives the address this host
+    reaches MASTER_ADDR from (a UDP socket's connect() picks it; nothing is sent)."""
+    named = env.get("RXELAB_MASTER_ADDR") or env.get("MASTER_ADDR")
+    if first_of_job or not named:
+        return named or socket.gethostname()
+    try:
+        for family, kind, proto, _, addr in socket.getaddrinfo(named, 9, type=socket.SOCK_DGRAM):
+            with socket.socket(family, kind, proto) as s:
+                s.connect(addr)
+                return str(s.getsockname()[0])
+    except OSError:
+        pass
+    return socket.gethostname()
 
 
 def meet(store: Any, rank: int, size: int, wait_s: float,
-         env: Mapping[str, str] | None = None) -> tuple[bootstrap.JobInfo, socket.socket | None]:
+         env: Mapping[str, str] | None = None,
+         first_of_job: bool = True) -> tuple[bootstrap.JobInfo, socket.socket | None]:
     """This rank's JobInfo, and on rank 0 of a job of several ranks its listener (which the
-    communicator serves the job's hellos on)."""
+    communicator serves the job's hellos on). first_of_job: this group's rank 0 is the job's
+    (the whole world, or a subgroup that holds global rank 0)."""
     env = os.environ if env is None else env
     if not (isinstance(rank, int) and isinstance(size, int) and 0 <= rank < size
             and size <= bootstrap.MAX_RANKS):
@@ -52,13 +66,14 @@ def meet(store: Any, rank: int, size: int, wait_s: float,
                                  SharedSecret.of(secret or secrets.token_hex(32), source or "own"),
                                  launch_id=""), None
     if rank == 0:
-        return _publish(store, size, secret, source, env)
+        return _publish(store, size, secret, source, where(env, first_of_job))
     info = _read(store, wait_s)
     if info["secret"] == FROM_STORE:
         if secret:
             raise ConfigError(f"this rank has a job secret ({source}), rank 0 has none",
                               hint="give every rank the same RXELAB_JOB_TOKEN, or none")
-        secret, source = _text(store.get(SECRET_KEY), "the job's secret", 256), FROM_STORE
+        secret, source = _text(_get(store, SECRET_KEY, "the job's secret"), "the job's secret",
+                               256), FROM_STORE
     elif not secret:
         raise ConfigError(f"rank 0 has a job secret ({info['secret']}), this rank has none",
                           hint="give every rank the same RXELAB_JOB_TOKEN, or none")
@@ -66,7 +81,7 @@ def meet(store: Any, rank: int, size: int, wait_s: float,
                              SharedSecret.of(secret, source), launch_id=info["launch"]), None
 
 
-def _publish(store: Any, size: int, secret: str, source: str, env: Mapping[str, str]
+def _publish(store: Any, size: int, secret: str, source: str, host: str
              ) -> tuple[bootstrap.JobInfo, socket.socket]:
     if not secret:
         secret, source = secrets.token_hex(32), FROM_STORE
@@ -75,9 +90,13 @@ def _publish(store: Any, size: int, secret: str, source: str, env: Mapping[str, 
         listener = listeners.any_address(0)  # a job with a secret: every address, a free port
     except OSError as err:
         raise ConfigError(f"rank 0 cannot listen for the job's rendezvous: {err}") from None
-    host, port, launch = where(env), listener.getsockname()[1], secrets.token_hex(8)
-    store.set(WHERE_KEY, json.dumps({"host": host, "port": port, "launch": launch,
-                                     "secret": source}))
+    port, launch = listener.getsockname()[1], secrets.token_hex(8)
+    try:
+        store.set(WHERE_KEY, json.dumps({"host": host, "port": port, "launch": launch,
+                                         "secret": source}))
+    except BaseException:
+        listener.close()
+        raise
     return bootstrap.JobInfo(0, size, host, port, SOURCE, SharedSecret.of(secret, source),
                              launch_id=launch), listener
 
@@ -90,7 +109,7 @@ def _read(store: Any, wait_s: float) -> dict[str, Any]:
                         f"{wait_s:g} s ({str(err).splitlines()[0][:200]})", peer=0,
                         reason=Reason.SILENT,
                         hint="is rank 0 started, with the rxelab backend too?") from None
-    raw = _text(store.get(WHERE_KEY), "rank 0's rendezvous", 1024)
+    raw = _text(_get(store, WHERE_KEY, "rank 0's rendezvous"), "rank 0's rendezvous", 1024)
     try:
         info = json.loads(raw)
     except ValueError:
@@ -104,6 +123,15 @@ def _read(store: Any, wait_s: float) -> dict[str, Any]:
     if not ok:
         raise ProtocolError(f"rank 0's rendezvous in torch's store is malformed: {raw[:200]!r}")
     return info
+
+
+def _get(store: Any, key: str, what: str) -> Any:
+    try:
+        return store.get(key)
+    except RuntimeError as err:  # torch's store: the key never came, or the store is gone
+        raise PeerError(f"{what} could not be read from torch's store: "
+                        f"{str(err).splitlines()[0][:200] if str(err) else type(err).__name__}",
+                        peer=0, reason=Reason.SILENT) from None
 
 
 def _text(value: Any, what: str, limit: int) -> str:
