@@ -119,3 +119,31 @@ def test_init_process_group_rxelab_under_torchrun(lab, has_torch):  # noqa: F811
                      for line in out.splitlines() if "RESULT" in line)
     assert [x[:2] for x in results] == [(str(i), "True") for i in range(3)], "\n".join(outs)[-4000:]
     assert all(proc.returncode == 0 for proc in procs), "\n".join(outs)[-4000:]
+
+
+DDP_SPEC = """name = "ddp-small"
+[ddp]
+nodes = 3
+width = 128
+depth = 3
+batch = 8
+steps = 2
+warmup = 1
+rounds = 1
+bucket_mb = [4]
+hooks = ["none"]
+timeout_s = 600
+"""
+
+
+def test_the_ddp_spec_runs_through_fab_and_its_report_says_where_it_stands(lab, has_torch,  # noqa: F811
+                                                                           tmp_path):
+    from tests.e2e.test_experiments import run_spec
+
+    _, md, _ = run_spec(lab, tmp_path, DDP_SPEC)
+    assert "## DDP against Gloo" in md
+    if not has_torch:  # CI's lab: nothing runs, and the report says why
+        assert "| 4 MB | - | - | skipped | - | - | no torch on node1, node2, node3" in md, md
+        return
+    assert "| 4 MB | rxelab | 1 |" in md and "matches gloo (max diff" in md, md
+    assert "buckets of 4 MB: rxelab " in md and "PROBLEMS" not in md
