@@ -221,7 +221,8 @@ def write(results: Path) -> tuple[Path, Path]:
           *[f"- {_md(f)}" for f in fact_lines], "",
           "## Summary", "", *[f"- {x}" for x in summary], ""]
     if el_rows:
-        md += [f"## {'DDP against Gloo' if trained else 'Changes of members'}", "", "| " + " | ".join(el_head) + " |",
+        heading = "DDP against Gloo" if trained else "Changes of members"
+        md += [f"## {heading}", "", "| " + " | ".join(el_head) + " |",
                "|" + "---|" * len(el_head)]
         md += ["| " + " | ".join(_md(c) for c in row) + " |" for row in el_rows]
         md.append("")

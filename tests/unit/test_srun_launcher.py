@@ -265,7 +265,7 @@ def test_the_spec_chooses_the_launcher_and_an_elastic_scenario_keeps_its_own(tmp
     with pytest.raises(spec.SpecError, match="elastic scenario starts its own ranks"):
         spec.parse(elastic)
     plain = spec.parse({**elastic, "launcher": "ssh"})
-    with pytest.raises(fleet.FleetError, match="elastic scenario"):
+    with pytest.raises(fleet.FleetError, match=r"is a scenario \(\[elastic\] or \[ddp\]\)"):
         runner.Runner(plain, Inventory("t", HOSTS), tmp_path, launcher="srun")
     with pytest.raises(fleet.FleetError, match="launcher 'pbs'"):
         runner.Runner(spec.parse(doc), Inventory("t", HOSTS), tmp_path, launcher="pbs")
