@@ -22,7 +22,6 @@ import datetime
 import hashlib
 import json
 import logging
-import os
 import statistics
 import sys
 import time
@@ -260,25 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = arguments()
     args = ap.parse_args(argv)
     backends, hooks = check(ap, args)
-    os.environ.update(gloo_compare.from_slurm(dict(os.environ)))
-    missing = [k for k in gloo_compare.TORCHRUN if not os.environ.get(k)]
-    if missing:
-        ap.error(f"{', '.join(missing)} not set: start it with torchrun, srun or "
-                 "python3 -m rxelab.launch")
+    gloo_compare.launched(ap)
     try:
         import rxelab.torch as rxelab_torch
         import torch.distributed as dist
     except ImportError as err:
-        print(f"error: torch is not installed here ({err}); a lab built with EXTRAS=torch has it",
-              file=sys.stderr)
+        print(gloo_compare.no_torch(err), file=sys.stderr)
         return 2
-    if "gloo" in backends and not os.environ.get("GLOO_SOCKET_IFNAME"):
-        iface = gloo_compare.interface_towards(os.environ["MASTER_ADDR"])
-        if iface is None:
-            print(f"error: no interface here is on the network of MASTER_ADDR="
-                  f"{os.environ['MASTER_ADDR']}; set GLOO_SOCKET_IFNAME", file=sys.stderr)
-            return 2
-        os.environ["GLOO_SOCKET_IFNAME"] = iface
+    if "gloo" in backends and (wrong := gloo_compare.gloo_interface()) is not None:
+        print(wrong, file=sys.stderr)
+        return 2
     timeout = datetime.timedelta(seconds=INIT_TIMEOUT_S)
     try:
         dist.init_process_group(backends[0], init_method="env://", timeout=timeout)

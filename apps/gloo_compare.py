@@ -18,6 +18,7 @@ views of the one result buffer here). Not every collective has a Gloo counterpar
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import ipaddress
 import os
@@ -69,13 +70,9 @@ def from_slurm(env: dict[str, str]) -> dict[str, str]:
 TORCHRUN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = stages.arguments(__doc__.split("\n\n")[0], ["gloo-default"], "gloo-default")
-    args = ap.parse_args(argv)
-    stages.check_args(ap, args)
-    described = stages.ops.COLLECTIVES[args.op]
-    if described.gloo is None:
-        ap.error(f"{args.op} has no Gloo counterpart {described.no_gloo}")
+def launched(ap: argparse.ArgumentParser) -> None:
+    """torchrun's variables in the environment, from Slurm's where srun started this rank; a
+    usage error naming what is missing otherwise (the torch apps share it)."""
     try:
         os.environ.update(from_slurm(dict(os.environ)))
     except ConfigError as err:
@@ -84,20 +81,42 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         ap.error(f"{', '.join(missing)} not set: start it with torchrun, srun or "
                  "python3 -m rxelab.launch")
+
+
+def no_torch(err: ImportError) -> str:
+    return f"error: torch is not installed here ({err}); a lab built with EXTRAS=torch has it"
+
+
+def gloo_interface() -> str | None:
+    """Gloo's interface (GLOO_SOCKET_IFNAME), unless set: the one on MASTER_ADDR's network.
+    The error to print where no interface is on it, else None."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return None
+    iface = interface_towards(os.environ["MASTER_ADDR"])
+    if iface is None:
+        return (f"error: no interface here is on the network of MASTER_ADDR="
+                f"{os.environ['MASTER_ADDR']}; set GLOO_SOCKET_IFNAME")
+    os.environ["GLOO_SOCKET_IFNAME"] = iface
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = stages.arguments(__doc__.split("\n\n")[0], ["gloo-default"], "gloo-default")
+    args = ap.parse_args(argv)
+    stages.check_args(ap, args)
+    described = stages.ops.COLLECTIVES[args.op]
+    if described.gloo is None:
+        ap.error(f"{args.op} has no Gloo counterpart {described.no_gloo}")
+    launched(ap)
     try:
         import torch
         import torch.distributed as dist
     except ImportError as err:
-        print(f"error: torch is not installed here ({err}); a lab built with EXTRAS=torch has it",
-              file=sys.stderr)
+        print(no_torch(err), file=sys.stderr)
         return 2
-    if not os.environ.get("GLOO_SOCKET_IFNAME"):
-        iface = interface_towards(os.environ["MASTER_ADDR"])
-        if iface is None:
-            print(f"error: no interface here is on the network of MASTER_ADDR="
-                  f"{os.environ['MASTER_ADDR']}; set GLOO_SOCKET_IFNAME", file=sys.stderr)
-            return 2
-        os.environ["GLOO_SOCKET_IFNAME"] = iface
+    if (wrong := gloo_interface()) is not None:
+        print(wrong, file=sys.stderr)
+        return 2
     try:
         dist.init_process_group("gloo", init_method="env://",
                                 timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))

@@ -6,7 +6,6 @@ is named."""
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -17,7 +16,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from pyverbs import _fabric
 
-from tests.unit.fakejob import RankFailed
+from tests.unit.fakejob import in_threads
 
 
 def make_group(backend: str, store: Any, rank: int, p: int, **options: Any) -> Any:
@@ -36,34 +35,16 @@ def run_groups(p: int, fn: Callable[[Any], Any], backend: str = "rxelab", *,
                deadline: float = 90, keep_errors: bool = False, **options: Any) -> list[Any]:
     _fabric.FABRIC.reset(seed=0, max_delay=0.0002)
     store = dist.HashStore()
-    results: dict[int, Any] = {}
-    errors: dict[int, BaseException] = {}
 
-    def rank(r: int) -> None:
-        group = None
+    def rank(r: int) -> Any:
+        group = make_group(backend, store, r, p, **options)
         try:
-            group = make_group(backend, store, r, p, **options)
-            results[r] = fn(group)
-        except BaseException as err:  # reported per rank
-            errors[r] = err
+            return fn(group)
         finally:
-            if group is not None:
-                c10d._pg_group_ranks.pop(group, None)
-                if hasattr(group, "close"):
-                    group.close()
-
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True, name=f"rank{r}")
-               for r in range(p)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(deadline)
-    hung = [t.name for t in threads if t.is_alive()]
-    if hung:
-        raise AssertionError(f"{', '.join(hung)} still running after {deadline} s")
-    if errors and not keep_errors:
-        raise RankFailed(errors)
-    return [results.get(r, errors.get(r)) for r in range(p)]
+            c10d._pg_group_ranks.pop(group, None)
+            if hasattr(group, "close"):
+                group.close()
+    return in_threads(p, rank, deadline, keep_errors)
 
 
 @contextmanager

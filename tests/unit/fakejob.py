@@ -31,19 +31,29 @@ def run_ranks(p: int, fn: Callable[[Any], Any], *, deadline: float = 60, seed: i
               per_rank: Callable[[int], dict[str, Any]] | None = None, **options: Any) -> list[Any]:
     _fabric.FABRIC.reset(seed=seed, max_delay=max_delay)
     port = free_port()
-    results: dict[int, Any] = {}
-    errors: dict[int, BaseException] = {}
     options.setdefault("timeout", 20)
 
-    def rank(r: int) -> None:
+    def rank(r: int) -> Any:
+        mine = {**options, **(per_rank(r) if per_rank else {})}
+        with rxelab.init(r, p, "127.0.0.1", port, device="fake0", **mine) as comm:
+            return fn(comm)
+    return in_threads(p, rank, deadline, keep_errors)
+
+
+def in_threads(p: int, rank: Callable[[int], Any], deadline: float, keep_errors: bool) -> list[Any]:
+    """rank(r) for r in 0..p-1, each on a thread of its own: every result or exception, in
+    rank order; RankFailed if any raised (unless keep_errors), a named failure if any is still
+    running after the deadline."""
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+
+    def run(r: int) -> None:
         try:
-            mine = {**options, **(per_rank(r) if per_rank else {})}
-            with rxelab.init(r, p, "127.0.0.1", port, device="fake0", **mine) as comm:
-                results[r] = fn(comm)
+            results[r] = rank(r)
         except BaseException as err:  # reported per rank
             errors[r] = err
 
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True, name=f"rank{r}")
+    threads = [threading.Thread(target=run, args=(r,), daemon=True, name=f"rank{r}")
                for r in range(p)]
     for t in threads:
         t.start()
