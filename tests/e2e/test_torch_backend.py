@@ -147,3 +147,27 @@ def test_the_ddp_spec_runs_through_fab_and_its_report_says_where_it_stands(lab, 
         return
     assert "| 4 MB | rxelab | 1 |" in md and "matches gloo (max diff" in md, md
     assert "buckets of 4 MB: rxelab " in md and "PROBLEMS" not in md
+
+
+SRUN_JOB = """
+import torch, torch.distributed as dist, rxelab.torch
+dist.init_process_group("rxelab")  # nothing exported: srun's own variables
+r = dist.get_rank()
+t = torch.full((4096,), float(r + 1))
+dist.all_reduce(t)
+print("RESULT", r, bool((t == 6).all()), dist.get_backend(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_init_process_group_rxelab_under_srun_with_nothing_exported(lab, has_torch):  # noqa: F811
+    if not has_torch:
+        pytest.skip("this lab's image has no torch (make provision EXTRAS=torch builds one)")
+    p = fleet.remote_paths()
+    cmd = (f"cd ~ && f=$(mktemp --suffix .py) && printf %s {shlex.quote(SRUN_JOB)} > $f && "
+           f"timeout 300 srun -N3 {p['python']} $f; rc=$?; rm -f $f; exit $rc")
+    r = lab.ssh("node1", cmd, timeout=360)
+    results = sorted(line.split("RESULT", 1)[1].split() for line in r.stdout.splitlines()
+                     if "RESULT" in line)
+    assert r.returncode == 0 and results == [[str(i), "True", "rxelab"] for i in range(3)], \
+        (r.stdout + r.stderr)[-3000:]

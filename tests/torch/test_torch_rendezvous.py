@@ -123,3 +123,18 @@ def test_a_wrong_environment_is_named(env, match):
 def test_pg_options_of_another_kind_are_refused():
     with pytest.raises(ConfigError, match="rxelab.torch.Options"):
         opts.resolve({"compression": "lz4"}, {})  # type: ignore[arg-type]
+
+
+def test_srun_and_mpirun_give_torchs_env_rendezvous_its_variables():
+    slurm = {"SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "41",
+             "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "node[1-3]"}
+    got = rdv.torch_environment(slurm)
+    assert got["RANK"] == "2" and got["WORLD_SIZE"] == "3" and got["MASTER_ADDR"] == "node1"
+    assert 1 <= int(got["MASTER_PORT"]) <= 65535
+    assert rdv.torch_environment({**slurm, "MASTER_PORT": "29500"}).get("MASTER_PORT") is None
+    ompi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "MASTER_ADDR": "h0"}
+    assert rdv.torch_environment(ompi) == {"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "29500"}
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    assert rdv.torch_environment({**torchrun, **slurm}) == {}
+    assert rdv.torch_environment({}) == {}, "no launcher: nothing made up"
+    assert rdv.torch_environment({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}) == {}

@@ -5,7 +5,9 @@
     dist.init_process_group("rxelab")          # torchrun, srun, our launcher: env://
     model = DistributedDataParallel(model)     # its gradients go over rxelab's allreduce
 
-The ranks meet through the store torch hands the backend (rxelab.torch.rendezvous); options
+The ranks meet through the store torch hands the backend (rxelab.torch.rendezvous); under srun
+or mpirun, importing it also sets what torch's env:// reads (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT) from the launcher's own variables, where they are not set; options
 come from `pg_options=rxelab.torch.Options(...)` or the environment (rxelab.torch.options);
 what it supports and how is in rxelab.torch.group. Needs torch >= 1.13.
 """
@@ -20,7 +22,7 @@ import torch.distributed as dist
 
 from rxelab.torch.group import SUPPORTED, ProcessGroupRxelab
 from rxelab.torch.options import Options, resolve
-from rxelab.torch.rendezvous import meet
+from rxelab.torch.rendezvous import meet, torch_environment
 
 __all__ = ["BACKEND", "SUPPORTED", "Options", "ProcessGroupRxelab", "create", "new_group"]
 BACKEND = "rxelab"
@@ -54,3 +56,5 @@ def create(backend_options: Any, pg_options: Any = None) -> ProcessGroupRxelab:
 
 if BACKEND.upper() not in dist.Backend._plugins:
     dist.Backend.register_backend(BACKEND, create, extended_api=True)
+# under srun or mpirun, torch's env:// finds its variables too (torchrun sets its own)
+os.environ.update(torch_environment(os.environ))

@@ -33,6 +33,28 @@ SOURCE = "torch.distributed"
 _HOST = re.compile(r"[A-Za-z0-9._:%-]{1,255}")
 
 
+ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # torch's env://
+
+
+def torch_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """What torch's env:// lacks for a rank srun or mpirun started (torchrun and our launcher
+    set it all): RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as rxelab's own discovery reads
+    them (rxelab.bootstrap: the step's first node and a port drawn from the job and step ids
+    under Slurm), so init_process_group("rxelab") starts with nothing set by hand. Nothing where
+    the launcher is none of those, or does not say enough."""
+    if all(env.get(k) for k in ENV_RENDEZVOUS):
+        return {}
+    try:
+        job = bootstrap.discover(env=env)
+    except ConfigError:
+        return {}
+    if job.source not in ("Slurm", "Open MPI", "PMI"):
+        return {}
+    found = {"RANK": str(job.rank), "WORLD_SIZE": str(job.world_size),
+             "MASTER_ADDR": job.master_addr, "MASTER_PORT": str(job.master_port)}
+    return {k: v for k, v in found.items() if not env.get(k)}
+
+
 def where(env: Mapping[str, str], first_of_job: bool = True) -> str:
     """The host name or address the other ranks dial to reach this group's rank 0. The job's
     rank 0 is at MASTER_ADDR; a subgroup's rank 0 elsewhere gives the address this host
