@@ -164,8 +164,7 @@ def test_init_process_group_rxelab_under_srun_with_nothing_exported(lab, has_tor
     if not has_torch:
         pytest.skip("this lab's image has no torch (make provision EXTRAS=torch builds one)")
     p = fleet.remote_paths()
-    cmd = (f"cd ~ && f=$(mktemp --suffix .py) && printf %s {shlex.quote(SRUN_JOB)} > $f && "
-           f"timeout 300 srun -N3 {p['python']} $f; rc=$?; rm -f $f; exit $rc")
+    cmd = f"cd ~ && timeout 300 srun -N3 {p['python']} -c {shlex.quote(SRUN_JOB)}"
     r = lab.ssh("node1", cmd, timeout=360)
     results = sorted(line.split("RESULT", 1)[1].split() for line in r.stdout.splitlines()
                      if "RESULT" in line)
