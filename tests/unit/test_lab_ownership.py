@@ -4,6 +4,7 @@ lab's marker, ownership labels and private modes existed (issue 15, items 1-3)."
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import signal
 import socket
@@ -23,6 +24,27 @@ from infra.state import MARKER, LabState
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and taps need root")
 
+
+
+def free_base(nodes: int = 3) -> int:
+    """An SSH port base whose nodes' ports are free now, below Linux's ephemeral range (from
+    32768), so no outgoing connection of another test can take one meanwhile."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - nodes)
+        socks = []
+        try:
+            for port in range(base + 1, base + nodes + 1):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no free block of SSH ports below 32000")
 
 def infra(state_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "infra", "--state-dir", str(state_dir), *args],
@@ -143,7 +165,7 @@ def test_claiming_an_old_lab_directory_makes_it_private(tmp_path):
 @as_root
 def test_a_namespace_of_another_lab_with_this_name_is_refused_and_left_alone(tmp_path):
     name = unique_lab()
-    config = LabConfig(lab=name, ssh_port_base=40200, state_dir=tmp_path / "mine")
+    config = LabConfig(lab=name, ssh_port_base=free_base(), state_dir=tmp_path / "mine")
     other = f"{name}-data"
     runner.run(["ip", "netns", "add", other])
     try:
@@ -226,7 +248,7 @@ def fake_qemu(tmp_path):
 def test_a_running_vm_of_a_lab_with_this_name_is_refused(tmp_path, fake_qemu):
     name = unique_lab()
     other = fake_qemu(name, tmp_path / "other" / "run" / "node1.pid")
-    config = LabConfig(lab=name, ssh_port_base=40300, state_dir=tmp_path / "mine")
+    config = LabConfig(lab=name, ssh_port_base=free_base(), state_dir=tmp_path / "mine")
     with pytest.raises(LabError) as e:
         lab.preflight(config, LabState(config.state_dir))
     assert f"qemu pid {other.pid}" in str(e.value) and "nothing was changed" in str(e.value)
@@ -312,7 +334,7 @@ def test_a_provision_after_the_host_rebooted_replaces_the_stale_lab_and_claims_a
     directory must be claimed again, or configure refuses its own lab's directory."""
     from infra import cli, terraform
 
-    config = LabConfig(lab=unique_lab(), ssh_port_base=40500, state_dir=tmp_path / "lab")
+    config = LabConfig(lab=unique_lab(), ssh_port_base=free_base(), state_dir=tmp_path / "lab")
     state = LabState(config.state_dir)
     state.claim()
     state.save_config(config)
@@ -331,7 +353,7 @@ def test_a_namespace_caught_before_its_label_is_still_removed_and_no_obstacle(tm
     """A crash or signal between `ip netns add` and the bridge's label: before, the lab
     could neither remove its namespace nor provision again."""
     name = unique_lab()
-    config = LabConfig(lab=name, ssh_port_base=40600, state_dir=tmp_path / "mine")
+    config = LabConfig(lab=name, ssh_port_base=free_base(), state_dir=tmp_path / "mine")
     state = LabState(config.state_dir)
     state.claim()
     state.save_config(config)
@@ -358,7 +380,7 @@ def test_a_namespace_caught_before_its_label_is_still_removed_and_no_obstacle(tm
 @as_root
 def test_a_lab_made_before_labels_existed_takes_its_network_down(tmp_path):
     name = unique_lab()
-    config = LabConfig(lab=name, ssh_port_base=40700, state_dir=tmp_path / "old")
+    config = LabConfig(lab=name, ssh_port_base=free_base(), state_dir=tmp_path / "old")
     state = LabState(config.state_dir)
     state.root.mkdir()
     state.save_config(config)  # what an earlier rxelab left: no marker, no labels

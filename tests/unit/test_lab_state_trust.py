@@ -16,6 +16,7 @@ from infra import cli, lab, terraform
 from infra.config import REPO, LabConfig
 from infra.errors import LabError
 from infra.state import MARKER, LabState, write_atomic
+from tests.unit.test_lab_ownership import free_base
 
 OTHER_UID = 4242
 
@@ -66,7 +67,7 @@ def test_a_stale_lab_of_another_user_is_not_cleaned_up_by_provision(tmp_path, so
     ran: list[str] = []
     monkeypatch.setattr(terraform, "destroy", lambda st: ran.append("terraform destroy"))
     someone_elses()
-    config = LabConfig(lab="zz" + os.urandom(3).hex(), ssh_port_base=40700, state_dir=root)
+    config = LabConfig(lab="zz" + os.urandom(3).hex(), ssh_port_base=free_base(), state_dir=root)
     with pytest.raises(LabError, match="belongs to uid"):
         cli.prepare_state(config, LabState(root))
     assert ran == []
