@@ -103,10 +103,11 @@ class ProcessGroupRxelab(dist.ProcessGroup):
         return self._start("bcast", t, None, tensors, root=root)
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
-        mine = direct(one(input_tensors, "all_gather"), "all_gather", "the input")
+        given = one(input_tensors, "all_gather")
+        mine = direct(given, "all_gather", "the input")
         outs = several(output_tensors, "all_gather", self.size())
         for o in outs:
-            if o.numel() != mine.numel() or o.dtype != one(input_tensors, "all_gather").dtype:
+            if o.numel() != mine.numel() or o.dtype != given.dtype:
                 raise ConfigError(f"all_gather: every output holds {mine.numel()} elements of "
                                   f"the input's dtype, one has {o.numel()} of {o.dtype}")
         stage = torch.empty(self.size() * mine.numel(), dtype=mine.dtype)
