@@ -18,6 +18,7 @@ Pure Python and numpy: importing it touches no RDMA (experiments read it on the 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ from rxelab.testdata import PATTERNS, ROOT, Data, block, contribution, count_wro
 # the test data's and the counterparts' names, as every reader of descriptions finds them here
 __all__ = ["ARGUMENTS", "COLLECTIVES", "PATTERNS", "ROOT", "Collective", "Data", "Mpi", "block",
            "collective", "contribution", "count_wrong", "inputs", "reference", "register", "run",
-           "units", "wrong"]
+           "runner", "units", "wrong"]
 Inputs = Callable[..., list[np.ndarray]]  # (rank, p, count, dtype, salt, pattern)
 Counts = Callable[[int, int, int], tuple[list[int], list[int]]]  # (rank, p, send elements)
 
@@ -161,6 +162,24 @@ def register(c: Collective) -> Collective:
                          f"{c.windowed} or counts do not fit")
     COLLECTIVES[c.name] = c
     return c
+
+
+_RUNNERS: dict[str, Callable[[Any], None]] = {}  # "module:function" -> the function
+
+
+def runner(c: Collective, algorithm: str) -> Callable[[Any], None]:
+    """The function that runs an algorithm (it takes a rxelab.collectives.common.Call),
+    imported when first used: a description names it, so reading descriptions imports no
+    algorithm."""
+    if algorithm not in c.algorithms:
+        raise ConfigError(f"unknown {c.name} algorithm {algorithm!r}",
+                          hint=f"use one of {', '.join(c.algorithms)}")
+    found = _RUNNERS.get(c.algorithms[algorithm])
+    if found is None:
+        module, _, function = c.algorithms[algorithm].partition(":")
+        found = _RUNNERS[c.algorithms[algorithm]] = getattr(importlib.import_module(module),
+                                                            function)
+    return found
 
 
 def units() -> str:

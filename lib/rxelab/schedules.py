@@ -26,6 +26,7 @@ For 3 ranks that is no token at all; for p ranks, tokens only where the walk mov
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -101,15 +102,16 @@ def step_of(i: int, j: int, p: int) -> int:
 
 
 def pair_at(k: int, p: int) -> tuple[int, int]:
-    """The pair of step k (the inverse of step_of)."""
-    lo, hi = 0, p - 2
-    while lo < hi:  # the last row whose first step is <= k
-        mid = (lo + hi + 1) // 2
-        if step_of(mid, mid + 1, p) <= k:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo, lo + 1 + k - step_of(lo, lo + 1, p)
+    """The pair of step k (the inverse of step_of), in O(1): row i starts at step
+    i(2p-i-1)/2, so the row of k is the root of a quadratic (isqrt, then nudged where the
+    integer root lands one off)."""
+    b = 2 * p - 1
+    i = max(0, (b - math.isqrt(max(0, b * b - 8 * k))) // 2)
+    while i > 0 and step_of(i, i + 1, p) > k:
+        i -= 1
+    while i < p - 2 and step_of(i + 1, i + 2, p) <= k:
+        i += 1
+    return i, i + 1 + k - step_of(i, i + 1, p)
 
 
 def turn_index(pair: tuple[int, int], rank: int) -> int:

@@ -318,7 +318,7 @@ def test_the_sequential_schedule_keeps_its_window_on_the_wire(p, window, eager_l
     sender = {q: who for qpns, _, _ in results for q, who in qpns.items()}
     trace = results[0][2]
     order = {pair: k for k, pair in enumerate(schedules.sequential_pairs(p))}
-    steps = [order[tuple(sorted(sender[q]))] for q, nbytes in trace if nbytes == n]
+    steps = [order[tuple(sorted(sender[d.qpn]))] for d in trace if d.nbytes == n]
     assert len(steps) == p * (p - 1), trace
     at = {k: [i for i, s in enumerate(steps) if s == k] for k in order.values()}
     for k in range(window, len(order)):
@@ -326,7 +326,7 @@ def test_the_sequential_schedule_keeps_its_window_on_the_wire(p, window, eager_l
     if window == 1:
         assert steps == sorted(steps), f"pairs overlapped on the wire: {steps}"
     if eager_limit and window == 1:  # the only control messages left are tokens
-        tokens = sum(1 for _, nbytes in trace if nbytes == CTRL.size)
+        tokens = sum(1 for d in trace if d.nbytes == CTRL.size)
         assert tokens == sum(len(schedules.token_receivers(schedules.sequential_steps(p), k))
                              for k in range(len(order)))
         assert p != 3 or tokens == 0

@@ -4,7 +4,7 @@ one generic path (collective() and start(); the named methods are that, spelt ou
 close() (or the with-block) releases everything in the right order.
 
 Its parts live beside it: the plans and their cache (plans.py), the caller guard and failure
-handling (guard.py), argument checks (checks.py), point to point and one-sided calls
+handling (guard.py), argument checks (rxelab.checks), point to point and one-sided calls
 (p2p.py), the named collectives (named.py), and init()/join() (starting.py). Changes of
 membership are rxelab.membership's, below it: shrink() and admit() hand it this
 communicator's builder.
@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from rxelab import bootstrap, codecs, membership, settings, verbs
+from rxelab import bootstrap, checks, codecs, membership, settings, verbs
 from rxelab.buffers import Buffer
 from rxelab.collectives.common import DATA, Call
-from rxelab.comm import checks, guard
+from rxelab.comm import guard
 from rxelab.comm.named import NamedCollectives
 from rxelab.comm.p2p import PointToPoint
 from rxelab.comm.plans import Plan, PlanCache, Planner

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rxelab import checks
 from rxelab.buffers import as_buffer
-from rxelab.comm import checks
 from rxelab.comm.core import Core
 from rxelab.comm.guard import communicating
 from rxelab.comm.results import RemoteBuffer

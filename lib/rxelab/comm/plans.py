@@ -10,7 +10,6 @@ are let go, so a loop that makes fresh buffers every call does not keep them ali
 
 from __future__ import annotations
 
-import importlib
 import operator
 import sys
 import threading
@@ -19,16 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from rxelab import codecs, ops
+from rxelab import checks, codecs, ops
 from rxelab.buffers import host_array
 from rxelab.collectives.common import Call, Staging
-from rxelab.comm import checks
-from rxelab.errors import ConfigError
 from rxelab.layouts import Layout
 from rxelab.registry import Registry
 
 MAX_PLANS = 8
-_RUNNERS: dict[str, Callable[[Call], None]] = {}  # "module:function" -> the function
 
 
 class Plan:
@@ -61,19 +57,6 @@ class Plan:
     def release(self) -> None:
         for view in self.exports:
             view.release()
-
-
-def runner(c: ops.Collective, algorithm: str) -> Callable[[Call], None]:
-    """The function that runs it, imported when first used (descriptions name it)."""
-    if algorithm not in c.algorithms:
-        raise ConfigError(f"unknown {c.name} algorithm {algorithm!r}",
-                          hint=f"use one of {', '.join(c.algorithms)}")
-    found = _RUNNERS.get(c.algorithms[algorithm])
-    if found is None:
-        module, _, function = c.algorithms[algorithm].partition(":")
-        found = _RUNNERS[c.algorithms[algorithm]] = getattr(importlib.import_module(module),
-                                                            function)
-    return found
 
 
 def seen_buffers(sendbuf: Any, recvbuf: Any) -> tuple[Any, Any]:
@@ -244,7 +227,7 @@ class Planner:
         key = counted or key  # the counts are checked whole numbers by now
 
         def make() -> Plan:
-            run = runner(c, chosen)
+            run = ops.runner(c, chosen)
             layout = c.layout(sendbuf, recvbuf, self.size, self.rank, **args)
             mine = codec
             if asked is None and not codecs.fits(codec, c.reduces, args.get("op"), layout.recv.dtype):

@@ -47,6 +47,17 @@ class Op:
     data: bytes | None  # inline: taken at post time
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """One work request as the wire carried it out (Fabric.trace)."""
+
+    qpn: int  # the sending QP
+    nbytes: int
+    opcode: int
+    imm: int
+    head: bytes  # a SEND's first bytes (a control message's header)
+
+
 @dataclass
 class Stats:
     posted: int = 0
@@ -82,7 +93,7 @@ class Fabric:
             self.heap: list[tuple[float, int, int]] = []
             self.seq = itertools.count()
             self.stats = Stats()
-            self.trace: list[tuple[int, int]] | None = None  # (sending qpn, bytes) as delivered
+            self.trace: list[Delivery] | None = None  # as delivered, when a test asks
 
     def next_ip(self) -> tuple[int, int, int, int]:
         n = next(self.ips)
@@ -242,7 +253,8 @@ class Fabric:
                        flags=e.IBV_WC_WITH_IMM if with_imm else 0)
         self.stats.bytes_moved += len(data)
         if self.trace is not None:
-            self.trace.append((qp.qp_num, len(data)))
+            self.trace.append(Delivery(qp.qp_num, len(data), op.opcode, op.imm,
+                                       b"" if writes else data[:64]))
         self._complete_send(qp, op, e.IBV_WC_SUCCESS, send_op)
         return True
 

@@ -1,0 +1,141 @@
+"""rxelab.trace records what the library does: for every described collective and algorithm
+at p = 2..8, eager and by rendezvous, the messages a recording says each rank sends are
+exactly those the in-memory fabric delivers when the same call runs on it (source,
+destination, kind, tag, bytes), and every wait of the recording pairs up with a send."""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+
+import numpy as np
+import pytest
+from pyverbs import _fabric
+from pyverbs import enums as e
+from rxelab import ops, trace
+from rxelab.errors import ConfigError
+from rxelab.messages import CTRL, MOVING, PROGRESS_IMM
+
+from tests.unit.fakejob import run_ranks
+
+CASES = [(name, algorithm) for name, c in ops.COLLECTIVES.items() for algorithm in c.algorithms]
+CHUNK = 1 << 24  # one write per block: a delivery is a message
+
+
+def delivered(p: int, name: str, algorithm: str, size: int, eager_limit: int,
+              pairs: int = 1) -> Counter:
+    """The call on the fabric: every message as (source, destination, kind, sub-tag, bytes),
+    counted, with the check that it computed the right result."""
+    c = ops.COLLECTIVES[name]
+    count = size // np.dtype(c.dtype).itemsize
+
+    def job(comm):
+        r = comm.rank
+        ends = {ch.qp.qp_num: (r, peer) for peer, ch in comm.conns.items()}
+        send, want = c.data(r, p, count, c.dtype, 3, "sum")
+        recv = np.zeros_like(want)
+        comm.barrier()
+        if r == 0:
+            _fabric.FABRIC.trace = []
+        comm.barrier()
+        ops.run(comm, name, algorithm, send, recv, pairs=pairs)
+        comm.barrier()
+        seen = None
+        if r == 0:
+            seen, _fabric.FABRIC.trace = _fabric.FABRIC.trace, None
+        return ends, ops.wrong(c, send, recv, want), seen
+
+    results = run_ranks(p, job, eager_limit=eager_limit, chunk=CHUNK, window=CHUNK)
+    assert [wrong for _, wrong, _ in results] == [0] * p
+    ends = {q: who for found, _, _ in results for q, who in found.items()}
+    out: Counter = Counter()
+    for d in results[0][2]:
+        src, dst = ends[d.qpn]
+        if d.opcode == e.IBV_WR_SEND:
+            kind, _, _, tag, *_ = CTRL.unpack(d.head[:CTRL.size])
+            if kind != MOVING:  # a progress notice: when it goes depends on timing
+                out[(src, dst, kind, tag & 0xFFFF, d.nbytes)] += 1
+        elif d.opcode == e.IBV_WR_SEND_WITH_IMM:
+            out[(src, dst, trace.EAGER, socket.ntohl(d.imm) & 0xFFFF, d.nbytes)] += 1
+        elif d.opcode == e.IBV_WR_RDMA_WRITE_WITH_IMM and d.imm != PROGRESS_IMM:
+            out[(src, dst, trace.WRITE, socket.ntohl(d.imm) & 0xFFFF, d.nbytes)] += 1
+        elif not (d.opcode == e.IBV_WR_RDMA_WRITE and d.nbytes == 0):  # a closing rank's flush
+            raise AssertionError(f"a delivery a collective of one chunk per block never makes: {d}")
+    return out
+
+
+def recorded(t: trace.Trace) -> Counter:
+    return Counter({(s, d, k, tag & 0xFFFF, n): times
+                    for (s, d, k, tag, n), times in t.messages().items()})
+
+
+@pytest.mark.parametrize("p", range(2, 9))
+@pytest.mark.parametrize(("name", "algorithm"), CASES)
+@pytest.mark.parametrize("eager_limit", [65536, 0], ids=["eager", "rendezvous"])
+def test_a_recording_sends_what_the_fabric_delivers(name, algorithm, p, eager_limit):
+    size = 48  # a whole number of every dtype's elements, uneven over p for the vectors
+    t = trace.record(name, algorithm, p, size, eager_limit=eager_limit)
+    assert len(t.matched()) == sum(recorded(t).values())
+    assert recorded(t) == delivered(p, name, algorithm, size, eager_limit)
+
+
+@pytest.mark.parametrize("name", [n for n, c in ops.COLLECTIVES.items() if c.windowed])
+def test_a_window_of_pairs_is_recorded_as_it_runs(name):
+    t = trace.record(name, "sequential", 6, 64, pairs=3, eager_limit=0)
+    t.matched()
+    assert recorded(t) == delivered(6, name, "sequential", 64, 0, pairs=3)
+
+
+def test_calls_back_to_back_take_the_next_call_numbers():
+    t = trace.record("allreduce", "ring", 4, 4096, calls=3)
+    t.matched()
+    seqs = {m.tag >> 16 for moves in t.ranks for m in moves if m.kind == trace.SEND}
+    assert seqs == {1, 2, 3}
+    one = trace.record("allreduce", "ring", 4, 4096)
+    assert t.events == 3 * one.events
+
+
+def test_moves_name_local_work_and_waits():
+    """A ring allreduce reduces p-1 chunks per rank and copies its input once; a rendezvous
+    write is waited for by the id of its own send."""
+    p, size = 4, 1 << 20
+    t = trace.record("allreduce", "ring", p, size, eager_limit=0)
+    for moves in t.ranks:
+        reduced = [m.nbytes for m in moves if m.kind == trace.REDUCE]
+        assert len(reduced) == p - 1 and sum(reduced) == size * (p - 1) // p
+        assert [m.nbytes for m in moves if m.kind == trace.COPY] == [size]
+        writes = {m.ids[0] for m in moves if m.kind == trace.SEND and m.what == trace.WRITE}
+        waited = {i for m in moves if m.kind == trace.WAIT for i in m.ids}
+        assert writes == waited
+
+
+def test_a_recording_that_does_not_pair_up_is_refused():
+    t = trace.record("alltoall", "pairwise", 3, 64)
+    dropped = next(i for i, m in enumerate(t.ranks[1]) if m.kind == trace.SEND)
+    del t.ranks[1][dropped]
+    with pytest.raises(trace.TraceError, match="no message to wait for"):
+        t.matched()
+    t = trace.record("alltoall", "pairwise", 3, 64)
+    t.ranks[2] = [m for m in t.ranks[2] if m.kind != trace.RECV]
+    with pytest.raises(trace.TraceError, match="nobody waits for"):
+        t.matched()
+    t = trace.record("alltoall", "pairwise", 3, 1 << 20)
+    t.ranks[0].append(trace.Move(trace.WAIT, ids=(99,)))
+    with pytest.raises(trace.TraceError, match="has not made"):
+        t.matched()
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("alltoall", "nope", 4, 64), "unknown alltoall algorithm"),
+    (("nope", None, 4, 64), "unknown collective"),
+    (("alltoall", None, 0, 64), "p=0"),
+    (("alltoall", None, 4, -1), "size=-1"),
+    (("allreduce", None, 4, 6), "multiple of 4"),
+    (("alltoall", "pairwise", 4, 64, {"pairs": 2}), "pairs= sets"),
+    (("alltoall", None, 4, 64, {"eager_limit": 1 << 20}), "eager_limit"),
+    (("alltoall", None, 4, 64, {"calls": 0}), "calls=0"),
+])
+def test_bad_arguments_are_named(args, said):
+    *positional, options = args if isinstance(args[-1], dict) else (*args, {})
+    with pytest.raises(ConfigError, match=said):
+        trace.record(*positional, **options)
