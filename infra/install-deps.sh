@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs fakeroot vde2 iproute2
-              openssh-client python3-venv gpgv)
+              openssh-client python3-venv gpgv
+              libsimgrid-dev g++)  # fab simulate: SimGrid (3.32 in Debian 12) and its replayer's compiler
 # the tests of rxelab.torch run against the distribution's torch (Debian 12: 1.13, the nodes')
 [ "${1:-}" = test ] && APT_PACKAGES+=(python3-torch)
 missing=()

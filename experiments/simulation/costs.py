@@ -1,0 +1,119 @@
+"""What a rank's CPU spends per message, per copied and per reduced byte, and per call: the
+costs a replay charges as computation on the rank's host. Piecewise linear in the message's
+size, by segments, as SMPI's os/or are fitted (SimGrid's "Calibrating the models"). A profile
+holds them with the link they were measured on; `fab calibrate` writes one from the lab, and
+PLACEHOLDER stands in (and says so in every result) until one is made."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ProfileError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Segment:
+    upto: int  # bytes: messages up to this size (the last segment: any size)
+    fixed: float  # seconds per message
+    per_byte: float  # seconds per byte
+
+
+@dataclass(frozen=True)
+class Costs:
+    send: tuple[Segment, ...]
+    recv: tuple[Segment, ...]
+    copy_per_byte: float = 0.0
+    reduce_per_byte: float = 0.0
+    call: float = 0.0  # seconds of a call's own, before its first message (0-byte call)
+
+    def send_cpu(self, nbytes: int) -> float:
+        return _at(self.send, nbytes)
+
+    def recv_cpu(self, nbytes: int) -> float:
+        return _at(self.recv, nbytes)
+
+
+def _at(segments: tuple[Segment, ...], nbytes: int) -> float:
+    for s in segments:
+        if nbytes <= s.upto:
+            return s.fixed + s.per_byte * nbytes
+    last = segments[-1]
+    return last.fixed + last.per_byte * nbytes
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Costs and the link and cores they were measured with."""
+
+    name: str
+    costs: Costs
+    bandwidth: float  # bytes/s of the link (ib_write_bw one way)
+    latency: float  # seconds
+    cores: int = 1  # the lab host's cores every rank shares (the `lab` platform)
+    measured: dict[str, Any] = field(default_factory=dict)  # what it was fitted from
+
+    @property
+    def placeholder(self) -> bool:
+        return self.name == PLACEHOLDER.name
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+
+def load(path: Path) -> Profile:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ProfileError(f"platform profile {path}: {err}") from None
+    try:
+        c = raw["costs"]
+        costs = Costs(tuple(_segments(c["send"], "send")), tuple(_segments(c["recv"], "recv")),
+                      _number(c.get("copy_per_byte", 0.0), "copy_per_byte"),
+                      _number(c.get("reduce_per_byte", 0.0), "reduce_per_byte"),
+                      _number(c.get("call", 0.0), "call"))
+        profile = Profile(str(raw["name"]), costs, _number(raw["bandwidth"], "bandwidth", True),
+                          _number(raw["latency"], "latency", True), int(raw.get("cores", 1)),
+                          dict(raw.get("measured") or {}))
+    except (KeyError, TypeError) as err:
+        raise ProfileError(f"platform profile {path}: missing or malformed {err}") from None
+    if not 1 <= profile.cores <= 1024:
+        raise ProfileError(f"platform profile {path}: cores={profile.cores}")
+    return profile
+
+
+def _number(value: Any, what: str, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        raise ProfileError(f"{what}={value!r}: a number {'above' if positive else 'from'} 0")
+    return float(value)
+
+
+def _segments(raw: Any, what: str) -> list[Segment]:
+    if not isinstance(raw, list) or not raw:
+        raise ProfileError(f"{what}: a list of [upto, fixed, per_byte] segments")
+    out = []
+    for item in raw:
+        if isinstance(item, dict):
+            item = [item.get("upto"), item.get("fixed"), item.get("per_byte")]
+        if not isinstance(item, (list, tuple)) or len(item) != 3:
+            raise ProfileError(f"{what}: a segment is [upto, fixed, per_byte], not {item!r}")
+        out.append(Segment(int(_number(item[0], f"{what} upto")), _number(item[1], f"{what} fixed"),
+                           _number(item[2], f"{what} per_byte")))
+    if [s.upto for s in out] != sorted({s.upto for s in out}):
+        raise ProfileError(f"{what}: segments in ascending order of size, each once")
+    return out
+
+
+# Round numbers, not measurements: what a replay uses until `fab calibrate` made a profile.
+PLACEHOLDER = Profile(
+    "placeholder",
+    Costs(send=(Segment(65536, 5e-6, 1e-10), Segment(1 << 62, 10e-6, 1e-10)),
+          recv=(Segment(65536, 5e-6, 1e-10), Segment(1 << 62, 10e-6, 1e-10)),
+          copy_per_byte=1e-10, reduce_per_byte=5e-10, call=10e-6),
+    bandwidth=12.5e9, latency=1e-6, cores=1)

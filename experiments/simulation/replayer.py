@@ -1,0 +1,128 @@
+"""Runs rxelab.trace recordings on a SimGrid platform with the s4u replayer
+(experiments/simulator/replay.cpp, built once per source into the cache by g++ against
+Debian's libsimgrid-dev): writes the moves with their CPU costs, runs it, reads the simulated
+time back. SimGrid's Python binding would do the same at 27-55 us of CPU per blocking call
+(thread contexts): too slow for the O(p^2) messages of an all-to-all at p = 1024."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rxelab import trace as tr
+
+from experiments.simulation.costs import Costs
+from experiments.simulation.platforms import Platform
+from infra.config import cache_dir
+
+SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "replay.cpp"
+HEADER = Path("/usr/include/simgrid/s4u.hpp")
+DEFAULT_TIMEOUT = 600.0
+
+
+class SimulationError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Replayed:
+    seconds: float  # simulated, from the call's start to the last rank's end
+    rank_seconds: tuple[float, ...]
+    wall: float  # of the replay itself
+
+
+def binary() -> Path:
+    """The replayer, built on first use (a few seconds) and kept by its source's hash."""
+    source = SOURCE.read_bytes()
+    out = cache_dir() / "simulator" / f"replay-{hashlib.sha256(source).hexdigest()[:16]}"
+    if out.exists():
+        return out
+    compiler = shutil.which("g++")
+    if compiler is None or not HEADER.exists():
+        raise SimulationError("the simulator needs g++ and SimGrid's headers (Debian: "
+                              "libsimgrid-dev): run `bash infra/install-deps.sh`")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".build-", delete=False) as tmp:
+        pass
+    try:
+        done = subprocess.run([compiler, "-O2", "-std=c++17", "-o", tmp.name, str(SOURCE),
+                               "-lsimgrid"], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise SimulationError(f"building the replayer failed:\n{done.stderr[-2000:]}")
+        os.replace(tmp.name, out)  # whole or not at all, also with two builds at once
+    finally:
+        if os.path.exists(tmp.name):
+            os.unlink(tmp.name)
+    return out
+
+
+def key(src: int, what: int, tag: int) -> int:
+    """A message's name for its receiver: sender, kind and tag (matched first in, first out
+    among equal names, as rxelab.trace.Trace.matched pairs them)."""
+    return (src << 48) | (what << 32) | tag
+
+
+def write_moves(t: tr.Trace, costs: Costs, hosts: int, path: Path) -> None:
+    """The replayer's input: every rank's moves with the CPU seconds each costs. A call's own
+    fixed cost is charged once per call, before its first move."""
+    with open(path, "w") as f:
+        f.write(f"ranks {t.p} hosts {hosts}\n")
+        call = f"C {costs.call:.6e}"
+        for r, moves in enumerate(t.ranks):
+            waited = {i for m in moves if m.kind == tr.WAIT for i in m.ids}
+            lines = [call] * t.calls if costs.call else []
+            for m in moves:
+                if m.kind == tr.SEND:
+                    lines.append(f"S {m.peer} {m.nbytes} {key(r, m.what, m.tag)} "
+                                 f"{int(m.ids[0] in waited)} {costs.send_cpu(m.nbytes):.6e}")
+                elif m.kind == tr.RECV:
+                    lines.append(f"R {key(m.peer, m.what, m.tag)} {costs.recv_cpu(m.nbytes):.6e}")
+                elif m.kind == tr.WAIT:
+                    lines.append(f"W {len(m.ids)} {' '.join(map(str, m.ids))}")
+                else:
+                    per = costs.copy_per_byte if m.kind == tr.COPY else costs.reduce_per_byte
+                    lines.append(f"C {per * m.nbytes:.6e}")
+            f.write(f"rank {r} {len(lines)}\n")
+            f.write("\n".join(lines))
+            f.write("\n")
+
+
+def replay(t: tr.Trace, platform: Platform, costs: Costs,
+           timeout: float = DEFAULT_TIMEOUT) -> Replayed:
+    if platform.ranks != t.p:
+        raise SimulationError(f"a trace of {t.p} ranks on a platform for {platform.ranks}")
+    t.matched()  # a recording whose waits do not pair up would hang the replay
+    program = binary()
+    with tempfile.TemporaryDirectory(prefix="rxelab-sim-") as tmp:
+        where = Path(tmp)
+        (where / "platform.xml").write_text(platform.xml())
+        write_moves(t, costs, platform.hosts if platform.kind != "lab" else 1,
+                    where / "moves.txt")
+        started = time.monotonic()
+        try:
+            done = subprocess.run([str(program), str(where / "platform.xml"),
+                                   str(where / "moves.txt"), *platform.config(),
+                                   "--log=root.thres:critical"],
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise SimulationError(f"the replay of {t.collective}/{t.algorithm} at p={t.p} ran "
+                                  f"past {timeout:g} s") from None
+        wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise SimulationError(f"the replay failed ({done.returncode}): {done.stderr[-2000:]}")
+    total, ranks = None, {}
+    for line in done.stdout.splitlines():
+        word, *rest = line.split()
+        if word == "time":
+            total = float(rest[0])
+        elif word == "rank":
+            ranks[int(rest[0])] = float(rest[1])
+    if total is None or len(ranks) != t.p:
+        raise SimulationError(f"the replay said no time: {done.stdout[-500:]}{done.stderr[-500:]}")
+    return Replayed(total, tuple(ranks[r] for r in range(t.p)), wall)

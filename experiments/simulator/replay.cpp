@@ -1,0 +1,167 @@
+/* Replays rxelab.trace recordings on a SimGrid platform (s4u, SimGrid 3.32): one actor per
+ * rank. Every rank's mailbox has it as its permanent receiver, so a message moves as soon as
+ * it is sent, as an RDMA write or send into a buffer the receiver posted ahead does; the
+ * receiver files arrivals by key and a wait takes the one it needs. A rank's CPU work (per
+ * message overheads, copies, reductions) is computation on its host, so ranks that share a
+ * host's cores compete for them (the lab: every VM on the same two cores).
+ *
+ * Input (text, written by experiments/simulate.py):
+ *   ranks P hosts H          rank r runs on host "h<r mod H>"
+ *   rank r N                 then N moves of rank r:
+ *   S dst bytes key waited cpu    a message (key names it for the receiver; waited: a later W
+ *                                 names it by this rank's count of its S lines)
+ *   R key cpu                     wait for the message of that key, then cpu seconds of work
+ *   W n id...                     wait until these sends have arrived
+ *   C cpu                         local work
+ * Output: "time <simulated seconds>" and "rank <r> <its end>" lines. */
+#include <simgrid/s4u.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace sg4 = simgrid::s4u;
+
+struct Move {
+  char kind;
+  int peer = 0;
+  double bytes = 0;
+  unsigned long long key = 0;
+  bool waited = false;
+  double cpu = 0;
+  std::vector<int> ids;
+};
+
+static std::vector<std::vector<Move>> moves;
+static std::vector<double> ended;
+
+static void work(double seconds)
+{
+  if (seconds > 0)
+    sg4::this_actor::execute(seconds * sg4::this_actor::get_host()->get_speed());
+}
+
+static void rank_main(int r)
+{
+  sg4::Mailbox* box = sg4::Mailbox::by_name("r" + std::to_string(r));
+  box->set_receiver(sg4::Actor::self());
+  std::unordered_map<unsigned long long, int> arrived;
+  std::vector<sg4::CommPtr> sends;
+  for (const Move& m : moves[r]) {
+    switch (m.kind) {
+      case 'S': {
+        work(m.cpu);
+        auto* payload = new unsigned long long(m.key);
+        sg4::Mailbox* to = sg4::Mailbox::by_name("r" + std::to_string(m.peer));
+        if (m.waited) {
+          sends.push_back(to->put_async(payload, (uint64_t)m.bytes));
+        } else {
+          sends.push_back(nullptr);
+          to->put_init(payload, (uint64_t)m.bytes)->detach();
+        }
+        break;
+      }
+      case 'R': {
+        auto it = arrived.find(m.key);
+        while (it == arrived.end() || it->second == 0) {
+          auto* got = box->get<unsigned long long>();
+          arrived[*got]++;
+          delete got;
+          it = arrived.find(m.key);
+        }
+        it->second--;
+        work(m.cpu);
+        break;
+      }
+      case 'W':
+        for (int id : m.ids)
+          if (sends.at(id))
+            sends[id]->wait();
+        break;
+      case 'C':
+        work(m.cpu);
+        break;
+    }
+  }
+  box->set_receiver(nullptr);
+  ended[r] = sg4::Engine::get_clock();
+}
+
+static void read_trace(const char* path, int& hosts)
+{
+  std::ifstream in(path);
+  std::string word;
+  int p = 0;
+  if (!(in >> word >> p >> word >> hosts) || p <= 0 || hosts <= 0)
+    throw std::runtime_error("trace: expected 'ranks P hosts H'");
+  moves.resize(p);
+  ended.assign(p, 0);
+  for (int n = 0; n < p; n++) {
+    int r;
+    size_t count;
+    if (!(in >> word >> r >> count) || word != "rank" || r < 0 || r >= p)
+      throw std::runtime_error("trace: expected 'rank r N'");
+    auto& mine = moves[r];
+    mine.reserve(count);
+    for (size_t i = 0; i < count; i++) {
+      Move m;
+      in >> m.kind;
+      if (m.kind == 'S') {
+        int waited;
+        in >> m.peer >> m.bytes >> m.key >> waited >> m.cpu;
+        m.waited = waited != 0;
+        if (m.peer < 0 || m.peer >= p)
+          throw std::runtime_error("trace: a message to a rank that does not exist");
+      } else if (m.kind == 'R') {
+        in >> m.key >> m.cpu;
+      } else if (m.kind == 'W') {
+        int k;
+        in >> k;
+        m.ids.resize(k);
+        for (int& id : m.ids)
+          in >> id;
+      } else if (m.kind == 'C') {
+        in >> m.cpu;
+      } else {
+        throw std::runtime_error(std::string("trace: unknown move '") + m.kind + "'");
+      }
+      if (!in)
+        throw std::runtime_error("trace: cut short in rank " + std::to_string(r));
+      mine.push_back(std::move(m));
+    }
+  }
+}
+
+int main(int argc, char** argv)
+{
+  sg4::Engine e(&argc, argv);
+  if (argc != 3) {
+    std::cerr << "usage: " << argv[0] << " platform.xml trace.txt [--cfg=...]\n";
+    return 2;
+  }
+  int hosts = 0;
+  try {
+    read_trace(argv[2], hosts);
+  } catch (const std::exception& err) {
+    std::cerr << "error: " << err.what() << "\n";
+    return 2;
+  }
+  e.load_platform(argv[1]);
+  for (int r = 0; r < (int)moves.size(); r++) {
+    sg4::Host* host = e.host_by_name_or_null("h" + std::to_string(r % hosts));
+    if (host == nullptr) {
+      std::cerr << "error: the platform has no host h" << r % hosts << "\n";
+      return 2;
+    }
+    sg4::Actor::create("rank" + std::to_string(r), host, rank_main, r);
+  }
+  e.run();
+  std::printf("time %.9g\n", sg4::Engine::get_clock());
+  for (size_t r = 0; r < ended.size(); r++)
+    std::printf("rank %zu %.9g\n", r, ended[r]);
+  return 0;
+}

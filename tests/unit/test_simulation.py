@@ -1,0 +1,148 @@
+"""The simulator's pieces on the host: SimGrid platforms from the template, cost profiles
+checked as they are read, and replays of recordings whose simulated times are worked out by
+hand here (CM02: a message of n bytes over one link takes latency + n / bandwidth)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+
+import pytest
+from rxelab import trace
+
+from experiments.simulation import costs as costs_mod
+from experiments.simulation import platforms, replayer
+from experiments.simulation.costs import Costs, Segment
+
+needs_simgrid = pytest.mark.skipif(
+    not (replayer.HEADER.exists() and shutil.which("g++")),
+    reason="SimGrid's headers (libsimgrid-dev) or g++ missing: `bash infra/install-deps.sh`")
+FREE = Costs(send=(Segment(1 << 62, 0.0, 0.0),), recv=(Segment(1 << 62, 0.0, 0.0),))
+CTRL = 32
+
+
+@pytest.mark.parametrize("kind", platforms.KINDS)
+@pytest.mark.parametrize("ranks", [1, 2, 7, 64, 1000])
+def test_every_platform_is_xml_with_a_host_per_rank(kind, ranks):
+    p = platforms.Platform(kind, ranks, 1e9, 1e-6, oversubscription=4)
+    root = ET.fromstring(p.xml().split("\n", 2)[2])  # past the declaration and the doctype
+    assert root.tag == "platform"
+    if kind == "lab":
+        assert [h.get("id") for h in root.iter("host")] == ["h0"]
+    else:
+        (cluster,) = root.iter("cluster")
+        first, last = map(int, cluster.get("radical").split("-"))
+        assert (first, last + 1) == (0, p.hosts) and p.hosts >= ranks
+        assert cluster.get("sharing_policy") == "SPLITDUPLEX"
+    assert "--cfg=network/model:CM02" in p.config()
+
+
+def test_a_fat_tree_has_fewer_uplinks_by_its_oversubscription():
+    p = platforms.Platform("fat-tree", 1024, 1e9, 1e-6, oversubscription=4)
+    assert p.topology() == ("FAT_TREE", "2;32,32;1,8;1,1")
+    assert platforms.Platform("fat-tree", 1024, 1e9, 1e-6).topology()[1] == "2;32,32;1,32;1,1"
+    assert platforms.Platform("fat-tree", 16, 1e9, 1e-6, oversubscription=4).topology() == ("", "")
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 27, 100, 1000, 1024, 4096])
+def test_a_torus_holds_every_rank_in_near_equal_sides(n):
+    a, b, c = platforms.torus_dims(n)
+    assert a * b * c >= n and a <= b <= c
+    assert a * b * (c - 1) < n  # no layer more than needed
+    assert c - a <= max(2, round(n ** (1 / 3)))
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"kind": "mesh"}, "one of lab"), ({"ranks": 0}, "0 ranks"), ({"bandwidth": 0}, "bandwidth"),
+    ({"latency": float("nan")}, "latency"), ({"cores": 0}, "cores"),
+    ({"kind": "fat-tree", "oversubscription": 0}, "oversubscription"),
+])
+def test_a_bad_platform_is_named(change, said):
+    with pytest.raises(platforms.PlatformError, match=said):
+        platforms.Platform(**{"kind": "cluster", "ranks": 4, "bandwidth": 1e9, "latency": 1e-6,
+                              **change})
+
+
+def test_costs_are_piecewise_linear_by_segment():
+    c = Costs(send=(Segment(100, 1.0, 0.5), Segment(1000, 10.0, 0.1)), recv=FREE.recv)
+    assert c.send_cpu(0) == 1.0 and c.send_cpu(100) == 51.0
+    assert c.send_cpu(101) == pytest.approx(20.1) and c.send_cpu(5000) == pytest.approx(510.0)
+
+
+def test_a_profile_is_read_back_as_written(tmp_path):
+    path = tmp_path / "lab.json"
+    path.write_text(costs_mod.PLACEHOLDER.to_json())
+    assert costs_mod.load(path) == costs_mod.PLACEHOLDER
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda d: d.pop("costs"), "costs"),
+    (lambda d: d.update(bandwidth=-1), "bandwidth"),
+    (lambda d: d["costs"].update(send=[]), "segments"),
+    (lambda d: d["costs"].update(send=[[100, 1, 1], [10, 1, 1]]), "ascending"),
+    (lambda d: d["costs"].update(recv=[[100, "x", 1]]), "recv fixed"),
+    (lambda d: d.update(cores=0), "cores"),
+])
+def test_a_bad_profile_is_named(tmp_path, edit, said):
+    raw = json.loads(costs_mod.PLACEHOLDER.to_json())
+    edit(raw)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(costs_mod.ProfileError, match=said):
+        costs_mod.load(path)
+    path.write_text("{not json")
+    with pytest.raises(costs_mod.ProfileError, match="bad.json"):
+        costs_mod.load(path)
+
+
+@needs_simgrid
+@pytest.mark.parametrize("m", [1 << 17, 1 << 20])
+def test_a_pairwise_exchange_of_two_takes_a_handshake_and_a_write(m):
+    """p = 2, rendezvous: each rank advertises (32 B), the other writes m bytes there."""
+    lat, bw = 5e-6, 1e9
+    t = trace.record("alltoall", "pairwise", 2, m)
+    got = replayer.replay(t, platforms.Platform("cluster", 2, bw, lat), FREE)
+    assert got.seconds == pytest.approx(2 * lat + (CTRL + m) / bw, rel=1e-6)
+
+
+@needs_simgrid
+def test_cpu_costs_add_on_the_critical_path():
+    lat, bw, m = 5e-6, 1e9, 1 << 20
+    os_, or_ = 3e-6, 7e-6
+    c = Costs(send=(Segment(1 << 62, os_, 0.0),), recv=(Segment(1 << 62, or_, 0.0),))
+    t = trace.record("alltoall", "pairwise", 2, m)
+    got = replayer.replay(t, platforms.Platform("cluster", 2, bw, lat), c)
+    # three RTR sends... each rank: send rtr, recv rtr, send write, recv write
+    assert got.seconds == pytest.approx(2 * lat + (CTRL + m) / bw + 2 * os_ + 2 * or_, rel=1e-6)
+
+
+@needs_simgrid
+def test_ranks_of_the_lab_compete_for_its_cores():
+    """Ranks on one host of the lab platform share its cores: the same CPU work of 4 ranks
+    takes twice as long on 2 cores as on 4."""
+    c = Costs(send=(Segment(1 << 62, 1e-3, 0.0),), recv=(Segment(1 << 62, 1e-3, 0.0),))
+    t = trace.record("alltoall", "parallel", 4, 64)
+    two, four = (replayer.replay(t, platforms.Platform("lab", 4, 1e12, 1e-9, cores=n), c).seconds
+                 for n in (2, 4))
+    assert two == pytest.approx(2 * four, rel=0.05)
+
+
+@needs_simgrid
+def test_an_oversubscribed_fat_tree_slows_an_all_to_all():
+    t = trace.record("alltoall", "parallel", 64, 1 << 16, eager_limit=0)
+    full, thin = (replayer.replay(t, platforms.Platform("fat-tree", 64, 1e9, 1e-6,
+                                                        oversubscription=k), FREE).seconds
+                  for k in (1, 4))
+    assert thin > 2 * full
+
+
+@needs_simgrid
+def test_a_trace_that_does_not_pair_up_is_refused_before_it_could_hang():
+    t = trace.record("alltoall", "pairwise", 3, 64)
+    t.ranks[1] = [m for m in t.ranks[1] if m.kind != trace.SEND]
+    with pytest.raises(trace.TraceError):
+        replayer.replay(t, platforms.Platform("cluster", 3, 1e9, 1e-6), FREE)
+    with pytest.raises(replayer.SimulationError, match="3 ranks on a platform for 4"):
+        replayer.replay(trace.record("alltoall", "pairwise", 3, 64),
+                        platforms.Platform("cluster", 4, 1e9, 1e-6), FREE)
