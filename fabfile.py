@@ -20,6 +20,10 @@ from invoke.exceptions import CommandTimedOut, Exit
 from experiments import about, ddp_report, elastic_report, fleet, runner
 from experiments import report as report_mod
 from experiments import spec as spec_mod
+from experiments.simulation import costs as sim_costs
+from experiments.simulation import replayer as sim_replayer
+from experiments.simulation import run as sim_run
+from experiments.simulation import spec as sim_spec
 from infra import inventory as inventory_mod
 from infra import run as runner_mod
 from infra import status as status_mod
@@ -170,6 +174,24 @@ def report(c, results=None):
         raise Exit(f"error: {chosen} is not a results directory", code=1)
     html_path, md_path = report_mod.write(chosen)
     print(f"report: {html_path}\n        {md_path}")
+
+
+@task(help={"spec": "a simulation spec: a name from experiments/simulations/ or a .toml path",
+            "results": "where result directories go (default: results/)"})
+def simulate(c, spec="smoke", results=None):
+    """Predict collectives beyond the lab's size: rxelab's own schedules and SMPI's MPI
+    algorithms on SimGrid platforms (no lab needed)."""
+    try:
+        chosen = sim_spec.load(spec)
+        out = sim_run.write(chosen, Path(results) if results else RESULTS)
+    except (sim_spec.SpecError, sim_costs.ProfileError, sim_replayer.SimulationError) as err:
+        raise Exit(f"error: {err}", code=1) from None
+    except KeyboardInterrupt:
+        raise Exit("interrupted: the rows so far are kept", code=130) from None
+    failed = sim_run.failures(out)
+    print(f"results: {out}" + (f" ({len(failed)} cases failed)" if failed else ""))
+    if failed:
+        raise Exit("; ".join(failed[:3]), code=1)
 
 
 @task(help={"inventory": "inventory file (default: the lab's)",

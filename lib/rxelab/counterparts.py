@@ -68,12 +68,14 @@ def mpi_varying(c: Described, comm: Any, MPI: Any) -> Call:
 @dataclass(frozen=True)
 class Mpi:
     """The MPI counterpart: the mpi4py method, what each label forces through Open MPI's
-    coll_tuned (its algorithm number; None: Open MPI's own choice), and how it is called on
-    the test buffers (an MpiBinder)."""
+    coll_tuned (its algorithm number; None: Open MPI's own choice), how it is called on the
+    test buffers (an MpiBinder), and each label's algorithm in SimGrid's SMPI (its
+    --cfg=smpi/<collective>: name; "ompi": Open MPI's own choice, as SMPI copies it)."""
 
     call: str
     tuned: Mapping[str, int | None] = field(default_factory=lambda: {"mpi-default": None})
     bind: MpiBinder = mpi_buffers
+    smpi: Mapping[str, str] = field(default_factory=lambda: {"mpi-default": "ompi"})
 
 
 def gloo_buffers(c: Described, dist: Any, rank: int, p: int) -> Call:

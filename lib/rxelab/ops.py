@@ -157,9 +157,10 @@ def register(c: Collective) -> Collective:
     """Make a described collective known to everything that reads descriptions."""
     if c.default not in c.algorithms or not set(c.takes) <= set(ARGUMENTS) \
             or ("pairs" in c.takes) != bool(c.windowed) or not set(c.windowed) <= set(c.algorithms) \
-            or ("send_counts" in c.takes) != (c.counts is not None):
+            or ("send_counts" in c.takes) != (c.counts is not None) \
+            or (c.mpi is not None and set(c.mpi.smpi) != set(c.mpi.tuned)):
         raise ValueError(f"{c.name}: default {c.default!r}, arguments {c.takes}, windowed "
-                         f"{c.windowed} or counts do not fit")
+                         f"{c.windowed}, counts or MPI labels (Open MPI's and SMPI's) do not fit")
     COLLECTIVES[c.name] = c
     return c
 
@@ -203,21 +204,27 @@ for _c in (
     Collective("alltoall", _ALLTOALL, "pairwise", layouts.personalized, _fraction,
                lambda size, n: size * n, testdata.alltoall, takes=("pairs",), windowed=_SEQUENTIAL,
                mpi=Mpi("Alltoall", {"mpi-default": None, "mpi-linear": 1, "mpi-pairwise": 2,
-                                    "mpi-bruck": 3}),
+                                    "mpi-bruck": 3},
+                       smpi={"mpi-default": "ompi", "mpi-linear": "basic_linear",
+                             "mpi-pairwise": "ring", "mpi-bruck": "bruck"}),
                gloo="all_to_all_single"),
     Collective("allgather", _algorithms(star="allgather_star", ring="allgather_ring",
                                         sequential="allgather_sequential"),
                "ring", layouts.gathered, _fraction, lambda size, n: size * n, testdata.allgather,
                takes=("pairs",), windowed=_SEQUENTIAL,
                mpi=Mpi("Allgather", {"mpi-default": None, "mpi-linear": 1, "mpi-bruck": 2,
-                                     "mpi-ring": 4}),
+                                     "mpi-ring": 4},
+                       smpi={"mpi-default": "ompi", "mpi-linear": "GB", "mpi-bruck": "bruck",
+                             "mpi-ring": "ring"}),
                gloo="all_gather", gloo_bind=gloo_listed),
     Collective("allreduce", _algorithms(ring="reduce_ring:allreduce",
                                         recursive_doubling="allreduce_rd"),
                "ring", layouts.reduced, lambda n: 2 * _fraction(n), lambda size, n: size,
                testdata.allreduce, takes=("op",), dtype="float32", unit="vector", axis="bytes",
                mpi=Mpi("Allreduce", {"mpi-default": None, "mpi-recursive-doubling": 3,
-                                     "mpi-ring": 4}, bind=mpi_reduction),
+                                     "mpi-ring": 4}, bind=mpi_reduction,
+                       smpi={"mpi-default": "ompi", "mpi-recursive-doubling": "rdb",
+                             "mpi-ring": "lr"}),
                gloo="all_reduce", gloo_bind=gloo_reduction),
     Collective("reduce_scatter", _algorithms(ring="reduce_ring:reduce_scatter_block"),
                "ring", layouts.scattered, _fraction, lambda size, n: size * n, testdata.reduce_scatter,
@@ -227,7 +234,8 @@ for _c in (
                "binomial", layouts.broadcast, lambda n: 1.0 if n > 1 else 0.0,
                lambda size, n: size, testdata.bcast, takes=("root",), in_place=True, unit="vector",
                axis="bytes", mpi=Mpi("Bcast", {"mpi-default": None, "mpi-binomial": 6},
-                                     bind=mpi_from_root),
+                                     bind=mpi_from_root,
+                                     smpi={"mpi-default": "ompi", "mpi-binomial": "binomial_tree"}),
                gloo="broadcast", gloo_bind=gloo_from_root),
     # MPI_Alltoallv with contiguous blocks: alltoall's algorithms over per-peer counts
     Collective("alltoallv", _ALLTOALL, "pairwise", layouts.varying, _fraction,
@@ -235,7 +243,8 @@ for _c in (
                takes=("pairs", "send_counts", "recv_counts"), windowed=_SEQUENTIAL,
                counts=testdata.varying_counts,
                mpi=Mpi("Alltoallv", {"mpi-default": None, "mpi-linear": 1, "mpi-pairwise": 2},
-                       bind=mpi_varying),
+                       bind=mpi_varying, smpi={"mpi-default": "ompi", "mpi-linear": "ompi_basic_linear",
+                                               "mpi-pairwise": "ring"}),
                gloo="all_to_all_single", gloo_bind=gloo_varying),
 ):
     register(_c)

@@ -1,0 +1,92 @@
+"""The MPI reference in the same simulator: SMPI runs SimGrid's copies of the MPI libraries'
+collective algorithms (Open MPI's choice, Bruck, ring, ...) in experiments/simulator/
+mpi_bench.c, built once by smpicc, on the same platform, with the profile's per-message
+costs as SMPI's own send and receive overheads (smpi/os for blocking sends, smpi/ois for
+the isends the algorithms mostly make, smpi/or). Those are delays, not
+computation: on the `lab` platform MPI's ranks do not compete for the cores as rxelab's do
+(said with every such row)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from rxelab import ops
+
+from experiments.simulation.costs import Costs, Segment
+from experiments.simulation.platforms import Platform
+from experiments.simulation.replayer import DEFAULT_TIMEOUT, Replayed, SimulationError
+from infra.config import cache_dir
+
+SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "mpi_bench.c"
+SMPI_NAMES = {"reduce_scatter": "reduce_scatter", "alltoallv": "alltoallv"}  # --cfg=smpi/<name>
+
+
+def binary() -> Path:
+    source = SOURCE.read_bytes()
+    out = cache_dir() / "simulator" / f"mpi_bench-{hashlib.sha256(source).hexdigest()[:16]}"
+    if out.exists():
+        return out
+    compiler = shutil.which("smpicc")
+    if compiler is None:
+        raise SimulationError("the MPI reference needs SMPI's smpicc (Debian: libsimgrid-dev): "
+                              "run `bash infra/install-deps.sh`")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".build-", delete=False) as tmp:
+        pass
+    try:
+        done = subprocess.run([compiler, "-O2", "-o", tmp.name, str(SOURCE)], capture_output=True,
+                              text=True, timeout=300)
+        if done.returncode != 0:
+            raise SimulationError(f"building the MPI reference failed:\n{done.stderr[-2000:]}")
+        os.replace(tmp.name, out)
+    finally:
+        if os.path.exists(tmp.name):
+            os.unlink(tmp.name)
+    return out
+
+
+def overheads(segments: tuple[Segment, ...]) -> str:
+    """Costs' segments as SMPI's: "from:fixed:per_byte" for sizes from `from` up."""
+    starts = [0] + [s.upto + 1 for s in segments[:-1]]
+    return ";".join(f"{start}:{s.fixed:.6g}:{s.per_byte:.6g}" for start, s in
+                    zip(starts, segments, strict=True))
+
+
+def run(collective: str, label: str, platform: Platform, costs: Costs, size: int, calls: int = 1,
+        timeout: float = DEFAULT_TIMEOUT) -> Replayed:
+    c = ops.collective(collective)
+    if c.mpi is None or label not in c.mpi.smpi:
+        raise SimulationError(f"{collective} has no MPI label {label!r}")
+    program = binary()
+    with tempfile.TemporaryDirectory(prefix="rxelab-smpi-") as tmp:
+        where = Path(tmp)
+        (where / "platform.xml").write_text(platform.xml())
+        hosts = platform.hosts if platform.kind != "lab" else 1
+        (where / "hosts").write_text("".join(f"h{r % hosts}\n" for r in range(platform.ranks)))
+        argv = ["smpirun", "-np", str(platform.ranks), "-platform", str(where / "platform.xml"),
+                "-hostfile", str(where / "hosts"),
+                f"--cfg=smpi/{SMPI_NAMES.get(collective, collective)}:{c.mpi.smpi[label]}",
+                *platform.config(), "--cfg=smpi/simulate-computation:no",
+                "--cfg=smpi/privatization:no", f"--cfg=smpi/os:{overheads(costs.send)}",
+                f"--cfg=smpi/ois:{overheads(costs.send)}", f"--cfg=smpi/or:{overheads(costs.recv)}",
+                "--log=root.thres:critical",
+                str(program), collective, str(size), str(calls)]
+        started = time.monotonic()
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                  cwd=where)
+        except subprocess.TimeoutExpired:
+            raise SimulationError(f"SMPI's {collective} {label} at p={platform.ranks} ran past "
+                                  f"{timeout:g} s") from None
+        wall = time.monotonic() - started
+    found = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("time ")]
+    if done.returncode != 0 or not found:
+        raise SimulationError(f"SMPI's {collective} {label} failed ({done.returncode}): "
+                              f"{(done.stderr or done.stdout)[-1500:]}")
+    return Replayed(float(found[0]), (), wall)
