@@ -146,3 +146,14 @@ def test_a_trace_that_does_not_pair_up_is_refused_before_it_could_hang():
     with pytest.raises(replayer.SimulationError, match="3 ranks on a platform for 4"):
         replayer.replay(trace.record("alltoall", "pairwise", 3, 64),
                         platforms.Platform("cluster", 4, 1e9, 1e-6), FREE)
+
+
+@needs_simgrid
+def test_a_burst_of_messages_takes_the_full_update_with_the_same_result(monkeypatch):
+    t = trace.record("alltoall", "parallel", 80, 1024)
+    assert replayer.burst(t) == 79 and replayer.optim(t) == "Full"
+    assert replayer.optim(trace.record("alltoall", "pairwise", 80, 1024)) == "Lazy"
+    platform = platforms.Platform("cluster", 80, 1e9, 1e-6)
+    full = replayer.replay(t, platform, costs_mod.PLACEHOLDER.costs).seconds
+    monkeypatch.setattr(replayer, "optim", lambda t: "Lazy")
+    assert replayer.replay(t, platform, costs_mod.PLACEHOLDER.costs).seconds == full
