@@ -157,3 +157,16 @@ def test_a_burst_of_messages_takes_the_full_update_with_the_same_result(monkeypa
     full = replayer.replay(t, platform, costs_mod.PLACEHOLDER.costs).seconds
     monkeypatch.setattr(replayer, "optim", lambda t: "Lazy")
     assert replayer.replay(t, platform, costs_mod.PLACEHOLDER.costs).seconds == full
+
+
+@needs_simgrid
+@pytest.mark.skipif(not shutil.which("smpicc"), reason="SMPI's smpicc missing")
+@pytest.mark.parametrize(("ours", "theirs"), [("pairwise", "mpi-pairwise"), ("parallel", "mpi-linear")])
+def test_the_replay_agrees_with_smpi_on_the_same_schedule(ours, theirs):
+    """Open MPI's pairwise exchange and linear all-to-all are rxelab's pairwise and parallel
+    (less the advertisements, 32 B each): SMPI running them and the replay agree."""
+    from experiments.simulation import smpi
+    platform = platforms.Platform("cluster", 8, 1e9, 2e-6)
+    mine = replayer.replay(trace.record("alltoall", ours, 8, 1 << 20), platform, FREE).seconds
+    mpi = smpi.run("alltoall", theirs, platform, FREE, 1 << 20).seconds
+    assert mine == pytest.approx(mpi, rel=1e-4)
