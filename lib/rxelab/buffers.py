@@ -7,6 +7,7 @@ sides, sizes that split evenly over the ranks.
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,14 @@ class Buffer:
     itemsize: int
     dtype: str
     writable: bool
+
+
+def byte_view(buf: Buffer) -> np.ndarray:
+    """The buffer's bytes as a numpy array over the same memory (for an algorithm's local
+    moves: Bruck's rotations); valid while the buffer's owner is held, as a call holds it."""
+    if not buf.nbytes:
+        return np.empty(0, np.uint8)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * buf.nbytes).from_address(buf.address))
 
 
 DLPACK_CPU, DLPACK_CUDA_HOST = 1, 3  # host memory: plain, and CUDA's pinned host memory

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from rxelab.buffers import Buffer, as_buffer, check_pair, split_even
+from rxelab.codecs import MIN_AREA as MIN_WORKSPACE
 from rxelab.errors import ConfigError
 
 
@@ -40,6 +41,12 @@ class Layout:
         receives): what coded blocks may need in staging (rxelab.codecs.staging_bound). A
         broadcast's rank receives the buffer once and sends it once (coded once for all)."""
         return 1, self.recv.nbytes
+
+    def workspace(self, p: int, algorithm: str) -> int:
+        """Bytes of workspace an algorithm keeps in the plan's areas beside the buffers (Bruck
+        rotates all blocks through one, and packs what each step sends into others): counted
+        against pin_limit before anything is posted."""
+        return 2 * self.recv.nbytes + 3 * MIN_WORKSPACE if algorithm == "bruck" else 0
 
 
 @dataclass

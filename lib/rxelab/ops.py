@@ -198,10 +198,11 @@ def collective(name: Any) -> Collective:
 
 
 _ALLTOALL = _algorithms(sequential="alltoall_sequential", pairwise="alltoall_pairwise",
-                       parallel="alltoall_parallel")
+                       parallel="alltoall_parallel")  # alltoallv's too: blocks of any size
 _SEQUENTIAL = ("sequential",)
 for _c in (
-    Collective("alltoall", _ALLTOALL, "pairwise", layouts.personalized, _fraction,
+    Collective("alltoall", {**_ALLTOALL, **_algorithms(bruck="bruck:alltoall")}, "pairwise",
+               layouts.personalized, _fraction,
                lambda size, n: size * n, testdata.alltoall, takes=("pairs",), windowed=_SEQUENTIAL,
                mpi=Mpi("Alltoall", {"mpi-default": None, "mpi-linear": 1, "mpi-pairwise": 2,
                                     "mpi-bruck": 3},
@@ -209,7 +210,7 @@ for _c in (
                              "mpi-pairwise": "ring", "mpi-bruck": "bruck"}),
                gloo="all_to_all_single"),
     Collective("allgather", _algorithms(star="allgather_star", ring="allgather_ring",
-                                        sequential="allgather_sequential"),
+                                        sequential="allgather_sequential", bruck="bruck:allgather"),
                "ring", layouts.gathered, _fraction, lambda size, n: size * n, testdata.allgather,
                takes=("pairs",), windowed=_SEQUENTIAL,
                mpi=Mpi("Allgather", {"mpi-default": None, "mpi-linear": 1, "mpi-bruck": 2,

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 import numpy as np
 
 from rxelab import checks, ops
-from rxelab.collectives.common import Call
+from rxelab.collectives.common import Call, Staging
 from rxelab.errors import ConfigError
 from rxelab.messages import CTRL, RTR, RTS, TOKEN, UNTRACKED, SendOp, WriteOp
 from rxelab.settings import BY_NAME
@@ -146,14 +146,18 @@ class Recorder:
 
 
 class RecordingCall(Call):
-    """The real Call; only its local copy is recorded instead of made (the buffers stay
-    untouched)."""
+    """The real Call; only its local work (copies, Bruck's rotations) is recorded instead of
+    done (the buffers stay untouched)."""
 
     __slots__ = ()
 
     def copy_own_block(self, send_off: int, recv_off: int, length: int) -> None:
         if length:
             cast(Recorder, self.engine).moves.append(Move(COPY, nbytes=length))
+
+    def local(self, nbytes: int, work: Callable[[], Any]) -> None:
+        if nbytes:
+            cast(Recorder, self.engine).moves.append(Move(COPY, nbytes=nbytes))
 
 
 @dataclass
@@ -244,9 +248,10 @@ def record(collective: str, algorithm: str | None, p: int, size: int, *, pairs: 
         layout = c.layout(send, recv, p, rank, **args)
         if hasattr(layout, "reduce"):
             layout.reduce = recorder.reduce
+        staging = Staging()  # the plan's areas (Bruck's workspace): allocated, never written
         for seq in range(1, calls + 1):
             run(RecordingCall(cast(Any, recorder), rank, p, seq, f"{collective}/{chosen}", layout,
-                              lambda buf, remote: None))
+                              lambda buf, remote: None, staging=staging))
         ranks.append(recorder.moves)
     _receive_size_notices(ranks)
     return Trace(collective, chosen, p, size, int(limit), pairs, calls, ranks)

@@ -85,7 +85,7 @@ class Call:
         self.codec, self.staging = codec, staging
         self._landing: dict[tuple[int, int], tuple[Any, Buffer, int, int]] = {}
         self._shared: dict[tuple[int, int, int], tuple[Buffer, int]] = {}  # one block, many peers
-        if codec is not None and staging is not None:
+        if staging is not None:
             staging.start()
 
     def mr(self, buf: Buffer, remote: bool) -> Any:
@@ -248,6 +248,19 @@ class Call:
         if length:
             ctypes.memmove(self.layout.recv.address + recv_off,
                            self.layout.send.address + send_off, length)
+
+    def local(self, nbytes: int, work: Callable[[], Any]) -> None:
+        """Local work on nbytes (copies between the call's buffers and its workspace, done
+        by `work`): a recording engine counts it instead (rxelab.trace)."""
+        if nbytes:
+            work()
+
+    def workspace(self, kind: int, nbytes: int) -> tuple[Buffer, Any]:
+        """An area of the plan's own (a Buffer and its numpy bytes) for an algorithm that
+        packs or rotates blocks (Bruck's): the same areas, in the same order, every call, so
+        their registrations are found again."""
+        assert self.staging is not None, "every plan has staging areas"
+        return self.staging.area(kind, nbytes)
 
     def settle(self, result: Any) -> None:
         """With a lossy codec, round a reduction's result as the wire would (rxelab.codecs

@@ -38,9 +38,10 @@ class Plan:
                  codec: codecs.Codec | None = None) -> None:
         self.operation, self.algorithm, self.run, self.layout = operation, algorithm, run, layout
         self.codec = codec  # how its rendezvous blocks travel (rxelab.codecs; None: as they are)
-        # where its coded blocks pass through: the plan's own, so each area fits the block
-        # it carries at every call (what pin_limit was checked against), and goes with it
-        self.staging = Staging() if codec is not None else None
+        # where its coded blocks pass through, and an algorithm's workspace (Bruck packs
+        # blocks there): the plan's own, so each area fits what it carries at every call
+        # (what pin_limit was checked against), and goes with it
+        self.staging = Staging()
         # the caller's own objects, which the plan is found by (their ids): held, so no other
         # object can take an id while the plan is kept, even if a layout copied them
         self.given = given
@@ -127,7 +128,8 @@ class PlanCache:
         """Every buffer the call may register, each once, within pin_limit beside what is
         held for peers: refused here, before anything is posted."""
         lay = plan.layout
-        staging = codecs.staging_bound(plan.codec, lay, self.size, plan.algorithm)
+        staging = (codecs.staging_bound(plan.codec, lay, self.size, plan.algorithm)
+                   + lay.workspace(self.size, plan.algorithm))
         self.registry.check_fits(*{id(b): b for b in (lay.send, lay.recv, *lay.scratch_buffers())
                                    }.values(), staging=staging,
                                  why=f"compression={plan.codec.name}" if plan.codec else "")
