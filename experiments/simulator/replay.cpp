@@ -13,7 +13,8 @@
  *   R key cpu                     wait for the message of that key, then cpu seconds of work
  *   W n id...                     wait until these sends have arrived
  *   C cpu                         local work
- * Output: "time <simulated seconds>" and "rank <r> <its end>" lines. */
+ * Output: "time <simulated seconds>" and "rank <r> <its end>" lines; exit status 3 when a
+ * rank never finished (a wait whose message nobody sends: SimGrid ends such a run). */
 #include <simgrid/s4u.hpp>
 
 #include <cstdio>
@@ -99,7 +100,7 @@ static void read_trace(const char* path, int& hosts)
   if (!(in >> word >> p >> word >> hosts) || p <= 0 || hosts <= 0)
     throw std::runtime_error("trace: expected 'ranks P hosts H'");
   moves.resize(p);
-  ended.assign(p, 0);
+  ended.assign(p, -1.0);
   for (int n = 0; n < p; n++) {
     int r;
     size_t count;
@@ -160,6 +161,11 @@ int main(int argc, char** argv)
     sg4::Actor::create("rank" + std::to_string(r), host, rank_main, r);
   }
   e.run();
+  for (size_t r = 0; r < ended.size(); r++)
+    if (ended[r] < 0) {  // SimGrid ends a deadlocked simulation; its blocked actors never get here
+      std::fprintf(stderr, "error: rank %zu never finished: it waits for a message nobody sends\n", r);
+      return 3;
+    }
   std::printf("time %.9g\n", sg4::Engine::get_clock());
   for (size_t r = 0; r < ended.size(); r++)
     std::printf("rank %zu %.9g\n", r, ended[r]);
