@@ -37,6 +37,7 @@ def byte_view(buf: Buffer) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * buf.nbytes).from_address(buf.address))
 
 
+MIN_AREA = 4096  # a staging area's smallest size (rxelab.collectives.common.Staging)
 DLPACK_CPU, DLPACK_CUDA_HOST = 1, 3  # host memory: plain, and CUDA's pinned host memory
 
 

@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from rxelab.buffers import MIN_AREA
 from rxelab.errors import ConfigError, ProtocolError
 
-MIN_AREA = 4096  # a staging area's smallest size (rxelab.collectives.common.Staging)
 HEADER = struct.Struct("!BBH4xQQ")  # codec id, form, reserved, raw bytes, payload bytes
 CODED, STORED = 0, 1
 NONE = "none"

@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rxelab.buffers import Buffer, as_buffer, check_pair, split_even
-from rxelab.codecs import MIN_AREA as MIN_WORKSPACE
+from rxelab.buffers import MIN_AREA, Buffer, as_buffer, check_pair, split_even
 from rxelab.errors import ConfigError
 
 
@@ -46,7 +45,7 @@ class Layout:
         """Bytes of workspace an algorithm keeps in the plan's areas beside the buffers (Bruck
         rotates all blocks through one, and packs what each step sends into others): counted
         against pin_limit before anything is posted."""
-        return 2 * self.recv.nbytes + 3 * MIN_WORKSPACE if algorithm == "bruck" else 0
+        return 2 * self.recv.nbytes + 3 * MIN_AREA if algorithm == "bruck" else 0
 
 
 @dataclass
