@@ -141,7 +141,8 @@ def write(spec: Spec, root: Path, quiet: bool = False) -> Path:
                 return
             progress.advance(task)
             console.print(f"[{i + 1}/{len(spec.cases)}] {case.label()}: " + (
-                f"{row['seconds'] * 1e3:.4g} ms simulated in {row['wall_s']:.1f} s"
+                f"{row['seconds'] * 1e3:.4g} ms per call (recorded in {row['record_s']:.1f} s, "
+                f"replayed in {row['wall_s']:.1f} s)"
                 if row["status"] == "ok" else f"failed: {row['error']}"))
         for row in run(spec, say, profile):
             rows.write(json.dumps(row) + "\n")
