@@ -221,17 +221,17 @@ def parse(doc: dict[str, Any], source: str = "spec") -> Spec:
 
 # --- the file ------------------------------------------------------------------------------
 
-def find(name_or_path: str) -> Path:
+def find(name_or_path: str, folder: Path = SPECS, what: str = "experiment spec") -> Path:
     """A .toml path as given (load says what is wrong with it), else the shipped spec of that
-    name."""
+    name in `folder`."""
     path = Path(name_or_path)
     if path.suffix == ".toml":
         return path
-    candidate = SPECS / f"{name_or_path}.toml"
+    candidate = folder / f"{name_or_path}.toml"
     if candidate.is_file():
         return candidate
-    known = ", ".join(sorted(p.stem for p in SPECS.glob("*.toml")))
-    raise SpecError(f"no experiment spec {name_or_path!r} (shipped: {known}; or give a .toml path)")
+    known = ", ".join(sorted(p.stem for p in folder.glob("*.toml")))
+    raise SpecError(f"no {what} {name_or_path!r} (shipped: {known}; or give a .toml path)")
 
 
 def _document(path: Path) -> dict[str, Any]:

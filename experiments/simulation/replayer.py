@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,29 +38,37 @@ class Replayed:
     wall: float  # of the replay itself
 
 
-def binary() -> Path:
-    """The replayer, built on first use (a few seconds) and kept by its source's hash."""
-    source = SOURCE.read_bytes()
-    out = cache_dir() / "simulator" / f"replay-{hashlib.sha256(source).hexdigest()[:16]}"
+def built(source: Path, argv: Callable[[str], list[str]], missing: str | None, what: str) -> Path:
+    """A program compiled from source on first use and kept in the cache by the source's
+    hash: argv(output) compiles it; `missing` says what to install when its compiler is not
+    there (None: it is)."""
+    out = cache_dir() / "simulator" / f"{source.stem}-{hashlib.sha256(source.read_bytes()).hexdigest()[:16]}"
     if out.exists():
         return out
-    compiler = shutil.which("g++")
-    if compiler is None or not HEADER.exists():
-        raise SimulationError("the simulator needs g++ and SimGrid's headers (Debian: "
-                              "libsimgrid-dev): run `bash infra/install-deps.sh`")
+    if missing is not None:
+        raise SimulationError(f"{what} needs {missing} (Debian: libsimgrid-dev): run "
+                              "`bash infra/install-deps.sh`")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".build-", delete=False) as tmp:
         pass
     try:
-        done = subprocess.run([compiler, "-O2", "-std=c++17", "-o", tmp.name, str(SOURCE),
-                               "-lsimgrid"], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(argv(tmp.name), capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
-            raise SimulationError(f"building the replayer failed:\n{done.stderr[-2000:]}")
+            raise SimulationError(f"building {what} failed:\n{done.stderr[-2000:]}")
         os.replace(tmp.name, out)  # whole or not at all, also with two builds at once
     finally:
         if os.path.exists(tmp.name):
             os.unlink(tmp.name)
     return out
+
+
+def binary() -> Path:
+    """The replayer, built on first use (a few seconds)."""
+    compiler = shutil.which("g++")
+    return built(SOURCE, lambda out: [str(compiler), "-O2", "-std=c++17", "-o", out, str(SOURCE),
+                                      "-lsimgrid"],
+                 None if compiler and HEADER.exists() else "g++ and SimGrid's headers",
+                 "the replayer")
 
 
 def key(src: int, what: int, tag: int) -> int:

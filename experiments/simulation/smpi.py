@@ -8,8 +8,6 @@ computation: on the `lab` platform MPI's ranks do not compete for the cores as r
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 import subprocess
 import tempfile
@@ -20,35 +18,15 @@ from rxelab import ops
 
 from experiments.simulation.costs import Costs, Segment
 from experiments.simulation.platforms import Platform
-from experiments.simulation.replayer import DEFAULT_TIMEOUT, Replayed, SimulationError
-from infra.config import cache_dir
+from experiments.simulation.replayer import DEFAULT_TIMEOUT, Replayed, SimulationError, built
 
 SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "mpi_bench.c"
-SMPI_NAMES = {"reduce_scatter": "reduce_scatter", "alltoallv": "alltoallv"}  # --cfg=smpi/<name>
 
 
 def binary() -> Path:
-    source = SOURCE.read_bytes()
-    out = cache_dir() / "simulator" / f"mpi_bench-{hashlib.sha256(source).hexdigest()[:16]}"
-    if out.exists():
-        return out
     compiler = shutil.which("smpicc")
-    if compiler is None:
-        raise SimulationError("the MPI reference needs SMPI's smpicc (Debian: libsimgrid-dev): "
-                              "run `bash infra/install-deps.sh`")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".build-", delete=False) as tmp:
-        pass
-    try:
-        done = subprocess.run([compiler, "-O2", "-o", tmp.name, str(SOURCE)], capture_output=True,
-                              text=True, timeout=300)
-        if done.returncode != 0:
-            raise SimulationError(f"building the MPI reference failed:\n{done.stderr[-2000:]}")
-        os.replace(tmp.name, out)
-    finally:
-        if os.path.exists(tmp.name):
-            os.unlink(tmp.name)
-    return out
+    return built(SOURCE, lambda out: [str(compiler), "-O2", "-o", out, str(SOURCE)],
+                 None if compiler else "SMPI's smpicc", "the MPI reference")
 
 
 def overheads(segments: tuple[Segment, ...]) -> str:
@@ -71,7 +49,7 @@ def run(collective: str, label: str, platform: Platform, costs: Costs, size: int
         (where / "hosts").write_text("".join(f"h{r % hosts}\n" for r in range(platform.ranks)))
         argv = ["smpirun", "-np", str(platform.ranks), "-platform", str(where / "platform.xml"),
                 "-hostfile", str(where / "hosts"),
-                f"--cfg=smpi/{SMPI_NAMES.get(collective, collective)}:{c.mpi.smpi[label]}",
+                f"--cfg=smpi/{collective}:{c.mpi.smpi[label]}",
                 *platform.config(), "--cfg=smpi/simulate-computation:no",
                 "--cfg=smpi/privatization:no", f"--cfg=smpi/os:{overheads(costs.send)}",
                 f"--cfg=smpi/ois:{overheads(costs.send)}", f"--cfg=smpi/or:{overheads(costs.recv)}",

@@ -31,7 +31,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rxelab import ops
 
+from experiments import spec as experiment_spec
 from experiments.simulation.platforms import KINDS
+from experiments.spec import SpecError
 from infra import documents
 from infra.config import REPO
 
@@ -40,10 +42,6 @@ PROFILES = REPO / "results" / "profiles"
 MAX_BYTES = 1 << 20
 MAX_RANKS = 4096
 MAX_CASES = 5000
-
-
-class SpecError(ValueError):
-    pass
 
 
 class Run(BaseModel):
@@ -133,14 +131,7 @@ class Spec:
 
 
 def find(name_or_path: str) -> Path:
-    path = Path(name_or_path)
-    if path.suffix == ".toml":
-        return path
-    candidate = SPECS / f"{name_or_path}.toml"
-    if candidate.is_file():
-        return candidate
-    known = ", ".join(sorted(p.stem for p in SPECS.glob("*.toml")))
-    raise SpecError(f"no simulation spec {name_or_path!r} (shipped: {known}; or give a .toml path)")
+    return experiment_spec.find(name_or_path, SPECS, "simulation spec")
 
 
 def load(name_or_path: str) -> Spec:
