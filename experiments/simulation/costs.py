@@ -77,13 +77,17 @@ def load(path: Path) -> Profile:
                       _number(c.get("copy_per_byte", 0.0), "copy_per_byte"),
                       _number(c.get("reduce_per_byte", 0.0), "reduce_per_byte"),
                       _number(c.get("call", 0.0), "call"))
+        cores, measured = raw.get("cores", 1), raw.get("measured") or {}
+        if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= 1024:
+            raise ProfileError(f"cores={cores!r}: a whole number from 1 to 1024")
+        if not isinstance(measured, dict):
+            raise ProfileError(f"measured={measured!r}: a table of what it was fitted from")
         profile = Profile(str(raw["name"]), costs, _number(raw["bandwidth"], "bandwidth", True),
-                          _number(raw["latency"], "latency", True), int(raw.get("cores", 1)),
-                          dict(raw.get("measured") or {}))
-    except (KeyError, TypeError) as err:
+                          _number(raw["latency"], "latency", True), cores, measured)
+    except ProfileError as err:
+        raise ProfileError(f"platform profile {path}: {err}") from None
+    except (KeyError, TypeError, AttributeError) as err:
         raise ProfileError(f"platform profile {path}: missing or malformed {err}") from None
-    if not 1 <= profile.cores <= 1024:
-        raise ProfileError(f"platform profile {path}: cores={profile.cores}")
     return profile
 
 
@@ -103,7 +107,10 @@ def _segments(raw: Any, what: str) -> list[Segment]:
             item = [item.get("upto"), item.get("fixed"), item.get("per_byte")]
         if not isinstance(item, (list, tuple)) or len(item) != 3:
             raise ProfileError(f"{what}: a segment is [upto, fixed, per_byte], not {item!r}")
-        out.append(Segment(int(_number(item[0], f"{what} upto")), _number(item[1], f"{what} fixed"),
+        upto = _number(item[0], f"{what} upto")
+        if upto != int(upto) or upto > 1 << 62:
+            raise ProfileError(f"{what} upto={item[0]!r}: a whole number of bytes")
+        out.append(Segment(int(upto), _number(item[1], f"{what} fixed"),
                            _number(item[2], f"{what} per_byte")))
     if [s.upto for s in out] != sorted({s.upto for s in out}):
         raise ProfileError(f"{what}: segments in ascending order of size, each once")

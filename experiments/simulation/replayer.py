@@ -24,6 +24,7 @@ from infra.config import cache_dir
 
 SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "replay.cpp"
 HEADER = Path("/usr/include/simgrid/s4u.hpp")
+VERSION = Path("/usr/include/simgrid/version.h")
 DEFAULT_TIMEOUT = 600.0
 
 
@@ -39,10 +40,13 @@ class Replayed:
 
 
 def built(source: Path, argv: Callable[[str], list[str]], missing: str | None, what: str) -> Path:
-    """A program compiled from source on first use and kept in the cache by the source's
-    hash: argv(output) compiles it; `missing` says what to install when its compiler is not
-    there (None: it is)."""
-    out = cache_dir() / "simulator" / f"{source.stem}-{hashlib.sha256(source.read_bytes()).hexdigest()[:16]}"
+    """A program compiled from source on first use and kept in the cache by the hash of the
+    source and of SimGrid's version: argv(output) compiles it; `missing` says what to
+    install when its compiler is not there (None: it is)."""
+    digest = hashlib.sha256(source.read_bytes())
+    if VERSION.exists():  # a SimGrid upgrade builds anew: the old binary links the old library
+        digest.update(VERSION.read_bytes())
+    out = cache_dir() / "simulator" / f"{source.stem}-{digest.hexdigest()[:16]}"
     if out.exists():
         return out
     if missing is not None:

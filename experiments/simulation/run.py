@@ -22,6 +22,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rxelab import trace
+from rxelab.errors import ConfigError
 
 from experiments.simulation import costs as costs_mod
 from experiments.simulation import replayer, smpi
@@ -82,7 +83,8 @@ def simulate(case: Case, profile: Profile) -> dict[str, Any]:
         if case.source == "smpi":
             got = smpi.run(case.collective, case.algorithm, platform, profile.costs, case.size,
                            case.calls)
-            row.update(record_s=0.0)
+            row.update(record_s=0.0, caveats=smpi.CAVEATS + (
+                [smpi.LAB_CAVEAT] if case.platform == "lab" else []))
         else:
             started = time.monotonic()
             t = trace.record(case.collective, case.algorithm, case.ranks, case.size,
@@ -91,8 +93,8 @@ def simulate(case: Case, profile: Profile) -> dict[str, Any]:
             sends = [m for moves in t.ranks for m in moves if m.kind == trace.SEND]
             row.update(events=t.events, messages=len(sends), bytes=sum(m.nbytes for m in sends))
             got = replayer.replay(t, platform, profile.costs)
-    except replayer.SimulationError as err:
-        row.update(status="failed", error=str(err))
+    except (replayer.SimulationError, ConfigError, MemoryError) as err:
+        row.update(status="failed", error=str(err) or type(err).__name__)
         return row
     row.update(status="ok", seconds=got.seconds / case.calls, wall_s=got.wall,
                loggp_s=(None if (f := loggp(case, platform, profile.costs)) is None

@@ -23,6 +23,15 @@ from experiments.simulation.replayer import DEFAULT_TIMEOUT, Replayed, Simulatio
 SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "mpi_bench.c"
 
 
+# How an SMPI row differs from a replayed one (every row says it)
+CAVEATS = ["SMPI's reductions cost no time (simulate-computation off); the replay charges "
+           "the profile's reduce_per_byte",
+           "the profile's per-call cost is charged to rxelab only",
+           "alltoallv: equal counts here, the test data's uneven ones in the replay"]
+LAB_CAVEAT = ("the lab platform: SMPI's overheads are delays, so MPI's ranks do not compete for "
+              "the host's cores as rxelab's do")
+
+
 def binary() -> Path:
     compiler = shutil.which("smpicc")
     return built(SOURCE, lambda out: [str(compiler), "-O2", "-o", out, str(SOURCE)],

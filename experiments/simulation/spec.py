@@ -42,10 +42,11 @@ PROFILES = REPO / "results" / "profiles"
 MAX_BYTES = 1 << 20
 MAX_RANKS = 4096
 MAX_CASES = 5000
+MAX_BUFFER = (2 << 30) - 1  # bytes of one rank's buffer (size x p): MPI's int displacements
 
 
 class Run(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     collective: str
     algorithms: list[str] = Field(default_factory=list)
@@ -55,8 +56,8 @@ class Run(BaseModel):
     sizes: list[int] = Field(min_length=1)
     platform: Literal["lab", "cluster", "fat-tree", "torus"] = "cluster"
     oversubscription: int = Field(1, ge=1, le=32)
-    bandwidth: float | None = Field(None, gt=0, allow_inf_nan=False)
-    latency: float | None = Field(None, gt=0, allow_inf_nan=False)
+    bandwidth: float | None = Field(None, gt=0, allow_inf_nan=False, strict=False)
+    latency: float | None = Field(None, gt=0, allow_inf_nan=False, strict=False)
     calls: int = Field(1, ge=1, le=100)
 
     @model_validator(mode="after")
@@ -87,11 +88,15 @@ class Run(BaseModel):
         if bad:
             raise ValueError(f"sizes {bad}: {self.collective} moves {c.dtype}: whole elements of "
                              f"{item} bytes, up to 1 GiB")
+        # a recording allocates (and never writes) a rank's buffers: size x p at most
+        if max(self.sizes) * max(self.ranks) > MAX_BUFFER:
+            raise ValueError(f"sizes up to {max(self.sizes)} B at {max(self.ranks)} ranks: a "
+                             f"rank's buffer would pass 2 GiB")
         return self
 
 
 class Document(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     description: str = ""

@@ -16,9 +16,9 @@ int main(int argc, char** argv)
   int p, r;
   MPI_Comm_size(MPI_COMM_WORLD, &p);
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  if (argc != 4) {
+  if (argc != 4 || atol(argv[2]) < 0 || (double)atol(argv[2]) * p > 2147483647.0) {
     if (r == 0)
-      fprintf(stderr, "usage: mpi_bench COLLECTIVE BYTES CALLS\n");
+      fprintf(stderr, "usage: mpi_bench COLLECTIVE BYTES CALLS (BYTES x ranks below 2 GiB)\n");
     MPI_Finalize();
     return 2;
   }

@@ -5,7 +5,7 @@
  * message overheads, copies, reductions) is computation on its host, so ranks that share a
  * host's cores compete for them (the lab: every VM on the same two cores).
  *
- * Input (text, written by experiments/simulate.py):
+ * Input (text, written by experiments/simulation/replayer.py):
  *   ranks P hosts H          rank r runs on host "h<r mod H>"
  *   rank r N                 then N moves of rank r:
  *   S dst bytes key waited cpu    a message (key names it for the receiver; waited: a later W
@@ -14,7 +14,8 @@
  *   W n id...                     wait until these sends have arrived
  *   C cpu                         local work
  * Output: "time <simulated seconds>" and "rank <r> <its end>" lines; exit status 3 when a
- * rank never finished (a wait whose message nobody sends: SimGrid ends such a run). */
+ * rank never finished (a wait whose message nobody sends: SimGrid ends such a run) or ended
+ * with messages it never waited for; 2 for input that is not a well-formed recording. */
 #include <simgrid/s4u.hpp>
 
 #include <cstdio>
@@ -39,6 +40,7 @@ struct Move {
 
 static std::vector<std::vector<Move>> moves;
 static std::vector<double> ended;
+static std::vector<char> unclaimed;  // a rank that ended with messages nobody waited for
 
 static void work(double seconds)
 {
@@ -68,26 +70,31 @@ static void rank_main(int r)
       }
       case 'R': {
         auto it = arrived.find(m.key);
-        while (it == arrived.end() || it->second == 0) {
+        while (it == arrived.end()) {
           auto* got = box->get<unsigned long long>();
           arrived[*got]++;
           delete got;
           it = arrived.find(m.key);
         }
-        it->second--;
+        if (--it->second == 0)
+          arrived.erase(it);
         work(m.cpu);
         break;
       }
       case 'W':
         for (int id : m.ids)
-          if (sends.at(id))
+          if (sends[id]) {
             sends[id]->wait();
+            sends[id] = nullptr;  // done: its memory goes now, not at the rank's end
+          }
         break;
       case 'C':
         work(m.cpu);
         break;
     }
   }
+  if (!arrived.empty())  // a message this rank never waited for: the recording is wrong
+    unclaimed[r] = 1;
   box->set_receiver(nullptr);
   ended[r] = sg4::Engine::get_clock();
 }
@@ -101,13 +108,17 @@ static void read_trace(const char* path, int& hosts)
     throw std::runtime_error("trace: expected 'ranks P hosts H'");
   moves.resize(p);
   ended.assign(p, -1.0);
+  unclaimed.assign(p, 0);
+  std::vector<char> seen(p, 0);
   for (int n = 0; n < p; n++) {
     int r;
     size_t count;
-    if (!(in >> word >> r >> count) || word != "rank" || r < 0 || r >= p)
-      throw std::runtime_error("trace: expected 'rank r N'");
+    if (!(in >> word >> r >> count) || word != "rank" || r < 0 || r >= p || seen[r])
+      throw std::runtime_error("trace: expected 'rank r N', each rank once");
+    seen[r] = 1;
     auto& mine = moves[r];
     mine.reserve(count);
+    int sent = 0;
     for (size_t i = 0; i < count; i++) {
       Move m;
       in >> m.kind;
@@ -115,16 +126,22 @@ static void read_trace(const char* path, int& hosts)
         int waited;
         in >> m.peer >> m.bytes >> m.key >> waited >> m.cpu;
         m.waited = waited != 0;
+        sent++;
         if (m.peer < 0 || m.peer >= p)
           throw std::runtime_error("trace: a message to a rank that does not exist");
+        if (m.bytes < 0)
+          throw std::runtime_error("trace: a message of fewer than 0 bytes");
       } else if (m.kind == 'R') {
         in >> m.key >> m.cpu;
       } else if (m.kind == 'W') {
         int k;
         in >> k;
         m.ids.resize(k);
-        for (int& id : m.ids)
+        for (int& id : m.ids) {
           in >> id;
+          if (in && (id < 0 || id >= sent))
+            throw std::runtime_error("trace: rank " + std::to_string(r) + " waits for a send it has not made");
+        }
       } else if (m.kind == 'C') {
         in >> m.cpu;
       } else {
@@ -132,6 +149,8 @@ static void read_trace(const char* path, int& hosts)
       }
       if (!in)
         throw std::runtime_error("trace: cut short in rank " + std::to_string(r));
+      if (m.cpu < 0)
+        throw std::runtime_error("trace: CPU seconds below 0");
       mine.push_back(std::move(m));
     }
   }
@@ -164,6 +183,11 @@ int main(int argc, char** argv)
   for (size_t r = 0; r < ended.size(); r++)
     if (ended[r] < 0) {  // SimGrid ends a deadlocked simulation; its blocked actors never get here
       std::fprintf(stderr, "error: rank %zu never finished: it waits for a message nobody sends\n", r);
+      return 3;
+    }
+  for (size_t r = 0; r < unclaimed.size(); r++)
+    if (unclaimed[r] || !sg4::Mailbox::by_name("r" + std::to_string(r))->empty()) {
+      std::fprintf(stderr, "error: rank %zu ended with messages it never waited for\n", r);
       return 3;
     }
   std::printf("time %.9g\n", sg4::Engine::get_clock());

@@ -77,7 +77,7 @@ def window(algorithm: str, pairs: Any, size: int, windowed: tuple[str, ...] = ("
 
 def algorithm(c: ops.Collective, chosen: Any) -> str:
     """The algorithm a call asked for (None: its description's default), as a name; whether
-    the collective has it is said when its plan is made (rxelab.comm.plans.runner)."""
+    the collective has it is said when its plan is made (rxelab.ops.runner)."""
     chosen = c.default if chosen is None else chosen
     names(algorithm=chosen)
     return str(chosen)

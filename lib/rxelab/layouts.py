@@ -10,6 +10,7 @@ Pure Python and numpy: no RDMA here.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +46,11 @@ class Layout:
         """Bytes of workspace an algorithm keeps in the plan's areas beside the buffers (Bruck
         rotates all blocks through one, and packs what each step sends into others): counted
         against pin_limit before anything is posted."""
-        return 2 * self.recv.nbytes + 3 * MIN_AREA if algorithm == "bruck" else 0
+        if algorithm != "bruck":
+            return 0
+        # three areas (rotated blocks, one packed message each way), each pinned in whole
+        # pages and possibly twice (with and without remote access)
+        return 2 * (2 * self.recv.nbytes + 3 * (MIN_AREA + 2 * mmap.PAGESIZE))
 
 
 @dataclass
@@ -60,7 +65,11 @@ class Blocks(Layout):
 
     def moves(self, p: int, algorithm: str) -> tuple[int, int]:
         """A block per peer either way, or the whole receive buffer once (a star's root
-        sends it, coded once, and the others receive it)."""
+        sends it, coded once, and the others receive it); Bruck's all-to-all sends a block
+        once per bit set in its rotated position, in ceil(log2 p) messages."""
+        if algorithm == "bruck":
+            m = max(self.send_len, default=0)
+            return (p - 1).bit_length(), m * sum(bin(i).count("1") for i in range(1, p))
         per_peer = sum(max(s, r) for s, r in zip(self.send_len, self.recv_len, strict=True))
         return p + 1, per_peer + self.recv.nbytes
 

@@ -139,3 +139,13 @@ def test_bad_arguments_are_named(args, said):
     *positional, options = args if isinstance(args[-1], dict) else (*args, {})
     with pytest.raises(ConfigError, match=said):
         trace.record(*positional, **options)
+
+
+@pytest.mark.parametrize(("name", "p", "size"), [("alltoall", 6, 1500), ("allgather", 6, 3000)])
+def test_bruck_steps_eager_and_by_rendezvous_in_one_call(name, p, size):
+    """Bruck's steps carry different numbers of blocks: with a 4 KiB eager limit some of one
+    call's steps go eager and others by rendezvous, on both sides alike."""
+    t = trace.record(name, "bruck", p, size, eager_limit=4096)
+    kinds = {m.what for m in t.ranks[0] if m.kind == trace.SEND}
+    assert {trace.EAGER, trace.WRITE} <= kinds
+    assert recorded(t) == delivered(p, name, "bruck", size, 4096)

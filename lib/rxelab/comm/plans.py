@@ -132,7 +132,10 @@ class PlanCache:
                    + lay.workspace(self.size, plan.algorithm))
         self.registry.check_fits(*{id(b): b for b in (lay.send, lay.recv, *lay.scratch_buffers())
                                    }.values(), staging=staging,
-                                 why=f"compression={plan.codec.name}" if plan.codec else "")
+                                 why=", ".join(filter(None, (
+                                     f"compression={plan.codec.name}" if plan.codec else "",
+                                     f"{plan.algorithm}'s workspace"
+                                     if lay.workspace(self.size, plan.algorithm) else ""))))
         plan.held_version = self.registry.held_version
 
     def clear(self) -> None:
