@@ -56,8 +56,8 @@ class Run(BaseModel):
     sizes: list[int] = Field(min_length=1)
     platform: Literal["lab", "cluster", "fat-tree", "torus"] = "cluster"
     oversubscription: int = Field(1, ge=1, le=32)
-    bandwidth: float | None = Field(None, gt=0, allow_inf_nan=False, strict=False)
-    latency: float | None = Field(None, gt=0, allow_inf_nan=False, strict=False)
+    bandwidth: float | None = Field(None, gt=0, allow_inf_nan=False)
+    latency: float | None = Field(None, gt=0, allow_inf_nan=False)
     calls: int = Field(1, ge=1, le=100)
 
     @model_validator(mode="after")

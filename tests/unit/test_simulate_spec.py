@@ -60,6 +60,10 @@ def test_cases_cross_ranks_sizes_algorithms_and_windows(tmp_path):
     (RUN.replace('["sequential", "pairwise"]', '["pairwise"]'), "pairs sets the window"),
     (RUN + 'platform = "mesh"\n', "platform"),
     (RUN + "colour = 1\n", "colour"),
+    (RUN + "bandwidth = true\n", "bandwidth"),
+    (RUN.replace("sizes = [1024]", 'sizes = ["1024"]'), "sizes"),
+    (RUN.replace("sizes = [1024]", "sizes = [1048576]").replace("ranks = [4, 6]", "ranks = [4096]"),
+     "2 GiB"),
     (RUN.replace('algorithms = ["sequential", "pairwise"]\npairs = [1, 2]\nmpi = ["mpi-bruck"]\n', ""),
      "names none"),
 ])

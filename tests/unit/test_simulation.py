@@ -83,6 +83,11 @@ def test_a_profile_is_read_back_as_written(tmp_path):
     (lambda d: d["costs"].update(send=[[100, 1, 1], [10, 1, 1]]), "ascending"),
     (lambda d: d["costs"].update(recv=[[100, "x", 1]]), "recv fixed"),
     (lambda d: d.update(cores=0), "cores"),
+    (lambda d: d.update(cores="two"), "cores"),
+    (lambda d: d.update(cores=2.5), "cores"),
+    (lambda d: d.update(measured="ab"), "measured"),
+    (lambda d: d["costs"].update(send=[[1.5, 1, 1]]), "whole number"),
+    (lambda d: d.update(latency=float("inf")), "latency"),
 ])
 def test_a_bad_profile_is_named(tmp_path, edit, said):
     raw = json.loads(costs_mod.PLACEHOLDER.to_json())
