@@ -82,7 +82,7 @@ def bad_input(comm: rxelab.comm.Communicator) -> list[dict]:
         "read-only receive": lambda: comm.alltoall(np.zeros(p * 4, np.uint8), bytes(p * 4)),
         "not a buffer": lambda: comm.allgather([1, 2, 3], np.zeros(3 * p, np.uint8)),
         "unknown algorithm": lambda: comm.alltoall(np.zeros(p, np.uint8), np.zeros(p, np.uint8),
-                                                   algorithm="bruck"),
+                                                   algorithm="no-such-algorithm"),
         "bad counts": lambda: comm.alltoallv(np.zeros(4, np.uint8), [1] * (p + 1),
                                              np.zeros(4, np.uint8), [1] * (p + 1)),
         "bad peer": lambda: comm.send(np.zeros(4, np.uint8), comm.rank),

@@ -9,6 +9,7 @@ import shlex
 import time
 
 import pytest
+from rxelab import ops
 
 pytestmark = pytest.mark.vm
 REMOTE_HOME = "rxelab"  # where fab deploy puts things, under the VM user's home
@@ -153,11 +154,11 @@ def test_benchmark_prints_osu_rows_with_bandwidth_and_the_perftest_limit(deploye
     assert rc == 0, out[-3000:]
     lines = [x.split("] ", 1)[1] for x in out.splitlines() if x.startswith("[0] ")]
     assert any("pyverbs" in x for x in lines if x.startswith("#")), "versions in the preamble"
-    for section in ("alltoall/sequential", "alltoall/pairwise", "alltoall/parallel",
-                    "ib_write_bw", "ib_write_bw -b", "ib_send_bw"):
+    algorithms = [f"alltoall/{a}" for a in ops.COLLECTIVES["alltoall"].algorithms]
+    for section in (*algorithms, "ib_write_bw", "ib_write_bw -b", "ib_send_bw"):
         assert any(section in x for x in lines), section
     rows = [x.split() for x in lines if x and not x.startswith("#")]
-    assert len(rows) == 6 * 2, lines
+    assert len(rows) == (len(algorithms) + 3) * 2, lines  # every algorithm and tool, 2 sizes
     for fields in rows:
         assert fields[-1] in ("0", "-"), f"#wrong must be 0: {fields}"
     big = [f for f in rows if f[0] == "65536"]
