@@ -11,6 +11,10 @@ help:
 	@echo "make status      # node, state, SSH endpoint, data IP, RDMA port state"
 	@echo "make boot-profile # where each node's boot went: kernel, systemd, cloud-init, readiness"
 	@echo "make ssh NODE=node1"
+	@echo ".venv/bin/fab deploy          # install the rxelab wheel and apps on the nodes"
+	@echo ".venv/bin/fab run-experiment --spec smoke   # run a spec (experiments/specs/) on the nodes"
+	@echo ".venv/bin/fab report          # report.html and report.md of the newest run"
+	@echo ".venv/bin/fab simulate --spec smoke   # predict beyond the lab with SimGrid (no lab needed)"
 	@echo "make destroy     # remove VMs, network, overlays and state"
 	@echo "make test        # the whole test suite (boots its own lab); test-unit: no VMs"
 
