@@ -83,14 +83,18 @@ def key(src: int, what: int, tag: int) -> int:
 
 def write_moves(t: tr.Trace, costs: Costs, hosts: int, path: Path) -> None:
     """The replayer's input: every rank's moves with the CPU seconds each costs. A call's own
-    fixed cost is charged once per call, before its first move."""
+    fixed cost is charged where the call starts."""
     with open(path, "w") as f:
         f.write(f"ranks {t.p} hosts {hosts}\n")
         call = f"C {costs.call:.6e}"
         for r, moves in enumerate(t.ranks):
             waited = {i for m in moves if m.kind == tr.WAIT for i in m.ids}
-            lines = [call] * t.calls if costs.call else []
+            lines = []
             for m in moves:
+                if m.kind == tr.CALL:
+                    if costs.call:
+                        lines.append(call)
+                    continue
                 if m.kind == tr.SEND:
                     lines.append(f"S {m.peer} {m.nbytes} {key(r, m.what, m.tag)} "
                                  f"{int(m.ids[0] in waited)} {costs.send_cpu(m.nbytes):.6e}")

@@ -9,7 +9,8 @@ A move is one of
 - RECV: wait until a peer's message has arrived (matched to exactly one SEND of that peer);
 - WAIT: wait until the peers acknowledged some of this rank's own SENDs (RC acknowledgements:
   a write's, an acknowledged eager block's): the SENDs' ids;
-- COPY, REDUCE: local work on that many bytes.
+- COPY, REDUCE: local work on that many bytes;
+- CALL: where a call starts (a call's own fixed cost is charged there).
 
 Pure Python and numpy: no pyverbs. The call's buffers are allocated but never written, so a
 p = 1024 all-to-all of 1 MiB blocks costs address space, not memory. Sizes are not checked
@@ -34,15 +35,15 @@ from rxelab.messages import CTRL, RTR, RTS, TOKEN, UNTRACKED, SendOp, WriteOp
 from rxelab.settings import BY_NAME
 from rxelab.waits import Counters
 
-SEND, RECV, WAIT, COPY, REDUCE = range(5)
+SEND, RECV, WAIT, COPY, REDUCE, CALL = range(6)
 EAGER, WRITE = 16, 17  # message kinds beside the control messages' own (RTR, RTS, TOKEN)
 KINDS = {RTR: "rtr", RTS: "rts", TOKEN: "token", EAGER: "eager", WRITE: "write"}
-MOVES = ("send", "recv", "wait", "copy", "reduce")
+MOVES = ("send", "recv", "wait", "copy", "reduce", "call")
 MAX_RANKS = 4096
 
 
 class Move(NamedTuple):
-    kind: int  # SEND, RECV, WAIT, COPY, REDUCE
+    kind: int  # SEND, RECV, WAIT, COPY, REDUCE; CALL marks where each call starts
     peer: int = -1
     nbytes: int = 0
     tag: int = 0
@@ -55,6 +56,8 @@ class Move(NamedTuple):
                     f" {self.peer} tag {self.tag:#x} {self.nbytes} B")
         if self.kind == WAIT:
             return f"wait for sends {list(self.ids)}"
+        if self.kind == CALL:
+            return "call"
         return f"{MOVES[self.kind]} {self.nbytes} B"
 
 
@@ -250,6 +253,7 @@ def record(collective: str, algorithm: str | None, p: int, size: int, *, pairs: 
             layout.reduce = recorder.reduce
         staging = Staging()  # the plan's areas (Bruck's workspace): allocated, never written
         for seq in range(1, calls + 1):
+            recorder.moves.append(Move(CALL))
             run(RecordingCall(cast(Any, recorder), rank, p, seq, f"{collective}/{chosen}", layout,
                               lambda buf, remote: None, staging=staging))
         ranks.append(recorder.moves)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 import pytest
 from rxelab import trace
@@ -227,3 +228,16 @@ def test_brucks_coded_blocks_are_bounded_for_pin_limit():
         t = trace.record("alltoall", "bruck", p, m, eager_limit=0)
         sent = [x for x in t.ranks[0] if x.kind == trace.SEND and x.what == trace.WRITE]
         assert len(sent) <= messages and sum(x.nbytes for x in sent) <= nbytes
+
+
+@needs_simgrid
+def test_a_calls_own_cost_is_charged_where_each_call_starts():
+    """Two calls cost twice one when each call's fixed cost is charged at its start (not all
+    before the first call's moves, where the calls' overlap could hide them)."""
+    c = replace(FREE, call=1e-3)
+    one, two = (trace.record("alltoall", "pairwise", 2, 64, calls=n) for n in (1, 2))
+    assert [sum(m.kind == trace.CALL for m in moves) for moves in two.ranks] == [2, 2]
+    platform = platforms.Platform("cluster", 2, 1e9, 1e-6)
+    first, both = (replayer.replay(t, platform, c).seconds for t in (one, two))
+    assert first == pytest.approx(1e-3 + 2 * 1e-6 / 2 + 64 / 1e9, rel=1e-3)
+    assert both == pytest.approx(2 * first, rel=1e-3)
