@@ -226,7 +226,7 @@ def record(collective: str, algorithm: str | None, p: int, size: int, *, pairs: 
     on p ranks."""
     c = ops.collective(collective)
     chosen = checks.algorithm(c, algorithm)
-    ops.runner(c, chosen)  # an unknown algorithm is said here
+    run = ops.runner(c, chosen)  # an unknown algorithm is said first
     p = checks.whole(p, "p")
     if not 1 <= p <= MAX_RANKS:
         raise ConfigError(f"p={p}: from 1 to {MAX_RANKS} ranks")
@@ -241,7 +241,6 @@ def record(collective: str, algorithm: str | None, p: int, size: int, *, pairs: 
         raise ConfigError(f"size={size}: {collective} moves {c.dtype}: a multiple of {item} "
                           "bytes, 0 or more")
     count = size // item
-    run = ops.runner(c, chosen)
     ranks = []
     known: dict[int, tuple[int, int]] = {}
     for rank in range(p):

@@ -38,14 +38,14 @@ def alltoall(c: Call) -> None:
         return
     send = _blocks(lay.send, p, m)
     recv = _blocks(lay.recv, p, m)
-    rot_buf, rot_arr = c.workspace(SENDING, p * m)
+    _, rot_arr = c.workspace(SENDING, p * m)
     rotated = rot_arr[:p * m].reshape(p, m)
-    most = max(_moving(p, k).size for k in range(steps(p)))
+    movings = [_moving(p, k) for k in range(steps(p))]
+    most = max(moving.size for moving in movings)
     out_buf, out_arr = c.workspace(SENDING, most * m)
     in_buf, in_arr = c.workspace(RECEIVING, most * m)
     c.local(p * m, lambda: _rotate(rotated, send, r))  # position i: the block for r + i
-    for k in range(steps(p)):
-        moving = _moving(p, k)
+    for k, moving in enumerate(movings):
         n = moving.size * m
         right, left = (r + (1 << k)) % p, (r - (1 << k)) % p
         c.expect(left, STEP0 + k, 0, n, into=in_buf)

@@ -128,14 +128,14 @@ class PlanCache:
         """Every buffer the call may register, each once, within pin_limit beside what is
         held for peers: refused here, before anything is posted."""
         lay = plan.layout
-        staging = (codecs.staging_bound(plan.codec, lay, self.size, plan.algorithm)
-                   + lay.workspace(self.size, plan.algorithm))
+        workspace = lay.workspace(self.size, plan.algorithm)
+        why = [f"compression={plan.codec.name}"] if plan.codec else []
+        why += [f"{plan.algorithm}'s workspace"] if workspace else []
         self.registry.check_fits(*{id(b): b for b in (lay.send, lay.recv, *lay.scratch_buffers())
-                                   }.values(), staging=staging,
-                                 why=", ".join(filter(None, (
-                                     f"compression={plan.codec.name}" if plan.codec else "",
-                                     f"{plan.algorithm}'s workspace"
-                                     if lay.workspace(self.size, plan.algorithm) else ""))))
+                                   }.values(),
+                                 staging=codecs.staging_bound(plan.codec, lay, self.size,
+                                                              plan.algorithm) + workspace,
+                                 why=", ".join(why))
         plan.held_version = self.registry.held_version
 
     def clear(self) -> None:
