@@ -110,32 +110,6 @@ def write_moves(t: tr.Trace, costs: Costs, hosts: int, path: Path) -> None:
             f.write("\n")
 
 
-BURST = 64
-
-
-def burst(t: tr.Trace) -> int:
-    """The most messages a rank sends before it next waits for anything."""
-    most = 0
-    for moves in t.ranks:
-        run = 0
-        for m in moves:
-            if m.kind == tr.SEND:
-                run += 1
-                most = max(most, run)
-            elif m.kind in (tr.RECV, tr.WAIT):
-                run = 0
-    return most
-
-
-def optim(t: tr.Trace) -> str:
-    """SimGrid's way of updating the shares of the links: Lazy (its default) touches only
-    the flows a change concerns, and is the faster while few flows share the links; with
-    every rank's messages in flight at once (a parallel all-to-all: p - 1 each) the
-    bookkeeping outweighs that, and Full, which recomputes every share, was 2.5x faster at
-    p = 192 (and Lazy 1.4x faster for the sequential schedule at p = 384). Same results."""
-    return "Full" if burst(t) > BURST else "Lazy"
-
-
 def replay(t: tr.Trace, platform: Platform, costs: Costs,
            timeout: float = DEFAULT_TIMEOUT) -> Replayed:
     if platform.ranks != t.p:
@@ -150,7 +124,7 @@ def replay(t: tr.Trace, platform: Platform, costs: Costs,
         try:
             done = subprocess.run([str(program), str(where / "platform.xml"),
                                    str(where / "moves.txt"), *platform.config(),
-                                   f"--cfg=network/optim:{optim(t)}", "--log=root.thres:critical"],
+                                   "--log=root.thres:critical"],
                                   capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise SimulationError(f"the replay of {t.collective}/{t.algorithm} at p={t.p} ran "

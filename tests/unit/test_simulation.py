@@ -155,17 +155,6 @@ def test_a_trace_that_does_not_pair_up_fails_and_never_hangs():
 
 
 @needs_simgrid
-def test_a_burst_of_messages_takes_the_full_update_with_the_same_result(monkeypatch):
-    t = trace.record("alltoall", "parallel", 80, 1024)
-    assert replayer.burst(t) == 79 and replayer.optim(t) == "Full"
-    assert replayer.optim(trace.record("alltoall", "pairwise", 80, 1024)) == "Lazy"
-    platform = platforms.Platform("cluster", 80, 1e9, 1e-6)
-    full = replayer.replay(t, platform, costs_mod.PLACEHOLDER.costs).seconds
-    monkeypatch.setattr(replayer, "optim", lambda t: "Lazy")
-    assert replayer.replay(t, platform, costs_mod.PLACEHOLDER.costs).seconds == full
-
-
-@needs_simgrid
 @pytest.mark.skipif(not shutil.which("smpicc"), reason="SMPI's smpicc missing")
 @pytest.mark.parametrize(("ours", "theirs"), [("pairwise", "mpi-pairwise"), ("parallel", "mpi-linear")])
 def test_the_replay_agrees_with_smpi_on_the_same_schedule(ours, theirs):
