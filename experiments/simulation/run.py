@@ -21,8 +21,9 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rxelab import trace
+from rxelab import settings, trace
 from rxelab.errors import ConfigError
+from rxelab.messages import CTRL
 
 from experiments.simulation import costs as costs_mod
 from experiments.simulation import replayer, smpi
@@ -50,14 +51,14 @@ def loggp(case: Case, platform: Platform, costs: Costs) -> float | None:
     if platform.kind != "cluster" or case.source != "rxelab":
         return None
     p, m, L, B = case.ranks, case.size, platform.latency, platform.bandwidth
-    limit = trace.BY_NAME["eager_limit"].default
+    limit = settings.BY_NAME["eager_limit"].default
 
     def message(n: float) -> float:
         return costs.send_cpu(int(n)) + L + n / B + costs.recv_cpu(int(n))
 
     def step(n: float, just_in_time: bool = False) -> float:
         """A block; by rendezvous, advertised in the same step: the advertisement first."""
-        return message(n) + (message(trace.CTRL.size) if just_in_time and n > limit else 0.0)
+        return message(n) + (message(CTRL.size) if just_in_time and n > limit else 0.0)
     name = (case.collective, case.algorithm)
     if name in (("alltoall", "pairwise"), ("allgather", "ring")):  # advertised up front
         return case.calls * (costs.call + (p - 1) * step(m) + costs.copy_per_byte * m)
