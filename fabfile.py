@@ -4,6 +4,9 @@ for machines you already have); the logic lives in experiments/, these tasks are
     fab deploy                         # lib/ and apps/ on every node; says what a node lacks
     fab run-experiment [--spec smoke]  # deploy if needed, run a spec, collect results/
     fab report [--results DIR]         # HTML + Markdown report of the newest (or given) run
+    fab simulate [--spec smoke]        # SimGrid predictions beyond the lab's size
+    fab calibrate                      # measure the lab: the simulator's cost profile
+    fab validate [--results DIR]       # a lab run's cases predicted beside what the lab took
     fab status                         # the nodes, their RDMA port state
 """
 
@@ -20,10 +23,12 @@ from invoke.exceptions import CommandTimedOut, Exit
 from experiments import about, ddp_report, elastic_report, fleet, runner
 from experiments import report as report_mod
 from experiments import spec as spec_mod
+from experiments.simulation import calibrate as sim_calibrate
 from experiments.simulation import costs as sim_costs
 from experiments.simulation import replayer as sim_replayer
 from experiments.simulation import run as sim_run
 from experiments.simulation import spec as sim_spec
+from experiments.simulation import validate as sim_validate
 from infra import inventory as inventory_mod
 from infra import run as runner_mod
 from infra import status as status_mod
@@ -89,6 +94,12 @@ def _interrupt(signum, frame):
 def run_experiment(c, spec="smoke", inventory=None, results=None, launcher=None,
                    accept_new_host_keys=False):
     """Run an experiment spec on the nodes (deploys first) and keep its results."""
+    _run_spec(spec, inventory, results, launcher, accept_new_host_keys)
+
+
+def _run_spec(spec: str, inventory: str | None, results: str | None, launcher: str | None,
+              accept_new_host_keys: bool) -> Path:
+    """run-experiment's work: the run's directory, or Exit with what went wrong."""
     # `kill` or a closed terminal ends a run as Ctrl-C does: partial results kept, the nodes
     # cleaned up (otherwise the remote ranks would run on until their own deadline)
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -158,6 +169,7 @@ def run_experiment(c, spec="smoke", inventory=None, results=None, launcher=None,
     if bad:
         print(f"{len(bad)} cases under impairment did not finish (see the report): " + ", ".join(
             f"{spec_mod.contender(r)} {r['algorithm']} {r.get('netem')} ({r['status']})" for r in bad))
+    return out
 
 
 @task(help={"results": "a results directory (default: the newest in results/)"})
@@ -192,6 +204,47 @@ def simulate(c, spec="smoke", results=None):
     print(f"results: {out}" + (f" ({len(failed)} cases failed)" if failed else ""))
     if failed:
         raise Exit("; ".join(failed[:3]), code=1)
+
+
+@task(help={"name": "the profile's name: results/profiles/NAME.json (default: lab)",
+            "measured": "fit an earlier calibrate run's directory instead of running one",
+            "inventory": "inventory file (default: the lab's)",
+            "results": "where the run's directory goes (default: results/)",
+            "accept_new_host_keys": ACCEPT_NEW})
+def calibrate(c, name="lab", measured=None, inventory=None, results=None,
+              accept_new_host_keys=False):
+    """Measure the lab for the simulator (the calibrate spec: about 10 minutes) and write the
+    cost profile a simulation spec names."""
+    try:
+        path = sim_spec.profile_path(sim_calibrate.check_name(name))
+        if measured is None:
+            out = _run_spec(sim_calibrate.SPEC, inventory, results, None, accept_new_host_keys)
+        else:
+            out = Path(measured)
+        profile = sim_calibrate.fit_run(out)
+        sim_calibrate.save(profile, path)
+    except (sim_calibrate.CalibrationError, sim_replayer.SimulationError) as err:
+        raise Exit(f"error: {err}", code=1) from None
+    for line in sim_calibrate.describe(profile):
+        print(line)
+    print(f"profile: {path} (name it in a simulation spec: profile = \"{name}\")")
+
+
+@task(help={"results": "a lab run's directory (default: the newest in results/ with rxelab "
+                       "calls back to back)",
+            "profile": "a calibrated profile's name or .json path (default: lab)"})
+def validate(c, results=None, profile="lab"):
+    """Predict every rxelab case of a lab run (calls back to back) from a calibrated profile,
+    without refitting, beside the lab's medians and spread (validation.md in the run's
+    directory)."""
+    try:
+        chosen = Path(results) if results else sim_validate.newest(RESULTS)
+        out = sim_validate.write(chosen, sim_costs.load(sim_spec.profile_path(profile)))
+    except (sim_validate.ValidationError, sim_costs.ProfileError,
+            sim_replayer.SimulationError) as err:
+        raise Exit(f"error: {err}", code=1) from None
+    print(out.read_text())
+    print(f"validation: {out}")
 
 
 @task(help={"inventory": "inventory file (default: the lab's)",

@@ -5,6 +5,7 @@ every figure of a report can name what produced it."""
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from infra.inventory import Host
 ABOUT = (
     'echo "kernel $(uname -r)"; '
     'echo "virt $(systemd-detect-virt 2>/dev/null || true)"; '
+    'echo "cpus $(nproc 2>/dev/null || true)"; '
     'echo "open_mpi $(mpirun --version 2>/dev/null | sed -n \'s/.*(Open MPI) *//p\' | head -n 1)"; '
     'echo "ucx $(ucx_info -v 2>/dev/null | sed -n \'s/.*version=\\([^ ]*\\).*/\\1/p\' | head -n 1)"; '
     "dpkg-query -W -f='pkg ${Package} ${Version}\\n' rdma-core python3-pyverbs openmpi-bin libucx0 "
@@ -39,6 +41,8 @@ def parse_about(text: str) -> dict[str, Any]:
         if key == "pkg" and value.split(" ", 1)[0] in PACKAGES and " " in value:
             name, version = value.split(" ", 1)
             about["packages"][name] = version
+        elif key == "cpus" and value.strip().isdigit():
+            about["cpus"] = int(value.strip())
         elif key in ("kernel", "virt", "open_mpi", "ucx", "torch", "rxelab") and value.strip():
             about[key] = value.strip()[:200]
     return about
@@ -70,11 +74,12 @@ def environment(hosts: list[Host], lab_state: Path | None) -> dict[str, Any]:
         "ucx_settings": commands.ucx_settings(hosts[0]),
         "hosts": {name: {"kernel": a.get("kernel"), "virtualization": a.get("virt"),
                          "open_mpi": a.get("open_mpi"), "torch": a.get("torch"),
-                         "rdma_device": h.rdma.device}
+                         "cpus": a.get("cpus"), "rdma_device": h.rdma.device}
                   for (name, (a, _)), h in zip(answers.items(), hosts, strict=True)},
     }
     if lab_state is not None and (lab_state / "boot.json").exists():
         boot = json.loads((lab_state / "boot.json").read_text())
         env["lab_accel"] = boot.get("accel")
         env["image"] = boot.get("image", {}).get("kind")
+        env["lab_host_cpus"] = os.cpu_count()  # the lab's VMs share this machine's cores
     return env

@@ -110,10 +110,18 @@ def _segments(raw: Any, what: str) -> list[Segment]:
         upto = _number(item[0], f"{what} upto")
         if upto != int(upto) or upto > 1 << 62:
             raise ProfileError(f"{what} upto={item[0]!r}: a whole number of bytes")
-        out.append(Segment(int(upto), _number(item[1], f"{what} fixed"),
-                           _number(item[2], f"{what} per_byte")))
+        fixed = item[1]  # may be below 0: checked with the segment's start below
+        if isinstance(fixed, bool) or not isinstance(fixed, (int, float)) \
+                or not math.isfinite(fixed):
+            raise ProfileError(f"{what} fixed={fixed!r}: a number")
+        out.append(Segment(int(upto), float(fixed), _number(item[2], f"{what} per_byte")))
     if [s.upto for s in out] != sorted({s.upto for s in out}):
         raise ProfileError(f"{what}: segments in ascending order of size, each once")
+    # a segment's line may start below 0 (fitted through two points), its costs may not
+    for before, s in zip([Segment(0, 0.0, 0.0), *out], out, strict=False):
+        if s.fixed + s.per_byte * before.upto < 0:
+            raise ProfileError(f"{what}: the segment up to {s.upto} B costs less than nothing "
+                               f"at {before.upto} B")
     return out
 
 
@@ -124,3 +132,11 @@ PLACEHOLDER = Profile(
           recv=(Segment(65536, 5e-6, 1e-10), Segment(1 << 62, 10e-6, 1e-10)),
           copy_per_byte=1e-10, reduce_per_byte=5e-10, call=10e-6),
     bandwidth=12.5e9, latency=1e-6, cores=1)
+
+
+def size_text(n: int) -> str:
+    """Bytes as a person reads them: 1 KiB, 64 KiB, 1 MiB, 100 B."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"

@@ -71,6 +71,17 @@ def test_costs_are_piecewise_linear_by_segment():
     assert c.send_cpu(101) == pytest.approx(20.1) and c.send_cpu(5000) == pytest.approx(510.0)
 
 
+def test_a_fitted_segment_may_start_below_zero_where_it_costs_nothing_less(tmp_path):
+    """A line through (10 B, 1 s) and (100 B, 10 s) starts at 0 B below zero; from 10 B on,
+    where it applies, it costs from 1 s up."""
+    raw = json.loads(costs_mod.PLACEHOLDER.to_json())
+    raw["costs"]["send"] = [[10, 1.0, 0.0], [100, -0.1, 0.101]]
+    path = tmp_path / "fitted.json"
+    path.write_text(json.dumps(raw))
+    got = costs_mod.load(path).costs
+    assert got.send_cpu(10) == 1.0 and got.send_cpu(100) == pytest.approx(10.0)
+
+
 def test_a_profile_is_read_back_as_written(tmp_path):
     path = tmp_path / "lab.json"
     path.write_text(costs_mod.PLACEHOLDER.to_json())
@@ -83,6 +94,8 @@ def test_a_profile_is_read_back_as_written(tmp_path):
     (lambda d: d["costs"].update(send=[]), "segments"),
     (lambda d: d["costs"].update(send=[[100, 1, 1], [10, 1, 1]]), "ascending"),
     (lambda d: d["costs"].update(recv=[[100, "x", 1]]), "recv fixed"),
+    (lambda d: d["costs"].update(send=[[100, -1, 0]]), "less than nothing at 0 B"),
+    (lambda d: d["costs"].update(send=[[10, 0, 0], [100, -1, 0.05]]), "less than nothing at 10 B"),
     (lambda d: d.update(cores=0), "cores"),
     (lambda d: d.update(cores="two"), "cores"),
     (lambda d: d.update(cores=2.5), "cores"),

@@ -1,0 +1,253 @@
+"""A cost profile fitted to the lab's own microbenchmarks (the `calibrate` run spec), so that
+the replay of each of them on the `lab` platform takes what the lab took; nothing else is
+fitted, and `fab validate` then predicts other cases with it unchanged.
+
+What each measurement gives, in order (each from the median of its alternated rounds):
+- ib_send_lat: the link's latency; ib_write_bw one way: its bandwidth (both ways at once is
+  kept beside them: where it is no more than one way, the link is the nodes' CPU);
+- a 0-byte call on one rank: a call's own cost; a 1 MiB call on one rank: the copy of its own
+  block, per byte;
+- the library's exchange between two ranks at each size (a 2-rank all-to-all: one message
+  each way at once, eager or by rendezvous as the library sends it): the per-message CPU at
+  that size, solved so the replay of that very call takes the lab's time (the replay is
+  affine in it: two replays and a third to check), half on the sending side and half on the
+  receiving; between the sizes measured, linear (SMPI's os/or are piecewise linear too);
+- a 2-rank ring allreduce of 1 MiB: the reduction's cost per byte, solved the same way.
+A cost the link alone already exceeds is 0, and said so in the profile's notes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rxelab import trace
+
+from experiments.simulation import costs as costs_mod
+from experiments.simulation import replayer
+from experiments.simulation.costs import Costs, Profile, Segment, size_text
+from experiments.simulation.platforms import Platform
+
+SPEC = "calibrate"
+CALLS = 4  # back-to-back calls per replay: the lab's were back to back too
+PROBE = 1e-3  # seconds: the second point of the affine solve
+LAST = 1 << 62  # the last segment's bound: any size
+
+
+class CalibrationError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    high: float
+    rounds: int
+
+
+def measurements(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], Spread]:
+    """The calibrate run's figures by what they are: ("call", op, algorithm, ranks, size) ->
+    seconds per call; ("link", tool, size) -> MB/s (ib_write_bw, both ways summed) or
+    microseconds (ib_send_lat). Over the rounds that finished well."""
+    got: dict[tuple[Any, ...], list[float]] = defaultdict(list)
+    for r in records:
+        s = r.get("summary") or {}
+        if r.get("status") != "ok":
+            continue
+        if r["app"] == "perftest":
+            value = s.get("lat_us", s.get("bw_MBps"))
+            if value is not None:
+                got[("link", r["algorithm"], r["size"])].append(float(value))
+        elif r["app"] == "rxelab" and s.get("tight"):
+            got[("call", r["op"], r["algorithm"], s["ranks"], r["size"])].append(
+                s["avg_stage_us"] * 1e-6)
+    return {k: Spread(statistics.median(v), min(v), max(v), len(v)) for k, v in got.items()}
+
+
+def interpolated(points: list[tuple[int, float]]) -> tuple[Segment, ...]:
+    """Segments through (size, seconds) points, linear between them and on past the last."""
+    segments = [Segment(points[0][0], points[0][1], 0.0)]
+    slope = 0.0
+    for (s0, c0), (s1, c1) in zip(points, points[1:], strict=False):
+        slope = (c1 - c0) / (s1 - s0)
+        segments.append(Segment(s1, c1 - slope * s1, slope))
+    last = points[-1]
+    segments.append(Segment(LAST, last[1] - slope * last[0], slope))
+    return tuple(segments)
+
+
+def costs(points: list[tuple[int, float]], call: float, copy: float, reduce: float) -> Costs:
+    """Per-message CPU `points` split in halves, sender's and receiver's."""
+    half = interpolated([(s, c / 2) for s, c in points])
+    return Costs(half, half, copy_per_byte=copy, reduce_per_byte=reduce, call=call)
+
+
+def replayed(collective: str, algorithm: str, p: int, size: int, platform: Platform,
+             c: Costs) -> float:
+    t = trace.record(collective, algorithm, p, size, calls=CALLS)
+    return replayer.replay(t, platform, c).seconds / CALLS
+
+
+def solve(measured: float, at: Any) -> tuple[float, float]:
+    """x >= 0 for which at(x), affine in x, equals `measured`; and what at(x) then is."""
+    zero, probe = at(0.0), at(PROBE)
+    slope = (probe - zero) / PROBE
+    if slope <= 0:
+        raise CalibrationError("a replay did not grow with the cost being fitted")
+    x = max(0.0, (measured - zero) / slope)
+    return x, at(x)
+
+
+def need(m: dict[tuple[Any, ...], Spread], key: tuple[Any, ...]) -> Spread:
+    if key not in m:
+        what = " ".join(str(k) for k in key[1:])
+        raise CalibrationError(f"the calibration run has no good round of {what}: rerun "
+                               "`fab calibrate` (the run's report says what failed)")
+    return m[key]
+
+
+def fit(records: Iterable[dict[str, Any]], name: str, cores: int) -> Profile:
+    m = measurements(records)
+    latency = need(m, ("link", "ib_send_lat", 1)).median * 1e-6
+    bandwidth = need(m, ("link", "ib_write_bw", 1 << 20)).median * 1e6
+    bidir = m.get(("link", "ib_write_bw_bidir", 1 << 20))
+    call = need(m, ("call", "alltoall", "pairwise", 1, 0)).median
+    copy = max(0.0, need(m, ("call", "alltoall", "pairwise", 1, 1 << 20)).median - call) / (1 << 20)
+    sizes = sorted(k[4] for k in m if k[:4] == ("call", "alltoall", "pairwise", 2))
+    if len(sizes) < 2 or sizes[0] != 0:
+        raise CalibrationError(f"the exchange between two ranks was measured at {sizes or 'no'}"
+                               " sizes: it needs 0 B and at least one more")
+    platform = Platform("lab", 2, bandwidth, latency, cores=cores)
+    points: list[tuple[int, float]] = []
+    notes, fitted = [], {}
+    for size in sizes:
+        lab = m[("call", "alltoall", "pairwise", 2, size)]
+        floor = points[-1][1] if points else 0.0  # no cheaper than a smaller message
+
+        def at(x: float, size: int = size, floor: float = floor) -> float:
+            return replayed("alltoall", "pairwise", 2, size, platform,
+                            costs([*points, (size, floor + x)], call, copy, 0.0))
+        x, then = solve(lab.median, at)
+        if x == 0.0:
+            notes.append(f"the exchange of {size} B: the replay takes {then * 1e3:.3f} ms "
+                         f"with no CPU added, the lab {lab.median * 1e3:.3f} ms")
+        points.append((size, floor + x))
+        fitted[f"exchange {size} B"] = _row(lab, then)
+    reduce_lab = need(m, ("call", "allreduce", "ring", 2, 1 << 20))
+
+    def with_reduce(x: float) -> float:
+        return replayed("allreduce", "ring", 2, 1 << 20, platform, costs(points, call, copy, x))
+    reduce, then = solve(reduce_lab.median, lambda x: with_reduce(x * 1e-6))
+    reduce *= 1e-6  # solved in microseconds per byte: a probe of a millisecond per byte is absurd
+    if reduce == 0.0:
+        notes.append("the 1 MiB ring allreduce: as fast as its messages alone; reduce costs 0")
+    fitted["allreduce ring 1 MiB"] = _row(reduce_lab, then)
+    measured = {
+        "latency_s": latency, "bandwidth_Bps": bandwidth,
+        "bidir_Bps": bidir.median * 1e6 if bidir else None,
+        "call_s": call, "copy_s_per_byte": copy,
+        "per_message_s": {str(s): c for s, c in points},
+        "fit": fitted, "notes": notes, "cores": cores,
+        "medians": {" ".join(map(str, k)): vars(v) for k, v in sorted(m.items(), key=str)},
+    }
+    return Profile(name, costs(points, call, copy, reduce), bandwidth, latency, cores, measured)
+
+
+def _row(lab: Spread, replay: float) -> dict[str, float]:
+    return {"lab_s": lab.median, "lab_low_s": lab.low, "lab_high_s": lab.high,
+            "replay_s": replay}
+
+
+def lab_cores(environment: dict[str, Any]) -> tuple[int | None, int]:
+    """The machine's cores, where the nodes are this machine's VMs (None: they are not), and
+    a node's own CPUs."""
+    cpus = [h.get("cpus") for h in (environment.get("hosts") or {}).values()]
+    if not cpus or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0
+                           for c in cpus):
+        raise CalibrationError("the nodes did not say how many CPUs they have (nproc)")
+    host = environment.get("lab_host_cpus")
+    return (host if isinstance(host, int) and host > 0 else None), min(cpus)
+
+
+def cores_for(profile: Profile, nodes: int) -> int:
+    """The cores `nodes` nodes' ranks share: their CPUs, at most the machine's where they are
+    VMs of one machine (the lab: 3 one-CPU VMs on 2 cores share 2)."""
+    host, node = profile.measured.get("host_cpus"), profile.measured.get("node_cpus")
+    if not isinstance(node, int) or node < 1:
+        return profile.cores
+    return max(1, min(host, nodes * node) if isinstance(host, int) and host > 0 else nodes * node)
+
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME.fullmatch(name) or name.endswith(".json"):
+        raise CalibrationError(f"profile name {name!r}: a letter or digit, then up to 63 "
+                               "letters, digits, '.', '_' or '-'")
+    return name
+
+
+def fit_run(out: Path) -> Profile:
+    """The profile of a calibrate run's directory (its records and environment)."""
+    try:
+        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()
+                   if line.strip()]
+        environment = json.loads((out / "environment.json").read_text())
+    except (OSError, ValueError) as err:
+        raise CalibrationError(f"{out} is not a run's directory: {err}") from None
+    if not isinstance(environment, dict) or environment.get("spec") != SPEC:
+        raise CalibrationError(f"{out} is a run of spec {environment.get('spec')!r}, not "
+                               f"{SPEC!r}")
+    host, node = lab_cores(environment)
+    nodes = max((r.get("nodes", 0) for r in records), default=0)
+    profile = fit(records, out.name, max(1, min(host, nodes * node) if host else nodes * node))
+    profile.measured.update(host_cpus=host, node_cpus=node, run=str(out))
+    return profile
+
+
+def save(profile: Profile, path: Path) -> None:
+    """Written whole (a new file renamed over the old): a profile this command wrote before is
+    replaced; anything else at that path is left alone."""
+    if path.exists() or path.is_symlink():
+        try:
+            costs_mod.load(path)
+        except costs_mod.ProfileError:
+            raise CalibrationError(f"{path} exists and is not a profile: not replaced") from None
+        if path.is_symlink():
+            raise CalibrationError(f"{path} is a symbolic link: not replaced")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        tmp.write_text(profile.to_json())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def describe(profile: Profile) -> list[str]:
+    """What a person reads of a fit: the link, the per-call costs, and each measurement
+    beside its replay."""
+    m = profile.measured
+    bidir = m.get("bidir_Bps")
+    lines = [f"link: {profile.latency * 1e6:.0f} us, {profile.bandwidth / 1e6:.1f} MB/s one way"
+             + (f", {bidir / 1e6:.1f} MB/s both ways at once" if bidir else ""),
+             f"a call: {profile.costs.call * 1e6:.0f} us; a copy: "
+             f"{profile.costs.copy_per_byte * 1e9:.2f} ns/B; a reduction: "
+             f"{profile.costs.reduce_per_byte * 1e9:.2f} ns/B; {profile.cores} cores shared",
+             "per message (sender and receiver together): " + ", ".join(
+                 f"{size_text(int(s))} {c * 1e6:.0f} us" for s, c in m["per_message_s"].items())]
+    for what, row in m["fit"].items():
+        lines.append(f"  {what}: lab {row['lab_s'] * 1e3:.3f} ms "
+                     f"({row['lab_low_s'] * 1e3:.3f}-{row['lab_high_s'] * 1e3:.3f}), "
+                     f"replay {row['replay_s'] * 1e3:.3f} ms")
+    lines += [f"note: {n}" for n in m.get("notes", [])]
+    return lines

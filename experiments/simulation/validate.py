@@ -1,0 +1,140 @@
+"""The simulator checked against the lab: every rxelab case of a lab run whose calls went back
+to back (the `validation` spec's, or the `latency` spec's second half) predicted on the `lab`
+platform with a calibrated profile, unchanged, beside the lab's median and the spread of its
+rounds. A prediction is good when it falls inside that spread; the algorithms' order at each
+size and p is good when it is the lab's."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from rxelab import trace
+from rxelab.errors import ConfigError
+
+from experiments.simulation import replayer
+from experiments.simulation.calibrate import cores_for
+from experiments.simulation.costs import Profile, size_text
+from experiments.simulation.platforms import Platform
+
+TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "validation.md.j2"
+CALLS = 4  # back-to-back calls per replay, as calibrate's
+
+
+class ValidationError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Row:
+    op: str
+    algorithm: str
+    ranks: int
+    nodes: int
+    size: int
+    lab_s: float  # median of the rounds, seconds per call
+    low_s: float
+    high_s: float
+    rounds: int
+    predicted_s: float
+
+    @property
+    def within(self) -> bool:
+        return self.low_s <= self.predicted_s <= self.high_s
+
+    @property
+    def ratio(self) -> float:
+        return self.predicted_s / self.lab_s
+
+
+def lab_cases(records: list[dict[str, Any]]) -> dict[tuple[str, str, int, int, int], list[float]]:
+    """(op, algorithm, ranks, nodes, size) -> seconds per call of each good round: rxelab's
+    calls back to back with the library's defaults (no impairment, compression or option)."""
+    got: dict[tuple[str, str, int, int, int], list[float]] = defaultdict(list)
+    for r in records:
+        s = r.get("summary") or {}
+        if r.get("app") != "rxelab" or r.get("status") != "ok" or not s.get("tight"):
+            continue
+        if any((r.get("netem") or {}).values()) or r.get("compression") not in (None, "none") \
+                or r.get("library") or r.get("pairs") not in (None, 1) or r.get("mtu"):
+            continue
+        got[(r["op"], r["algorithm"], s["ranks"], r["nodes"], r["size"])].append(
+            s["avg_stage_us"] * 1e-6)
+    return got
+
+
+def predict(op: str, algorithm: str, ranks: int, nodes: int, size: int,
+            profile: Profile) -> float:
+    platform = Platform("lab", ranks, profile.bandwidth, profile.latency,
+                        cores=cores_for(profile, nodes))
+    t = trace.record(op, algorithm, ranks, size, calls=CALLS)
+    return replayer.replay(t, platform, profile.costs).seconds / CALLS
+
+
+def rows(records: list[dict[str, Any]], profile: Profile) -> list[Row]:
+    out = []
+    for (op, algorithm, ranks, nodes, size), seconds in sorted(lab_cases(records).items()):
+        try:
+            predicted = predict(op, algorithm, ranks, nodes, size, profile)
+        except ConfigError as err:
+            raise ValidationError(f"{op}/{algorithm} at p={ranks}: {err}") from None
+        out.append(Row(op, algorithm, ranks, nodes, size, statistics.median(seconds),
+                       min(seconds), max(seconds), len(seconds), predicted))
+    if not out:
+        raise ValidationError("the run has no rxelab case with calls back to back (tight) that "
+                              "finished: run `fab run-experiment --spec validation`")
+    return out
+
+
+def rankings(table: list[Row]) -> list[dict[str, Any]]:
+    """At each (op, p, size): the algorithms from fastest, by the lab's medians and by the
+    predictions."""
+    groups: dict[tuple[str, int, int], list[Row]] = defaultdict(list)
+    for r in table:
+        groups[(r.op, r.ranks, r.size)].append(r)
+    out = []
+    for (op, ranks, size), rs in sorted(groups.items()):
+        if len(rs) < 2:
+            continue
+        lab = [r.algorithm for r in sorted(rs, key=lambda r: r.lab_s)]
+        predicted = [r.algorithm for r in sorted(rs, key=lambda r: r.predicted_s)]
+        out.append({"op": op, "ranks": ranks, "size": size, "lab": lab,
+                    "predicted": predicted, "same": lab == predicted,
+                    "same_first": lab[0] == predicted[0]})
+    return out
+
+
+def newest(root: Path) -> Path:
+    """The newest run under root with an rxelab case whose calls went back to back."""
+    for run in sorted((p for p in root.glob("*") if (p / "records.jsonl").exists()),
+                      reverse=True):
+        if '"tight": true' in (run / "records.jsonl").read_text():
+            return run
+    raise ValidationError(f"no lab run under {root} has rxelab calls back to back: run "
+                          "`fab run-experiment --spec validation` first")
+
+
+def write(run: Path, profile: Profile) -> Path:
+    """validation.jsonl and validation.md in the run's directory; the Markdown's path."""
+    try:
+        records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()
+                   if line.strip()]
+    except (OSError, ValueError) as err:
+        raise ValidationError(f"{run} is not a run's directory: {err}") from None
+    table = rows(records, profile)
+    order = rankings(table)
+    with open(run / "validation.jsonl", "w") as f:
+        for r in table:
+            f.write(json.dumps({**asdict(r), "within": r.within, "profile": profile.name}) + "\n")
+    template = jinja2.Template(TEMPLATE.read_text(), undefined=jinja2.StrictUndefined,
+                               trim_blocks=True, lstrip_blocks=True)
+    md = run / "validation.md"
+    md.write_text(template.render(rows=table, rankings=order, profile=profile, run=run.name,
+                                  within=sum(r.within for r in table), size=size_text,
+                                  placeholder=profile.placeholder))
+    return md

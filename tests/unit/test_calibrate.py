@@ -1,0 +1,165 @@
+"""`fab calibrate`'s fit and `fab validate`'s table, on a lab made up here: its figures are
+replays with costs chosen by the test, so the fit must find those costs again, and the
+validation must find its predictions inside a spread made around the truth (and outside one
+made away from it)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from experiments.simulation import calibrate, replayer, validate
+from experiments.simulation import costs as costs_mod
+from experiments.simulation.costs import Costs
+from experiments.simulation.platforms import Platform
+
+pytestmark = pytest.mark.skipif(
+    not (replayer.HEADER.exists() and shutil.which("g++")),
+    reason="SimGrid's headers (libsimgrid-dev) or g++ missing: `bash infra/install-deps.sh`")
+
+SIZES = [0, 1, 1024, 65536, 1 << 20]
+LATENCY, BANDWIDTH, CORES = 300e-6, 30e6, 2
+# the made-up lab's truth: per message (both sides together) at each size
+TRUTH = [(0, 400e-6), (1, 410e-6), (1024, 500e-6), (65536, 4e-3), (1 << 20, 40e-3)]
+CALL, COPY, REDUCE = 150e-6, 2e-9, 6e-9
+
+
+def truth() -> Costs:
+    return calibrate.costs(TRUTH, CALL, COPY, REDUCE)
+
+
+def lab(op: str, algorithm: str, p: int, size: int) -> float:
+    return calibrate.replayed(op, algorithm, p, size,
+                              Platform("lab", p, BANDWIDTH, LATENCY, cores=CORES), truth())
+
+
+def record(op, algorithm, p, size, seconds, spread=0.05):
+    """Three rounds of a case as `fab run-experiment` keeps them: seconds per call."""
+    return [{"app": "rxelab", "op": op, "algorithm": algorithm, "nodes": p, "size": size,
+             "status": "ok", "netem": {}, "summary": {"tight": True, "ranks": p,
+                                                     "avg_stage_us": seconds * f * 1e6}}
+            for f in (1 - spread, 1.0, 1 + spread)]
+
+
+def link(tool, size, value):
+    key = "lat_us" if tool == "ib_send_lat" else "bw_MBps"
+    return [{"app": "perftest", "algorithm": tool, "size": size, "status": "ok",
+             "summary": {key: value}}] * 3
+
+
+def made_up_run() -> list[dict]:
+    out = record("alltoall", "pairwise", 1, 0, CALL)
+    out += record("alltoall", "pairwise", 1, 1 << 20, CALL + COPY * (1 << 20))
+    for s in SIZES:
+        out += record("alltoall", "pairwise", 2, s, lab("alltoall", "pairwise", 2, s))
+    out += record("allreduce", "ring", 2, 1 << 20, lab("allreduce", "ring", 2, 1 << 20))
+    out += link("ib_send_lat", 1, LATENCY * 1e6) + link("ib_write_bw", 1 << 20, BANDWIDTH / 1e6)
+    out += link("ib_write_bw_bidir", 1 << 20, BANDWIDTH / 1e6)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return calibrate.fit(made_up_run(), "made-up", CORES)
+
+
+def test_the_fit_finds_the_costs_the_lab_was_made_with(fitted):
+    assert fitted.latency == pytest.approx(LATENCY) and fitted.bandwidth == pytest.approx(BANDWIDTH)
+    assert fitted.costs.call == pytest.approx(CALL) and fitted.costs.copy_per_byte == pytest.approx(COPY)
+    for size, seconds in TRUTH:
+        got = fitted.costs.send_cpu(size) + fitted.costs.recv_cpu(size)
+        assert got == pytest.approx(seconds, rel=1e-3), size
+    assert fitted.costs.reduce_per_byte == pytest.approx(REDUCE, rel=1e-2)
+    assert not fitted.measured["notes"]
+    for what, row in fitted.measured["fit"].items():  # each measurement, replayed, as measured
+        assert row["replay_s"] == pytest.approx(row["lab_s"], rel=1e-3), what
+
+
+def test_a_measurement_below_the_link_costs_nothing_and_is_said():
+    run = [r for r in made_up_run() if not (r["app"] == "rxelab" and r["size"] == 65536
+                                             and r["summary"]["ranks"] == 2)]
+    run += record("alltoall", "pairwise", 2, 65536, LATENCY / 10)  # faster than the link allows
+    got = calibrate.fit(run, "odd", CORES)
+    assert any("65536 B" in n for n in got.measured["notes"])
+    # never cheaper than the smaller message before it: costs only grow with size
+    assert got.costs.send_cpu(65536) == pytest.approx(got.costs.send_cpu(1024))
+
+
+@pytest.mark.parametrize("missing", [("perftest", "ib_send_lat"), ("perftest", "ib_write_bw"),
+                                     ("rxelab", "ring")])
+def test_a_missing_measurement_is_named(missing):
+    run = [r for r in made_up_run() if (r["app"], r["algorithm"]) != missing]
+    with pytest.raises(calibrate.CalibrationError, match=missing[1]):
+        calibrate.fit(run, "short", CORES)
+
+
+def test_failed_rounds_are_not_measurements():
+    run = made_up_run()
+    for r in run:
+        if r["app"] == "perftest" and r["algorithm"] == "ib_write_bw":
+            r["status"] = "failed"
+    with pytest.raises(calibrate.CalibrationError, match="ib_write_bw"):
+        calibrate.fit(run, "short", CORES)
+
+
+def test_a_fitted_profile_is_saved_and_read_back(fitted, tmp_path):
+    path = tmp_path / "profiles" / "lab.json"
+    calibrate.save(fitted, path)
+    assert costs_mod.load(path) == costs_mod.load(path) and costs_mod.load(path).costs == fitted.costs
+    calibrate.save(fitted, path)  # its own profile: replaced
+    other = tmp_path / "profiles" / "notes.json"
+    other.write_text("my notes")
+    with pytest.raises(calibrate.CalibrationError, match="not a profile"):
+        calibrate.save(fitted, other)
+    assert other.read_text() == "my notes"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["lab.json", "notes.json"]
+
+
+@pytest.mark.parametrize("name", ["../x", "", ".hidden", "a b", "lab.json", "x" * 65])
+def test_a_bad_profile_name_is_refused(name):
+    with pytest.raises(calibrate.CalibrationError, match="profile name"):
+        calibrate.check_name(name)
+
+
+def test_a_run_of_another_spec_is_not_fitted(tmp_path):
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in made_up_run()))
+    (tmp_path / "environment.json").write_text(json.dumps({"spec": "smoke", "hosts": {}}))
+    with pytest.raises(calibrate.CalibrationError, match="smoke"):
+        calibrate.fit_run(tmp_path)
+    (tmp_path / "environment.json").write_text(json.dumps(
+        {"spec": "calibrate", "hosts": {"a": {"cpus": 1}, "b": {"cpus": 1}}, "lab_host_cpus": 8}))
+    got = calibrate.fit_run(tmp_path)
+    assert got.cores == 2 and got.measured["host_cpus"] == 8
+    assert calibrate.cores_for(got, 3) == 3 and calibrate.cores_for(got, 16) == 8
+
+
+@pytest.mark.parametrize(("near", "within"), [(True, True), (False, False)])
+def test_validation_sets_predictions_beside_the_lab(fitted, tmp_path, near, within):
+    """A lab run at p = 3 made with the truth: the fitted profile predicts inside its spread;
+    a lab twice as slow is not predicted."""
+    run = []
+    for algorithm in ("pairwise", "parallel", "bruck"):
+        for size in (1024, 1 << 20):
+            seconds = lab("alltoall", algorithm, 3, size) * (1.0 if near else 2.0)
+            run += record("alltoall", algorithm, 3, size, seconds)
+    run += [{"app": "mpi", "status": "ok", "summary": {"tight": True}}]  # not rxelab: left out
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run))
+    out = validate.write(tmp_path, fitted)
+    rows = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all(r["within"] is within for r in rows)
+    text = out.read_text()
+    assert f"**{6 if within else 0} of 6 predictions within" in text
+    assert "| alltoall | bruck | 3 (3) | 1 MiB |" in text
+    if near:
+        assert "2 of 2 orders of algorithms" in text
+
+
+def test_validation_of_a_run_without_back_to_back_calls_is_refused(fitted, tmp_path):
+    (tmp_path / "records.jsonl").write_text(json.dumps({"app": "rxelab", "status": "ok",
+                                                        "summary": {"tight": False}}) + "\n")
+    with pytest.raises(validate.ValidationError, match="tight"):
+        validate.write(tmp_path, fitted)
+    with pytest.raises(validate.ValidationError, match="validation"):
+        validate.newest(tmp_path / "nothing-here")
