@@ -13,7 +13,8 @@ What each measurement gives, in order (each from the median of its alternated ro
   affine in it: two replays and a third to check), half on the sending side and half on the
   receiving; between the sizes measured, linear (SMPI's os/or are piecewise linear too);
 - a 2-rank ring allreduce of 1 MiB: the reduction's cost per byte, solved the same way.
-A cost the link alone already exceeds is 0, and said so in the profile's notes."""
+A size measured faster than the next smaller one keeps that one's cost (costs only grow
+with size), and the profile's notes say so."""
 
 from __future__ import annotations
 
@@ -136,8 +137,9 @@ def fit(records: Iterable[dict[str, Any]], name: str, cores: int) -> Profile:
                             costs([*points, (size, floor + x)], call, copy, 0.0))
         x, then = solve(lab.median, at)
         if x == 0.0:
-            notes.append(f"the exchange of {size} B: the replay takes {then * 1e3:.3f} ms "
-                         f"with no CPU added, the lab {lab.median * 1e3:.3f} ms")
+            notes.append(f"the exchange of {size} B: the lab's {lab.median * 1e3:.3f} ms is "
+                         f"below the replay's {then * 1e3:.3f} ms at the next smaller size's "
+                         "cost; kept at that cost (costs only grow with size)")
         points.append((size, floor + x))
         fitted[f"exchange {size} B"] = _row(lab, then)
     reduce_lab = need(m, ("call", "allreduce", "ring", 2, 1 << 20))

@@ -26,6 +26,7 @@ SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "replay.cpp"
 HEADER = Path("/usr/include/simgrid/s4u.hpp")
 VERSION = Path("/usr/include/simgrid/version.h")
 DEFAULT_TIMEOUT = 600.0
+DATA = (tr.EAGER, tr.WRITE)  # the kinds of message that carry a block's bytes
 
 
 class SimulationError(RuntimeError):
@@ -37,6 +38,7 @@ class Replayed:
     seconds: float  # simulated, from the call's start to the last rank's end
     rank_seconds: tuple[float, ...]
     wall: float  # of the replay itself
+    peak_inflight: tuple[float, ...] = ()  # per rank: bytes sent and not yet known arrived
 
 
 def built(source: Path, argv: Callable[[str], list[str]], missing: str | None, what: str) -> Path:
@@ -97,7 +99,8 @@ def write_moves(t: tr.Trace, costs: Costs, hosts: int, path: Path) -> None:
                     continue
                 if m.kind == tr.SEND:
                     lines.append(f"S {m.peer} {m.nbytes} {key(r, m.what, m.tag)} "
-                                 f"{int(m.ids[0] in waited)} {costs.send_cpu(m.nbytes):.6e}")
+                                 f"{int(m.ids[0] in waited)} {int(m.what in DATA)} "
+                                 f"{costs.send_cpu(m.nbytes):.6e}")
                 elif m.kind == tr.RECV:
                     lines.append(f"R {key(m.peer, m.what, m.tag)} {costs.recv_cpu(m.nbytes):.6e}")
                 elif m.kind == tr.WAIT:
@@ -138,7 +141,8 @@ def replay(t: tr.Trace, platform: Platform, costs: Costs,
         if word == "time":
             total = float(rest[0])
         elif word == "rank":
-            ranks[int(rest[0])] = float(rest[1])
+            ranks[int(rest[0])] = float(rest[1]), float(rest[2])
     if total is None or len(ranks) != t.p:
         raise SimulationError(f"the replay said no time: {done.stdout[-500:]}{done.stderr[-500:]}")
-    return Replayed(total, tuple(ranks[r] for r in range(t.p)), wall)
+    return Replayed(total, tuple(ranks[r][0] for r in range(t.p)), wall,
+                    tuple(ranks[r][1] for r in range(t.p)))

@@ -92,8 +92,12 @@ def simulate(case: Case, profile: Profile) -> dict[str, Any]:
                              pairs=case.pairs, calls=case.calls)
             row["record_s"] = time.monotonic() - started
             sends = [m for moves in t.ranks for m in moves if m.kind == trace.SEND]
-            row.update(events=t.events, messages=len(sends), bytes=sum(m.nbytes for m in sends))
+            # memory per rank at most: pinned (the connections' slots and what the calls
+            # registered), and of it what the calls registered
+            row.update(events=t.events, messages=len(sends), bytes=sum(m.nbytes for m in sends),
+                       pinned_bytes=max(t.peak_pinned()), registered_bytes=max(t.pinned))
             got = replayer.replay(t, platform, profile.costs)
+            row.update(peak_inflight_bytes=max(got.peak_inflight))
     except (replayer.SimulationError, ConfigError, MemoryError) as err:
         row.update(status="failed", error=str(err) or type(err).__name__)
         return row

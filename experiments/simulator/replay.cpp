@@ -8,16 +8,19 @@
  * Input (text, written by experiments/simulation/replayer.py):
  *   ranks P hosts H          rank r runs on host "h<r mod H>"
  *   rank r N                 then N moves of rank r:
- *   S dst bytes key waited cpu    a message (key names it for the receiver; waited: a later W
- *                                 names it by this rank's count of its S lines)
+ *   S dst bytes key waited data cpu  a message (key names it for the receiver; waited: a
+ *                                 later W names it by this rank's count of its S lines; data:
+ *                                 1 for a block's bytes, 0 for a control message)
  *   R key cpu                     wait for the message of that key, then cpu seconds of work
  *   W n id...                     wait until these sends have arrived
  *   C cpu                         local work
- * Output: "time <simulated seconds>" and "rank <r> <its end>" lines; exit status 3 when a
+ * Output: "time <simulated seconds>", "rank <r> <its end> <peak bytes in flight>" lines;
+ * exit status 3 when a
  * rank never finished (a wait whose message nobody sends: SimGrid ends such a run) or ended
  * with messages it never waited for; 2 for input that is not a well-formed recording. */
 #include <simgrid/s4u.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -34,12 +37,17 @@ struct Move {
   double bytes = 0;
   unsigned long long key = 0;
   bool waited = false;
+  bool data = false;
   double cpu = 0;
   std::vector<int> ids;
 };
 
 static std::vector<std::vector<Move>> moves;
 static std::vector<double> ended;
+/* A rank's bytes in flight as the library's Stats.peak_inflight counts them: sent, and not yet
+ * known to have arrived (a send it waits for: until that wait; one it never waits for: until
+ * the rank next waits for anything, as the library polls completions only then). */
+static std::vector<double> peak_inflight;
 static std::vector<char> unclaimed;  // a rank that ended with messages nobody waited for
 
 static void work(double seconds)
@@ -54,17 +62,28 @@ static void rank_main(int r)
   box->set_receiver(sg4::Actor::self());
   std::unordered_map<unsigned long long, int> arrived;
   std::vector<sg4::CommPtr> sends;
+  std::vector<double> sent_bytes;
+  double inflight = 0, unwaited = 0, peak = 0;
   for (const Move& m : moves[r]) {
     switch (m.kind) {
       case 'S': {
         work(m.cpu);
+        double counted = m.data ? m.bytes : 0;  // as the library counts: blocks, not control
+        sent_bytes.push_back(counted);
+        inflight += counted;
+        if (!m.waited)
+          unwaited += counted;
+        if (inflight > peak)
+          peak = inflight;
         auto* payload = new unsigned long long(m.key);
         sg4::Mailbox* to = sg4::Mailbox::by_name("r" + std::to_string(m.peer));
+        // a message of 0 bytes still crosses the link (SimGrid would deliver it at once)
+        auto wire = (uint64_t)std::max(m.bytes, 1.0);
         if (m.waited) {
-          sends.push_back(to->put_async(payload, (uint64_t)m.bytes));
+          sends.push_back(to->put_async(payload, wire));
         } else {
           sends.push_back(nullptr);
-          to->put_init(payload, (uint64_t)m.bytes)->detach();
+          to->put_init(payload, wire)->detach();
         }
         break;
       }
@@ -78,6 +97,8 @@ static void rank_main(int r)
         }
         if (--it->second == 0)
           arrived.erase(it);
+        inflight -= unwaited;
+        unwaited = 0;
         work(m.cpu);
         break;
       }
@@ -86,7 +107,10 @@ static void rank_main(int r)
           if (sends[id]) {
             sends[id]->wait();
             sends[id] = nullptr;  // done: its memory goes now, not at the rank's end
+            inflight -= sent_bytes[id];
           }
+        inflight -= unwaited;
+        unwaited = 0;
         break;
       case 'C':
         work(m.cpu);
@@ -97,6 +121,7 @@ static void rank_main(int r)
     unclaimed[r] = 1;
   box->set_receiver(nullptr);
   ended[r] = sg4::Engine::get_clock();
+  peak_inflight[r] = peak;
 }
 
 static void read_trace(const char* path, int& hosts)
@@ -108,6 +133,7 @@ static void read_trace(const char* path, int& hosts)
     throw std::runtime_error("trace: expected 'ranks P hosts H'");
   moves.resize(p);
   ended.assign(p, -1.0);
+  peak_inflight.assign(p, 0.0);
   unclaimed.assign(p, 0);
   std::vector<char> seen(p, 0);
   for (int n = 0; n < p; n++) {
@@ -123,9 +149,10 @@ static void read_trace(const char* path, int& hosts)
       Move m;
       in >> m.kind;
       if (m.kind == 'S') {
-        int waited;
-        in >> m.peer >> m.bytes >> m.key >> waited >> m.cpu;
+        int waited, data;
+        in >> m.peer >> m.bytes >> m.key >> waited >> data >> m.cpu;
         m.waited = waited != 0;
+        m.data = data != 0;
         sent++;
         if (m.peer < 0 || m.peer >= p)
           throw std::runtime_error("trace: a message to a rank that does not exist");
@@ -192,6 +219,6 @@ int main(int argc, char** argv)
     }
   std::printf("time %.9g\n", sg4::Engine::get_clock());
   for (size_t r = 0; r < ended.size(); r++)
-    std::printf("rank %zu %.9g\n", r, ended[r]);
+    std::printf("rank %zu %.9g %.17g\n", r, ended[r], peak_inflight[r]);
   return 0;
 }

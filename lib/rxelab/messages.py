@@ -21,8 +21,20 @@ ABORT_REASONS = {FAILED: "it failed", STALLED: "no progress from", DIED: "it fou
 # The immediate of a progress notice: no tag is all ones (collective tags use 30 bits, p2p
 # and user tags leave bits clear), and it reads the same in either byte order.
 PROGRESS_IMM = 0xFFFFFFFF
+CTRL_SLOT = 64  # bytes of a slot holding a control message; slots grow to the eager limit
 SEND_BIT = 1 << 63
 DATA_BIT = 1 << 62
+
+
+def slot_size(eager_limit: int) -> int:
+    """Bytes of each of a connection's receive and send slots: a control message or an eager
+    block."""
+    return max(CTRL_SLOT, eager_limit)
+
+
+def ring_bytes(slots: int, eager_limit: int) -> int:
+    """Bytes one connection keeps pinned for its receive and send slots, whatever the calls."""
+    return 2 * slots * slot_size(eager_limit)
 
 
 @dataclass

@@ -31,7 +31,8 @@ import numpy as np
 from rxelab import checks, ops
 from rxelab.collectives.common import Call, Staging
 from rxelab.errors import ConfigError
-from rxelab.messages import CTRL, RTR, RTS, TOKEN, UNTRACKED, SendOp, WriteOp
+from rxelab.messages import CTRL, RTR, RTS, TOKEN, UNTRACKED, SendOp, WriteOp, ring_bytes
+from rxelab.registry import pinned_size
 from rxelab.settings import BY_NAME
 from rxelab.waits import Counters
 
@@ -102,6 +103,16 @@ class Recorder:
         self.counters = Counters()
         self.moves: list[Move] = []
         self.ids = itertools.count()
+        self.registered: set[tuple[int, int, bool]] = set()
+        self.pinned = 0  # bytes the calls registered, as the library's registry pins them
+
+    def register(self, buf: Any, remote: bool) -> None:
+        """The call's registration of a buffer (its writes' source, a target it advertises):
+        counted once per buffer and access, as rxelab.registry keeps them."""
+        key = (buf.address, buf.nbytes, remote)
+        if key not in self.registered:
+            self.registered.add(key)
+            self.pinned += pinned_size(buf.address, buf.nbytes)
 
     def _send(self, peer: int, nbytes: int, tag: int, what: int) -> int:
         n = next(self.ids)
@@ -173,6 +184,15 @@ class Trace:
     pairs: int
     calls: int
     ranks: list[list[Move]]
+    pinned: list[int]  # per rank: bytes its calls registered (eager blocks go through slots)
+
+    def peak_pinned(self, slots: int | None = None) -> list[int]:
+        """Per rank, the bytes pinned during the calls, as the library's Stats.peak_pinned
+        says them: every connection's slots (one per peer, whatever the algorithm) and the
+        buffers the calls registered."""
+        slots = BY_NAME["slots"].check(BY_NAME["slots"].default if slots is None else slots)
+        rings = (self.p - 1) * ring_bytes(int(slots), self.eager_limit)
+        return [rings + n for n in self.pinned]
 
     @property
     def events(self) -> int:
@@ -241,7 +261,7 @@ def record(collective: str, algorithm: str | None, p: int, size: int, *, pairs: 
         raise ConfigError(f"size={size}: {collective} moves {c.dtype}: a multiple of {item} "
                           "bytes, 0 or more")
     count = size // item
-    ranks = []
+    ranks, pinned = [], []
     known: dict[int, tuple[int, int]] = {}
     for rank in range(p):
         recorder = Recorder(int(limit))
@@ -254,10 +274,11 @@ def record(collective: str, algorithm: str | None, p: int, size: int, *, pairs: 
         for seq in range(1, calls + 1):
             recorder.moves.append(Move(CALL))
             run(RecordingCall(cast(Any, recorder), rank, p, seq, f"{collective}/{chosen}", layout,
-                              lambda buf, remote: None, staging=staging))
+                              recorder.register, staging=staging))
         ranks.append(recorder.moves)
+        pinned.append(recorder.pinned)
     _receive_size_notices(ranks)
-    return Trace(collective, chosen, p, size, int(limit), pairs, calls, ranks)
+    return Trace(collective, chosen, p, size, int(limit), pairs, calls, ranks, pinned)
 
 
 def _buffers(c: ops.Collective, rank: int, p: int, count: int,

@@ -24,6 +24,7 @@ from pyverbs.pyverbs_error import PyverbsError
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
+from rxelab import messages
 from rxelab.errors import ConfigError, RdmaError
 
 QP_TIMEOUT = 16  # 4.096 us * 2^16 = 268 ms per ack timeout: generous under emulation
@@ -39,7 +40,6 @@ WR_SEND, WR_SEND_WITH_IMM = e.IBV_WR_SEND, e.IBV_WR_SEND_WITH_IMM
 WR_RDMA_WRITE, WR_RDMA_WRITE_WITH_IMM = e.IBV_WR_RDMA_WRITE, e.IBV_WR_RDMA_WRITE_WITH_IMM
 WC_SUCCESS, WC_RECV_RDMA_WITH_IMM, WC_WITH_IMM = (e.IBV_WC_SUCCESS, e.IBV_WC_RECV_RDMA_WITH_IMM,
                                                   e.IBV_WC_WITH_IMM)
-CTRL_SLOT = 64  # a control message; slots grow to the eager limit
 WR_CACHE = 256  # send WRs kept per connection
 
 
@@ -188,7 +188,7 @@ class Connection:
     copies of eager data), slot_size bytes each."""
 
     def __init__(self, dev: Device, registry: Any, peer: int, slots: int, send_depth: int,
-                 slot_size: int = CTRL_SLOT) -> None:
+                 slot_size: int = messages.CTRL_SLOT) -> None:
         self.peer = peer
         self.dev = dev
         self.slot_size = slot_size
@@ -196,7 +196,7 @@ class Connection:
         self.recv_mr = MR(dev.pd, slots * slot_size, e.IBV_ACCESS_LOCAL_WRITE)
         self.send_mr = MR(dev.pd, slots * slot_size, e.IBV_ACCESS_LOCAL_WRITE)
         self.recv_base, self.send_base = self.recv_mr.buf, self.send_mr.buf
-        registry.add_fixed(2 * slots * slot_size)
+        registry.add_fixed(2 * slots * slot_size)  # messages.ring_bytes
         cap = QPCap(max_send_wr=send_depth, max_recv_wr=slots, max_send_sge=1, max_recv_sge=1)
         self.qp = QP(dev.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=dev.cq, rcq=dev.cq, cap=cap,
                                          sq_sig_all=0))

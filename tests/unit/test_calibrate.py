@@ -77,7 +77,7 @@ def test_the_fit_finds_the_costs_the_lab_was_made_with(fitted):
         assert row["replay_s"] == pytest.approx(row["lab_s"], rel=1e-3), what
 
 
-def test_a_measurement_below_the_link_costs_nothing_and_is_said():
+def test_a_size_measured_faster_than_a_smaller_one_keeps_its_cost_and_is_said():
     run = [r for r in made_up_run() if not (r["app"] == "rxelab" and r["size"] == 65536
                                              and r["summary"]["ranks"] == 2)]
     run += record("alltoall", "pairwise", 2, 65536, LATENCY / 10)  # faster than the link allows

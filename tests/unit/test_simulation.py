@@ -243,3 +243,25 @@ def test_a_calls_own_cost_is_charged_where_each_call_starts():
     first, both = (replayer.replay(t, platform, c).seconds for t in (one, two))
     assert first == pytest.approx(1e-3 + 2 * 1e-6 / 2 + 64 / 1e9, rel=1e-3)
     assert both == pytest.approx(2 * first, rel=1e-3)
+
+
+@needs_simgrid
+@pytest.mark.parametrize("p", [6, 8])
+@pytest.mark.parametrize("size", [1024, 1 << 20], ids=["eager", "rendezvous"])
+@pytest.mark.parametrize(("algorithm", "blocks"), [
+    ("pairwise", lambda p: 1), ("sequential", lambda p: 1), ("parallel", lambda p: p - 1),
+    ("bruck", lambda p: p // 2)])
+def test_bytes_in_flight_per_rank_are_what_the_schedule_allows(p, size, algorithm, blocks):
+    """As the library's Stats.peak_inflight counts them (blocks, not control messages): one
+    block at a time for pairwise and sequential, every block at once for parallel, and Bruck's
+    packed half."""
+    t = trace.record("alltoall", algorithm, p, size, calls=2)
+    got = replayer.replay(t, platforms.Platform("cluster", p, 1e9, 1e-6), FREE)
+    assert max(got.peak_inflight) == blocks(p) * size
+
+
+@needs_simgrid
+def test_a_message_of_no_bytes_still_takes_the_latency():
+    t = trace.record("alltoall", "pairwise", 2, 0)
+    got = replayer.replay(t, platforms.Platform("cluster", 2, 1e9, 1e-3), FREE)
+    assert got.seconds == pytest.approx(1e-3, rel=1e-3)

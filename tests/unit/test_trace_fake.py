@@ -79,6 +79,23 @@ def test_a_recording_sends_what_the_fabric_delivers(name, algorithm, p, eager_li
     assert recorded(t) == delivered(p, name, algorithm, size, eager_limit)
 
 
+@pytest.mark.parametrize("size", [48, 1 << 17], ids=["eager", "rendezvous"])
+@pytest.mark.parametrize(("name", "algorithm"), CASES)
+def test_a_recording_pins_what_the_library_pins(name, algorithm, size):
+    """What a call pins (Stats.peak_pinned on the fabric): the connections' slots, and the
+    buffers a rendezvous registers (eager blocks are copied through the slots)."""
+    p, c = 3, ops.COLLECTIVES[name]
+    count = size // np.dtype(c.dtype).itemsize
+
+    def job(comm):
+        send, want = c.data(comm.rank, p, count, c.dtype, 3, "sum")
+        return ops.run(comm, name, algorithm, send, np.zeros_like(want)).peak_pinned
+    t = trace.record(name, algorithm, p, size)
+    assert run_ranks(p, job) == t.peak_pinned()
+    writes = any(m.kind == trace.SEND and m.what == trace.WRITE for m in t.ranks[0])
+    assert (t.pinned[0] > 0) == writes
+
+
 @pytest.mark.parametrize("name", [n for n, c in ops.COLLECTIVES.items() if c.windowed])
 def test_a_window_of_pairs_is_recorded_as_it_runs(name):
     t = trace.record(name, "sequential", 6, 64, pairs=3, eager_limit=0)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from rxelab import bootstrap, checks, codecs, membership, settings, verbs
+from rxelab import bootstrap, checks, codecs, membership, messages, settings, verbs
 from rxelab.buffers import Buffer
 from rxelab.collectives.common import DATA, Call
 from rxelab.comm import guard
@@ -105,7 +105,7 @@ class Communicator(PointToPoint, NamedCollectives):
                 if peer != self.rank:
                     self.conns[peer] = verbs.Connection(
                         self.dev, self.registry, peer, slots, send_depth,
-                        slot_size=max(verbs.CTRL_SLOT, eager_limit))
+                        slot_size=messages.slot_size(eager_limit))
             remote = self.control.exchange({p: c.endpoint().to_dict() for p, c in self.conns.items()},
                                            shared_settings(self.options, self.compression))
             for peer, ep in remote.items():
