@@ -26,7 +26,7 @@ from rxelab.errors import ConfigError
 from rxelab.messages import CTRL
 
 from experiments.simulation import costs as costs_mod
-from experiments.simulation import replayer, smpi
+from experiments.simulation import figures, replayer, smpi
 from experiments.simulation.costs import Costs, Profile
 from experiments.simulation.platforms import Platform
 from experiments.simulation.spec import Case, Spec, profile_path
@@ -151,9 +151,12 @@ def write(spec: Spec, root: Path, quiet: bool = False) -> Path:
                 f"{row['seconds'] * 1e3:.4g} ms per call (recorded in {row['record_s']:.1f} s, "
                 f"replayed in {row['wall_s']:.1f} s)"
                 if row["status"] == "ok" else f"failed: {row['error']}"))
+        done = []
         for row in run(spec, say, profile):
             rows.write(json.dumps(row) + "\n")
             rows.flush()
+            done.append(row)
+    figures.write(out, done)
     return out
 
 
