@@ -19,7 +19,7 @@ import matplotlib.ticker
 from experiments.simulation.costs import size_text
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 Row = dict[str, Any]
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "summary.md.j2"
