@@ -221,7 +221,7 @@ def calibrate(c, name="lab", measured=None, inventory=None, results=None,
             out = _run_spec(sim_calibrate.SPEC, inventory, results, None, accept_new_host_keys)
         else:
             out = Path(measured)
-        profile = sim_calibrate.fit_run(out)
+        profile = sim_calibrate.fit_run(out, name)
         sim_calibrate.save(profile, path)
     except (sim_calibrate.CalibrationError, sim_replayer.SimulationError) as err:
         raise Exit(f"error: {err}", code=1) from None

@@ -24,7 +24,7 @@ import re
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -114,18 +114,21 @@ def need(m: dict[tuple[Any, ...], Spread], key: tuple[Any, ...]) -> Spread:
     return m[key]
 
 
-def fit(records: Iterable[dict[str, Any]], name: str, cores: int) -> Profile:
+def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
+        host_cpus: int | None = None) -> Profile:
     m = measurements(records)
     latency = need(m, ("link", "ib_send_lat", 1)).median * 1e-6
     bandwidth = need(m, ("link", "ib_write_bw", 1 << 20)).median * 1e6
-    bidir = m.get(("link", "ib_write_bw_bidir", 1 << 20))
+    duplex = need(m, ("link", "ib_write_bw_bidir", 1 << 20)).median * 1e6
     call = need(m, ("call", "alltoall", "pairwise", 1, 0)).median
     copy = max(0.0, need(m, ("call", "alltoall", "pairwise", 1, 1 << 20)).median - call) / (1 << 20)
     sizes = sorted(k[4] for k in m if k[:4] == ("call", "alltoall", "pairwise", 2))
     if len(sizes) < 2 or sizes[0] != 0:
         raise CalibrationError(f"the exchange between two ranks was measured at {sizes or 'no'}"
                                " sizes: it needs 0 B and at least one more")
-    platform = Platform("lab", 2, bandwidth, latency, cores=cores)
+    link = Profile(name, costs([(0, 0.0)], call, copy, 0.0), bandwidth, latency, node_cpus,
+                   host_cpus, duplex)
+    platform = link.lab(2)
     points: list[tuple[int, float]] = []
     notes, fitted = [], {}
     for size in sizes:
@@ -152,14 +155,12 @@ def fit(records: Iterable[dict[str, Any]], name: str, cores: int) -> Profile:
         notes.append("the 1 MiB ring allreduce: as fast as its messages alone; reduce costs 0")
     fitted["allreduce ring 1 MiB"] = _row(reduce_lab, then)
     measured = {
-        "latency_s": latency, "bandwidth_Bps": bandwidth,
-        "bidir_Bps": bidir.median * 1e6 if bidir else None,
         "call_s": call, "copy_s_per_byte": copy,
         "per_message_s": {str(s): c for s, c in points},
-        "fit": fitted, "notes": notes, "cores": cores,
+        "fit": fitted, "notes": notes,
         "medians": {" ".join(map(str, k)): vars(v) for k, v in sorted(m.items(), key=str)},
     }
-    return Profile(name, costs(points, call, copy, reduce), bandwidth, latency, cores, measured)
+    return replace(link, costs=costs(points, call, copy, reduce), measured=measured)
 
 
 def _row(lab: Spread, replay: float) -> dict[str, float]:
@@ -167,24 +168,15 @@ def _row(lab: Spread, replay: float) -> dict[str, float]:
             "replay_s": replay}
 
 
-def lab_cores(environment: dict[str, Any]) -> tuple[int | None, int]:
-    """The machine's cores, where the nodes are this machine's VMs (None: they are not), and
-    a node's own CPUs."""
-    cpus = [h.get("cpus") for h in (environment.get("hosts") or {}).values()]
-    if not cpus or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0
-                           for c in cpus):
+def cpus(environment: dict[str, Any]) -> tuple[int, int | None]:
+    """A node's CPUs, and the machine's cores where the nodes are this machine's VMs (None:
+    they are not)."""
+    found = [h.get("cpus") for h in (environment.get("hosts") or {}).values()]
+    if not found or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0
+                            for c in found):
         raise CalibrationError("the nodes did not say how many CPUs they have (nproc)")
     host = environment.get("lab_host_cpus")
-    return (host if isinstance(host, int) and host > 0 else None), min(cpus)
-
-
-def cores_for(profile: Profile, nodes: int) -> int:
-    """The cores `nodes` nodes' ranks share: their CPUs, at most the machine's where they are
-    VMs of one machine (the lab: 3 one-CPU VMs on 2 cores share 2)."""
-    host, node = profile.measured.get("host_cpus"), profile.measured.get("node_cpus")
-    if not isinstance(node, int) or node < 1:
-        return profile.cores
-    return max(1, min(host, nodes * node) if isinstance(host, int) and host > 0 else nodes * node)
+    return min(found), (host if isinstance(host, int) and host > 0 else None)
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -197,7 +189,7 @@ def check_name(name: str) -> str:
     return name
 
 
-def fit_run(out: Path) -> Profile:
+def fit_run(out: Path, name: str) -> Profile:
     """The profile of a calibrate run's directory (its records and environment)."""
     try:
         records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()
@@ -208,10 +200,8 @@ def fit_run(out: Path) -> Profile:
     if not isinstance(environment, dict) or environment.get("spec") != SPEC:
         raise CalibrationError(f"{out} is a run of spec {environment.get('spec')!r}, not "
                                f"{SPEC!r}")
-    host, node = lab_cores(environment)
-    nodes = max((r.get("nodes", 0) for r in records), default=0)
-    profile = fit(records, out.name, max(1, min(host, nodes * node) if host else nodes * node))
-    profile.measured.update(host_cpus=host, node_cpus=node, run=str(out))
+    profile = fit(records, name, *cpus(environment))
+    profile.measured["run"] = str(out)
     return profile
 
 
@@ -239,12 +229,13 @@ def describe(profile: Profile) -> list[str]:
     """What a person reads of a fit: the link, the per-call costs, and each measurement
     beside its replay."""
     m = profile.measured
-    bidir = m.get("bidir_Bps")
+    bidir = profile.duplex_bandwidth
     lines = [f"link: {profile.latency * 1e6:.0f} us, {profile.bandwidth / 1e6:.1f} MB/s one way"
              + (f", {bidir / 1e6:.1f} MB/s both ways at once" if bidir else ""),
              f"a call: {profile.costs.call * 1e6:.0f} us; a copy: "
              f"{profile.costs.copy_per_byte * 1e9:.2f} ns/B; a reduction: "
-             f"{profile.costs.reduce_per_byte * 1e9:.2f} ns/B; {profile.cores} cores shared",
+             f"{profile.costs.reduce_per_byte * 1e9:.2f} ns/B; {profile.node_cpus} CPU per node"
+             + (f", {profile.host_cpus} cores under all of them" if profile.host_cpus else ""),
              "per message (sender and receiver together): " + ", ".join(
                  f"{size_text(int(s))} {c * 1e6:.0f} us" for s, c in m["per_message_s"].items())]
     for what, row in m["fit"].items():

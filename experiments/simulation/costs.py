@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from experiments.simulation.platforms import FLOPS, Platform
+
 
 class ProfileError(ValueError):
     pass
@@ -49,14 +51,26 @@ def _at(segments: tuple[Segment, ...], nbytes: int) -> float:
 
 @dataclass(frozen=True)
 class Profile:
-    """Costs and the link and cores they were measured with."""
+    """Costs, and the link and CPUs they were measured with."""
 
     name: str
     costs: Costs
-    bandwidth: float  # bytes/s of the link (ib_write_bw one way)
+    bandwidth: float  # bytes/s of the link one way (ib_write_bw)
     latency: float  # seconds
-    cores: int = 1  # the lab host's cores every rank shares (the `lab` platform)
+    node_cpus: int = 1  # each node's (nproc)
+    host_cpus: int | None = None  # the machine's cores where the nodes are its VMs (the lab)
+    duplex_bandwidth: float | None = None  # bytes/s both ways at once (ib_write_bw -b's sum)
     measured: dict[str, Any] = field(default_factory=dict)  # what it was fitted from
+
+    def lab(self, ranks: int, per_node: int = 1) -> Platform:
+        """The `lab` platform of this profile's nodes: a VM's link carries both directions at
+        the rate measured both ways at once, and VMs that outnumber the machine's cores run
+        slower (3 one-CPU VMs on 2 cores: at 2/3 of full speed)."""
+        nodes = -(-ranks // per_node)
+        share = 1.0 if self.host_cpus is None else min(1.0, self.host_cpus / (nodes * self.node_cpus))
+        return Platform("lab", ranks, (self.duplex_bandwidth or 2 * self.bandwidth) * share,
+                        self.latency, cores=self.node_cpus, speed=FLOPS * share,
+                        per_node=per_node)
 
     @property
     def placeholder(self) -> bool:
@@ -77,13 +91,19 @@ def load(path: Path) -> Profile:
                       _number(c.get("copy_per_byte", 0.0), "copy_per_byte"),
                       _number(c.get("reduce_per_byte", 0.0), "reduce_per_byte"),
                       _number(c.get("call", 0.0), "call"))
-        cores, measured = raw.get("cores", 1), raw.get("measured") or {}
-        if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= 1024:
-            raise ProfileError(f"cores={cores!r}: a whole number from 1 to 1024")
+        node_cpus, host_cpus = raw.get("node_cpus", 1), raw.get("host_cpus")
+        for what, cpus in (("node_cpus", node_cpus), ("host_cpus", host_cpus)):
+            if (cpus is not None or what == "node_cpus") and (
+                    isinstance(cpus, bool) or not isinstance(cpus, int) or not 1 <= cpus <= 4096):
+                raise ProfileError(f"{what}={cpus!r}: a whole number from 1 to 4096")
+        duplex = raw.get("duplex_bandwidth")
+        measured = raw.get("measured") or {}
         if not isinstance(measured, dict):
             raise ProfileError(f"measured={measured!r}: a table of what it was fitted from")
         profile = Profile(str(raw["name"]), costs, _number(raw["bandwidth"], "bandwidth", True),
-                          _number(raw["latency"], "latency", True), cores, measured)
+                          _number(raw["latency"], "latency", True), node_cpus, host_cpus,
+                          None if duplex is None else _number(duplex, "duplex_bandwidth", True),
+                          measured)
     except ProfileError as err:
         raise ProfileError(f"platform profile {path}: {err}") from None
     except (KeyError, TypeError, AttributeError) as err:
@@ -131,7 +151,7 @@ PLACEHOLDER = Profile(
     Costs(send=(Segment(65536, 5e-6, 1e-10), Segment(1 << 62, 10e-6, 1e-10)),
           recv=(Segment(65536, 5e-6, 1e-10), Segment(1 << 62, 10e-6, 1e-10)),
           copy_per_byte=1e-10, reduce_per_byte=5e-10, call=10e-6),
-    bandwidth=12.5e9, latency=1e-6, cores=1)
+    bandwidth=12.5e9, latency=1e-6)
 
 
 def size_text(n: int) -> str:

@@ -1,7 +1,8 @@
 """The platforms a simulation runs on, as SimGrid XML from one template:
-- lab: every rank on one host with the lab host's cores, so the per-message CPU work of all
-  ranks competes for them as the VMs' does on the real machine (the network itself is the
-  loopback: what costs is CPU);
+- lab: a host per VM (`per_node` ranks each, placed in blocks as rxelab.launch places them)
+  with the VM's CPUs, slowed where the VMs outnumber the machine's cores, and one link per VM
+  that both directions share (its `bandwidth` is what a VM moves in and out together, as
+  `ib_write_bw -b` measures it: under TCG the VM's CPU does rxe's work, not a NIC);
 - cluster: one rank per host, each host with its own link (up and down apart) into a crossbar
   (full bisection; no backbone link: it made simulation ~10x slower with the same results);
 - fat-tree: a two-level fat tree of leaf switches, with `oversubscription`:1 fewer uplinks than
@@ -22,6 +23,7 @@ import jinja2
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "platform.xml.j2"
 KINDS = ("lab", "cluster", "fat-tree", "torus")
 LEAF = 32  # hosts per leaf switch of a fat tree (fewer when the job is smaller)
+FLOPS = 1e9  # flop/s of a core at full speed: a second of CPU work is this much
 
 
 class PlatformError(ValueError):
@@ -35,8 +37,9 @@ class Platform:
     bandwidth: float  # bytes/s of one link
     latency: float  # seconds host to host on the nearest route (two links: half each)
     cores: int = 1  # per host (lab: the lab host's)
-    speed: float = 1e9  # flop/s of a core: CPU seconds of work become flops at this rate
+    speed: float = FLOPS  # flop/s of a core (below FLOPS: slower than where costs were measured)
     oversubscription: int = 1  # fat-tree: hosts per uplink of a leaf
+    per_node: int = 1  # lab: ranks on each host (VM)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -49,15 +52,17 @@ class Platform:
                 raise PlatformError(f"{name}={value!r}: a number above 0")
         if not 1 <= self.cores <= 1024:
             raise PlatformError(f"cores={self.cores!r}: from 1 to 1024")
+        if not 1 <= self.per_node <= 64 or (self.per_node > 1 and self.kind != "lab"):
+            raise PlatformError(f"per_node={self.per_node!r}: from 1 to 64, on the lab only")
         if self.kind == "fat-tree" and not 1 <= self.oversubscription <= LEAF:
             raise PlatformError(f"oversubscription={self.oversubscription!r}: from 1 to {LEAF}")
 
     @property
     def hosts(self) -> int:
-        """Hosts the platform has: one for the lab, else one per rank (a fat tree's last leaf
-        and a torus are filled up with hosts no rank runs on)."""
+        """Hosts the platform has: one per VM for the lab, else one per rank (a fat tree's
+        last leaf and a torus are filled up with hosts no rank runs on)."""
         if self.kind == "lab":
-            return 1
+            return -(-self.ranks // self.per_node)
         if self.kind == "fat-tree":
             leaf = min(LEAF, self.ranks)
             return -(-self.ranks // leaf) * leaf
@@ -81,8 +86,9 @@ class Platform:
     def describe(self) -> str:
         extra = {"fat-tree": f", {self.oversubscription}:1 oversubscribed",
                  "torus": f" {'x'.join(map(str, torus_dims(self.ranks)))}"}.get(self.kind, "")
-        where = (f"{self.ranks} ranks on one host of {self.cores} cores" if self.kind == "lab"
-                 else f"{self.ranks} ranks, one per host")
+        where = (f"{self.ranks} ranks on {self.hosts} VMs of {self.cores} CPUs at "
+                 f"{self.speed / 1e9:.3g} of full speed, links shared both ways"
+                 if self.kind == "lab" else f"{self.ranks} ranks, one per host")
         return (f"{self.kind}{extra}: {where}, links {self.bandwidth / 1e6:g} MB/s, "
                 f"{self.latency * 1e6:g} us")
 
@@ -93,17 +99,17 @@ class Platform:
         return template.render(kind=self.kind, hosts=self.hosts, speed=f"{self.speed:.6g}",
                                cores=self.cores, bandwidth=f"{self.bandwidth:.6g}",
                                latency=f"{self.latency / 2:.6g}", topology=topology,
+                               sharing="SHARED" if self.kind == "lab" else "SPLITDUPLEX",
                                topo_parameters=parameters, description=self.describe())
 
     def config(self) -> list[str]:
         """SimGrid options: the CM02 model without TCP's acknowledgements modelled as traffic
         the other way (cross-traffic: 5 % of a link that RC's small acknowledgements do not
-        take), and on the lab the loopback as the link."""
-        out = ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0"]
-        if self.kind == "lab":
-            out += [f"--cfg=network/loopback-bw:{self.bandwidth:.6g}",
-                    f"--cfg=network/loopback-lat:{self.latency:.6g}"]
-        return out
+        take)."""
+        return ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0"]
+
+    def host_of(self, rank: int) -> int:
+        return rank // self.per_node
 
 
 def torus_dims(n: int) -> tuple[int, int, int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from rxelab import trace as tr
 
 from experiments.simulation.costs import Costs
-from experiments.simulation.platforms import Platform
+from experiments.simulation.platforms import FLOPS, Platform
 from infra.config import cache_dir
 
 SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "replay.cpp"
@@ -83,11 +83,13 @@ def key(src: int, what: int, tag: int) -> int:
     return (src << 48) | (what << 32) | tag
 
 
-def write_moves(t: tr.Trace, costs: Costs, hosts: int, path: Path) -> None:
-    """The replayer's input: every rank's moves with the CPU seconds each costs. A call's own
-    fixed cost is charged where the call starts."""
+def write_moves(t: tr.Trace, costs: Costs, platform: Platform, path: Path) -> None:
+    """The replayer's input: every rank's moves with the CPU seconds each costs (at full
+    speed: a second is FLOPS flops). A call's own fixed cost is charged where the call
+    starts."""
     with open(path, "w") as f:
-        f.write(f"ranks {t.p} hosts {hosts}\n")
+        f.write(f"ranks {t.p} hosts {platform.hosts} per {platform.per_node} "
+                f"flops {FLOPS:.6g}\n")
         call = f"C {costs.call:.6e}"
         for r, moves in enumerate(t.ranks):
             waited = {i for m in moves if m.kind == tr.WAIT for i in m.ids}
@@ -121,8 +123,7 @@ def replay(t: tr.Trace, platform: Platform, costs: Costs,
     with tempfile.TemporaryDirectory(prefix="rxelab-sim-") as tmp:
         where = Path(tmp)
         (where / "platform.xml").write_text(platform.xml())
-        write_moves(t, costs, platform.hosts if platform.kind != "lab" else 1,
-                    where / "moves.txt")
+        write_moves(t, costs, platform, where / "moves.txt")
         started = time.monotonic()
         try:
             done = subprocess.run([str(program), str(where / "platform.xml"),

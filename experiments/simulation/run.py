@@ -10,6 +10,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,13 @@ def profile_of(spec: Spec) -> Profile:
 
 
 def platform_of(case: Case, profile: Profile) -> Platform:
+    if case.platform == "lab":
+        lab = profile.lab(case.ranks, case.per_node)
+        return replace(lab, bandwidth=case.bandwidth or lab.bandwidth,
+                       latency=case.latency or lab.latency)
     return Platform(case.platform, case.ranks,
                     case.bandwidth if case.bandwidth is not None else profile.bandwidth,
                     case.latency if case.latency is not None else profile.latency,
-                    cores=profile.cores if case.platform == "lab" else 1,
                     oversubscription=case.oversubscription)
 
 
@@ -77,7 +81,7 @@ def simulate(case: Case, profile: Profile) -> dict[str, Any]:
     row: dict[str, Any] = {"collective": case.collective, "algorithm": case.algorithm,
                            "source": case.source, "pairs": case.pairs, "ranks": case.ranks,
                            "size": case.size, "calls": case.calls, "platform": case.platform,
-                           "oversubscription": case.oversubscription,
+                           "oversubscription": case.oversubscription, "per_node": case.per_node,
                            "platform_text": platform.describe(), "profile": profile.name,
                            "placeholder": profile.placeholder}
     try:

@@ -16,6 +16,7 @@ SpecError that names it.
     sizes = [1024, 1048576]        # the description's unit, as the benchmark's
     platform = "cluster"           # lab, cluster, fat-tree, torus
     oversubscription = 4           # fat-tree
+    ranks_per_node = 2             # lab: ranks on each VM (default 1)
     bandwidth = 12.5e9             # bytes/s per link; default: the profile's
     latency = 1e-6                 # seconds host to host; default: the profile's
 """
@@ -56,6 +57,7 @@ class Run(BaseModel):
     sizes: list[int] = Field(min_length=1)
     platform: Literal["lab", "cluster", "fat-tree", "torus"] = "cluster"
     oversubscription: int = Field(1, ge=1, le=32)
+    ranks_per_node: int = Field(1, ge=1, le=64)
     bandwidth: float | None = Field(None, gt=0, allow_inf_nan=False)
     latency: float | None = Field(None, gt=0, allow_inf_nan=False)
     calls: int = Field(1, ge=1, le=100)
@@ -74,6 +76,9 @@ class Run(BaseModel):
         if unknown:
             raise ValueError(f"{self.collective} has no MPI label {', '.join(unknown)} (it has "
                              f"{', '.join(labels) or 'none'})")
+        if self.ranks_per_node != 1 and self.platform != "lab":
+            raise ValueError("ranks_per_node places ranks on the lab's VMs: the platform is "
+                             f"{self.platform}")
         if not self.algorithms and not self.mpi:
             raise ValueError("a run simulates algorithms, mpi labels, or both: it names none")
         if any(not 1 <= k <= MAX_RANKS * MAX_RANKS for k in self.pairs):
@@ -119,10 +124,12 @@ class Case:
     bandwidth: float | None
     latency: float | None
     calls: int
+    per_node: int = 1  # lab: ranks per VM
 
     def label(self) -> str:
         window = f" pairs={self.pairs}" if self.pairs != 1 else ""
-        return (f"{self.collective}/{self.algorithm}{window} p={self.ranks} {self.size} B "
+        per = f" ({self.per_node} per VM)" if self.per_node != 1 else ""
+        return (f"{self.collective}/{self.algorithm}{window} p={self.ranks}{per} {self.size} B "
                 f"on {self.platform}")
 
 
@@ -159,7 +166,8 @@ def parse(raw: Any, path: Path) -> Spec:
     for run in doc.runs:
         c = ops.COLLECTIVES[run.collective]
         common = dict(platform=run.platform, oversubscription=run.oversubscription,
-                      bandwidth=run.bandwidth, latency=run.latency, calls=run.calls)
+                      bandwidth=run.bandwidth, latency=run.latency, calls=run.calls,
+                      per_node=run.ranks_per_node)
         for n in run.ranks:
             for size in run.sizes:
                 for algorithm in run.algorithms:

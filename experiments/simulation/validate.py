@@ -18,9 +18,7 @@ from rxelab import trace
 from rxelab.errors import ConfigError
 
 from experiments.simulation import replayer
-from experiments.simulation.calibrate import cores_for
 from experiments.simulation.costs import Profile, size_text
-from experiments.simulation.platforms import Platform
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "validation.md.j2"
 CALLS = 4  # back-to-back calls per replay, as calibrate's
@@ -70,8 +68,7 @@ def lab_cases(records: list[dict[str, Any]]) -> dict[tuple[str, str, int, int, i
 
 def predict(op: str, algorithm: str, ranks: int, nodes: int, size: int,
             profile: Profile) -> float:
-    platform = Platform("lab", ranks, profile.bandwidth, profile.latency,
-                        cores=cores_for(profile, nodes))
+    platform = profile.lab(ranks, -(-ranks // nodes))
     t = trace.record(op, algorithm, ranks, size, calls=CALLS)
     return replayer.replay(t, platform, profile.costs).seconds / CALLS
 

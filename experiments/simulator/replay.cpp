@@ -6,7 +6,9 @@
  * host's cores compete for them (the lab: every VM on the same two cores).
  *
  * Input (text, written by experiments/simulation/replayer.py):
- *   ranks P hosts H          rank r runs on host "h<r mod H>"
+ *   ranks P hosts H per K flops F
+ *                            rank r runs on host "h<r / K>"; a second of CPU work is F flops
+ *                            (a host slower than F flop/s per core takes longer)
  *   rank r N                 then N moves of rank r:
  *   S dst bytes key waited data cpu  a message (key names it for the receiver; waited: a
  *                                 later W names it by this rank's count of its S lines; data:
@@ -50,10 +52,12 @@ static std::vector<double> ended;
 static std::vector<double> peak_inflight;
 static std::vector<char> unclaimed;  // a rank that ended with messages nobody waited for
 
+static double flops_per_second = 1e9;
+
 static void work(double seconds)
 {
   if (seconds > 0)
-    sg4::this_actor::execute(seconds * sg4::this_actor::get_host()->get_speed());
+    sg4::this_actor::execute(seconds * flops_per_second);
 }
 
 static void rank_main(int r)
@@ -124,13 +128,14 @@ static void rank_main(int r)
   peak_inflight[r] = peak;
 }
 
-static void read_trace(const char* path, int& hosts)
+static void read_trace(const char* path, int& hosts, int& per)
 {
   std::ifstream in(path);
   std::string word;
   int p = 0;
-  if (!(in >> word >> p >> word >> hosts) || p <= 0 || hosts <= 0)
-    throw std::runtime_error("trace: expected 'ranks P hosts H'");
+  if (!(in >> word >> p >> word >> hosts >> word >> per >> word >> flops_per_second) || p <= 0 ||
+      hosts <= 0 || per <= 0 || (long long)hosts * per < p || !(flops_per_second > 0))
+    throw std::runtime_error("trace: expected 'ranks P hosts H per K flops F', H x K >= P");
   moves.resize(p);
   ended.assign(p, -1.0);
   peak_inflight.assign(p, 0.0);
@@ -191,17 +196,18 @@ int main(int argc, char** argv)
     return 2;
   }
   int hosts = 0;
+  int per   = 1;
   try {
-    read_trace(argv[2], hosts);
+    read_trace(argv[2], hosts, per);
   } catch (const std::exception& err) {
     std::cerr << "error: " << err.what() << "\n";
     return 2;
   }
   e.load_platform(argv[1]);
   for (int r = 0; r < (int)moves.size(); r++) {
-    sg4::Host* host = e.host_by_name_or_null("h" + std::to_string(r % hosts));
+    sg4::Host* host = e.host_by_name_or_null("h" + std::to_string(r / per));
     if (host == nullptr) {
-      std::cerr << "error: the platform has no host h" << r % hosts << "\n";
+      std::cerr << "error: the platform has no host h" << r / per << "\n";
       return 2;
     }
     sg4::Actor::create("rank" + std::to_string(r), host, rank_main, r);

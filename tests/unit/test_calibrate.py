@@ -12,15 +12,16 @@ import pytest
 
 from experiments.simulation import calibrate, replayer, validate
 from experiments.simulation import costs as costs_mod
-from experiments.simulation.costs import Costs
-from experiments.simulation.platforms import Platform
+from experiments.simulation.costs import Costs, Profile
+from experiments.simulation.platforms import FLOPS
 
 pytestmark = pytest.mark.skipif(
     not (replayer.HEADER.exists() and shutil.which("g++")),
     reason="SimGrid's headers (libsimgrid-dev) or g++ missing: `bash infra/install-deps.sh`")
 
 SIZES = [0, 1, 1024, 65536, 1 << 20]
-LATENCY, BANDWIDTH, CORES = 300e-6, 30e6, 2
+LATENCY, BANDWIDTH, DUPLEX = 300e-6, 30e6, 40e6
+NODE_CPUS, HOST_CPUS = 1, 2
 # the made-up lab's truth: per message (both sides together) at each size
 TRUTH = [(0, 400e-6), (1, 410e-6), (1024, 500e-6), (65536, 4e-3), (1 << 20, 40e-3)]
 CALL, COPY, REDUCE = 150e-6, 2e-9, 6e-9
@@ -31,8 +32,8 @@ def truth() -> Costs:
 
 
 def lab(op: str, algorithm: str, p: int, size: int) -> float:
-    return calibrate.replayed(op, algorithm, p, size,
-                              Platform("lab", p, BANDWIDTH, LATENCY, cores=CORES), truth())
+    made = Profile("truth", truth(), BANDWIDTH, LATENCY, NODE_CPUS, HOST_CPUS, DUPLEX)
+    return calibrate.replayed(op, algorithm, p, size, made.lab(p), truth())
 
 
 def record(op, algorithm, p, size, seconds, spread=0.05):
@@ -56,17 +57,18 @@ def made_up_run() -> list[dict]:
         out += record("alltoall", "pairwise", 2, s, lab("alltoall", "pairwise", 2, s))
     out += record("allreduce", "ring", 2, 1 << 20, lab("allreduce", "ring", 2, 1 << 20))
     out += link("ib_send_lat", 1, LATENCY * 1e6) + link("ib_write_bw", 1 << 20, BANDWIDTH / 1e6)
-    out += link("ib_write_bw_bidir", 1 << 20, BANDWIDTH / 1e6)
+    out += link("ib_write_bw_bidir", 1 << 20, DUPLEX / 1e6)
     return out
 
 
 @pytest.fixture(scope="module")
 def fitted():
-    return calibrate.fit(made_up_run(), "made-up", CORES)
+    return calibrate.fit(made_up_run(), "made-up", NODE_CPUS, HOST_CPUS)
 
 
 def test_the_fit_finds_the_costs_the_lab_was_made_with(fitted):
     assert fitted.latency == pytest.approx(LATENCY) and fitted.bandwidth == pytest.approx(BANDWIDTH)
+    assert fitted.duplex_bandwidth == pytest.approx(DUPLEX)
     assert fitted.costs.call == pytest.approx(CALL) and fitted.costs.copy_per_byte == pytest.approx(COPY)
     for size, seconds in TRUTH:
         got = fitted.costs.send_cpu(size) + fitted.costs.recv_cpu(size)
@@ -81,7 +83,7 @@ def test_a_size_measured_faster_than_a_smaller_one_keeps_its_cost_and_is_said():
     run = [r for r in made_up_run() if not (r["app"] == "rxelab" and r["size"] == 65536
                                              and r["summary"]["ranks"] == 2)]
     run += record("alltoall", "pairwise", 2, 65536, LATENCY / 10)  # faster than the link allows
-    got = calibrate.fit(run, "odd", CORES)
+    got = calibrate.fit(run, "odd", NODE_CPUS, HOST_CPUS)
     assert any("65536 B" in n for n in got.measured["notes"])
     # never cheaper than the smaller message before it: costs only grow with size
     assert got.costs.send_cpu(65536) == pytest.approx(got.costs.send_cpu(1024))
@@ -92,7 +94,7 @@ def test_a_size_measured_faster_than_a_smaller_one_keeps_its_cost_and_is_said():
 def test_a_missing_measurement_is_named(missing):
     run = [r for r in made_up_run() if (r["app"], r["algorithm"]) != missing]
     with pytest.raises(calibrate.CalibrationError, match=missing[1]):
-        calibrate.fit(run, "short", CORES)
+        calibrate.fit(run, "short", NODE_CPUS, HOST_CPUS)
 
 
 def test_failed_rounds_are_not_measurements():
@@ -101,7 +103,7 @@ def test_failed_rounds_are_not_measurements():
         if r["app"] == "perftest" and r["algorithm"] == "ib_write_bw":
             r["status"] = "failed"
     with pytest.raises(calibrate.CalibrationError, match="ib_write_bw"):
-        calibrate.fit(run, "short", CORES)
+        calibrate.fit(run, "short", NODE_CPUS, HOST_CPUS)
 
 
 def test_a_fitted_profile_is_saved_and_read_back(fitted, tmp_path):
@@ -127,12 +129,24 @@ def test_a_run_of_another_spec_is_not_fitted(tmp_path):
     (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in made_up_run()))
     (tmp_path / "environment.json").write_text(json.dumps({"spec": "smoke", "hosts": {}}))
     with pytest.raises(calibrate.CalibrationError, match="smoke"):
-        calibrate.fit_run(tmp_path)
+        calibrate.fit_run(tmp_path, "lab")
     (tmp_path / "environment.json").write_text(json.dumps(
-        {"spec": "calibrate", "hosts": {"a": {"cpus": 1}, "b": {"cpus": 1}}, "lab_host_cpus": 8}))
-    got = calibrate.fit_run(tmp_path)
-    assert got.cores == 2 and got.measured["host_cpus"] == 8
-    assert calibrate.cores_for(got, 3) == 3 and calibrate.cores_for(got, 16) == 8
+        {"spec": "calibrate", "hosts": {"a": {"cpus": 1}, "b": {"cpus": 1}}, "lab_host_cpus": 2}))
+    got = calibrate.fit_run(tmp_path, "lab")
+    assert got.name == "lab" and (got.node_cpus, got.host_cpus) == (1, 2)
+    (tmp_path / "environment.json").write_text(json.dumps(
+        {"spec": "calibrate", "hosts": {"a": {"cpus": 1}, "b": {}}}))
+    with pytest.raises(calibrate.CalibrationError, match="nproc"):
+        calibrate.fit_run(tmp_path, "lab")
+
+
+def test_the_lab_slows_where_its_vms_outnumber_the_cores(fitted):
+    """3 one-CPU VMs on 2 cores: CPU and link (rxe's data path is the VM's CPU) at 2/3."""
+    two, three, six = fitted.lab(2), fitted.lab(3), fitted.lab(6, per_node=2)
+    assert two.speed == FLOPS and two.bandwidth == pytest.approx(DUPLEX)
+    assert three.speed == pytest.approx(FLOPS * 2 / 3)
+    assert three.bandwidth == pytest.approx(DUPLEX * 2 / 3)
+    assert (six.hosts, six.host_of(5), six.speed) == (3, 2, three.speed)
 
 
 @pytest.mark.parametrize(("near", "within"), [(True, True), (False, False)])

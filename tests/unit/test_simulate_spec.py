@@ -47,6 +47,12 @@ def test_cases_cross_ranks_sizes_algorithms_and_windows(tmp_path):
         ("mpi-bruck", 1, "smpi"))]
 
 
+def test_lab_cases_place_ranks_on_vms(tmp_path):
+    s = sim_spec.load(str(write(tmp_path, RUN + 'platform = "lab"\nranks_per_node = 2\n')))
+    assert {c.per_node for c in s.cases} == {2}
+    assert "p=6 (2 per VM)" in s.cases[-1].label()
+
+
 @pytest.mark.parametrize(("text", "said"), [
     (RUN.replace('"alltoall"', '"alltoal"'), "collective 'alltoal'"),
     (RUN.replace('"pairwise"', '"pairwize"'), "no algorithm pairwize"),
@@ -60,6 +66,8 @@ def test_cases_cross_ranks_sizes_algorithms_and_windows(tmp_path):
     (RUN.replace('["sequential", "pairwise"]', '["pairwise"]'), "pairs sets the window"),
     (RUN + 'platform = "mesh"\n', "platform"),
     (RUN + "colour = 1\n", "colour"),
+    (RUN + "ranks_per_node = 2\n", "ranks_per_node places ranks on the lab"),
+    (RUN + 'platform = "lab"\nranks_per_node = 0\n', "ranks_per_node"),
     (RUN + "bandwidth = true\n", "bandwidth"),
     (RUN.replace("sizes = [1024]", 'sizes = ["1024"]'), "sizes"),
     (RUN.replace("sizes = [1024]", "sizes = [1048576]").replace("ranks = [4, 6]", "ranks = [4096]"),

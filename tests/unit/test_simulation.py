@@ -29,13 +29,11 @@ def test_every_platform_is_xml_with_a_host_per_rank(kind, ranks):
     p = platforms.Platform(kind, ranks, 1e9, 1e-6, oversubscription=4)
     root = ET.fromstring(p.xml().split("\n", 2)[2])  # past the declaration and the doctype
     assert root.tag == "platform"
-    if kind == "lab":
-        assert [h.get("id") for h in root.iter("host")] == ["h0"]
-    else:
-        (cluster,) = root.iter("cluster")
-        first, last = map(int, cluster.get("radical").split("-"))
-        assert (first, last + 1) == (0, p.hosts) and p.hosts >= ranks
-        assert cluster.get("sharing_policy") == "SPLITDUPLEX"
+    (cluster,) = root.iter("cluster")
+    first, last = map(int, cluster.get("radical").split("-"))
+    assert (first, last + 1) == (0, p.hosts) and p.hosts >= ranks
+    # a VM's link carries both directions (rxe's work is its CPU's); a NIC's, one each
+    assert cluster.get("sharing_policy") == ("SHARED" if kind == "lab" else "SPLITDUPLEX")
     assert "--cfg=network/model:CM02" in p.config()
 
 
@@ -96,9 +94,10 @@ def test_a_profile_is_read_back_as_written(tmp_path):
     (lambda d: d["costs"].update(recv=[[100, "x", 1]]), "recv fixed"),
     (lambda d: d["costs"].update(send=[[100, -1, 0]]), "less than nothing at 0 B"),
     (lambda d: d["costs"].update(send=[[10, 0, 0], [100, -1, 0.05]]), "less than nothing at 10 B"),
-    (lambda d: d.update(cores=0), "cores"),
-    (lambda d: d.update(cores="two"), "cores"),
-    (lambda d: d.update(cores=2.5), "cores"),
+    (lambda d: d.update(node_cpus=0), "node_cpus"),
+    (lambda d: d.update(node_cpus="two"), "node_cpus"),
+    (lambda d: d.update(host_cpus=2.5), "host_cpus"),
+    (lambda d: d.update(duplex_bandwidth=0), "duplex_bandwidth"),
     (lambda d: d.update(measured="ab"), "measured"),
     (lambda d: d["costs"].update(send=[[1.5, 1, 1]]), "whole number"),
     (lambda d: d.update(latency=float("inf")), "latency"),
@@ -137,14 +136,18 @@ def test_cpu_costs_add_on_the_critical_path():
 
 
 @needs_simgrid
-def test_ranks_of_the_lab_compete_for_its_cores():
-    """Ranks on one host of the lab platform share its cores: the same CPU work of 4 ranks
-    takes twice as long on 2 cores as on 4."""
+def test_ranks_of_a_vm_compete_for_its_cpus():
+    """Ranks on one VM of the lab platform share its CPUs: the same CPU work of 4 ranks takes
+    twice as long on 2 CPUs as on 4, and as long again on a VM at half speed."""
     c = Costs(send=(Segment(1 << 62, 1e-3, 0.0),), recv=(Segment(1 << 62, 1e-3, 0.0),))
     t = trace.record("alltoall", "parallel", 4, 64)
-    two, four = (replayer.replay(t, platforms.Platform("lab", 4, 1e12, 1e-9, cores=n), c).seconds
-                 for n in (2, 4))
+
+    def took(cores, speed=platforms.FLOPS):
+        lab = platforms.Platform("lab", 4, 1e12, 1e-9, cores=cores, speed=speed, per_node=4)
+        return replayer.replay(t, lab, c).seconds
+    two, four = took(2), took(4)
     assert two == pytest.approx(2 * four, rel=0.05)
+    assert took(4, platforms.FLOPS / 2) == pytest.approx(two, rel=0.05)
 
 
 @needs_simgrid
@@ -205,15 +208,17 @@ def test_a_message_nobody_waits_for_fails_the_replay():
 @needs_simgrid
 @pytest.mark.parametrize(("moves", "said"), [
     ("rank 0 1\nW 1 0\nrank 1 0\n", "waits for a send it has not made"),
-    ("rank 0 1\nS 1 -5 1 0 0\nrank 1 0\n", "fewer than 0 bytes"),
+    ("rank 0 1\nS 1 -5 1 0 1 0\nrank 1 0\n", "fewer than 0 bytes"),
     ("rank 0 0\nrank 0 0\n", "each rank once"),
     ("rank 0 1\nC -1\nrank 1 0\n", "below 0"),
     ("rank 0 2\nC 0\n", "cut short"),
+    ("", "H x K >= P"),  # 2 ranks on 1 host of 1
 ])
 def test_the_replayer_refuses_a_malformed_recording(tmp_path, moves, said):
     import subprocess
     (tmp_path / "p.xml").write_text(platforms.Platform("cluster", 2, 1e9, 1e-6).xml())
-    (tmp_path / "m.txt").write_text("ranks 2 hosts 2\n" + moves)
+    head = "ranks 2 hosts 2 per 1 flops 1e9\n" if moves else "ranks 2 hosts 1 per 1 flops 1e9\n"
+    (tmp_path / "m.txt").write_text(head + moves)
     done = subprocess.run([str(replayer.binary()), str(tmp_path / "p.xml"), str(tmp_path / "m.txt")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and said in done.stderr
