@@ -14,6 +14,8 @@ help:
 	@echo ".venv/bin/fab deploy          # install the rxelab wheel and apps on the nodes"
 	@echo ".venv/bin/fab run-experiment --spec smoke   # run a spec (experiments/specs/) on the nodes"
 	@echo ".venv/bin/fab report          # report.html and report.md of the newest run"
+	@echo ".venv/bin/fab calibrate       # measure the lab: the simulator's cost profile (~12 min)"
+	@echo ".venv/bin/fab validate        # a lab run's cases predicted beside what the lab took"
 	@echo ".venv/bin/fab simulate --spec smoke   # predict beyond the lab with SimGrid (no lab needed)"
 	@echo "make destroy     # remove VMs, network, overlays and state"
 	@echo "make test        # the whole test suite (boots its own lab); test-unit: no VMs"
