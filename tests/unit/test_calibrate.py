@@ -177,3 +177,24 @@ def test_validation_of_a_run_without_back_to_back_calls_is_refused(fitted, tmp_p
         validate.write(tmp_path, fitted)
     with pytest.raises(validate.ValidationError, match="validation"):
         validate.newest(tmp_path / "nothing-here")
+
+
+def test_the_calibrate_spec_measures_what_the_fit_needs():
+    """Every figure fit() asks for is a case of the shipped calibrate spec (and nothing there
+    goes unused): made up from the spec's own cases, the run fits."""
+    from experiments import spec
+    run = []
+    for c in spec.load(calibrate.SPEC).cases():
+        if c["app"] == "perftest":
+            value = {"ib_send_lat": LATENCY * 1e6, "ib_write_bw": BANDWIDTH / 1e6,
+                     "ib_write_bw_bidir": DUPLEX / 1e6}[c["algorithm"]]
+            run += link(c["algorithm"], c["size"], value)
+        elif c["nodes"] == 1:
+            run += record(c["op"], c["algorithm"], 1, c["size"], CALL + COPY * c["size"])
+        else:
+            run += record(c["op"], c["algorithm"], c["nodes"], c["size"],
+                          lab(c["op"], c["algorithm"], c["nodes"], c["size"]))
+    got = calibrate.fit(run, "from-the-spec", NODE_CPUS, HOST_CPUS)
+    used = set(got.measured["medians"])
+    assert used == {" ".join(map(str, k)) for k in calibrate.measurements(run)}
+    assert set(got.measured["fit"]) >= {"exchange 0 B", "exchange 1048576 B", "allreduce ring 1 MiB"}

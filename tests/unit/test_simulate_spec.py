@@ -124,3 +124,9 @@ def test_a_named_profile_is_read(tmp_path):
     path.write_text(costs_mod.PLACEHOLDER.to_json().replace('"placeholder"', '"mine"'))
     s = sim_spec.load(str(write(tmp_path, f'profile = "{path}"\n' + RUN)))
     assert sim_run.profile_of(s).name == "mine"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in sim_spec.SPECS.glob("*.toml")))
+def test_shipped_simulation_specs_load(name):
+    s = sim_spec.load(name)
+    assert s.name == name and s.cases
