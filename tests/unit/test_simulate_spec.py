@@ -130,3 +130,9 @@ def test_a_named_profile_is_read(tmp_path):
 def test_shipped_simulation_specs_load(name):
     s = sim_spec.load(name)
     assert s.name == name and s.cases
+
+
+def test_a_profile_not_calibrated_yet_says_how_to_make_it(tmp_path):
+    s = sim_spec.load(str(write(tmp_path, f'profile = "{tmp_path}/lab2.json"\n' + RUN)))
+    with pytest.raises(costs_mod.ProfileError, match="fab calibrate --name lab2"):
+        sim_run.profile_of(s)
