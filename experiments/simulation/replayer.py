@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -77,6 +78,27 @@ def binary() -> Path:
                  "the replayer")
 
 
+MEMORY_SHARE = 0.75  # of this machine's memory a simulator process may take
+
+
+def memory_limit() -> int:
+    """Bytes of address space a simulator process gets: a case too big for this machine
+    fails alone (SMPI's Bruck at p = 128 with 1 MiB blocks allocates p^2 MiB in one process)
+    instead of swapping the host to a halt."""
+    return int(MEMORY_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def limited() -> None:
+    """preexec_fn of a simulator process: its address space capped (memory_limit)."""
+    limit = memory_limit()
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def out_of_memory(stderr: str, returncode: int) -> bool:
+    return returncode < 0 or any(w in stderr for w in ("alloc", "Cannot allocate memory",
+                                                       "std::bad_alloc", "Out of memory"))
+
+
 def key(src: int, what: int, tag: int) -> int:
     """A message's name for its receiver: sender, kind and tag (matched first in, first out
     among equal names, as rxelab.trace.Trace.matched pairs them)."""
@@ -129,12 +151,16 @@ def replay(t: tr.Trace, platform: Platform, costs: Costs,
             done = subprocess.run([str(program), str(where / "platform.xml"),
                                    str(where / "moves.txt"), *platform.config(),
                                    "--log=root.thres:critical"],
-                                  capture_output=True, text=True, timeout=timeout)
+                                  capture_output=True, text=True, timeout=timeout,
+                                  preexec_fn=limited)
         except subprocess.TimeoutExpired:
             raise SimulationError(f"the replay of {t.collective}/{t.algorithm} at p={t.p} ran "
                                   f"past {timeout:g} s") from None
         wall = time.monotonic() - started
     if done.returncode != 0:
+        if out_of_memory(done.stderr, done.returncode):
+            raise SimulationError(f"the replay of {t.collective}/{t.algorithm} at p={t.p} ran out "
+                                  f"of the {memory_limit() >> 30} GiB a simulation may take")
         raise SimulationError(f"the replay failed ({done.returncode}): {done.stderr[-2000:]}")
     total, ranks = None, {}
     for line in done.stdout.splitlines():

@@ -18,7 +18,15 @@ from rxelab import ops
 
 from experiments.simulation.costs import Costs, Segment
 from experiments.simulation.platforms import Platform
-from experiments.simulation.replayer import DEFAULT_TIMEOUT, Replayed, SimulationError, built
+from experiments.simulation.replayer import (
+    DEFAULT_TIMEOUT,
+    Replayed,
+    SimulationError,
+    built,
+    limited,
+    memory_limit,
+    out_of_memory,
+)
 
 SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "mpi_bench.c"
 
@@ -54,8 +62,8 @@ def run(collective: str, label: str, platform: Platform, costs: Costs, size: int
     with tempfile.TemporaryDirectory(prefix="rxelab-smpi-") as tmp:
         where = Path(tmp)
         (where / "platform.xml").write_text(platform.xml())
-        hosts = platform.hosts if platform.kind != "lab" else 1
-        (where / "hosts").write_text("".join(f"h{r % hosts}\n" for r in range(platform.ranks)))
+        (where / "hosts").write_text("".join(f"h{platform.host_of(r)}\n"
+                                             for r in range(platform.ranks)))
         argv = ["smpirun", "-np", str(platform.ranks), "-platform", str(where / "platform.xml"),
                 "-hostfile", str(where / "hosts"),
                 f"--cfg=smpi/{collective}:{c.mpi.smpi[label]}",
@@ -67,12 +75,16 @@ def run(collective: str, label: str, platform: Platform, costs: Costs, size: int
         started = time.monotonic()
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                                  cwd=where)
+                                  cwd=where, preexec_fn=limited)
         except subprocess.TimeoutExpired:
             raise SimulationError(f"SMPI's {collective} {label} at p={platform.ranks} ran past "
                                   f"{timeout:g} s") from None
         wall = time.monotonic() - started
     found = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("time ")]
+    if done.returncode != 0 and out_of_memory(done.stderr, done.returncode):
+        raise SimulationError(f"SMPI's {collective} {label} at p={platform.ranks} ran out of the "
+                              f"{memory_limit() >> 30} GiB a simulation may take (SMPI allocates "
+                              "every rank's buffers in one process)")
     if done.returncode != 0 or not found:
         raise SimulationError(f"SMPI's {collective} {label} failed ({done.returncode}): "
                               f"{(done.stderr or done.stdout)[-1500:]}")

@@ -270,3 +270,15 @@ def test_a_message_of_no_bytes_still_takes_the_latency():
     t = trace.record("alltoall", "pairwise", 2, 0)
     got = replayer.replay(t, platforms.Platform("cluster", 2, 1e9, 1e-3), FREE)
     assert got.seconds == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_a_simulator_process_gets_a_capped_address_space():
+    """A case too big for the machine fails alone instead of swapping the host."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", "import resource; "
+                           "print(resource.getrlimit(resource.RLIMIT_AS)[0])"],
+                          capture_output=True, text=True, preexec_fn=replayer.limited, check=True)
+    assert int(done.stdout) == replayer.memory_limit() < 64 << 40
+    assert replayer.out_of_memory("xbt_malloc: Cannot allocate memory", 1)
+    assert replayer.out_of_memory("", -9) and not replayer.out_of_memory("deadlock", 3)
