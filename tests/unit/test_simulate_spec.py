@@ -136,3 +136,19 @@ def test_a_profile_not_calibrated_yet_says_how_to_make_it(tmp_path):
     s = sim_spec.load(str(write(tmp_path, f'profile = "{tmp_path}/lab2.json"\n' + RUN)))
     with pytest.raises(costs_mod.ProfileError, match="fab calibrate --name lab2"):
         sim_run.profile_of(s)
+
+
+def test_every_row_of_the_simulators_failure_table_names_tests_that_exist():
+    """The README's "when things go wrong (the simulator)" rows are contracts: each names the
+    test that holds it, and that test exists."""
+    import re
+    text = (REPO / "README.md").read_text()
+    table = text.split("#### When things go wrong (the simulator)", 1)[1].split("\n\n", 2)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) >= 7
+    sources = "".join(p.read_text() for p in (REPO / "tests").rglob("test_*.py"))
+    for row in rows:
+        names = re.findall(r"`(test_\w+)`", row.rsplit("|", 2)[1])
+        assert names, row
+        for name in names:
+            assert f"def {name}(" in sources, name
