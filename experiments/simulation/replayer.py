@@ -82,7 +82,8 @@ MEMORY_SHARE = 0.75  # of this machine's memory a simulator process may take
 
 
 def memory_limit() -> int:
-    """Bytes of address space a simulator process gets: a case too big for this machine
+    """Bytes of private memory a simulator process gets (RLIMIT_DATA: SMPI's shared buffers are
+    file mappings, not counted): a case too big for this machine
     fails alone (SMPI's Bruck at p = 128 with 1 MiB blocks allocates p^2 MiB in one process)
     instead of swapping the host to a halt."""
     return int(MEMORY_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -91,7 +92,7 @@ def memory_limit() -> int:
 def limited() -> None:
     """preexec_fn of a simulator process: its address space capped (memory_limit)."""
     limit = memory_limit()
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
 def out_of_memory(stderr: str, returncode: int) -> bool:

@@ -277,7 +277,7 @@ def test_a_simulator_process_gets_a_capped_address_space():
     import subprocess
     import sys
     done = subprocess.run([sys.executable, "-c", "import resource; "
-                           "print(resource.getrlimit(resource.RLIMIT_AS)[0])"],
+                           "print(resource.getrlimit(resource.RLIMIT_DATA)[0])"],
                           capture_output=True, text=True, preexec_fn=replayer.limited, check=True)
     assert int(done.stdout) == replayer.memory_limit() < 64 << 40
     assert replayer.out_of_memory("xbt_malloc: Cannot allocate memory", 1)
