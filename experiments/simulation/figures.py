@@ -25,7 +25,7 @@ Row = dict[str, Any]
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "summary.md.j2"
 DPI = 150
 # one colour per algorithm in every figure (matplotlib's tab10, in a fixed order)
-ORDER = ("sequential", "sequential k=4", "pairwise", "parallel", "bruck", "ring",
+ORDER = ("sequential", "sequential k", "pairwise", "parallel", "bruck", "ring",
          "recursive-doubling", "star", "binomial")
 MPI_ORDER = ("mpi-default", "mpi-bruck", "mpi-pairwise", "mpi-linear", "mpi-ring")
 
@@ -36,8 +36,11 @@ def label(r: Row) -> str:
 
 
 def colour(name: str) -> Any:
+    """The same colour for an algorithm in every figure; one for every window of the
+    sequential schedule beside its own."""
     palette = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
     known = ORDER + MPI_ORDER
+    name = "sequential k" if name.startswith("sequential k=") else name
     return palette[known.index(name) % len(palette)] if name in known else \
         palette[sum(map(ord, name)) % len(palette)]
 

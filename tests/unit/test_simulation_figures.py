@@ -57,5 +57,7 @@ def test_one_number_of_ranks_makes_no_figures(tmp_path):
 
 def test_colours_are_fixed_per_algorithm():
     assert figures.colour("pairwise") == figures.colour("pairwise")
+    assert figures.colour("sequential k=16") == figures.colour("sequential k=4") != \
+        figures.colour("sequential")
     assert len({figures.colour(n) for n in figures.ORDER + figures.MPI_ORDER}) == \
         len(figures.ORDER + figures.MPI_ORDER)
