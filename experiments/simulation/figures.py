@@ -38,7 +38,8 @@ def label(r: Row) -> str:
 def colour(name: str) -> Any:
     """The same colour for an algorithm in every figure; one for every window of the
     sequential schedule beside its own."""
-    palette = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
+    palette = (*matplotlib.colormaps["tab10"].colors,  # type: ignore[attr-defined]
+               *matplotlib.colormaps["Dark2"].colors)  # type: ignore[attr-defined]
     known = ORDER + MPI_ORDER
     name = "sequential k" if name.startswith("sequential k=") else name
     return palette[known.index(name) % len(palette)] if name in known else \

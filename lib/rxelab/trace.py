@@ -190,8 +190,8 @@ class Trace:
         """Per rank, the bytes pinned during the calls, as the library's Stats.peak_pinned
         says them: every connection's slots (one per peer, whatever the algorithm) and the
         buffers the calls registered."""
-        slots = BY_NAME["slots"].check(BY_NAME["slots"].default if slots is None else slots)
-        rings = (self.p - 1) * ring_bytes(int(slots), self.eager_limit)
+        chosen = BY_NAME["slots"].check(BY_NAME["slots"].default if slots is None else slots)
+        rings = (self.p - 1) * ring_bytes(int(chosen), self.eager_limit)
         return [rings + n for n in self.pinned]
 
     @property
