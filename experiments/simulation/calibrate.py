@@ -10,7 +10,8 @@ What each measurement gives, in order (each from the median of its alternated ro
 - the library's exchange between two ranks at each size (a 2-rank all-to-all: one message
   each way at once, eager or by rendezvous as the library sends it): the per-message CPU at
   that size, solved so the replay of that very call takes the lab's time (the replay is
-  affine in it: two replays and a third to check), half on the sending side and half on the
+  affine in it: two replays solve it, a third is reported beside the lab's time), half on
+  the sending side and half on the
   receiving; between the sizes measured, linear (SMPI's os/or are piecewise linear too);
 - a 2-rank ring allreduce of 1 MiB: the reduction's cost per byte, solved the same way.
 A size measured faster than the next smaller one keeps that one's cost (costs only grow
@@ -197,17 +198,21 @@ def fit_run(out: Path, name: str) -> Profile:
         environment = json.loads((out / "environment.json").read_text())
     except (OSError, ValueError) as err:
         raise CalibrationError(f"{out} is not a run's directory: {err}") from None
-    if not isinstance(environment, dict) or environment.get("spec") != SPEC:
-        raise CalibrationError(f"{out} is a run of spec {environment.get('spec')!r}, not "
-                               f"{SPEC!r}")
-    profile = fit(records, name, *cpus(environment))
+    spec = environment.get("spec") if isinstance(environment, dict) else None
+    if spec != SPEC or not isinstance(environment.get("hosts"), dict):
+        raise CalibrationError(f"{out} is a run of spec {spec!r}, not {SPEC!r}")
+    try:
+        profile = fit(records, name, *cpus(environment))
+    except (KeyError, TypeError, AttributeError) as err:
+        raise CalibrationError(f"{out}: a record without {err}: not a run of this rxelab") \
+            from None
     profile.measured["run"] = str(out)
     return profile
 
 
 def save(profile: Profile, path: Path) -> None:
-    """Written whole (a new file renamed over the old): a profile this command wrote before is
-    replaced; anything else at that path is left alone."""
+    """Written whole (a new file renamed over the old): a file there that reads as a profile
+    is replaced (profiles are this command's output); anything else is left alone."""
     if path.exists() or path.is_symlink():
         try:
             costs_mod.load(path)
@@ -215,11 +220,13 @@ def save(profile: Profile, path: Path) -> None:
             raise CalibrationError(f"{path} exists and is not a profile: not replaced") from None
         if path.is_symlink():
             raise CalibrationError(f"{path} is a symbolic link: not replaced")
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(profile.to_json())
         os.replace(tmp, path)
+    except OSError as err:
+        raise CalibrationError(f"writing {path}: {err}") from None
     finally:
         if tmp.exists():
             tmp.unlink()

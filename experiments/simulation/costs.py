@@ -97,8 +97,8 @@ def load(path: Path) -> Profile:
         node_cpus, host_cpus = raw.get("node_cpus", 1), raw.get("host_cpus")
         for what, cpus in (("node_cpus", node_cpus), ("host_cpus", host_cpus)):
             if (cpus is not None or what == "node_cpus") and (
-                    isinstance(cpus, bool) or not isinstance(cpus, int) or not 1 <= cpus <= 4096):
-                raise ProfileError(f"{what}={cpus!r}: a whole number from 1 to 4096")
+                    isinstance(cpus, bool) or not isinstance(cpus, int) or not 1 <= cpus <= 1024):
+                raise ProfileError(f"{what}={cpus!r}: a whole number from 1 to 1024")
         duplex = raw.get("duplex_bandwidth")
         measured = raw.get("measured") or {}
         if not isinstance(measured, dict):
@@ -142,7 +142,7 @@ def _segments(raw: Any, what: str) -> list[Segment]:
         raise ProfileError(f"{what}: segments in ascending order of size, each once")
     # a segment's line may start below 0 (fitted through two points), its costs may not
     for before, s in zip([Segment(0, 0.0, 0.0), *out], out, strict=False):
-        if s.fixed + s.per_byte * before.upto < 0:
+        if s.fixed + s.per_byte * before.upto < -1e-12:  # a fitted line's rounding is not a cost
             raise ProfileError(f"{what}: the segment up to {s.upto} B costs less than nothing "
                                f"at {before.upto} B")
     return out

@@ -90,14 +90,20 @@ def memory_limit() -> int:
 
 
 def limited() -> None:
-    """preexec_fn of a simulator process: its address space capped (memory_limit)."""
+    """preexec_fn of a simulator process: its private memory capped (memory_limit), never
+    above a limit the caller already has."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     limit = memory_limit()
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    if soft == resource.RLIM_INFINITY or soft > limit:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
 def out_of_memory(stderr: str, returncode: int) -> bool:
-    return returncode < 0 or any(w in stderr for w in ("alloc", "Cannot allocate memory",
-                                                       "std::bad_alloc", "Out of memory"))
+    """Whether a simulator process died for want of memory (its own words for it)."""
+    return any(w in stderr for w in ("Cannot allocate memory", "bad_alloc", "Out of memory",
+                                     "out of memory", "Memory allocation of"))
 
 
 def key(src: int, what: int, tag: int) -> int:

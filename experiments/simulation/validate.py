@@ -18,6 +18,7 @@ from rxelab import trace
 from rxelab.errors import ConfigError
 
 from experiments.simulation import replayer
+from experiments.simulation.calibrate import SPEC
 from experiments.simulation.costs import Profile, size_text
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "validation.md.j2"
@@ -107,11 +108,18 @@ def rankings(table: list[Row]) -> list[dict[str, Any]]:
 
 
 def newest(root: Path) -> Path:
-    """The newest run under root with an rxelab case whose calls went back to back."""
-    for run in sorted((p for p in root.glob("*") if (p / "records.jsonl").exists()),
-                      reverse=True):
-        if '"tight": true' in (run / "records.jsonl").read_text():
-            return run
+    """The newest run under root with an rxelab case whose calls went back to back, other
+    than a calibration (a profile is not validated on what it was fitted to)."""
+    try:
+        runs = sorted((p for p in root.glob("*") if (p / "records.jsonl").exists()), reverse=True)
+        for run in runs:
+            about = run / "environment.json"
+            if about.exists() and f'"spec": "{SPEC}"' in about.read_text():
+                continue
+            if '"tight": true' in (run / "records.jsonl").read_text():
+                return run
+    except OSError as err:
+        raise ValidationError(f"reading the runs under {root}: {err}") from None
     raise ValidationError(f"no lab run under {root} has rxelab calls back to back: run "
                           "`fab run-experiment --spec validation` first")
 
@@ -123,8 +131,18 @@ def write(run: Path, profile: Profile) -> Path:
                    if line.strip()]
     except (OSError, ValueError) as err:
         raise ValidationError(f"{run} is not a run's directory: {err}") from None
-    table = rows(records, profile)
+    try:
+        table = rows(records, profile)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValidationError(f"{run}: a record without {err}: not a run of this rxelab") from None
     order = rankings(table)
+    try:
+        return _write(run, profile, table, order)
+    except OSError as err:
+        raise ValidationError(f"writing the validation into {run}: {err}") from None
+
+
+def _write(run: Path, profile: Profile, table: list[Row], order: list[dict[str, Any]]) -> Path:
     with open(run / "validation.jsonl", "w") as f:
         for r in table:
             f.write(json.dumps({**asdict(r), "within": r.within, "profile": profile.name}) + "\n")

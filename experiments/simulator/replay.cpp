@@ -3,7 +3,7 @@
  * it is sent, as an RDMA write or send into a buffer the receiver posted ahead does; the
  * receiver files arrivals by key and a wait takes the one it needs. A rank's CPU work (per
  * message overheads, copies, reductions) is computation on its host, so ranks that share a
- * host's cores compete for them (the lab: every VM on the same two cores).
+ * host's cores compete for them (the lab: ranks on one VM share its CPU).
  *
  * Input (text, written by experiments/simulation/replayer.py):
  *   ranks P hosts H per K flops F

@@ -198,3 +198,25 @@ def test_the_calibrate_spec_measures_what_the_fit_needs():
     used = set(got.measured["medians"])
     assert used == {" ".join(map(str, k)) for k in calibrate.measurements(run)}
     assert set(got.measured["fit"]) >= {"exchange 0 B", "exchange 1048576 B", "allreduce ring 1 MiB"}
+
+
+def test_validate_does_not_pick_the_calibration_it_was_fitted_on(tmp_path):
+    for name, spec_name in (("20260101-000000-validation", "validation"),
+                            ("20260102-000000-calibrate", "calibrate")):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "records.jsonl").write_text(json.dumps(record("alltoall", "pairwise", 3, 64, 1e-3)[0])
+                                           .replace('"tight": true', '"tight": true') + "\n")
+        (run / "environment.json").write_text(json.dumps({"spec": spec_name}))
+    assert validate.newest(tmp_path).name == "20260101-000000-validation"
+
+
+def test_a_calibration_run_with_broken_records_is_an_error_not_a_traceback(tmp_path):
+    (tmp_path / "records.jsonl").write_text('{"status": "ok", "summary": {}}\n')
+    (tmp_path / "environment.json").write_text(json.dumps({"spec": "calibrate", "hosts": 3}))
+    with pytest.raises(calibrate.CalibrationError, match="not 'calibrate'"):
+        calibrate.fit_run(tmp_path, "lab")
+    (tmp_path / "environment.json").write_text(json.dumps(
+        {"spec": "calibrate", "hosts": {"a": {"cpus": 1}}}))
+    with pytest.raises(calibrate.CalibrationError, match="a record without"):
+        calibrate.fit_run(tmp_path, "lab")

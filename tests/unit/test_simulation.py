@@ -272,13 +272,38 @@ def test_a_message_of_no_bytes_still_takes_the_latency():
     assert got.seconds == pytest.approx(1e-3, rel=1e-3)
 
 
-def test_a_simulator_process_gets_a_capped_address_space():
-    """A case too big for the machine fails alone instead of swapping the host."""
+def test_a_simulator_process_gets_a_capped_private_memory():
+    """A case too big for the machine fails alone instead of swapping the host, and a limit
+    the caller already set is kept."""
+    import resource
     import subprocess
     import sys
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    want = replayer.memory_limit() if hard == resource.RLIM_INFINITY else \
+        min(replayer.memory_limit(), hard)
     done = subprocess.run([sys.executable, "-c", "import resource; "
                            "print(resource.getrlimit(resource.RLIMIT_DATA)[0])"],
                           capture_output=True, text=True, preexec_fn=replayer.limited, check=True)
-    assert int(done.stdout) == replayer.memory_limit() < 64 << 40
-    assert replayer.out_of_memory("xbt_malloc: Cannot allocate memory", 1)
-    assert replayer.out_of_memory("", -9) and not replayer.out_of_memory("deadlock", 3)
+    assert int(done.stdout) == want
+    smaller = [sys.executable, "-c", "import resource, subprocess, sys; "
+               "resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, resource.getrlimit("
+               "resource.RLIMIT_DATA)[1])); "
+               "from experiments.simulation import replayer; "
+               "print(subprocess.run([sys.executable, '-c', 'import resource; "
+               "print(resource.getrlimit(resource.RLIMIT_DATA)[0])'], capture_output=True, "
+               "text=True, preexec_fn=replayer.limited).stdout)"]
+    assert int(subprocess.run(smaller, capture_output=True, text=True, check=True).stdout) \
+        == 1 << 30
+    assert replayer.out_of_memory("sysdep.h:52: Memory allocation of 67108864 bytes failed", 134)
+    assert replayer.out_of_memory("terminate called: std::bad_alloc", -6)
+    assert not replayer.out_of_memory("", -11) and not replayer.out_of_memory("deadlock", 3)
+
+
+def test_a_fitted_line_rounding_below_zero_at_its_start_is_not_refused(tmp_path):
+    """Two sizes fitted to no cost at all: the next segment's line meets 0 B at -1e-22, a
+    rounding, not a cost below nothing."""
+    raw = json.loads(costs_mod.PLACEHOLDER.to_json())
+    raw["costs"]["send"] = [[0, 0.0, 0.0], [1, 0.0, 0.0], [1024, -1e-22 * 1024, 1e-22]]
+    path = tmp_path / "fitted.json"
+    path.write_text(json.dumps(raw))
+    assert costs_mod.load(path).costs.send_cpu(1024) == pytest.approx(0.0)
