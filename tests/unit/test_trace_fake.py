@@ -20,6 +20,7 @@ from tests.unit.fakejob import run_ranks
 
 CASES = [(name, algorithm) for name, c in ops.COLLECTIVES.items() for algorithm in c.algorithms]
 CHUNK = 1 << 24  # one write per block: a delivery is a message
+PAGE = 4096
 
 
 def delivered(p: int, name: str, algorithm: str, size: int, eager_limit: int,
@@ -91,7 +92,11 @@ def test_a_recording_pins_what_the_library_pins(name, algorithm, size):
         send, want = c.data(comm.rank, p, count, c.dtype, 3, "sum")
         return ops.run(comm, name, algorithm, send, np.zeros_like(want)).peak_pinned
     t = trace.record(name, algorithm, p, size)
-    assert run_ranks(p, job) == t.peak_pinned()
+    # equal but for where the buffers start: a buffer pins the pages it touches, so each of
+    # a rank's registered buffers may touch one page more or less here than there
+    for got, want in zip(run_ranks(p, job), t.peak_pinned(), strict=True):
+        assert abs(got - want) <= 3 * PAGE, (got, want)
+        assert got >= t.peak_pinned()[0] - t.pinned[0]  # the slots, always
     writes = any(m.kind == trace.SEND and m.what == trace.WRITE for m in t.ranks[0])
     assert (t.pinned[0] > 0) == writes
 
