@@ -33,7 +33,8 @@ from rxelab import trace
 
 from experiments.simulation import costs as costs_mod
 from experiments.simulation import replayer
-from experiments.simulation.costs import Costs, Profile, Segment, size_text
+from experiments.figure_style import size_text
+from experiments.simulation.costs import Costs, Profile, Segment
 from experiments.simulation.platforms import Platform
 
 SPEC = "calibrate"

@@ -156,10 +156,3 @@ PLACEHOLDER = Profile(
           copy_per_byte=1e-10, reduce_per_byte=5e-10, call=10e-6),
     bandwidth=12.5e9, latency=1e-6)
 
-
-def size_text(n: int) -> str:
-    """Bytes as a person reads them: 1 KiB, 64 KiB, 1 MiB, 100 B."""
-    for unit, shift in (("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"

@@ -7,27 +7,18 @@
 
 from __future__ import annotations
 
-import io
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import matplotlib
+import matplotlib.pyplot as plt
 import matplotlib.ticker
 
-from experiments.simulation.costs import size_text
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from experiments.figure_style import MPI_ORDER, colour, png, size_text
 
 Row = dict[str, Any]
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "summary.md.j2"
-DPI = 150
-# one colour per algorithm in every figure (matplotlib's tab10, in a fixed order)
-ORDER = ("sequential", "sequential k", "pairwise", "parallel", "bruck", "ring",
-         "recursive-doubling", "star", "binomial")
-MPI_ORDER = ("mpi-default", "mpi-bruck", "mpi-pairwise", "mpi-linear", "mpi-ring")
 
 
 def label(r: Row) -> str:
@@ -35,22 +26,8 @@ def label(r: Row) -> str:
     return r["algorithm"] + (f" k={r['pairs']}" if r.get("pairs", 1) != 1 else "")
 
 
-def colour(name: str) -> Any:
-    """The same colour for an algorithm in every figure; one for every window of the
-    sequential schedule beside its own."""
-    palette = (*matplotlib.colormaps["tab10"].colors,  # type: ignore[attr-defined]
-               *matplotlib.colormaps["Dark2"].colors)  # type: ignore[attr-defined]
-    known = ORDER + MPI_ORDER
-    name = "sequential k" if name.startswith("sequential k=") else name
-    return palette[known.index(name) % len(palette)] if name in known else \
-        palette[sum(map(ord, name)) % len(palette)]
-
-
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+def _colour(name: str) -> Any:
+    return colour(name, "smpi" if name in MPI_ORDER else "rxelab")
 
 
 def _panels(rows: list[Row]) -> dict[tuple[str, int, str, int], list[Row]]:
@@ -92,7 +69,7 @@ def time_figure(rows: list[Row]) -> bytes | None:
         for name, points in sorted(lines.items(), key=lambda kv: (kv[0] in MPI_ORDER, kv[0])):
             points.sort(key=lambda r: r["ranks"])
             ax.plot([r["ranks"] for r in points], [r["seconds"] * 1e3 for r in points],
-                    marker="o", markersize=3, color=colour(name), label=name,
+                    marker="o", markersize=3, color=_colour(name), label=name,
                     linestyle="--" if points[0]["source"] == "smpi" else "-")
         _log2_ranks(ax, sorted({r["ranks"] for r in rs}))
         ax.set_yscale("log")
@@ -107,7 +84,7 @@ def time_figure(rows: list[Row]) -> bytes | None:
     fig.legend(handles.values(), handles.keys(), loc="upper center", ncol=min(len(handles), 8),
                bbox_to_anchor=(0.5, 0.0), fontsize=8, frameon=False)
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
 def memory_figure(rows: list[Row]) -> bytes | None:
@@ -131,7 +108,7 @@ def memory_figure(rows: list[Row]) -> bytes | None:
         for name, points in sorted(lines.items()):
             points.sort(key=lambda r: r["ranks"])
             ax.plot([r["ranks"] for r in points], [r[field] / (1 << 20) for r in points],
-                    marker="o", markersize=3, color=colour(name), label=name)
+                    marker="o", markersize=3, color=_colour(name), label=name)
         _log2_ranks(ax, sorted({r["ranks"] for r in good}))
         ax.set_yscale("log")
         _plain(ax)
@@ -141,7 +118,7 @@ def memory_figure(rows: list[Row]) -> bytes | None:
     axes[1].set_title(f"{collective} {size_text(size)}: in flight", fontsize=9)
     axes[1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
 def tables(rows: list[Row]) -> list[dict[str, Any]]:

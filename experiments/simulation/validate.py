@@ -19,7 +19,8 @@ from rxelab.errors import ConfigError
 
 from experiments.simulation import replayer
 from experiments.simulation.calibrate import SPEC
-from experiments.simulation.costs import Profile, size_text
+from experiments.figure_style import size_text
+from experiments.simulation.costs import Profile
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "validation.md.j2"
 CALLS = 4  # back-to-back calls per replay, as calibrate's

@@ -54,10 +54,3 @@ def test_one_number_of_ranks_makes_no_figures(tmp_path):
     written = figures.write(tmp_path, [r for r in ROWS if r["ranks"] == 8])
     assert [p.name for p in written] == ["summary.md"]
 
-
-def test_colours_are_fixed_per_algorithm():
-    assert figures.colour("pairwise") == figures.colour("pairwise")
-    assert figures.colour("sequential k=16") == figures.colour("sequential k=4") != \
-        figures.colour("sequential")
-    assert len({figures.colour(n) for n in figures.ORDER + figures.MPI_ORDER}) == \
-        len(figures.ORDER + figures.MPI_ORDER)

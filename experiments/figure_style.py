@@ -1,0 +1,102 @@
+"""How every figure and table of rxelab's reports (a lab run's and a simulation's) writes sizes,
+times and colours, kept in one place so that a series looks the same wherever a reader meets
+it: sizes as 1 KiB ... 1 MiB on a log2 axis, times in ms, one colour family per contender
+(rxelab's algorithms in colour, MPI over UCX in black, MPI over TCP in grey, Gloo in brown),
+legends beside the data, PNGs at 150 dpi."""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+DPI = 150
+# rxelab's algorithms, each its own colour (tab10 without its grey and brown, then Dark2)
+RXELAB_ORDER = ("sequential", "pairwise", "parallel", "bruck", "ring", "recursive-doubling",
+                "star", "binomial", "sequential k")
+MPI_ORDER = ("mpi-default", "mpi-pairwise", "mpi-bruck", "mpi-linear", "mpi-ring")
+FAMILIES = {  # contender: its colours, darkest first, one per algorithm in MPI_ORDER
+    "mpi-ucx": ("#000000", "#3b3b6b", "#5c3a1e", "#1f4e3d", "#4b0f2e"),
+    "smpi": ("#000000", "#3b3b6b", "#5c3a1e", "#1f4e3d", "#4b0f2e"),
+    "mpi-tcp": ("#7f7f7f", "#9a9ac0", "#b08a6a", "#86a898", "#b07a94"),
+    "gloo": ("#8c564b", "#a9746a", "#6d3f36", "#c49c94", "#5a3129"),
+}
+LINESTYLE = {"rxelab": "-", "mpi-ucx": "--", "smpi": "--", "mpi-tcp": ":", "gloo": "-."}
+
+
+def size_text(n: float) -> str:
+    """Bytes as a person reads them: 1 KiB, 64 KiB, 1 MiB, 1.5 KiB, 100 B."""
+    n = int(n)
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            value = n / (1 << shift)
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.3g} {unit}"
+    return f"{n} B"
+
+
+def ms_text(us: float | None) -> str:
+    """Microseconds as milliseconds with three significant figures (1.23, 12.3, 123, 1234)."""
+    if us is None or not math.isfinite(us):
+        return "-"
+    ms = us / 1e3
+    if ms >= 100:
+        return f"{ms:.0f}"
+    if ms >= 10:
+        return f"{ms:.1f}"
+    if ms >= 1:
+        return f"{ms:.2f}"
+    return f"{ms:.3g}"
+
+
+def colour(algorithm: str, contender: str = "rxelab") -> Any:
+    """The same colour for a series in every figure: rxelab's algorithms each their own,
+    another contender's from its own family (every window of the sequential schedule beside
+    the strict one's, k > 1 sharing one)."""
+    name = "sequential k" if algorithm.startswith("sequential k=") else algorithm
+    if contender in FAMILIES:
+        family = FAMILIES[contender]
+        index = MPI_ORDER.index(name) if name in MPI_ORDER else sum(map(ord, name))
+        return family[index % len(family)]
+    palette = [c for i, c in enumerate(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
+               if i not in (5, 7)] + list(matplotlib.colormaps["Dark2"].colors)  # type: ignore[attr-defined]
+    index = RXELAB_ORDER.index(name) if name in RXELAB_ORDER else sum(map(ord, name))
+    return palette[index % len(palette)]
+
+
+def style(contender: str, algorithm: str) -> dict[str, Any]:
+    """Keyword arguments for ax.plot/ax.errorbar of a series."""
+    return {"color": colour(algorithm, contender), "linestyle": LINESTYLE.get(contender, "-"),
+            "marker": "o" if contender == "rxelab" else "s", "markersize": 4}
+
+
+def size_axis(ax: Any, sizes: list[int] | set[int], label: str = "bytes per peer") -> None:
+    """A log2 axis of sizes, its ticks at the sizes a run has (at most about eight of them),
+    labelled 1 KiB ... 1 MiB."""
+    ax.set_xscale("log", base=2)
+    shown = sorted({int(s) for s in sizes if s > 0})
+    if shown:
+        step = max(1, math.ceil(len(shown) / 8))
+        ax.set_xticks(shown[::step])
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: size_text(v)))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlabel(label)
+
+
+def legend_outside(ax: Any, **kwargs: Any) -> None:
+    """A legend to the right of the plot, where it covers no data."""
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, **kwargs)
+
+
+def png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
