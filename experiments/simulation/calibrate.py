@@ -31,9 +31,9 @@ from typing import Any
 
 from rxelab import trace
 
+from experiments.figure_style import size_text
 from experiments.simulation import costs as costs_mod
 from experiments.simulation import replayer
-from experiments.figure_style import size_text
 from experiments.simulation.costs import Costs, Profile, Segment
 from experiments.simulation.platforms import Platform
 

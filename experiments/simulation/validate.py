@@ -17,9 +17,9 @@ import jinja2
 from rxelab import trace
 from rxelab.errors import ConfigError
 
+from experiments.figure_style import size_text
 from experiments.simulation import replayer
 from experiments.simulation.calibrate import SPEC
-from experiments.figure_style import size_text
 from experiments.simulation.costs import Profile
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "validation.md.j2"
