@@ -88,6 +88,13 @@ def size_axis(ax: Any, sizes: list[int] | set[int], label: str = "bytes per peer
     ax.set_xlabel(label)
 
 
+def plain_log(ax: Any, axis: str = "y") -> None:
+    """A log axis labelled 0.1, 1, 60, 400 rather than 10^-1, 6x10^1, 4x10^2."""
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    target.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 def legend_outside(ax: Any, **kwargs: Any) -> None:
     """A legend to the right of the plot, where it covers no data."""
     handles, _ = ax.get_legend_handles_labels()

@@ -9,24 +9,18 @@ contender degrades under loss.
 
 from __future__ import annotations
 
-import io
 from collections import defaultdict
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
 from rxelab import ops
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from experiments.figure_style import legend_outside, plain_log, png, size_axis, size_text
+from experiments.figure_style import style as series_style
+from experiments.report_summary import load_moved
 
 Row = dict[str, Any]
-
-
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+_png = png
 
 
 def series_name(r: Row) -> str:
@@ -34,8 +28,16 @@ def series_name(r: Row) -> str:
 
 
 def _style(r: Row) -> dict[str, Any]:
-    return {"linestyle": "-" if r["contender"] == "rxelab" else
-            "--" if r["contender"] == "mpi-ucx" else ":", "marker": "o"}
+    return series_style(r["contender"], r["algorithm"])
+
+
+def _yerr(rows: list[Row], scale: float = 1.0) -> list[list[float]] | None:
+    """The rounds' spread of each row's time (min-max of the rounds) as error bars; none when
+    every row is of one round."""
+    if all(r.get("rounds", 1) < 2 for r in rows):
+        return None
+    return [[(r["avg_us"] - r.get("round_min_us", r["avg_us"])) / scale for r in rows],
+            [(r.get("round_max_us", r["avg_us"]) - r["avg_us"]) / scale for r in rows]]
 
 
 def _by(rows: list[Row], *keys: str) -> dict[tuple, list[Row]]:
@@ -54,23 +56,30 @@ def size_scaling(flat: list[Row], link_MBps: float | None) -> dict[str, bytes]:
             continue
         suffix = f"{op}-{nodes}n" + ("" if net == "none" else f"-{_slug(net)}") + \
             (f"-mtu{mtu}" if len({r['active_mtu'] for r in flat}) > 1 else "")
-        for metric, ylabel, name in (("avg_us", "latency per call (us)", "latency"),
+        for metric, ylabel, name in (("avg_us", "ms per call", "latency"),
                                      ("busbw", "busbw (MB/s)", "busbw")):
             fig, ax = plt.subplots(figsize=(6.5, 4))
             modes = len({r["mode"] for r in rs}) > 1
             for label, series in sorted(_by(rs, "contender", "algorithm", "mode").items()):
                 series.sort(key=lambda r: r["size"])
-                ax.plot([r["size"] for r in series], [r[metric] for r in series],
-                        label=" ".join(label if modes else label[:2]), **_style(series[0]))
+                scale = 1e3 if metric == "avg_us" else 1.0
+                ax.errorbar([r["size"] for r in series], [r[metric] / scale for r in series],
+                            yerr=_yerr(series, scale) if metric == "avg_us" else None, capsize=2,
+                            label=" ".join(label if modes else label[:2]), **_style(series[0]))
             if name == "busbw" and link_MBps:
                 ax.axhline(link_MBps, color="grey", linestyle=":", label="perftest ib_write_bw")
-            ax.set_xscale("log", base=2)
+            described = ops.COLLECTIVES.get(op)
+            size_axis(ax, {r["size"] for r in rs}, described.axis if described else "bytes")
             if name == "latency":
                 ax.set_yscale("log")
-            ax.set_xlabel("bytes per peer")
+                plain_log(ax)
             ax.set_ylabel(ylabel)
-            ax.set_title(f"{op}, {nodes} nodes, network: {net}, RoCE MTU {mtu}")
-            ax.legend(fontsize=7)
+            ax.set_title(f"{op}, {nodes} nodes, network: {net}"
+                         + (f", RoCE MTU {mtu}" if mtu != "-" else "")
+                         + (" (bars: rounds' min-max)" if name == "latency" and
+                            any(r.get("rounds", 1) > 1 for r in rs) else ""), fontsize=9)
+            ax.grid(True, which="major", alpha=0.3)
+            legend_outside(ax)
             out[f"{name}-{suffix}.png"] = _png(fig)
     return out
 
@@ -78,57 +87,71 @@ def size_scaling(flat: list[Row], link_MBps: float | None) -> dict[str, bytes]:
 def ratio_to(flat: list[Row], rival: str) -> bytes | None:
     """Each contender's time per call over the rival's (mpi-ucx) at the same size, op, nodes,
     network, MTU and way of calling: below 1 is faster. One panel per op."""
-    theirs = {(r["op"], r["nodes"], r["network"], r["active_mtu"], r["mode"], r["size"]): r["avg_us"]
+    theirs = {(r["op"], r["nodes"], r["network"], r["active_mtu"], r["mode"], r["size"]): r
               for r in flat if r["contender"] == rival and r["status"] == "ok"}
     mine = [r for r in flat if r["contender"] != rival and r["status"] == "ok" and theirs.get(
         (r["op"], r["nodes"], r["network"], r["active_mtu"], r["mode"], r["size"]))]
     by_op = _by(mine, "op")
     if not any(len({r["size"] for r in rs}) > 1 for rs in by_op.values()):
         return None
-    fig, axes = plt.subplots(1, len(by_op), figsize=(6.5 * len(by_op), 4), squeeze=False)
-    for ax, ((op,), rs) in zip(axes[0], sorted(by_op.items()), strict=True):
+    fig, axes = plt.subplots(len(by_op), 1, figsize=(7.5, 3.6 * len(by_op)), squeeze=False)
+    for ax, ((op,), rs) in zip(axes[:, 0], sorted(by_op.items()), strict=True):
         for label, series in sorted(_by(rs, "contender", "algorithm", "mode", "nodes",
                                         "network", "active_mtu").items(), key=str):
             series.sort(key=lambda r: r["size"])
-            ax.plot([r["size"] for r in series],
-                    [r["avg_us"] / theirs[(r["op"], r["nodes"], r["network"], r["active_mtu"], r["mode"],
-                                           r["size"])] for r in series],
-                    label=" ".join(str(x) for x in label[:3]), **_style(series[0]))
+            base = [theirs[(r["op"], r["nodes"], r["network"], r["active_mtu"], r["mode"],
+                            r["size"])] for r in series]
+            ys = [r["avg_us"] / b["avg_us"] for r, b in zip(series, base, strict=True)]
+            err = None
+            if any(r.get("rounds", 1) > 1 for r in [*series, *base]):
+                # the ratio's spread: our fastest round over their slowest, and the reverse
+                err = [[y - r.get("round_min_us", r["avg_us"]) / b.get("round_max_us", b["avg_us"])
+                        for y, r, b in zip(ys, series, base, strict=True)],
+                       [r.get("round_max_us", r["avg_us"]) / b.get("round_min_us", b["avg_us"]) - y
+                        for y, r, b in zip(ys, series, base, strict=True)]]
+            ax.errorbar([r["size"] for r in series], ys, yerr=err, capsize=2,
+                        label=" ".join(str(x) for x in label[:3]), **_style(series[0]))
         ax.axhline(1.0, color="grey", linestyle=":")
-        ax.set_xscale("log", base=2)
         described = ops.COLLECTIVES.get(op)
-        ax.set_xlabel(described.axis if described else "bytes")
+        size_axis(ax, {r["size"] for r in rs}, described.axis if described else "bytes")
         ax.set_ylabel(f"time per call / {rival}'s")
-        ax.set_title(f"{op}: time relative to {rival} (below 1: faster)")
-        ax.legend(fontsize=7)
+        ax.set_title(f"{op}: time relative to {rival} (below 1: faster; bars: rounds' spread)",
+                     fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+        legend_outside(ax)
     return _png(fig)
 
 
 def memory(flat: list[Row]) -> bytes | None:
     """Peak pinned memory and peak bytes in flight, grouped by algorithm, one bar colour per
-    size (or stage count where sizes are equal)."""
+    size (or stage count where sizes are equal), on a log axis so that 1 KiB's bars show
+    beside 1 MiB's."""
     rows = [r for r in flat if r.get("peak_inflight") is not None]
     if not rows:
         return None
     variant = "size" if len({r["size"] for r in rows}) > 1 else "stages"
     algos = sorted({f"{r['op']}/{r['algorithm']}" for r in rows})
     variants = sorted({r[variant] for r in rows})
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=False)
+    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.2 * len(algos) + 5), 3.8))
     width = 0.8 / len(variants)
+    colours = plt.get_cmap("viridis")
     for ax, metric, title in ((axes[0], "peak_pinned", "peak pinned memory"),
                               (axes[1], "peak_inflight", "peak bytes in flight")):
         for k, v in enumerate(variants):
             heights = []
             for a in algos:
                 match = [r[metric] for r in rows if f"{r['op']}/{r['algorithm']}" == a
-                         and r[variant] == v]
-                heights.append(max(match) / 1e6 if match else 0)
+                         and r[variant] == v and r[metric]]
+                heights.append(max(match) / 2**20 if match else float("nan"))
             ax.bar([i - 0.4 + width * (k + 0.5) for i in range(len(algos))], heights, width,
-                   label=f"{v} B per peer" if variant == "size" else f"{v} stages")
+                   color=colours(k / max(1, len(variants) - 1) * 0.9),
+                   label=size_text(v) if variant == "size" else f"{v} stages")
         ax.set_xticks(range(len(algos)), algos, rotation=25, ha="right", fontsize=8)
-        ax.set_ylabel("MB")
-        ax.set_title(title)
-    axes[0].legend(fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("MiB (log scale)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, axis="y", which="major", alpha=0.3)
+    legend_outside(axes[1], title="size per peer" if variant == "size" else None)
     fig.tight_layout()
     return _png(fig)
 
@@ -218,7 +241,7 @@ def pairs_dial(flat: list[Row], load_ratio: dict[int, float]) -> bytes | None:
         ax.set_xlabel("pairs at once (k)")
         ax.set_ylabel(label)
         ax.set_xscale("log", base=2)
-    axes[0][0].legend(fontsize=7)
+    legend_outside(axes[0][-1])
     fig.suptitle("sequential schedule, at most k pairs at once (k = 1: strictly sequential)")
     fig.tight_layout()
     return _png(fig)
@@ -231,7 +254,9 @@ def load_over_time(records: list[Row], loads: list[Row],
     by_case: dict[int, list[Row]] = defaultdict(list)
     for entry in loads:
         by_case[entry["case"]].append(entry)
-    shown = sorted(by_case)[:8]
+    shown = [c for c in sorted(by_case) if any(load_moved(e["samples"]) for e in by_case[c])][:8]
+    if not shown:
+        return None
     fig, axes = plt.subplots(len(shown), 1, figsize=(6.5, 1.6 * len(shown) + 0.6), sharey=True,
                              squeeze=False)
     case_of = {r["case"]: r for r in records}
@@ -252,9 +277,9 @@ def load_over_time(records: list[Row], loads: list[Row],
         if ends:
             ax.set_xlim(0, max(ends) - t0 + 1)
         r = case_of.get(case, {})
-        ax.set_title(f"{r.get('op')}/{r.get('algorithm')}, {r.get('size')} B per peer: "
+        ax.set_title(f"{r.get('op')}/{r.get('algorithm')}, {size_text(r.get('size', 0))} per peer: "
                      f"peak/mean {worst:.2f}", fontsize=8)
-        ax.legend(fontsize=6, loc="upper right")
+        legend_outside(ax)
     axes[-1, 0].set_xlabel("seconds (from the first busy sample, minus 1)")
     axes[len(shown) // 2, 0].set_ylabel("data NIC MB/s (tx+rx)")
     fig.tight_layout()
@@ -292,8 +317,8 @@ def elastic_steps(records: list[Row], changes: list[list[Row]]) -> bytes | None:
     ax.set_xlabel("seconds since the job started (host clock)")
     ax.set_ylabel("ms per step (rank 0)")
     ax.set_title("Elastic training: time per step, and what happened")
-    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
+    legend_outside(ax)
     return _png(fig)
 
 

@@ -13,17 +13,22 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import jinja2
 from rxelab import ops, perftest
 
 from experiments import compression_report, counters, ddp_report, elastic_report, netem, plots
+from experiments import report_view as view
+from experiments.figure_style import size_text
 from experiments.report_summary import BACK_TO_BACK, peak_to_mean, summary_lines
 from experiments.run_facts import facts, how_nodes_ran, mpi_rdma_note, text
 from experiments.spec import contender, ranks
 
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
-def _md(text: str) -> str:
-    """Text with env values in it, for Markdown: no raw HTML gets through."""
-    return html.escape(text, quote=False)
+
+def _md(value: Any) -> str:
+    """A value in Markdown: no raw HTML gets through."""
+    return html.escape(str(value), quote=False)
 
 
 def load(results: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -102,7 +107,8 @@ def medians(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for rs in by_case.values():
         ranked = sorted(rs, key=lambda r: r["avg_us"])
-        out.append({**ranked[(len(ranked) - 1) // 2], "rounds": len(ranked)})
+        out.append({**ranked[(len(ranked) - 1) // 2], "rounds": len(ranked),
+                    "round_min_us": ranked[0]["avg_us"], "round_max_us": ranked[-1]["avg_us"]})
     return out
 
 
@@ -167,26 +173,10 @@ def seed_table(flat: list[dict[str, Any]]) -> tuple[list[int], list[tuple[str, l
         return [], []
     cells: dict[str, dict[int, float]] = defaultdict(dict)
     for r in flat:
-        cells[f"{r['contender']} {r['op']}/{r['algorithm']} {r['size']} B"][r["stages"]] = r["total_s"]
+        cells[f"{r['contender']} {r['op']}/{r['algorithm']} {size_text(r['size'])}"][r["stages"]] = \
+            r["total_s"]
     return stage_counts, [(name, [f"{by[n]:.2f}" if n in by else "-" for n in stage_counts])
                           for name, by in sorted(cells.items())]
-
-
-TABLE_COLS = [("contender", "contender"), ("op", "op"), ("algorithm", "algorithm"),
-              ("nodes", "nodes"), ("ranks", "ranks"), ("pairs", "pairs at once"), ("size", "Size"),
-              ("stages", "stages"), ("mode", "calls"), ("rounds", "rounds"), ("data", "data"),
-              ("network", "network"),
-              ("active_mtu", "RoCE MTU"), ("avg_us", "Avg Latency(us)"), ("min_us", "Min Latency(us)"),
-              ("max_us", "Max Latency(us)"), ("algbw", "algbw(MB/s)"), ("busbw", "busbw(MB/s)"),
-              ("link_pct", "% of link"),
-              ("wrong", "#wrong"), ("rxe_pkts", "rxe pkts"), ("retries", "rxe retries"),
-              ("status", "status")]
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.0f}" if abs(v) >= 1000 else f"{v:.2f}"
-    return "-" if v is None else str(v)
 
 
 def write(results: Path) -> tuple[Path, Path]:
@@ -196,6 +186,7 @@ def write(results: Path) -> tuple[Path, Path]:
     link_share(flat, rate)
     images = figures(flat, records, loads)
     summary = summary_lines(flat, records, loads)
+    sections = []
     scenario = elastic_report.load(results)
     if scenario:
         summary = [*elastic_report.summary_lines(scenario), *summary[1:]]
@@ -208,99 +199,54 @@ def write(results: Path) -> tuple[Path, Path]:
         if (png := ddp_report.figure(trained)) is not None:
             images = {"ddp.png": png, **images}
         el_head, el_rows = ddp_report.table(trained)
-    perf = [r for r in records if r["app"] == "perftest" and r.get("summary")]
-    title = f"rxelab report: {text(env.get('spec')) or results.name}"
-    fact_lines = facts(env, results) + ([rate_note] if rate_note else [])
-    note = how_nodes_ran(env)[1]
-    mpi_note = mpi_rdma_note(env)
-    for name, data in images.items():
-        (results / name).write_bytes(data)
-    counts, seed_rows = seed_table(flat)
-    # Markdown
-    md = [f"# {_md(title)}", "", *([f"> {_md(note)}", ""] if note else []),
-          *[f"- {_md(f)}" for f in fact_lines], "",
-          "## Summary", "", *[f"- {x}" for x in summary], ""]
     if el_rows:
-        heading = "DDP against Gloo" if trained else "Changes of members"
-        md += [f"## {heading}", "", "| " + " | ".join(el_head) + " |",
-               "|" + "---|" * len(el_head)]
-        md += ["| " + " | ".join(_md(c) for c in row) + " |" for row in el_rows]
-        md.append("")
-    if flat:
-        md += ["## Collectives", "", _md(mpi_note), "",
-               "| " + " | ".join(h for _, h in TABLE_COLS) + " |",
-               "|" + "---|" * len(TABLE_COLS)]
-        md += ["| " + " | ".join(_fmt(r[k]) for k, _ in TABLE_COLS) + " |" for r in flat]
+        sections.append({"heading": "DDP against Gloo" if trained else "Changes of members",
+                         "head": el_head, "rows": el_rows})
     coded = compression_report.table(flat)
     if coded:
-        md += ["", "## Compression", "", "| " + " | ".join(compression_report.HEAD) + " |",
-               "|" + "---|" * len(compression_report.HEAD)]
-        md += ["| " + " | ".join(_md(c) for c in row) + " |" for row in coded]
-    if seed_rows:
-        md += ["", "## Stages (total seconds)", "",
-               "| run | " + " | ".join(f"{n} stages" for n in counts) + " |",
-               "|---|" + "---|" * len(counts)]
-        md += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in seed_rows]
-    if perf:
-        md += ["", "## Link limit (perftest)", "", "| tool | size | result |", "|---|---|---|"]
-        md += [f"| {r['algorithm']} | {r['size']} | {_perf(r['summary'])} |" for r in perf]
-    md += ["", "## Plots", ""] + [f"![{n}]({n})" for n in images]
-    md_path = results / "report.md"
-    md_path.write_text("\n".join(md) + "\n")
-    # HTML, self-contained
-    esc = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>",
-             "<style>body{font-family:sans-serif;max-width:72em;margin:auto}table{border-collapse:"
-             "collapse;font-size:.75em}td,th{border:1px solid #ccc;padding:2px 4px;text-align:right}"
-             ".wide{overflow-x:auto}"
-             ".note{background:#fff4d6;padding:.5em}img{max-width:100%}</style></head><body>",
-             f"<h1>{esc(title)}</h1>" + (f"<p class='note'>{esc(note)}</p>" if note else "") + "<ul>",
-             *[f"<li>{esc(f)}</li>" for f in fact_lines], "</ul><h2>Summary</h2><ul>",
-             *[f"<li>{esc(x)}</li>" for x in summary], "</ul>"]
-    first = [n for n in ("ddp.png", "elastic.png", "stages.png", "loss.png", "pairs.png")
-             if n in images]
-    parts += [_img(n, images[n]) for n in first]  # the answer first, as a picture
-    if el_rows:
-        parts += [f"<h2>{'DDP against Gloo' if trained else 'Changes of members'}</h2>"
-                  "<div class='wide'><table><tr>",
-                  *[f"<th>{esc(h)}</th>" for h in el_head], "</tr>"]
-        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in el_rows]
-        parts.append("</table></div>")
-    if flat:
-        parts += ["<h2>Collectives</h2>", f"<p>{esc(mpi_note)}</p><div class='wide'><table><tr>",
-                  *[f"<th>{esc(h)}</th>" for _, h in TABLE_COLS], "</tr>"]
-        parts += ["<tr>" + "".join(f"<td>{esc(_fmt(r[k]))}</td>" for k, _ in TABLE_COLS)
-                  + "</tr>" for r in flat]
-        parts.append("</table></div>")
-    if coded:
-        parts += ["<h2>Compression</h2><div class='wide'><table><tr>",
-                  *[f"<th>{esc(h)}</th>" for h in compression_report.HEAD], "</tr>"]
-        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in coded]
-        parts.append("</table></div>")
-    if seed_rows:
-        parts.append("<h2>Stages (total seconds)</h2><table><tr><th>run</th>"
-                     + "".join(f"<th>{n} stages</th>" for n in counts) + "</tr>")
-        parts += ["<tr><th>" + esc(name) + "</th>" + "".join(f"<td>{c}</td>" for c in cells)
-                  + "</tr>" for name, cells in seed_rows]
-        parts.append("</table>")
-    if perf:
-        parts.append("<h2>Link limit (perftest)</h2><table><tr><th>tool</th><th>size</th>"
-                     "<th>result</th></tr>")
-        parts += [f"<tr><td>{esc(r['algorithm'])}</td><td>{r['size']}</td>"
-                  f"<td>{_perf(r['summary'])}</td></tr>" for r in perf]
-        parts.append("</table>")
-    parts.append("<h2>Plots</h2>")
-    parts += [_img(n, d) for n, d in images.items() if n not in first]
-    parts.append("</body></html>")
-    html_path = results / "report.html"
-    html_path.write_text("\n".join(parts))
+        sections.append({"heading": "Compression", "head": compression_report.HEAD, "rows": coded})
+    for name, data in images.items():
+        (results / name).write_bytes(data)
+    shared = view.constants(flat)
+    counts, seed_rows = seed_table(flat)
+    first = [n for n in ("ddp.png", "elastic.png", "stages.png", "loss.png", "pairs.png",
+                         "ratio-to-ucx.png") if n in images]
+    page = {
+        "title": f"rxelab report: {text(env.get('spec')) or results.name}",
+        "constants": [(head, value) for _, head, value in shared],
+        "headlines": view.headlines(flat, {k for k, _, _ in shared}),
+        "note": how_nodes_ran(env)[1], "sections": sections,
+        "tables": view.compact(flat, {k for k, _, _ in shared}),
+        "summary": summary, "facts": facts(env, results) + ([rate_note] if rate_note else []),
+        "seed": {"counts": counts, "rows": seed_rows} if seed_rows else None,
+        "perf": [(r["algorithm"], size_text(r["size"]), _perf(r["summary"]))
+                 for r in records if r["app"] == "perftest" and r.get("summary")],
+        "full": dict(zip(("head", "rows"), view.full_table(flat, {h for _, h, _ in shared}),
+                         strict=True)) if flat else None,
+        "mpi_note": mpi_rdma_note(env), "full_note": view.NOTE_FULL}
+    md_path, html_path = results / "report.md", results / "report.html"
+    md_path.write_text(_template("report.md.j2", markdown=True).render(
+        **page, images=bool(images), image_names=[*first, *(n for n in images if n not in first)]))
+    html_path.write_text(_template("report.html.j2").render(
+        **page, first_images=[(n, _data_uri(images[n])) for n in first],
+        images=[(n, _data_uri(d)) for n, d in images.items() if n not in first]))
     return html_path, md_path
+
+
+def _template(name: str, markdown: bool = False) -> jinja2.Template:
+    """HTML escapes every value; Markdown escapes what a renderer would read as HTML, and a
+    table cell its pipes."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True, autoescape=not markdown,
+                             finalize=_md if markdown else None)
+    env.filters["cell"] = lambda v: str(v).replace("|", "\\|")
+    return env.get_template(name)
 
 
 def _perf(s: dict[str, Any]) -> str:
     return f"{s['bw_MBps']:.2f} MB/s" if "bw_MBps" in s else f"{s['lat_us']:.1f} us"
 
 
-def _img(name: str, data: bytes) -> str:
-    return (f"<p><img alt='{html.escape(name)}' "
-            f"src='data:image/png;base64,{base64.b64encode(data).decode()}'></p>")
+def _data_uri(data: bytes) -> str:
+    return f"data:image/png;base64,{base64.b64encode(data).decode()}"

@@ -10,6 +10,7 @@ from typing import Any
 from rxelab import ops
 
 from experiments import compression_report, counters, netem
+from experiments.figure_style import ms_text, size_text
 from experiments.spec import contender
 
 BACK_TO_BACK = "back to back"  # how a case timed call by call is named
@@ -29,6 +30,16 @@ def peak_to_mean(samples: list[dict[str, Any]]) -> tuple[list[float], list[float
     busy = busy_samples(rates)
     ratio = max(busy) / (sum(busy) / len(busy)) if busy else 0.0
     return ts, rates, ratio
+
+
+MOVED_MBPS = 1.0  # a case's data NIC peak below this moved too little for its load to say much
+
+
+def load_moved(samples: list[dict[str, Any]]) -> bool:
+    """Whether the case moved enough on the data NIC for its load's shape to mean something:
+    a peak of at least MOVED_MBPS (a 1 KiB all-to-all's few KB sit below the launch's own
+    TCP chatter)."""
+    return max(peak_to_mean(samples)[1], default=0.0) >= MOVED_MBPS
 
 
 def busy_samples(rates: list[float]) -> list[float]:
@@ -56,24 +67,29 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
         lines.append(f"{len(mine)} {who} cases printed verified figures, then their job did not end "
                      f"well (kept; records' after_summary): {mine[0]['after_summary'][:160]}")
     done = [r for r in flat if r["status"] == "ok"]
-    for (op, nodes, size, stages, net, mtu, mode, data), rs in sorted(_groups(done).items(), key=str):
+    for (op, nodes, size, stages, net, mtu, mode, data), rs in sorted(
+            _groups(done).items(), key=lambda kv: tuple((0, x, "") if isinstance(x, (int, float))
+                                                        else (1, 0, str(x)) for x in kv[0])):
         if len(rs) < 2:
             continue
         rs = sorted(rs, key=lambda r: r["avg_us"])
         best, worst = rs[0], rs[-1]
         calls = f"{stages} calls back to back" if mode == BACK_TO_BACK else f"{stages} stages"
-        where = f"{op}, {nodes} nodes, {size} B {size_unit(op)}, {calls}" + \
+        where = f"{op}, {nodes} nodes, {size_text(size)} {size_unit(op)}, {calls}" + \
             (f", {data} data" if data != "pattern" else "") + \
             (f", {net}" if net != "none" else "") + (f", RoCE MTU {mtu}" if mtu != "-" else "")
-        text = (f"{where}: fastest {best['contender']} {best['algorithm']} ({best['avg_us']:.0f} us "
-                f"per call), {worst['avg_us'] / best['avg_us']:.1f}x faster than the slowest "
+        text = (f"{where}: fastest {best['contender']} {best['algorithm']} ({ms_text(best['avg_us'])} "
+                f"ms per call), {worst['avg_us'] / best['avg_us']:.1f}x faster than the slowest "
                 f"({worst['contender']} {worst['algorithm']})")
-        ours = min((r["avg_us"] for r in rs if r["contender"] == "rxelab"), default=None)
+        ours = min((r for r in rs if r["contender"] == "rxelab"), key=lambda r: r["avg_us"],
+                   default=None)
         ratios = []
         for rival in ("mpi-ucx", "mpi-tcp", "gloo"):
-            theirs = min((r["avg_us"] for r in rs if r["contender"] == rival), default=None)
-            if ours and theirs:
-                ratios.append(f"{ours / theirs:.2f}x {rival}'s time")
+            theirs = min((r for r in rs if r["contender"] == rival), key=lambda r: r["avg_us"],
+                         default=None)
+            if ours and theirs and theirs["avg_us"]:
+                ratios.append(f"{ours['avg_us'] / theirs['avg_us']:.2f}x {rival}'s time"
+                              + (" (inside the rounds' spread)" if overlap(ours, theirs) else ""))
         mine = [r for r in rs if r["contender"] == "rxelab"]  # sorted: the first is the best
         share = mine[0].get("link_pct") if mine else None
         rounds = f" (medians of {best['rounds']} rounds)" if best["rounds"] > 1 else ""
@@ -92,12 +108,21 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
     case_label = {r["case"]: f"{r['op']}/{r['algorithm']}" for r in records}
     ratios_by: dict[str, list[float]] = defaultdict(list)
     for entry in loads:
-        ratios_by[case_label.get(entry["case"], str(entry["case"]))].append(
-            peak_to_mean(entry["samples"])[2])
+        if load_moved(entry["samples"]):
+            ratios_by[case_label.get(entry["case"], str(entry["case"]))].append(
+                peak_to_mean(entry["samples"])[2])
     for label, peaks in sorted(ratios_by.items()):
         lines.append(f"Network load of {label}: peak-to-mean ratio {max(peaks):.2f} "
                      f"(worst node; lower is steadier).")
     return lines
+
+
+def overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two cases run in rounds have overlapping ranges of rounds: no real difference."""
+    if a.get("rounds", 1) < 2 or b.get("rounds", 1) < 2:
+        return False
+    return (a.get("round_min_us", a["avg_us"]) <= b.get("round_max_us", b["avg_us"])
+            and b.get("round_min_us", b["avg_us"]) <= a.get("round_max_us", a["avg_us"]))
 
 
 def size_unit(op: str) -> str:
@@ -149,7 +174,7 @@ def loss_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]]) -> lis
         elif clean:
             by_who[who].append(f"{net}: {row['avg_us'] / clean:.1f}x its clean time{extra}")
         else:
-            by_who[who].append(f"{net}: {row['avg_us'] / 1e3:.1f} ms per call{extra}")
+            by_who[who].append(f"{net}: {ms_text(row['avg_us'])} ms per call{extra}")
     worst = max((r["loss"] for r in flat if r["loss_only"]), default=0)
     at_worst = sorted((r["avg_us"] / base[k], f"{r['contender']} {r['algorithm']}")
                       for r in flat if r["loss_only"] and r["loss"] == worst and r["status"] == "ok"
@@ -162,7 +187,7 @@ def loss_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]]) -> lis
                      "retransmits selectively and fast: that is why RoCE fabrics are made lossless.")
     for who, parts in sorted(by_who.items(), key=str):
         data = f", {who[6]} data" if who[6] != "pattern" else ""
-        out.append(f"Under impairment, {who[0]} {who[2]}/{who[1]} ({who[3]} B {size_unit(who[2])}"
+        out.append(f"Under impairment, {who[0]} {who[2]}/{who[1]} ({size_text(who[3])} {size_unit(who[2])}"
                    f"{data}): "
                    + "; ".join(parts) + ".")
     return out

@@ -13,9 +13,8 @@ from typing import Any
 
 import jinja2
 import matplotlib.pyplot as plt
-import matplotlib.ticker
 
-from experiments.figure_style import MPI_ORDER, colour, png, size_text
+from experiments.figure_style import MPI_ORDER, colour, plain_log, png, size_text
 
 Row = dict[str, Any]
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "summary.md.j2"
@@ -43,13 +42,6 @@ def platform_text(kind: str, oversubscription: int) -> str:
     return f"fat tree {oversubscription}:1" if kind == "fat-tree" else kind
 
 
-def _plain(ax: Any) -> None:
-    """A log y axis labelled 0.1, 1, 60 rather than 10^-1, 6x10^1."""
-    formatter = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-    ax.yaxis.set_major_formatter(formatter)
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-
-
 def _log2_ranks(ax: Any, ranks: list[int]) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(ranks)
@@ -73,7 +65,7 @@ def time_figure(rows: list[Row]) -> bytes | None:
                     linestyle="--" if points[0]["source"] == "smpi" else "-")
         _log2_ranks(ax, sorted({r["ranks"] for r in rs}))
         ax.set_yscale("log")
-        _plain(ax)
+        plain_log(ax)
         ax.set_ylabel("ms per call (simulated)")
         ax.set_title(f"{collective} {size_text(size)}, {platform_text(kind, over)}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
@@ -111,7 +103,7 @@ def memory_figure(rows: list[Row]) -> bytes | None:
                     marker="o", markersize=3, color=_colour(name), label=name)
         _log2_ranks(ax, sorted({r["ranks"] for r in good}))
         ax.set_yscale("log")
-        _plain(ax)
+        plain_log(ax)
         ax.set_ylabel(what)
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_title(f"{collective} {size_text(size)}: pinned (slots + registered)", fontsize=9)

@@ -51,8 +51,16 @@ def test_rounds_give_each_case_its_median(results):
     assert all(r["avg_us"] == pytest.approx(once[r["case"]]) for r in two), "the lower middle"
     (results / "records.jsonl").write_text(
         "\n".join(json.dumps(r) for r in _rounds(records, [1.3, 1.0, 7.0])) + "\n")
+    assert all(r["round_min_us"] == pytest.approx(once[r["case"]]) and
+               r["round_max_us"] == pytest.approx(once[r["case"]] * 7.0) for r in flat), \
+        "each case keeps its rounds' range"
     md = report.write(results)[1].read_text()
-    assert "(medians of 3 rounds)" in md and md.count("| rxelab | alltoall | parallel |") == 2
+    assert "(medians of 3 rounds)" in md and md.count("| rxelab | parallel |") == 2
+    parallel_1k = next(r for r in flat if r["algorithm"] == "parallel" and r["size"] == 1024)
+    assert (parallel_1k["avg_us"], parallel_1k["round_min_us"], parallel_1k["round_max_us"]) == \
+        pytest.approx((87558, 67353, 471469), rel=1e-4), "the fixture's 67.35 ms, 1.3x and 7x"
+    assert "| rxelab | parallel | 1 KiB | 87.6 | 67.4-471 |" in md, \
+        "the full table shows each case's median round and the rounds' range, in ms"
 
 
 def test_share_of_the_link_and_the_ratio_to_ucx(results):

@@ -12,15 +12,15 @@ def test_summary_names_the_fastest_and_every_failure(results):
     lines = report.summary_lines(report.rows(records), records, loads)
     assert lines[0].startswith(f"{len(records) - 1} of {len(records)} cases")
     assert "not ok: rxelab sequential (wrong)" in lines[0]
-    assert any("fastest" in x and "262144 B per peer" in x for x in lines)
+    assert any("fastest" in x and "256 KiB per peer" in x for x in lines)
 
 
 def test_back_to_back_rows_are_compared_apart_from_stage_rows(results):
     records = report.load(results)[1]
     tight = [{**r, "case": r["case"] + 100, "tight": True} for r in records if r["app"] != "perftest"]
     lines = report.summary_lines(report.rows(records + tight), records + tight, [])
-    assert any("1024 B per peer, 3 calls back to back: fastest" in x for x in lines)
-    assert any("1024 B per peer, 3 stages: fastest" in x for x in lines)
+    assert any("1 KiB per peer, 3 calls back to back: fastest" in x for x in lines)
+    assert any("1 KiB per peer, 3 stages: fastest" in x for x in lines)
 
 
 def test_an_impaired_case_run_in_rounds_speaks_once_against_its_own_kind_of_clean_run(results):

@@ -1,0 +1,266 @@
+"""What the report shows, in the order a reader wants it, built once from the flat rows for both
+templates (report.html.j2, report.md.j2): the headline (per collective, the best rxelab
+algorithm against each contender as a ratio with the rounds' spread), compact tables (a row per
+size, contenders side by side), the constants every row shares, and the full table without
+them. A difference inside the rounds' spread is marked as such, never called a win."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from experiments.figure_style import ms_text, size_text
+
+Row = dict[str, Any]
+# what one compact table shares (its cases differ only in contender, algorithm and size)
+SETTING = ("op", "nodes", "ranks", "stages", "mode", "network", "active_mtu", "data", "compression")
+SETTING_LABELS = {"nodes": "{} nodes", "ranks": "{} ranks", "stages": "{} calls",
+                  "network": "network {}", "active_mtu": "RoCE MTU {}", "data": "{} data",
+                  "compression": "compression {}"}
+# the full table: (key, heading, how a value reads)
+FULL_COLUMNS: list[tuple[str, str, str]] = [
+    ("contender", "contender", "text"), ("op", "op", "text"), ("algorithm", "algorithm", "text"),
+    ("nodes", "nodes", "text"), ("ranks", "ranks", "text"), ("pairs", "pairs at once", "text"),
+    ("size", "size", "size"), ("stages", "calls", "text"), ("mode", "timed", "text"),
+    ("rounds", "rounds", "text"), ("data", "data", "text"), ("network", "network", "text"),
+    ("compression", "compression", "text"), ("active_mtu", "RoCE MTU", "text"),
+    ("avg_us", "ms per call", "ms"), ("spread", "rounds' range (ms)", "text"),
+    ("min_us", "fastest call (ms)", "ms"), ("max_us", "slowest call (ms)", "ms"),
+    ("algbw", "algbw (MB/s)", "num"), ("busbw", "busbw (MB/s)", "num"),
+    ("link_pct", "% of link", "num"), ("wrong", "#wrong", "text"), ("rxe_pkts", "rxe pkts", "text"),
+    ("retries", "rxe retries", "text"), ("status", "status", "text")]
+CONSTANT_KEYS = ("op", "nodes", "ranks", "pairs", "stages", "mode", "rounds", "data", "network",
+                 "compression", "active_mtu", "wrong", "status")
+NOTE_FULL = ("ms per call: the slowest rank's average over the calls of the median round; "
+             "fastest/slowest call: over those calls (the bench's own Min/Max Latency are over "
+             "ranks, as OSU's -f); rounds' range: the lowest and highest round's ms per call.")
+
+
+def series_name(r: Row) -> str:
+    k = f" k={r['pairs']}" if (r.get("pairs") or 1) > 1 else ""
+    return f"{r['contender']} {r['algorithm']}{k}"
+
+
+def spread(r: Row) -> tuple[float, float]:
+    """The lowest and highest round's time per call (us); a case of one round: its own."""
+    return r.get("round_min_us", r["avg_us"]), r.get("round_max_us", r["avg_us"])
+
+
+def range_text(r: Row) -> str:
+    lo, hi = spread(r)
+    return "-" if r.get("rounds", 1) < 2 else f"{ms_text(lo)}-{ms_text(hi)}"
+
+
+def _value(r: Row, key: str, how: str) -> str:
+    if key == "spread":
+        return range_text(r)
+    v = r.get(key)
+    if v is None or v == "":
+        return "-"
+    if how == "size":
+        return size_text(v)
+    if how == "ms":
+        return ms_text(v)
+    if how == "num" and isinstance(v, float):
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
+    return str(v)
+
+
+@dataclass
+class Cell:
+    text: str  # ms per call
+    range: str  # the rounds' range, or ""
+    best: bool = False
+    inside: bool = False  # its range overlaps the best's: no real difference
+
+
+@dataclass
+class Table:
+    title: str
+    series: list[str]
+    rows: list[tuple[str, list[Cell | None]]]  # (size, a cell per series)
+
+
+@dataclass
+class Rival:
+    name: str
+    ratio: float  # best rxelab's time over the rival's: geometric mean over sizes
+    low: float  # ...the lowest bound of the rounds' spread over those sizes
+    high: float
+    sizes: int
+    faster: int  # sizes where even the spread's worst case is faster
+    slower: int
+    words: str = ""
+
+
+@dataclass
+class Headline:
+    title: str
+    best: str  # the rxelab algorithm(s) that won, and where
+    rivals: list[Rival] = field(default_factory=list)
+    words: str = ""  # with no rival: how the algorithms stand
+
+
+def settings(flat: list[Row]) -> dict[tuple, list[Row]]:
+    out: dict[tuple, list[Row]] = defaultdict(list)
+    for r in flat:
+        out[tuple(r.get(k) for k in SETTING)].append(r)
+    return dict(sorted(out.items(), key=lambda kv: tuple(str(x) for x in kv[0])))
+
+
+def constants(flat: list[Row]) -> list[tuple[str, str, str]]:
+    """(key, heading, value) of every describing column that is the same on every row: said
+    once in the report's header, not in a column."""
+    if not flat:
+        return []
+    out = []
+    for key, head, how in FULL_COLUMNS:
+        if key not in CONSTANT_KEYS:
+            continue
+        values = {_value(r, key, how) for r in flat}
+        if len(values) == 1 and (value := values.pop()) != "-":
+            out.append((key, head, value))
+    return out
+
+
+def setting_title(key: tuple, shared: set[str]) -> str:
+    """The op and whatever of its setting is not already a constant of the whole run."""
+    values = dict(zip(SETTING, key, strict=True))
+    parts = [str(values["op"])]
+    for k in SETTING[1:]:
+        if k in shared or values[k] in (None, "-", "none", "pattern"):
+            continue
+        if k == "stages":
+            back = values["mode"] != "stages"
+            parts.append(f"{values[k]} calls {'back to back' if back else 'as stages'}")
+        elif k != "mode":
+            parts.append(SETTING_LABELS[k].format(values[k]))
+    return ", ".join(parts)
+
+
+def compact(flat: list[Row], shared: set[str]) -> list[Table]:
+    """Per setting: a row per size, a column per series, the best of each row marked and
+    those whose rounds overlap the best's marked as inside its spread."""
+    out = []
+    for key, rs in settings([r for r in flat if r["status"] == "ok"]).items():
+        names = sorted({series_name(r) for r in rs},
+                       key=lambda n: (not n.startswith("rxelab"), n))
+        by_size: dict[int, dict[str, Row]] = defaultdict(dict)
+        for r in rs:
+            by_size[r["size"]][series_name(r)] = r
+        rows = []
+        for size in sorted(by_size):
+            here = by_size[size]
+            best = min(here.values(), key=lambda r: r["avg_us"])
+            best_hi = spread(best)[1]
+            cells: list[Cell | None] = []
+            for n in names:
+                r = here.get(n)
+                if r is None:
+                    cells.append(None)
+                    continue
+                rng = range_text(r)
+                cells.append(Cell(ms_text(r["avg_us"]), "" if rng == "-" else rng, r is best,
+                                  r is not best and r.get("rounds", 1) > 1
+                                  and spread(r)[0] <= best_hi))
+            rows.append((size_text(size), cells))
+        out.append(Table(setting_title(key, shared), names, rows))
+    return out
+
+
+def _geo(xs: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+
+def headlines(flat: list[Row], shared: set[str]) -> list[Headline]:
+    """Per setting on a clean network: the best rxelab algorithm at each size against each
+    other contender's best there."""
+    out = []
+    for key, rs in settings([r for r in flat if r["status"] == "ok" and r["avg_us"] > 0]).items():
+        if dict(zip(SETTING, key, strict=True))["network"] not in ("none", None):
+            continue
+        ours = [r for r in rs if r["contender"] == "rxelab"]
+        if not ours:
+            continue
+        sizes = sorted({r["size"] for r in ours})
+        best = {s: min((r for r in ours if r["size"] == s), key=lambda r: r["avg_us"]) for s in sizes}
+        wins: dict[str, list[int]] = defaultdict(list)
+        for s, r in best.items():
+            wins[series_name(r).removeprefix("rxelab ")].append(s)
+        who = "; ".join(f"{name} at {_sizes(ss, len(sizes))}"
+                        for name, ss in sorted(wins.items(), key=lambda kv: -len(kv[1])))
+        h = Headline(setting_title(key, shared), who)
+        for rival in sorted({r["contender"] for r in rs} - {"rxelab"}):
+            pairs = []
+            for s in sizes:
+                theirs = [r for r in rs if r["contender"] == rival and r["size"] == s]
+                if theirs:
+                    pairs.append((s, best[s], min(theirs, key=lambda r: r["avg_us"])))
+            if pairs:
+                h.rivals.append(_rival(rival, pairs))
+        if not h.rivals:
+            h.words = _alone(ours, sizes)
+        out.append(h)
+    return out
+
+
+def _rival(name: str, pairs: list[tuple[int, Row, Row]]) -> Rival:
+    ratios, lows, highs, faster, slower = [], [], [], 0, 0
+    for _, mine, theirs in pairs:
+        (mlo, mhi), (tlo, thi) = spread(mine), spread(theirs)
+        ratios.append(mine["avg_us"] / theirs["avg_us"])
+        lows.append(mlo / thi)
+        highs.append(mhi / tlo)
+        faster += highs[-1] < 1
+        slower += lows[-1] > 1
+    rival = Rival(name, _geo(ratios), min(lows), max(highs), len(pairs), faster, slower)
+    n = len(pairs)
+    one_round = all(p[1].get("rounds", 1) < 2 and p[2].get("rounds", 1) < 2 for p in pairs)
+    if n == 1:
+        where = f"at {size_text(pairs[0][0])}"
+    else:
+        k_lo = min(range(n), key=ratios.__getitem__)
+        k_hi = max(range(n), key=ratios.__getitem__)
+        where = (f"geometric mean of {n} sizes, from {ratios[k_lo]:.2f}x at "
+                 f"{size_text(pairs[k_lo][0])} to {ratios[k_hi]:.2f}x at {size_text(pairs[k_hi][0])}")
+    if one_round:
+        verdict = "one round: no spread to judge by"
+    else:
+        inside = n - faster - slower
+        parts = [f"faster beyond the rounds' spread at {faster} of {n}" if faster else "",
+                 f"slower beyond it at {slower}" if slower else "",
+                 f"inside the spread (no real difference) at {inside}" if inside else ""]
+        verdict = "; ".join(p for p in parts if p) + (f" (rounds: {rival.low:.2f}x-"
+                                                      f"{rival.high:.2f}x)")
+    rival.words = f"{where}; {verdict}"
+    return rival
+
+
+def _alone(ours: list[Row], sizes: list[int]) -> str:
+    """With nothing to compare with: the best rxelab algorithm against the runner-up."""
+    parts = []
+    for s in sizes:
+        here = sorted((r for r in ours if r["size"] == s), key=lambda r: r["avg_us"])
+        if len(here) < 2:
+            continue
+        first, second = here[0], here[1]
+        inside = spread(second)[0] <= spread(first)[1] and first.get("rounds", 1) > 1
+        parts.append(f"{size_text(s)}: {first['algorithm']} {second['avg_us'] / first['avg_us']:.2f}x "
+                     f"faster than {second['algorithm']}" + (" (inside the spread)" if inside else ""))
+    return "; ".join(parts) or "one algorithm only"
+
+
+def _sizes(ss: list[int], total: int) -> str:
+    if len(ss) == total and total > 1:
+        return "every size"
+    return ", ".join(size_text(s) for s in ss)
+
+
+def full_table(flat: list[Row], shared_heads: set[str]) -> tuple[list[str], list[list[str]]]:
+    """Every case, without the columns the header states and those empty on every row."""
+    cols = [(k, h, how) for k, h, how in FULL_COLUMNS if h not in shared_heads
+            and any(_value(r, k, how) != "-" for r in flat)]
+    return [h for _, h, _ in cols], [[_value(r, k, how) for k, _, how in cols] for r in flat]

@@ -1,0 +1,86 @@
+"""What a reader sees first: per collective, the best rxelab algorithm against each contender
+as a ratio, judged by the rounds' spread (a difference inside it is said to be none); compact
+tables that mark the fastest and whatever is inside its spread; the run's constants said once."""
+
+import pytest
+
+from experiments import report_summary, report_view
+
+
+def row(contender, algorithm, size, ms, lo=None, hi=None, rounds=3, **kw):
+    r = {"contender": contender, "algorithm": algorithm, "op": "alltoall", "nodes": 3, "ranks": 3,
+         "stages": 50, "mode": "back to back", "network": "none", "active_mtu": 4096,
+         "data": "pattern", "compression": "none", "size": size, "avg_us": ms * 1e3,
+         "round_min_us": (lo if lo is not None else ms) * 1e3,
+         "round_max_us": (hi if hi is not None else ms) * 1e3, "rounds": rounds, "status": "ok",
+         "pairs": None, "case": 0, "round": 0, "wrong": 0, "loss": 0.0, "loss_only": True, "app": contender}
+    return {**r, **kw}
+
+
+RUN = [row("rxelab", "pairwise", 1024, 10, 9, 11), row("rxelab", "parallel", 1024, 12, 11, 13),
+       row("mpi-ucx", "mpi-default", 1024, 20, 18, 22),
+       row("rxelab", "pairwise", 1 << 20, 100, 90, 130), row("rxelab", "parallel", 1 << 20, 80, 70, 95),
+       row("mpi-ucx", "mpi-default", 1 << 20, 100, 85, 120)]
+
+
+def test_the_headline_ratio_is_the_best_rxelab_over_each_rival_judged_by_the_spread():
+    [h] = report_view.headlines(RUN, set())
+    assert h.best == "pairwise at 1 KiB; parallel at 1 MiB"
+    [ucx] = h.rivals
+    assert ucx.name == "mpi-ucx" and ucx.sizes == 2
+    assert ucx.ratio == pytest.approx((10 / 20 * 80 / 100) ** 0.5)
+    assert ucx.low == pytest.approx(9 / 22) and ucx.high == pytest.approx(95 / 85)
+    assert (ucx.faster, ucx.slower) == (1, 0), "1 KiB wins outright; 1 MiB's rounds overlap"
+    assert "faster beyond the rounds' spread at 1 of 2" in ucx.words
+    assert "inside the spread (no real difference) at 1" in ucx.words
+
+
+def test_a_loss_beyond_the_spread_is_called_slower():
+    run = [row("rxelab", "pairwise", 1024, 30, 29, 31), row("mpi-tcp", "mpi-default", 1024, 10, 9, 11)]
+    [h] = report_view.headlines(run, set())
+    assert (h.rivals[0].faster, h.rivals[0].slower) == (0, 1)
+    assert "slower beyond it at 1" in h.rivals[0].words and "at 1 KiB" in h.rivals[0].words
+
+
+def test_without_a_rival_the_headline_sets_the_algorithms_against_each_other():
+    [h] = report_view.headlines([r for r in RUN if r["contender"] == "rxelab"], set())
+    assert not h.rivals
+    assert "1 KiB: pairwise 1.20x faster than parallel" in h.words
+    assert "1 MiB: parallel 1.25x faster than pairwise (inside the spread)" in h.words
+
+
+def test_an_impaired_setting_gets_no_headline():
+    assert report_view.headlines([{**r, "network": "loss 1%"} for r in RUN], set()) == []
+
+
+def test_the_compact_table_marks_the_fastest_and_what_is_inside_its_spread():
+    [t] = report_view.compact(RUN, set())
+    assert t.series == ["rxelab pairwise", "rxelab parallel", "mpi-ucx mpi-default"]
+    (s1, small), (s2, big) = t.rows
+    assert (s1, s2) == ("1 KiB", "1 MiB"), "sizes in order, in binary units"
+    assert [c.best for c in small] == [True, False, False]
+    assert [c.inside for c in small] == [False, True, False], "parallel's 11-13 meets 9-11"
+    assert small[0].text == "10.0" and small[0].range == "9.00-11.0"
+    assert [c.best for c in big] == [False, True, False] and big[0].inside and big[2].inside
+
+
+def test_constants_are_said_once_and_the_full_table_drops_them_and_empty_columns():
+    shared = report_view.constants(RUN)
+    heads = {h for _, h, _ in shared}
+    assert {"op", "nodes", "RoCE MTU", "network", "rounds"} <= heads
+    assert "pairs at once" not in heads, "a column empty everywhere is not a constant"
+    head, rows = report_view.full_table(RUN, heads)
+    assert head[:4] == ["contender", "algorithm", "size", "ms per call"]
+    assert "pairs at once" not in head and "rxe pkts" not in head
+    assert rows[0][:5] == ["rxelab", "pairwise", "1 KiB", "10.0", "9.00-11.0"]
+
+
+def test_the_summary_orders_sizes_as_numbers_and_marks_a_ratio_inside_the_spread():
+    run = [row("rxelab", "pairwise", s, 10, 5, 40) for s in (1 << 20, 1024, 16384, 65536)] + \
+        [row("mpi-ucx", "mpi-default", s, 20, 15, 25) for s in (1 << 20, 1024, 16384, 65536)]
+    records = [{"status": "ok", "app": "rxelab", "transport": "tcp", "case": 0, "op": "alltoall",
+                "algorithm": "pairwise"}]
+    lines = report_summary.summary_lines(run, records, [])
+    sizes = [x.split(", ")[2] for x in lines if "fastest" in x]
+    assert sizes == ["1 KiB per peer", "16 KiB per peer", "64 KiB per peer", "1 MiB per peer"]
+    assert all("0.50x mpi-ucx's time (inside the rounds' spread)" in x for x in lines if "fastest" in x)
