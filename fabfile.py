@@ -2,7 +2,7 @@
 for machines you already have); the logic lives in experiments/, these tasks are its doors.
 
     fab deploy                         # lib/ and apps/ on every node; says what a node lacks
-    fab run-experiment [--spec smoke]  # deploy if needed, run a spec, collect results/
+    fab run-experiment [--spec smoke]  # deploy if needed, run a spec, collect results/, report
     fab report [--results DIR]         # HTML + Markdown report of the newest (or given) run
     fab simulate [--spec smoke]        # SimGrid predictions beyond the lab's size
     fab calibrate                      # measure the lab: the simulator's cost profile
@@ -20,7 +20,7 @@ import paramiko
 from fabric import task
 from invoke.exceptions import CommandTimedOut, Exit
 
-from experiments import about, ddp_report, elastic_report, fleet, runner
+from experiments import about, ddp_report, elastic_report, fleet, progress, runner
 from experiments import report as report_mod
 from experiments import spec as spec_mod
 from experiments.simulation import calibrate as sim_calibrate
@@ -90,15 +90,28 @@ def _interrupt(signum, frame):
             "inventory": "inventory file (default: the lab's)",
             "results": "where result directories go (default: results/)",
             "launcher": "how the ranks start: ssh (ours, mpirun) or srun (Slurm); default: the spec's",
-            "accept_new_host_keys": ACCEPT_NEW})
+            "accept_new_host_keys": ACCEPT_NEW,
+            "no_report": "do not write report.html/report.md at the end (`fab report` can later)"})
 def run_experiment(c, spec="smoke", inventory=None, results=None, launcher=None,
-                   accept_new_host_keys=False):
-    """Run an experiment spec on the nodes (deploys first) and keep its results."""
-    _run_spec(spec, inventory, results, launcher, accept_new_host_keys)
+                   accept_new_host_keys=False, no_report=False):
+    """Run a spec on the nodes (deploying first), keep its results and write its report."""
+    _run_spec(spec, inventory, results, launcher, accept_new_host_keys, not no_report)
+
+
+def _write_report(out: Path) -> bool:
+    """The run's report, said where it is; a report that cannot be written loses no result."""
+    try:
+        html_path, md_path = report_mod.write(out)
+    except (OSError, ValueError, KeyError) as err:
+        print(f"error: the report was not written ({err}); the results are kept: "
+              f"`fab report --results {out}` tries again")
+        return False
+    print(f"report: {html_path}\n        {md_path}")
+    return True
 
 
 def _run_spec(spec: str, inventory: str | None, results: str | None, launcher: str | None,
-              accept_new_host_keys: bool) -> Path:
+              accept_new_host_keys: bool, write_report: bool = False) -> Path:
     """run-experiment's work: the run's directory, or Exit with what went wrong."""
     # `kill` or a closed terminal ends a run as Ctrl-C does: partial results kept, the nodes
     # cleaned up (otherwise the remote ranks would run on until their own deadline)
@@ -124,7 +137,7 @@ def _run_spec(spec: str, inventory: str | None, results: str | None, launcher: s
         lab = LabState(lab_state) if lab_state else None
         lab_mtu = lab.load_config().mtu if lab and lab.config_file.exists() else None
         run = runner.Runner(chosen, inv, Path(results) if results else RESULTS, lab_mtu=lab_mtu,
-                            launcher=launcher)
+                            launcher=launcher, progress=progress.for_terminal)
         print(f"{chosen.name}: " + ("an elastic scenario" if chosen.elastic else
                                     "a DDP scenario" if chosen.ddp else
                                     f"{len(chosen.cases())} cases") + f" -> {run.dir}")
@@ -139,6 +152,8 @@ def _run_spec(spec: str, inventory: str | None, results: str | None, launcher: s
     except OSError as err:  # e.g. a full disk while writing the results
         raise Exit(f"error: {err}; partial results are kept", code=1) from None
     records = report_mod.load(out)[1]
+    if write_report:
+        _write_report(out)
     if chosen.elastic:
         wrong = elastic_report.problems(elastic_report.load(out))
         print(f"results: {out}" + (f" ({'; '.join(wrong)})" if wrong else ""))
@@ -184,8 +199,8 @@ def report(c, results=None):
         chosen = runs[-1]
     if not (chosen / "records.jsonl").exists():
         raise Exit(f"error: {chosen} is not a results directory", code=1)
-    html_path, md_path = report_mod.write(chosen)
-    print(f"report: {html_path}\n        {md_path}")
+    if not _write_report(chosen):
+        raise Exit(code=1)
 
 
 @task(help={"spec": "a simulation spec: a name from experiments/simulations/ or a .toml path",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from experiments import counters, netem
+from experiments.figure_style import ms_text, size_text
 from experiments.spec import contender
 
 
@@ -16,7 +17,8 @@ def label(case: dict[str, Any]) -> str:
                      f", MTU {case['mtu']}" if case.get("mtu") else "",
                      f", {netem.label(case['netem'])}" if any(case.get("netem", {}).values()) else ""])
     return (f"{contender(case)} {case['op']}/{case['algorithm']} {case['nodes']} nodes "
-            f"{case['size']} B x {case['stages']}{' back to back' if case.get('tight') else ''}{extra}")
+            f"{size_text(case['size'])} x {case['stages']}{' back to back' if case.get('tight') else ''}"
+            f"{extra}")
 
 
 def outcome(record: dict[str, Any]) -> str:
@@ -24,7 +26,7 @@ def outcome(record: dict[str, Any]) -> str:
     moved = counters.total(record.get("rxe", {}), "sent_pkts")
     pkts = f", {moved} rxe packets" if record.get("rxe") else ""
     if "avg_stage_us" in shown:
-        return f"{shown['avg_stage_us']:.0f} us/{'call' if shown.get('tight') else 'stage'}{pkts}"
+        return f"{ms_text(shown['avg_stage_us'])} ms/{'call' if shown.get('tight') else 'stage'}{pkts}"
     if shown:
         return f"{shown.get('bw_MBps', shown.get('lat_us', 0)):.2f}{pkts}"
     partial = record.get("partial")

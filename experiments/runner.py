@@ -30,6 +30,7 @@ from invoke.exceptions import CommandTimedOut
 
 from apps.stages import parse_output
 from experiments import caselog, commands, counters, ddp, elastic, fleet, netem, srun
+from experiments import progress as progress_mod
 from experiments.commands import TIMED_OUT, case_timeout
 from experiments.spec import LAUNCHERS, Spec
 from infra.inventory import Host, Inventory
@@ -41,7 +42,9 @@ NO_TORCH = "not run: no torch on these nodes (a lab built with EXTRAS=torch has 
 class Runner:
     def __init__(self, spec: Spec, inv: Inventory, results_root: Path, *,
                  say: Callable[[str], None] = print, lab_mtu: int | None = None,
-                 launcher: str | None = None) -> None:
+                 launcher: str | None = None,
+                 progress: Callable[[list[progress_mod.Step], int], progress_mod.Lines] | None = None
+                 ) -> None:
         if spec.max_nodes > len(inv.hosts):
             raise fleet.FleetError(f"spec {spec.name} needs {spec.max_nodes} nodes, the inventory "
                                    f"has {len(inv.hosts)}")
@@ -50,6 +53,8 @@ class Runner:
             raise fleet.FleetError(f"spec {spec.name} asks for MTU {max(too_big)}, the lab's data "
                                    f"network carries {lab_mtu} (make provision MTU=...)")
         self.spec, self.inv, self.say = spec, inv, say
+        # how the cases' progress is shown: plain lines through `say` unless told otherwise
+        self.progress = progress or (lambda steps, rounds: progress_mod.Lines(steps, rounds, say))
         self.launcher = launcher or spec.launcher  # how the ranks start: ssh or srun
         if self.launcher not in LAUNCHERS:
             raise fleet.FleetError(f"launcher {self.launcher!r}: must be one of {', '.join(LAUNCHERS)}")
@@ -102,16 +107,16 @@ class Runner:
                             for record in scenario(self).run():
                                 out.write(json.dumps(record) + "\n")
                                 out.flush()
-                for rnd, i, case in self._order(cases):
-                    self.say(f"[{i + 1}/{len(cases)}"
-                             + (f", round {rnd + 1}/{self.spec.rounds}" if self.spec.rounds > 1 else "")
-                             + f"] {caselog.label(case)}")
-                    record, load = self._case(head, i, case, rnd)
-                    records.write(json.dumps(record) + "\n")
-                    records.flush()
-                    for line in load:
-                        loads.write(json.dumps(line) + "\n")
-                    self.say(f"    {record['status']}: {caselog.outcome(record)}")
+                steps = self._order(cases)
+                with self.progress(steps, self.spec.rounds) as shown:
+                    for rnd, i, case in steps:
+                        shown.begin(i, rnd, case)
+                        record, load = self._case(head, i, case, rnd)
+                        records.write(json.dumps(record) + "\n")
+                        records.flush()
+                        for line in load:
+                            loads.write(json.dumps(line) + "\n")
+                        shown.end(i, record)
             state["complete"] = True
         except KeyboardInterrupt:
             self.say("interrupted: partial results kept, marked incomplete")
