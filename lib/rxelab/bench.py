@@ -37,6 +37,7 @@ from rxelab.perftest import command as perftest_command
 from rxelab.perftest import parse as parse_perftest
 
 MB = 1e6
+DEFAULT_SIZES = (1, 16, 1024, 16384, 65536, 262144, 1048576)
 
 
 def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int,
@@ -188,13 +189,58 @@ def preamble(comm: Any, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def sizes_list(text: str) -> list[int]:
+    """--sizes: comma-separated whole numbers of bytes."""
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated whole numbers of bytes, "
+                                         "e.g. 1024,65536") from None
+    if not sizes or any(s < 0 for s in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: at least one size, none below 0")
+    return sizes
+
+
+def size_range(text: str) -> tuple[int, int]:
+    """-m [MIN:]MAX as OSU's benchmarks take it."""
+    lo, _, hi = text.rpartition(":")
+    try:
+        low, high = (int(lo) if lo else -1), int(hi)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: [MIN:]MAX in bytes, e.g. 1024:1048576") from None
+    if high < 0 or (lo and not 0 <= low <= high):
+        raise argparse.ArgumentTypeError(f"{text!r}: 0 <= MIN <= MAX")
+    return low, high
+
+
+def powers(low: int, high: int) -> list[int]:
+    """OSU's sizes from MIN to MAX: MIN, then doubling (0 is followed by 1)."""
+    out, m = [], low
+    while m <= high:
+        out.append(m)
+        m = m * 2 if m else 1
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--op", choices=list(ops.COLLECTIVES), default="alltoall")
+    ap.add_argument("--op", choices=list(ops.COLLECTIVES), default="alltoall",
+                    help="the collective (default: alltoall)")
     ap.add_argument("--algorithms", default=None, help="comma-separated (default: all)")
-    ap.add_argument("--sizes", default="1,16,1024,16384,65536,262144,1048576")
-    ap.add_argument("--iterations", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=2)
+    sizes_group = ap.add_mutually_exclusive_group()
+    sizes_group.add_argument("--sizes", type=sizes_list, default=None,
+                             help="comma-separated sizes in bytes, as the op counts them (per "
+                                  "peer for all-to-all, the vector for allreduce; whole elements "
+                                  "of its dtype); default: 1,16,1024,16384,65536,262144,1048576 "
+                                  "(those that are whole elements)")
+    sizes_group.add_argument("-m", "--message-size", type=size_range, default=None,
+                             metavar="[MIN:]MAX",
+                             help="as OSU's -m: powers of two from MIN (default: one element) "
+                                  "to MAX bytes")
+    ap.add_argument("--iterations", type=int, default=10,
+                    help="timed calls per size (default 10; sizes above 64 KiB a quarter, at "
+                         "least 2)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
     settings.add_flags(ap, defaults={"timeout": 120.0})
     ap.add_argument("--perftest", action="store_true", help="add ib_write_bw/ib_send_bw rows")
     ap.add_argument("--overlap", action="store_true",
@@ -204,13 +250,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compression", choices=codecs.NAMES, default=None,
                     help="code rendezvous blocks (rxelab.codecs; fp16/bf16 for float sums only, "
                          "whose #wrong counts elements beyond the codec's bound)")
+    return ap
+
+
+def chosen_sizes(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
+    """The sizes to measure, each a whole number of the op's elements (else a usage error)."""
+    element = np.dtype(ops.COLLECTIVES[args.op].dtype).itemsize
+    if args.message_size is not None:
+        low, high = args.message_size
+        sizes = powers(element if low < 0 else low, high)
+    elif args.sizes is not None:
+        sizes = args.sizes
+    else:
+        sizes = [s for s in DEFAULT_SIZES if s % element == 0]
+    broken = [s for s in sizes if s % element]
+    if broken:
+        ap.error(f"{args.op} moves {np.dtype(ops.COLLECTIVES[args.op].dtype).name} elements of "
+                 f"{element} bytes: {', '.join(map(str, broken))} bytes is not a whole number of "
+                 "them")
+    if not sizes:
+        ap.error(f"no size up to {args.message_size[1]} bytes holds one {element}-byte element")
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     known = ops.COLLECTIVES[args.op].algorithms
     algos = args.algorithms.split(",") if args.algorithms else list(known)
     bad = [a for a in algos if a not in known]
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    if bad or any(s < 0 for s in sizes) or args.iterations < 1 or args.warmup < 0:
-        ap.error(f"unknown algorithms {bad}" if bad else "sizes, iterations and warm-up must be >= 0")
+    if bad:
+        ap.error(f"unknown algorithms {bad}: {args.op} has {', '.join(known)}")
+    if args.iterations < 1 or args.warmup < 0:
+        ap.error("--iterations must be >= 1 and --warmup >= 0")
+    sizes = chosen_sizes(ap, args)
     try:
         with rxelab.init(**{"timeout": 120.0, **settings.from_flags(args)}) as comm:
             out = None

@@ -1,0 +1,48 @@
+"""The benchmark's command line refuses what it cannot measure before it starts a rank: sizes
+that are not whole elements of the op's dtype, bad ranges, unknown algorithms; it takes OSU's
+-m [MIN:]MAX, and every flag says what it does."""
+
+import pytest
+
+from rxelab import bench
+
+
+def usage_error(capsys, *argv):
+    with pytest.raises(SystemExit) as stop:
+        bench.main(list(argv))
+    assert stop.value.code == 2, "a usage error, not a traceback or a run"
+    return capsys.readouterr().err
+
+
+def test_a_size_that_is_not_whole_elements_is_refused(capsys):
+    err = usage_error(capsys, "--op", "allreduce", "--sizes", "1,1024,6")
+    assert "allreduce moves float32 elements of 4 bytes: 1, 6 bytes is not a whole number" in err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--sizes", "1k"], "comma-separated whole numbers of bytes"),
+    (["--sizes", "-4"], "none below 0"),
+    (["-m", "8:4"], "0 <= MIN <= MAX"),
+    (["-m", "x"], "[MIN:]MAX in bytes"),
+    (["-m", "1:8", "--sizes", "4"], "not allowed with argument"),
+    (["--algorithms", "pairwise,fastest"], "unknown algorithms ['fastest']: alltoall has"),
+    (["--iterations", "0"], "--iterations must be >= 1"),
+    (["--op", "allreduce", "-m", "2"], "no size up to 2 bytes holds one 4-byte element")])
+def test_bad_flags_are_usage_errors_that_say_why(capsys, argv, said):
+    assert said in usage_error(capsys, *argv)
+
+
+def test_osu_style_ranges_are_powers_of_two_from_min_to_max():
+    ap = bench.parser()
+    sizes = lambda *argv: bench.chosen_sizes(ap, ap.parse_args(list(argv)))  # noqa: E731
+    assert sizes("-m", "1024:16384") == [1024, 2048, 4096, 8192, 16384]
+    assert sizes("-m", "0:4") == [0, 1, 2, 4]
+    assert sizes("--op", "allreduce", "-m", "16") == [4, 8, 16], "MIN defaults to one element"
+    assert sizes("--op", "allreduce") == [16, 1024, 16384, 65536, 262144, 1048576], \
+        "the default sizes keep only whole elements"
+    assert sizes("--sizes", "1,3") == [1, 3], "all-to-all counts bytes"
+
+
+def test_every_flag_has_help():
+    missing = [a.option_strings for a in bench.parser()._actions if not a.help]
+    assert missing == []
