@@ -3,7 +3,6 @@ that are not whole elements of the op's dtype, bad ranges, unknown algorithms; i
 -m [MIN:]MAX, and every flag says what it does."""
 
 import pytest
-
 from rxelab import bench
 
 
