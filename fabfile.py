@@ -20,7 +20,7 @@ import paramiko
 from fabric import task
 from invoke.exceptions import CommandTimedOut, Exit
 
-from experiments import about, ddp_report, elastic_report, fleet, progress, runner
+from experiments import about, ddp_report, did_you_mean, elastic_report, fleet, progress, runner
 from experiments import report as report_mod
 from experiments import spec as spec_mod
 from experiments.simulation import calibrate as sim_calibrate
@@ -38,6 +38,7 @@ from infra.ssh import accept_new_host_keys as accept_new
 from infra.state import LabState
 
 RESULTS = REPO / "results"
+did_you_mean.install_task_hints()  # "fab run-experimnt": Invoke's error names the closest task
 ACCEPT_NEW = ("trust SSH host keys of hosts seen for the first time and remember them "
               "(RXELAB_ACCEPT_NEW_HOST_KEYS=1); a changed key is always refused")
 
@@ -73,8 +74,10 @@ def _deploy(inv: inventory_mod.Inventory, hosts: list | None = None) -> None:
 @task(help={"inventory": "inventory file (default: the lab's)",
             "accept_new_host_keys": ACCEPT_NEW})
 def deploy(c, inventory=None, accept_new_host_keys=False):
-    """Put lib/ and apps/ in ~/rxelab on every node (idempotent) and check Python, numpy,
-    pyverbs, RDMA."""
+    """Install rxelab and its apps on every node, and check what they need.
+
+    Puts lib/ and apps/ in ~/rxelab on every node (idempotent) and checks Python, numpy,
+    pyverbs and the RDMA device."""
     inv, _ = _inventory(inventory, accept_new_host_keys)
     _deploy(inv)
 
@@ -189,7 +192,7 @@ def _run_spec(spec: str, inventory: str | None, results: str | None, launcher: s
 
 @task(help={"results": "a results directory (default: the newest in results/)"})
 def report(c, results=None):
-    """Write report.html and report.md (with plots) for a run."""
+    """Write report.html and report.md (with plots) of a run."""
     if results:
         chosen = Path(results)
     else:
@@ -206,8 +209,9 @@ def report(c, results=None):
 @task(help={"spec": "a simulation spec: a name from experiments/simulations/ or a .toml path",
             "results": "where result directories go (default: results/)"})
 def simulate(c, spec="smoke", results=None):
-    """Predict collectives beyond the lab's size: rxelab's own schedules and SMPI's MPI
-    algorithms on SimGrid platforms (no lab needed)."""
+    """Predict collectives beyond the lab's size with SimGrid (no lab needed).
+
+    Runs rxelab's own schedules and SMPI's MPI algorithms on SimGrid platforms."""
     try:
         chosen = sim_spec.load(spec)
         out = sim_run.write(chosen, Path(results) if results else RESULTS)
@@ -228,8 +232,9 @@ def simulate(c, spec="smoke", results=None):
             "accept_new_host_keys": ACCEPT_NEW})
 def calibrate(c, name="lab", measured=None, inventory=None, results=None,
               accept_new_host_keys=False):
-    """Measure the lab for the simulator (the calibrate spec: about 10 minutes) and write the
-    cost profile a simulation spec names."""
+    """Measure the lab's costs for the simulator (about 12 minutes).
+
+    Runs the calibrate spec and writes the cost profile a simulation spec names."""
     try:
         path = sim_spec.profile_path(sim_calibrate.check_name(name))
         if measured is None:
@@ -249,7 +254,9 @@ def calibrate(c, name="lab", measured=None, inventory=None, results=None,
                        "calls back to back)",
             "profile": "a calibrated profile's name or .json path (default: lab)"})
 def validate(c, results=None, profile="lab"):
-    """Predict every rxelab case of a lab run (calls back to back) from a calibrated profile,
+    """Set the simulator's predictions beside what a lab run took.
+
+    Predicts every rxelab case of a lab run (calls back to back) from a calibrated profile,
     without refitting, beside the lab's medians and spread (validation.md in the run's
     directory)."""
     try:
@@ -265,6 +272,6 @@ def validate(c, results=None, profile="lab"):
 @task(help={"inventory": "inventory file (default: the lab's)",
             "accept_new_host_keys": ACCEPT_NEW})
 def status(c, inventory=None, accept_new_host_keys=False):
-    """The nodes of the inventory and their RDMA port state."""
+    """Show the inventory's nodes and their RDMA port state."""
     inv, _ = _inventory(inventory, accept_new_host_keys)
     status_mod.show(status_mod.collect(inv))

@@ -18,6 +18,7 @@ from rxelab import ops
 from experiments.figure_style import legend_outside, plain_log, png, size_axis, size_text
 from experiments.figure_style import style as series_style
 from experiments.report_summary import load_moved
+from experiments.report_view import spread
 
 Row = dict[str, Any]
 _png = png
@@ -36,8 +37,8 @@ def _yerr(rows: list[Row], scale: float = 1.0) -> list[list[float]] | None:
     every row is of one round."""
     if all(r.get("rounds", 1) < 2 for r in rows):
         return None
-    return [[(r["avg_us"] - r.get("round_min_us", r["avg_us"])) / scale for r in rows],
-            [(r.get("round_max_us", r["avg_us"]) - r["avg_us"]) / scale for r in rows]]
+    return [[(r["avg_us"] - spread(r)[0]) / scale for r in rows],
+            [(spread(r)[1] - r["avg_us"]) / scale for r in rows]]
 
 
 def _by(rows: list[Row], *keys: str) -> dict[tuple, list[Row]]:
@@ -105,10 +106,8 @@ def ratio_to(flat: list[Row], rival: str) -> bytes | None:
             err = None
             if any(r.get("rounds", 1) > 1 for r in [*series, *base]):
                 # the ratio's spread: our fastest round over their slowest, and the reverse
-                err = [[y - r.get("round_min_us", r["avg_us"]) / b.get("round_max_us", b["avg_us"])
-                        for y, r, b in zip(ys, series, base, strict=True)],
-                       [r.get("round_max_us", r["avg_us"]) / b.get("round_min_us", b["avg_us"]) - y
-                        for y, r, b in zip(ys, series, base, strict=True)]]
+                err = [[y - spread(r)[0] / spread(b)[1] for y, r, b in zip(ys, series, base, strict=True)],
+                       [spread(r)[1] / spread(b)[0] - y for y, r, b in zip(ys, series, base, strict=True)]]
             ax.errorbar([r["size"] for r in series], ys, yerr=err, capsize=2,
                         label=" ".join(str(x) for x in label[:3]), **_style(series[0]))
         ax.axhline(1.0, color="grey", linestyle=":")

@@ -46,7 +46,8 @@ def series_name(r: Row) -> str:
 
 def spread(r: Row) -> tuple[float, float]:
     """The lowest and highest round's time per call (us); a case of one round: its own."""
-    return r.get("round_min_us", r["avg_us"]), r.get("round_max_us", r["avg_us"])
+    low, high = r.get("round_min_us"), r.get("round_max_us")
+    return (float(r["avg_us"] if low is None else low), float(r["avg_us"] if high is None else high))
 
 
 def range_text(r: Row) -> str:
@@ -158,14 +159,14 @@ def compact(flat: list[Row], shared: set[str]) -> list[Table]:
             best_hi = spread(best)[1]
             cells: list[Cell | None] = []
             for n in names:
-                r = here.get(n)
-                if r is None:
+                found = here.get(n)
+                if found is None:
                     cells.append(None)
                     continue
-                rng = range_text(r)
-                cells.append(Cell(ms_text(r["avg_us"]), "" if rng == "-" else rng, r is best,
-                                  r is not best and r.get("rounds", 1) > 1
-                                  and spread(r)[0] <= best_hi))
+                rng = range_text(found)
+                cells.append(Cell(ms_text(found["avg_us"]), "" if rng == "-" else rng,
+                                  found is best, found is not best and found.get("rounds", 1) > 1
+                                  and spread(found)[0] <= best_hi))
             rows.append((size_text(size), cells))
         out.append(Table(setting_title(key, shared), names, rows))
     return out

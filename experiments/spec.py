@@ -90,6 +90,7 @@ from pydantic.fields import FieldInfo
 from rxelab import ops
 from rxelab import settings as library
 
+from experiments import did_you_mean
 from experiments.spec_cases import Run, Spec, contender, ranks
 from experiments.spec_doc import (
     APPS,
@@ -168,7 +169,8 @@ def _problem(err: Any, doc: Any) -> str:
     """One line of a SpecError: where, then what is allowed there and what was found."""
     where = _where(err["loc"])
     if err["type"] == "extra_forbidden":
-        return f"{spell(where[:-1])}: unknown key {short(where[-1])}"
+        return (f"{spell(where[:-1])}: unknown key {short(where[-1])}"
+                + did_you_mean.unknown_key(SpecDoc, tuple(err["loc"])))
     if err["type"] == "spec":
         return f"{spell(where)}: {err['ctx']['what']}"
     what = _field(where).description or "must be a table"

@@ -32,6 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rxelab import ops
 
+from experiments import did_you_mean
 from experiments import spec as experiment_spec
 from experiments.simulation.platforms import KINDS
 from experiments.spec import SpecError
@@ -161,7 +162,9 @@ def parse(raw: Any, path: Path) -> Spec:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "spec"
-        raise SpecError(f"{path}: {where}: {first['msg']}") from None
+        hint = did_you_mean.unknown_key(Document, tuple(first["loc"])) \
+            if first["type"] == "extra_forbidden" else ""
+        raise SpecError(f"{path}: {where}: {first['msg']}{hint}") from None
     cases = []
     for run in doc.runs:
         c = ops.COLLECTIVES[run.collective]

@@ -1,0 +1,79 @@
+"""Suggestions for a misspelled name, wherever a user types one: a fab task or flag (Invoke says
+only "No idea what 'x' is!"), a key of a spec table. The closest known name, if one is close."""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel
+
+
+def hint(word: object, known: Iterable[str]) -> str:
+    """' (did you mean X?)' for the closest known name, or nothing."""
+    close = difflib.get_close_matches(str(word), list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds, alone or in a list, optional or annotated."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def keys_at(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
+    """The keys the table at `loc` (a validation error's location, the unknown key last) may
+    have: the fields of the model found by following loc's names from `model`."""
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        inner = _model_in(field.annotation) if field else None
+        if inner is None:
+            return []
+        model = inner
+    return list(model.model_fields)
+
+
+def unknown_key(model: type[BaseModel], loc: tuple[str | int, ...]) -> str:
+    return hint(loc[-1], keys_at(model, loc)) if loc else ""
+
+
+def install_task_hints() -> None:
+    """Invoke's "No idea what 'x' is!" for a task or flag, with the closest task or flag of the
+    loaded collection (fab loads the fabfile, which calls this, before it parses tasks)."""
+    from invoke.exceptions import ParseError
+    from invoke.program import Program
+
+    if getattr(Program.parse_tasks, "hinted", False):
+        return
+    parse_tasks = Program.parse_tasks
+
+    def hinted_parse_tasks(self: Program) -> None:
+        try:
+            parse_tasks(self)
+        except ParseError as err:
+            text = str(err)
+            prefix = "No idea what "
+            if not text.startswith(prefix) or self.collection is None:
+                raise
+            word = text[len(prefix):].removesuffix(" is!").strip("'\"")
+            names = list(self.collection.task_names)
+            for aliases in self.collection.task_names.values():
+                names += aliases
+            flags = sorted({f"--{a.name.replace('_', '-')}" for name in self.collection.task_names
+                            for a in self.collection[name].get_arguments()})
+            known = flags if word.startswith("-") else names
+            raise ParseError(f"{text}{hint(word, known)} (`fab --list` lists the tasks, "
+                             "`fab --help TASK` a task's flags)", getattr(err, "context", None)) \
+                from None
+
+    hinted_parse_tasks.hinted = True  # type: ignore[attr-defined]
+    Program.parse_tasks = hinted_parse_tasks  # type: ignore[method-assign]

@@ -1,0 +1,65 @@
+"""A careless user's typo gets the name they meant: a fab task or flag, a spec key; `fab --list`
+shows every task's whole first sentence."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fabfile
+from experiments import did_you_mean, spec_doc
+from experiments import spec as spec_mod
+from experiments.simulation import spec as sim_spec
+
+REPO = Path(__file__).resolve().parents[2]
+FAB = Path(sys.executable).parent / "fab"
+
+
+def fab(*argv):
+    return subprocess.run([str(FAB), *argv], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("argv, meant", [(["run-experimnt"], "'run-experiment'"),
+                                         (["simulat"], "'simulate'"),
+                                         (["report", "--reslts", "x"], "'--results'")])
+def test_a_misspelled_task_or_flag_names_the_closest(argv, meant):
+    done = fab(*argv)
+    assert done.returncode == 1
+    assert f"(did you mean {meant}?)" in done.stderr and "fab --list" in done.stderr
+
+
+def test_a_word_like_no_task_gets_no_guess():
+    done = fab("xyzzy")
+    assert done.returncode == 1 and "did you mean" not in done.stderr
+    assert "No idea what 'xyzzy' is!" in done.stderr
+
+
+def test_fab_list_shows_each_task_s_whole_first_sentence():
+    listed = " ".join(fab("--list").stdout.split())
+    tasks = [t for t in vars(fabfile).values() if type(t).__name__ == "Task"]
+    assert len(tasks) >= 7
+    for t in tasks:
+        first = t.__doc__.strip().split("\n\n")[0]
+        assert "\n" not in first and first.endswith("."), f"{t.name}: one line, one sentence"
+        assert " ".join(first.split()) in listed, t.name
+
+
+def test_a_misspelled_spec_key_names_the_closest(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\ndescription = "d"\n[[runs]]\napp = "rxelab"\nop = "alltoall"\n'
+                   'nodes = [2]\nsizes = [1024]\nalgoritms = ["pairwise"]\n')
+    with pytest.raises(spec_mod.SpecError, match=r"unknown key 'algoritms' \(did you mean 'algorithms'\?\)"):
+        spec_mod.load(str(bad))
+    sim = tmp_path / "sim.toml"
+    sim.write_text('name = "x"\ndescription = "d"\n[[runs]]\ncollective = "alltoall"\n'
+                   'ranks = [8]\nsizes = [1024]\nplatfrom = "cluster"\n')
+    with pytest.raises(sim_spec.SpecError, match=r"\(did you mean 'platform'\?\)"):
+        sim_spec.load(str(sim))
+
+
+def test_keys_are_looked_up_in_the_table_the_error_is_in():
+    assert "kill" in did_you_mean.keys_at(spec_doc.SpecDoc, ("elastic", "events", 0, "kil"))
+    assert "sizes" in did_you_mean.keys_at(spec_doc.SpecDoc, ("runs", 3, "sizs"))
+    assert did_you_mean.keys_at(spec_doc.SpecDoc, ("nowhere", "x")) == []
+    assert did_you_mean.hint("zzzz", ["sizes"]) == ""
