@@ -232,8 +232,9 @@ def _rival(name: str, pairs: list[tuple[int, Row, Row]]) -> Rival:
     else:
         inside = n - faster - slower
         parts = [f"faster beyond the rounds' spread at {faster} of {n}" if faster else "",
-                 f"slower beyond it at {slower}" if slower else "",
-                 f"inside the spread (no real difference) at {inside}" if inside else ""]
+                 f"slower beyond the rounds' spread at {slower} of {n}" if slower else "",
+                 f"inside the rounds' spread (no real difference) at {inside} of {n}"
+                 if inside else ""]
         verdict = "; ".join(p for p in parts if p) + (f" (rounds: {rival.low:.2f}x-"
                                                       f"{rival.high:.2f}x)")
     rival.words = f"{where}; {verdict}"

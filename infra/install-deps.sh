@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs fakeroot vde2 iproute2
               openssh-client python3-venv gpgv
               libsimgrid-dev g++)  # fab simulate: SimGrid (3.32 in Debian 12) and its replayer's compiler
-# the tests of rxelab.torch run against the distribution's torch (Debian 12: 1.13, the nodes')
-[ "${1:-}" = test ] && APT_PACKAGES+=(python3-torch)
+# the tests of rxelab.torch run against the distribution's torch (Debian 12: 1.13, the nodes');
+# the report's browser test renders it in the distribution's headless Chromium
+[ "${1:-}" = test ] && APT_PACKAGES+=(python3-torch chromium chromium-driver)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -32,14 +32,14 @@ def test_the_headline_ratio_is_the_best_rxelab_over_each_rival_judged_by_the_spr
     assert ucx.low == pytest.approx(9 / 22) and ucx.high == pytest.approx(95 / 85)
     assert (ucx.faster, ucx.slower) == (1, 0), "1 KiB wins outright; 1 MiB's rounds overlap"
     assert "faster beyond the rounds' spread at 1 of 2" in ucx.words
-    assert "inside the spread (no real difference) at 1" in ucx.words
+    assert "inside the rounds' spread (no real difference) at 1 of 2" in ucx.words
 
 
 def test_a_loss_beyond_the_spread_is_called_slower():
     run = [row("rxelab", "pairwise", 1024, 30, 29, 31), row("mpi-tcp", "mpi-default", 1024, 10, 9, 11)]
     [h] = report_view.headlines(run, set())
     assert (h.rivals[0].faster, h.rivals[0].slower) == (0, 1)
-    assert "slower beyond it at 1" in h.rivals[0].words and "at 1 KiB" in h.rivals[0].words
+    assert "slower beyond the rounds' spread at 1 of 1" in h.rivals[0].words and "at 1 KiB" in h.rivals[0].words
 
 
 def test_without_a_rival_the_headline_sets_the_algorithms_against_each_other():
