@@ -37,7 +37,7 @@ return {
 @pytest.fixture(scope="module")
 def browser():
     for path in (CHROMIUM, DRIVER):
-        assert path.exists(), f"{path}: `bash infra/install-deps.sh test` installs chromium and chromium-driver"
+        assert path.exists(), f"{path}: `bash infra/install-deps.sh test` installs it"
     options = Options()
     options.binary_location = str(CHROMIUM)
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",

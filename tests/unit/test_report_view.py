@@ -39,7 +39,8 @@ def test_a_loss_beyond_the_spread_is_called_slower():
     run = [row("rxelab", "pairwise", 1024, 30, 29, 31), row("mpi-tcp", "mpi-default", 1024, 10, 9, 11)]
     [h] = report_view.headlines(run, set())
     assert (h.rivals[0].faster, h.rivals[0].slower) == (0, 1)
-    assert "slower beyond the rounds' spread at 1 of 1" in h.rivals[0].words and "at 1 KiB" in h.rivals[0].words
+    words = h.rivals[0].words
+    assert "slower beyond the rounds' spread at 1 of 1" in words and "at 1 KiB" in words
 
 
 def test_without_a_rival_the_headline_sets_the_algorithms_against_each_other():
