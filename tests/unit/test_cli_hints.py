@@ -63,3 +63,29 @@ def test_keys_are_looked_up_in_the_table_the_error_is_in():
     assert "sizes" in did_you_mean.keys_at(spec_doc.SpecDoc, ("runs", 3, "sizs"))
     assert did_you_mean.keys_at(spec_doc.SpecDoc, ("nowhere", "x")) == []
     assert did_you_mean.hint("zzzz", ["sizes"]) == ""
+
+
+def test_a_report_that_cannot_be_written_keeps_the_results_and_says_how_to_retry(tmp_path, capsys):
+    run = tmp_path / "20261127-000000-x"
+    run.mkdir()
+    (run / "records.jsonl").write_text("{}\n")  # no environment.json, a record with nothing
+    kept = sorted(p.name for p in run.iterdir())
+    assert fabfile._write_report(run) is False
+    said = capsys.readouterr().out
+    assert "error: the report was not written" in said
+    assert f"fab report --results {run}" in said
+    assert sorted(p.name for p in run.iterdir()) == kept, "the results untouched"
+
+
+def test_every_row_of_the_experiments_failure_table_names_tests_that_exist():
+    import re
+    text = (REPO / "README.md").read_text()
+    table = text.split("#### When things go wrong (running experiments)", 1)[1].split("\n\n", 2)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) >= 4
+    sources = "".join(p.read_text() for p in (REPO / "tests").rglob("test_*.py"))
+    for row in rows:
+        names = re.findall(r"`(test_\w+)`", row.rsplit("|", 2)[1])
+        assert names, row
+        for name in names:
+            assert f"def {name}(" in sources, name
