@@ -71,6 +71,9 @@ def colour(algorithm: str, contender: str = "rxelab") -> Any:
 
 def style(contender: str, algorithm: str) -> dict[str, Any]:
     """Keyword arguments for ax.plot/ax.errorbar of a series."""
+    if contender.startswith("rxelab-"):  # a variant of ours (rxelab-eager0): its colour, dotted
+        return {"color": colour(algorithm), "linestyle": (0, (3, 1, 1, 1, 1, 1)), "marker": "^",
+                "markersize": 5, "markerfacecolor": "none"}
     return {"color": colour(algorithm, contender), "linestyle": LINESTYLE.get(contender, "-"),
             "marker": "o" if contender == "rxelab" else "s", "markersize": 4}
 

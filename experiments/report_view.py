@@ -44,6 +44,11 @@ def series_name(r: Row) -> str:
     return f"{r['contender']} {r['algorithm']}{k}"
 
 
+def ours_(r: Row) -> bool:
+    """rxelab's own rows, its variants too (rxelab-eager0: rendezvous only; rxelab-zstd)."""
+    return str(r["contender"]).startswith("rxelab")
+
+
 def spread(r: Row) -> tuple[float, float]:
     """The lowest and highest round's time per call (us); a case of one round: its own."""
     low, high = r.get("round_min_us"), r.get("round_max_us")
@@ -183,7 +188,7 @@ def headlines(flat: list[Row], shared: set[str]) -> list[Headline]:
     for key, rs in settings([r for r in flat if r["status"] == "ok" and r["avg_us"] > 0]).items():
         if dict(zip(SETTING, key, strict=True))["network"] not in ("none", None):
             continue
-        ours = [r for r in rs if r["contender"] == "rxelab"]
+        ours = [r for r in rs if ours_(r)]
         if not ours:
             continue
         sizes = sorted({r["size"] for r in ours})
@@ -194,7 +199,7 @@ def headlines(flat: list[Row], shared: set[str]) -> list[Headline]:
         who = "; ".join(f"{name} at {_sizes(ss, len(sizes))}"
                         for name, ss in sorted(wins.items(), key=lambda kv: -len(kv[1])))
         h = Headline(setting_title(key, shared), who)
-        for rival in sorted({r["contender"] for r in rs} - {"rxelab"}):
+        for rival in sorted({r["contender"] for r in rs if not ours_(r)}):
             pairs = []
             for s in sizes:
                 theirs = [r for r in rs if r["contender"] == rival and r["size"] == s]

@@ -43,3 +43,9 @@ def test_a_size_axis_is_log2_and_labelled_in_binary_units():
     assert labels == ["1 KiB", "4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB"]
     assert ax.get_xscale() == "log"
     assert fs.png(fig)[:4] == b"\x89PNG"
+
+
+def test_a_variant_of_rxelab_keeps_its_algorithm_s_colour_but_not_its_line():
+    ours, variant = fs.style("rxelab", "parallel"), fs.style("rxelab-eager0", "parallel")
+    assert ours["color"] == variant["color"]
+    assert (ours["linestyle"], ours["marker"]) != (variant["linestyle"], variant["marker"])

@@ -85,3 +85,10 @@ def test_the_summary_orders_sizes_as_numbers_and_marks_a_ratio_inside_the_spread
     sizes = [x.split(", ")[2] for x in lines if "fastest" in x]
     assert sizes == ["1 KiB per peer", "16 KiB per peer", "64 KiB per peer", "1 MiB per peer"]
     assert all("0.50x mpi-ucx's time (inside the rounds' spread)" in x for x in lines if "fastest" in x)
+
+
+def test_a_variant_of_rxelab_is_ours_not_a_rival():
+    run = RUN + [row("rxelab-eager0", "parallel", 1024, 8, 7.5, 8.5)]
+    [h] = report_view.headlines(run, set())
+    assert [r.name for r in h.rivals] == ["mpi-ucx"]
+    assert h.best.startswith("rxelab-eager0 parallel at 1 KiB")
