@@ -23,6 +23,8 @@
 #include <simgrid/s4u.hpp>
 
 #include <algorithm>
+#include <deque>
+#include <mutex>  // std::unique_lock over s4u::Mutex
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -51,8 +53,54 @@ static std::vector<double> ended;
  * the rank next waits for anything, as the library polls completions only then). */
 static std::vector<double> peak_inflight;
 static std::vector<char> unclaimed;  // a rank that ended with messages nobody waited for
+// messages sent to each rank and waited for by it: a porter's send still on its way when the
+// ranks end is cancelled with the porter, so the mailbox alone cannot tell
+static std::vector<long long> sent_to, claimed;
 
 static double flops_per_second = 1e9;
+
+/* Sends nobody waits for leave through porters. SimGrid 3.32 keeps every activity an actor
+ * takes part in on a list it scans whole whenever one of them ends (std::list::remove, in
+ * CommImpl::finish and ExecImpl::post), and a detached send stays on its sender's list (and its
+ * receiver's) until it arrives: a parallel all-to-all, every rank sending to all p - 1 peers at
+ * once, made every arrival and every CPU step cost O(p), the call O(p^3) with a cache miss per
+ * step. Instead a rank hands such a send to one of its PORTERS, actors on its host that post
+ * it at the same simulated instant and hold it (not detached) until a test finds it arrived;
+ * the rank's own list stays short, and each porter's holds at most p / PORTERS sends. The
+ * simulated times are the same to the last digit (p = 16, 256, 512 checked against the
+ * detached version); the parallel all-to-all at p = 512 went from about 60 s to 20 s. */
+struct Job {
+  sg4::Mailbox* to;
+  unsigned long long* payload;
+  uint64_t wire;
+};
+struct Porter {
+  std::deque<Job> jobs;
+  bool idle = false;
+  sg4::ConditionVariablePtr bell;
+  sg4::MutexPtr lock;
+};
+static std::vector<std::vector<Porter>> porters;
+static const int PORTERS = 4;  // per rank (more only added actors: 8 was slower than 4 at p = 512)
+
+static void porter_main(int r, int k)
+{
+  Porter& me = porters[r][k];
+  std::deque<sg4::CommPtr> posted;
+  std::unique_lock<sg4::Mutex> hold(*me.lock);
+  for (;;) {
+    while (me.jobs.empty()) {
+      me.idle = true;
+      me.bell->wait(hold);
+    }
+    me.idle = false;
+    Job job = me.jobs.front();
+    me.jobs.pop_front();
+    posted.push_back(job.to->put_async(job.payload, job.wire));
+    while (!posted.empty() && posted.front()->test())
+      posted.pop_front();
+  }
+}
 
 static void work(double seconds)
 {
@@ -74,6 +122,7 @@ static void rank_main(int r)
         work(m.cpu);
         double counted = m.data ? m.bytes : 0;  // as the library counts: blocks, not control
         sent_bytes.push_back(counted);
+        sent_to[m.peer]++;
         inflight += counted;
         if (!m.waited)
           unwaited += counted;
@@ -87,7 +136,10 @@ static void rank_main(int r)
           sends.push_back(to->put_async(payload, wire));
         } else {
           sends.push_back(nullptr);
-          to->put_init(payload, wire)->detach();
+          Porter& porter = porters[r][m.peer % PORTERS];
+          porter.jobs.push_back({to, payload, wire});
+          if (porter.idle)
+            porter.bell->notify_one();
         }
         break;
       }
@@ -101,6 +153,7 @@ static void rank_main(int r)
         }
         if (--it->second == 0)
           arrived.erase(it);
+        claimed[r]++;
         inflight -= unwaited;
         unwaited = 0;
         work(m.cpu);
@@ -140,6 +193,8 @@ static void read_trace(const char* path, int& hosts, int& per)
   ended.assign(p, -1.0);
   peak_inflight.assign(p, 0.0);
   unclaimed.assign(p, 0);
+  sent_to.assign(p, 0);
+  claimed.assign(p, 0);
   std::vector<char> seen(p, 0);
   for (int n = 0; n < p; n++) {
     int r;
@@ -191,6 +246,8 @@ static void read_trace(const char* path, int& hosts, int& per)
 int main(int argc, char** argv)
 {
   sg4::Engine e(&argc, argv);
+  // 5 actors per rank: 8 MiB stacks each (the default) would be 40 GiB of mappings at p = 1024
+  sg4::Engine::set_config("contexts/stack-size:256");
   if (argc != 3) {
     std::cerr << "usage: " << argv[0] << " platform.xml trace.txt [--cfg=...]\n";
     return 2;
@@ -203,6 +260,7 @@ int main(int argc, char** argv)
     std::cerr << "error: " << err.what() << "\n";
     return 2;
   }
+  porters.resize(moves.size());
   e.load_platform(argv[1]);
   for (int r = 0; r < (int)moves.size(); r++) {
     sg4::Host* host = e.host_by_name_or_null("h" + std::to_string(r / per));
@@ -211,6 +269,13 @@ int main(int argc, char** argv)
       return 2;
     }
     sg4::Actor::create("rank" + std::to_string(r), host, rank_main, r);
+    porters[r].resize(PORTERS);
+    for (int k = 0; k < PORTERS; k++) {
+      porters[r][k].bell = sg4::ConditionVariable::create();
+      porters[r][k].lock = sg4::Mutex::create();
+      sg4::Actor::create("porter" + std::to_string(r) + "." + std::to_string(k), host, porter_main, r, k)
+          ->daemonize();
+    }
   }
   e.run();
   for (size_t r = 0; r < ended.size(); r++)
@@ -219,7 +284,7 @@ int main(int argc, char** argv)
       return 3;
     }
   for (size_t r = 0; r < unclaimed.size(); r++)
-    if (unclaimed[r] || !sg4::Mailbox::by_name("r" + std::to_string(r))->empty()) {
+    if (unclaimed[r] || sent_to[r] != claimed[r]) {
       std::fprintf(stderr, "error: rank %zu ended with messages it never waited for\n", r);
       return 3;
     }
