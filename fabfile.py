@@ -105,7 +105,7 @@ def _write_report(out: Path) -> bool:
     """The run's report, said where it is; a report that cannot be written loses no result."""
     try:
         html_path, md_path = report_mod.write(out)
-    except (OSError, ValueError, KeyError) as err:
+    except Exception as err:
         print(f"error: the report was not written ({err}); the results are kept: "
               f"`fab report --results {out}` tries again")
         return False

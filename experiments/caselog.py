@@ -28,7 +28,8 @@ def outcome(record: dict[str, Any]) -> str:
     if "avg_stage_us" in shown:
         return f"{ms_text(shown['avg_stage_us'])} ms/{'call' if shown.get('tight') else 'stage'}{pkts}"
     if shown:
-        return f"{shown.get('bw_MBps', shown.get('lat_us', 0)):.2f}{pkts}"
+        return (f"{shown['bw_MBps']:.2f} MB/s{pkts}" if "bw_MBps" in shown
+                else f"{shown.get('lat_us', 0):.2f} us{pkts}")
     partial = record.get("partial")
     done = f" ({partial['stages_done']} stages done)" if partial else ""
     return record.get("error", "")[:200] + done

@@ -13,8 +13,9 @@ from pydantic import BaseModel
 
 def hint(word: object, known: Iterable[str]) -> str:
     """' (did you mean X?)' for the closest known name, or nothing."""
-    close = difflib.get_close_matches(str(word), list(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    names = {k.lstrip("-"): k for k in known}  # a flag's dashes are not what was misspelled
+    close = difflib.get_close_matches(str(word).lstrip("-"), list(names), n=1, cutoff=0.6)
+    return f" (did you mean {names[close[0]]!r}?)" if close else ""
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
@@ -65,12 +66,15 @@ def install_task_hints() -> None:
             if not text.startswith(prefix) or self.collection is None:
                 raise
             word = text[len(prefix):].removesuffix(" is!").strip("'\"")
-            names = list(self.collection.task_names)
-            for aliases in self.collection.task_names.values():
-                names += aliases
-            flags = sorted({f"--{a.name.replace('_', '-')}" for name in self.collection.task_names
-                            for a in self.collection[name].get_arguments()})
-            known = flags if word.startswith("-") else names
+            if word.startswith("-"):  # the flags of the task it came after, and fab's own
+                context = getattr(err, "context", None)
+                known = [*(context.flags if context is not None else []),
+                         *self.initial_context.flags]
+            else:
+                known = list(self.collection.task_names)
+                for aliases in self.collection.task_names.values():
+                    known += aliases
+            known = [k for k in known if k != word]
             raise ParseError(f"{text}{hint(word, known)} (`fab --list` lists the tasks, "
                              "`fab --help TASK` a task's flags)", getattr(err, "context", None)) \
                 from None

@@ -31,12 +31,12 @@ LINESTYLE = {"rxelab": "-", "mpi-ucx": "--", "smpi": "--", "mpi-tcp": ":", "gloo
 
 
 def size_text(n: float) -> str:
-    """Bytes as a person reads them: 1 KiB, 64 KiB, 1 MiB, 1.5 KiB, 100 B."""
+    """Bytes as a person reads them: 1 KiB, 64 KiB, 1 MiB, 1.5 KiB, 1.001 KiB, 1023 KiB, 100 B."""
     n = int(n)
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n >= 1 << shift:
             value = n / (1 << shift)
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.3g} {unit}"
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.4g} {unit}"
     return f"{n} B"
 
 
@@ -45,12 +45,9 @@ def ms_text(us: float | None) -> str:
     if us is None or not math.isfinite(us):
         return "-"
     ms = us / 1e3
-    if ms >= 100:
-        return f"{ms:.0f}"
-    if ms >= 10:
-        return f"{ms:.1f}"
-    if ms >= 1:
-        return f"{ms:.2f}"
+    for limit, digits in ((99.95, 0), (9.995, 1), (0.9995, 2)):
+        if abs(ms) >= limit:
+            return f"{ms:.{digits}f}"
     return f"{ms:.3g}"
 
 

@@ -89,7 +89,8 @@ def ratio_to(flat: list[Row], rival: str) -> bytes | None:
     """Each contender's time per call over the rival's (mpi-ucx) at the same size, op, nodes,
     network, MTU and way of calling: below 1 is faster. One panel per op."""
     theirs = {(r["op"], r["nodes"], r["network"], r["active_mtu"], r["mode"], r["size"]): r
-              for r in flat if r["contender"] == rival and r["status"] == "ok"}
+              for r in flat if r["contender"] == rival and r["status"] == "ok"
+              and r["avg_us"] > 0 and spread(r)[0] > 0}
     mine = [r for r in flat if r["contender"] != rival and r["status"] == "ok" and theirs.get(
         (r["op"], r["nodes"], r["network"], r["active_mtu"], r["mode"], r["size"]))]
     by_op = _by(mine, "op")

@@ -101,10 +101,12 @@ class Bar(Lines):
                  now: Callable[[], float] = time.monotonic) -> None:
         self.console = console or Console(highlight=False)
         super().__init__(steps, rounds, lambda s: self.console.print(s, markup=False), now)
-        self.progress = Progress(TextColumn("{task.fields[where]}"), BarColumn(bar_width=24),
-                                 TimeElapsedColumn(), TextColumn("{task.fields[left]}"),
-                                 TextColumn("{task.description}"), console=self.console,
-                                 transient=True)
+        # markup=False: a case's label or error text ("[rank 0] ...") is text, not rich markup
+        self.progress = Progress(TextColumn("{task.fields[where]}", markup=False),
+                                 BarColumn(bar_width=24), TimeElapsedColumn(),
+                                 TextColumn("{task.fields[left]}", markup=False),
+                                 TextColumn("{task.description}", markup=False),
+                                 console=self.console, transient=True)
         self.task = self.progress.add_task("", total=len(steps), where="", left="")
         self.last = ""
 

@@ -27,8 +27,10 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 def _md(value: Any) -> str:
-    """A value in Markdown: no raw HTML gets through."""
-    return html.escape(str(value), quote=False)
+    """A value in Markdown: no raw HTML, link, image or heading gets through (a value from the
+    results is text: its line breaks become spaces, its brackets stay brackets)."""
+    text = html.escape(str(value), quote=False)
+    return text.replace("[", "\\[").replace("]", "\\]").replace("\n", " ")
 
 
 def load(results: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -99,14 +101,16 @@ SAME_CASE = ("case", "contender", "op", "algorithm", "nodes", "ranks", "pairs", 
 
 def medians(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per case: of a case run in several rounds, the round with the median time (the
-    lower middle of an even count), which says how many rounds it is the median of. Rows of
-    one round are each their own median."""
+    lower middle of an even count) among its rounds that ended ok (all of them when none did),
+    which says how many rounds it is the median of and their range. Rows of one round are
+    each their own median."""
     by_case: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for r in flat:  # a case's number, and what it is (records put together by hand keep apart)
         by_case[tuple(r[k] for k in SAME_CASE)].append(r)
     out = []
     for rs in by_case.values():
-        ranked = sorted(rs, key=lambda r: r["avg_us"])
+        good = [r for r in rs if r["status"] == "ok"]  # a round that ran out of time is no peer
+        ranked = sorted(good or rs, key=lambda r: r["avg_us"])
         out.append({**ranked[(len(ranked) - 1) // 2], "rounds": len(ranked),
                     "round_min_us": ranked[0]["avg_us"], "round_max_us": ranked[-1]["avg_us"]})
     return out
@@ -240,8 +244,13 @@ def _template(name: str, markdown: bool = False) -> jinja2.Template:
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True, autoescape=not markdown,
                              finalize=_md if markdown else None)
-    env.filters["cell"] = lambda v: str(v).replace("|", "\\|")
+    env.filters["cell"] = _cell
     return env.get_template(name)
+
+
+def _cell(value: Any) -> str:
+    """A Markdown table cell: one line, its backslashes and pipes escaped."""
+    return " ".join(str(value).replace("\\", "\\\\").replace("|", "\\|").split())
 
 
 def _perf(s: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from rxelab import ops
 
 from experiments import compression_report, counters, netem
 from experiments.figure_style import ms_text, size_text
+from experiments.report_view import order, ours_, overlap
 from experiments.spec import contender
 
 BACK_TO_BACK = "back to back"  # how a case timed call by call is named
@@ -68,8 +69,7 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
                      f"well (kept; records' after_summary): {mine[0]['after_summary'][:160]}")
     done = [r for r in flat if r["status"] == "ok"]
     for (op, nodes, size, stages, net, mtu, mode, data), rs in sorted(
-            _groups(done).items(), key=lambda kv: tuple((0, x, "") if isinstance(x, (int, float))
-                                                        else (1, 0, str(x)) for x in kv[0])):
+            _groups(done).items(), key=lambda kv: order(kv[0])):
         if len(rs) < 2:
             continue
         rs = sorted(rs, key=lambda r: r["avg_us"])
@@ -81,8 +81,7 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
         text = (f"{where}: fastest {best['contender']} {best['algorithm']} ({ms_text(best['avg_us'])} "
                 f"ms per call), {worst['avg_us'] / best['avg_us']:.1f}x faster than the slowest "
                 f"({worst['contender']} {worst['algorithm']})")
-        ours = min((r for r in rs if r["contender"] == "rxelab"), key=lambda r: r["avg_us"],
-                   default=None)
+        ours = min((r for r in rs if ours_(r)), key=lambda r: r["avg_us"], default=None)
         ratios = []
         for rival in ("mpi-ucx", "mpi-tcp", "gloo"):
             theirs = min((r for r in rs if r["contender"] == rival), key=lambda r: r["avg_us"],
@@ -90,7 +89,7 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
             if ours and theirs and theirs["avg_us"]:
                 ratios.append(f"{ours['avg_us'] / theirs['avg_us']:.2f}x {rival}'s time"
                               + (" (inside the rounds' spread)" if overlap(ours, theirs) else ""))
-        mine = [r for r in rs if r["contender"] == "rxelab"]  # sorted: the first is the best
+        mine = [r for r in rs if ours_(r)]  # sorted: the first is the best
         share = mine[0].get("link_pct") if mine else None
         rounds = f" (medians of {best['rounds']} rounds)" if best["rounds"] > 1 else ""
         lines.append(text + (f"; best rxelab takes {' and '.join(ratios)}" if ratios else "")
@@ -115,14 +114,6 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
         lines.append(f"Network load of {label}: peak-to-mean ratio {max(peaks):.2f} "
                      f"(worst node; lower is steadier).")
     return lines
-
-
-def overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two cases run in rounds have overlapping ranges of rounds: no real difference."""
-    if a.get("rounds", 1) < 2 or b.get("rounds", 1) < 2:
-        return False
-    return (a.get("round_min_us", a["avg_us"]) <= b.get("round_max_us", b["avg_us"])
-            and b.get("round_min_us", b["avg_us"]) <= a.get("round_max_us", a["avg_us"]))
 
 
 def size_unit(op: str) -> str:

@@ -49,6 +49,15 @@ def ours_(r: Row) -> bool:
     return str(r["contender"]).startswith("rxelab")
 
 
+def overlap(a: Row, b: Row) -> bool:
+    """Whether two cases, each run in several rounds, have overlapping ranges of rounds: no
+    real difference between them. A case of one round has no spread to judge by."""
+    if a.get("rounds", 1) < 2 or b.get("rounds", 1) < 2:
+        return False
+    (alo, ahi), (blo, bhi) = spread(a), spread(b)
+    return alo <= bhi and blo <= ahi
+
+
 def spread(r: Row) -> tuple[float, float]:
     """The lowest and highest round's time per call (us); a case of one round: its own."""
     low, high = r.get("round_min_us"), r.get("round_max_us")
@@ -94,8 +103,8 @@ class Table:
 class Rival:
     name: str
     ratio: float  # best rxelab's time over the rival's: geometric mean over sizes
-    low: float  # ...the lowest bound of the rounds' spread over those sizes
-    high: float
+    low: float  # ...of our fastest round over their slowest, per size
+    high: float  # ...of our slowest round over their fastest
     sizes: int
     faster: int  # sizes where even the spread's worst case is faster
     slower: int
@@ -114,7 +123,13 @@ def settings(flat: list[Row]) -> dict[tuple, list[Row]]:
     out: dict[tuple, list[Row]] = defaultdict(list)
     for r in flat:
         out[tuple(r.get(k) for k in SETTING)].append(r)
-    return dict(sorted(out.items(), key=lambda kv: tuple(str(x) for x in kv[0])))
+    return dict(sorted(out.items(), key=lambda kv: order(kv[0])))
+
+
+def order(key: tuple) -> tuple:
+    """A sort key that puts numbers in numeric order (2 nodes before 16) and text after them."""
+    return tuple((0, x, "") if isinstance(x, (int, float)) and not isinstance(x, bool)
+                 else (1, 0, str(x)) for x in key)
 
 
 def constants(flat: list[Row]) -> list[tuple[str, str, str]]:
@@ -140,9 +155,10 @@ def setting_title(key: tuple, shared: set[str]) -> str:
         if k in shared or values[k] in (None, "-", "none", "pattern"):
             continue
         if k == "stages":
-            back = values["mode"] != "stages"
-            parts.append(f"{values[k]} calls {'back to back' if back else 'as stages'}")
-        elif k != "mode":
+            parts.append(f"{values[k]} calls")
+        elif k == "mode":
+            parts.append("back to back" if values[k] != "stages" else "as stages")
+        else:
             parts.append(SETTING_LABELS[k].format(values[k]))
     return ", ".join(parts)
 
@@ -161,7 +177,6 @@ def compact(flat: list[Row], shared: set[str]) -> list[Table]:
         for size in sorted(by_size):
             here = by_size[size]
             best = min(here.values(), key=lambda r: r["avg_us"])
-            best_hi = spread(best)[1]
             cells: list[Cell | None] = []
             for n in names:
                 found = here.get(n)
@@ -170,8 +185,7 @@ def compact(flat: list[Row], shared: set[str]) -> list[Table]:
                     continue
                 rng = range_text(found)
                 cells.append(Cell(ms_text(found["avg_us"]), "" if rng == "-" else rng,
-                                  found is best, found is not best and found.get("rounds", 1) > 1
-                                  and spread(found)[0] <= best_hi))
+                                  found is best, found is not best and overlap(found, best)))
             rows.append((size_text(size), cells))
         out.append(Table(setting_title(key, shared), names, rows))
     return out
@@ -185,7 +199,8 @@ def headlines(flat: list[Row], shared: set[str]) -> list[Headline]:
     """Per setting on a clean network: the best rxelab algorithm at each size against each
     other contender's best there."""
     out = []
-    for key, rs in settings([r for r in flat if r["status"] == "ok" and r["avg_us"] > 0]).items():
+    timed = [r for r in flat if r["status"] == "ok" and r["avg_us"] > 0 and spread(r)[0] > 0]
+    for key, rs in settings(timed).items():
         if dict(zip(SETTING, key, strict=True))["network"] not in ("none", None):
             continue
         ours = [r for r in rs if ours_(r)]
@@ -214,17 +229,21 @@ def headlines(flat: list[Row], shared: set[str]) -> list[Headline]:
 
 
 def _rival(name: str, pairs: list[tuple[int, Row, Row]]) -> Rival:
-    ratios, lows, highs, faster, slower = [], [], [], 0, 0
+    """Our best over theirs at each size; a size counts as won or lost only where the ratio
+    stays on one side of 1 from our fastest round over their slowest to our slowest over their
+    fastest, and is judged only where both ran in several rounds."""
+    ratios, lows, highs, faster, slower, judged = [], [], [], 0, 0, 0
     for _, mine, theirs in pairs:
         (mlo, mhi), (tlo, thi) = spread(mine), spread(theirs)
         ratios.append(mine["avg_us"] / theirs["avg_us"])
         lows.append(mlo / thi)
         highs.append(mhi / tlo)
-        faster += highs[-1] < 1
-        slower += lows[-1] > 1
-    rival = Rival(name, _geo(ratios), min(lows), max(highs), len(pairs), faster, slower)
+        if mine.get("rounds", 1) > 1 and theirs.get("rounds", 1) > 1:
+            judged += 1
+            faster += highs[-1] < 1
+            slower += lows[-1] > 1
+    rival = Rival(name, _geo(ratios), _geo(lows), _geo(highs), len(pairs), faster, slower)
     n = len(pairs)
-    one_round = all(p[1].get("rounds", 1) < 2 and p[2].get("rounds", 1) < 2 for p in pairs)
     if n == 1:
         where = f"at {size_text(pairs[0][0])}"
     else:
@@ -232,14 +251,15 @@ def _rival(name: str, pairs: list[tuple[int, Row, Row]]) -> Rival:
         k_hi = max(range(n), key=ratios.__getitem__)
         where = (f"geometric mean of {n} sizes, from {ratios[k_lo]:.2f}x at "
                  f"{size_text(pairs[k_lo][0])} to {ratios[k_hi]:.2f}x at {size_text(pairs[k_hi][0])}")
-    if one_round:
+    if not judged:
         verdict = "one round: no spread to judge by"
     else:
-        inside = n - faster - slower
+        inside = judged - faster - slower
         parts = [f"faster beyond the rounds' spread at {faster} of {n}" if faster else "",
                  f"slower beyond the rounds' spread at {slower} of {n}" if slower else "",
                  f"inside the rounds' spread (no real difference) at {inside} of {n}"
-                 if inside else ""]
+                 if inside else "",
+                 f"one round, not judged, at {n - judged} of {n}" if judged < n else ""]
         verdict = "; ".join(p for p in parts if p) + (f" (rounds: {rival.low:.2f}x-"
                                                       f"{rival.high:.2f}x)")
     rival.words = f"{where}; {verdict}"
@@ -254,9 +274,10 @@ def _alone(ours: list[Row], sizes: list[int]) -> str:
         if len(here) < 2:
             continue
         first, second = here[0], here[1]
-        inside = spread(second)[0] <= spread(first)[1] and first.get("rounds", 1) > 1
-        parts.append(f"{size_text(s)}: {first['algorithm']} {second['avg_us'] / first['avg_us']:.2f}x "
-                     f"faster than {second['algorithm']}" + (" (inside the spread)" if inside else ""))
+        name = lambda r: series_name(r).removeprefix("rxelab ")  # noqa: E731
+        parts.append(f"{size_text(s)}: {name(first)} {second['avg_us'] / first['avg_us']:.2f}x "
+                     f"faster than {name(second)}"
+                     + (" (inside the spread)" if overlap(first, second) else ""))
     return "; ".join(parts) or "one algorithm only"
 
 

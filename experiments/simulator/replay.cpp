@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <mutex>  // std::unique_lock over s4u::Mutex
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -76,9 +75,7 @@ struct Job {
 };
 struct Porter {
   std::deque<Job> jobs;
-  bool idle = false;
-  sg4::ConditionVariablePtr bell;
-  sg4::MutexPtr lock;
+  sg4::SemaphorePtr ready;  // one token per job handed (a semaphore: no lock to own or unwind)
 };
 static std::vector<std::vector<Porter>> porters;
 static const int PORTERS = 4;  // per rank (more only added actors: 8 was slower than 4 at p = 512)
@@ -87,13 +84,8 @@ static void porter_main(int r, int k)
 {
   Porter& me = porters[r][k];
   std::deque<sg4::CommPtr> posted;
-  std::unique_lock<sg4::Mutex> hold(*me.lock);
   for (;;) {
-    while (me.jobs.empty()) {
-      me.idle = true;
-      me.bell->wait(hold);
-    }
-    me.idle = false;
+    me.ready->acquire();  // not suspend(): a suspended actor's sends would stop moving
     Job job = me.jobs.front();
     me.jobs.pop_front();
     posted.push_back(job.to->put_async(job.payload, job.wire));
@@ -138,8 +130,7 @@ static void rank_main(int r)
           sends.push_back(nullptr);
           Porter& porter = porters[r][m.peer % PORTERS];
           porter.jobs.push_back({to, payload, wire});
-          if (porter.idle)
-            porter.bell->notify_one();
+          porter.ready->release();
         }
         break;
       }
@@ -245,9 +236,13 @@ static void read_trace(const char* path, int& hosts, int& per)
 
 int main(int argc, char** argv)
 {
+  bool stack_given = false;
+  for (int i = 1; i < argc; i++)
+    stack_given |= std::string(argv[i]).find("contexts/stack-size") != std::string::npos;
   sg4::Engine e(&argc, argv);
   // 5 actors per rank: 8 MiB stacks each (the default) would be 40 GiB of mappings at p = 1024
-  sg4::Engine::set_config("contexts/stack-size:256");
+  if (!stack_given)
+    sg4::Engine::set_config("contexts/stack-size:256");
   if (argc != 3) {
     std::cerr << "usage: " << argv[0] << " platform.xml trace.txt [--cfg=...]\n";
     return 2;
@@ -271,8 +266,7 @@ int main(int argc, char** argv)
     sg4::Actor::create("rank" + std::to_string(r), host, rank_main, r);
     porters[r].resize(PORTERS);
     for (int k = 0; k < PORTERS; k++) {
-      porters[r][k].bell = sg4::ConditionVariable::create();
-      porters[r][k].lock = sg4::Mutex::create();
+      porters[r][k].ready = sg4::Semaphore::create(0);
       sg4::Actor::create("porter" + std::to_string(r) + "." + std::to_string(k), host, porter_main, r, k)
           ->daemonize();
     }

@@ -38,6 +38,7 @@ from rxelab.perftest import parse as parse_perftest
 
 MB = 1e6
 DEFAULT_SIZES = (1, 16, 1024, 16384, 65536, 262144, 1048576)
+MAX_SIZE = 1 << 30  # bytes per call: buffers beyond it are not a benchmark on these machines
 
 
 def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int,
@@ -198,6 +199,8 @@ def sizes_list(text: str) -> list[int]:
                                          "e.g. 1024,65536") from None
     if not sizes or any(s < 0 for s in sizes):
         raise argparse.ArgumentTypeError(f"{text!r}: at least one size, none below 0")
+    if max(sizes) > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes at most {MAX_SIZE} (1 GiB)")
     return sizes
 
 
@@ -210,6 +213,8 @@ def size_range(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"{text!r}: [MIN:]MAX in bytes, e.g. 1024:1048576") from None
     if high < 0 or (lo and not 0 <= low <= high):
         raise argparse.ArgumentTypeError(f"{text!r}: 0 <= MIN <= MAX")
+    if high > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"{text!r}: MAX at most {MAX_SIZE} (1 GiB)")
     return low, high
 
 
@@ -236,7 +241,7 @@ def parser() -> argparse.ArgumentParser:
     sizes_group.add_argument("-m", "--message-size", type=size_range, default=None,
                              metavar="[MIN:]MAX",
                              help="as OSU's -m: powers of two from MIN (default: one element) "
-                                  "to MAX bytes")
+                                  "to MAX bytes (at most 1 GiB), those of whole elements")
     ap.add_argument("--iterations", type=int, default=10,
                     help="timed calls per size (default 10; sizes above 64 KiB a quarter, at "
                          "least 2)")
@@ -256,9 +261,9 @@ def parser() -> argparse.ArgumentParser:
 def chosen_sizes(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
     """The sizes to measure, each a whole number of the op's elements (else a usage error)."""
     element = np.dtype(ops.COLLECTIVES[args.op].dtype).itemsize
-    if args.message_size is not None:
+    if args.message_size is not None:  # a range keeps its sizes of whole elements (0:N)
         low, high = args.message_size
-        sizes = powers(element if low < 0 else low, high)
+        sizes = [s for s in powers(element if low < 0 else low, high) if s % element == 0]
     elif args.sizes is not None:
         sizes = args.sizes
     else:

@@ -45,3 +45,14 @@ def test_osu_style_ranges_are_powers_of_two_from_min_to_max():
 def test_every_flag_has_help():
     missing = [a.option_strings for a in bench.parser()._actions if not a.help]
     assert missing == []
+
+
+@pytest.mark.parametrize("value", [":", "0:", "1:2:3", "-1:4", "0:99999999999999999999"])
+def test_a_range_that_is_no_range_or_too_big_is_refused(capsys, value):
+    err = usage_error(capsys, "-m", value)
+    assert "-m" in err or "--message-size" in err
+
+
+def test_a_range_from_zero_keeps_its_whole_element_sizes_for_float_ops():
+    ap = bench.parser()
+    assert bench.chosen_sizes(ap, ap.parse_args(["--op", "allreduce", "-m", "0:16"])) == [0, 4, 8, 16]

@@ -89,3 +89,11 @@ def test_every_row_of_the_experiments_failure_table_names_tests_that_exist():
         assert names, row
         for name in names:
             assert f"def {name}(" in sources, name
+
+
+def test_any_failure_of_the_report_keeps_the_run_s_verdict(tmp_path, capsys, monkeypatch):
+    def broken(results):
+        raise ZeroDivisionError("a round of no time")
+    monkeypatch.setattr(fabfile.report_mod, "write", broken)
+    assert fabfile._write_report(tmp_path) is False
+    assert "the report was not written (a round of no time)" in capsys.readouterr().out

@@ -71,3 +71,22 @@ def test_the_bar_prints_results_above_it_and_leaves_nothing_behind():
     text = out.getvalue()
     assert text.count("ok: 57.2 ms/call") == 4
     assert "[2/2, round 2/2] rxelab alltoall/pairwise 3 nodes 1 MiB" in text
+
+
+def test_error_text_that_looks_like_markup_is_shown_as_it_is_and_the_bar_ends_on_errors():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=200, highlight=False)
+    now = FakeClock()
+    bar = progress.Bar(steps(1, 1), 1, console, now)
+    failed = {"status": "failed", "error": "[/usr/bin/ssh] [rank 0] exit 255", "summary": {}}
+    try:
+        with bar:
+            bar.begin(0, 0, CASE)
+            bar.end(0, failed)
+            bar.begin(0, 0, CASE)  # the bar shows the last result: the markup-like text
+            bar.progress.refresh()
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    assert not bar.progress.live.is_started, "the bar is stopped when the run is interrupted"
+    assert "failed: [/usr/bin/ssh] [rank 0] exit 255" in out.getvalue()

@@ -66,7 +66,7 @@ def test_the_report_reads_at_a_glance_in_a_real_browser(browser, tmp_path):
     top, bottom, words = seen["headline"][0]
     assert 0 <= top and bottom <= HEIGHT, "the first headline is above the fold, whole"
     assert "Best rxelab algorithm:" in words and "x mpi-ucx's time" in words
-    assert "spread" in words, "the ratio comes with the rounds' spread"
+    assert "rounds' spread" in words and "(rounds: " in words, "the ratio comes with its spread"
     for t in seen["tables"]:
         assert t["box"] <= window, "no table's box reaches past the window"
         if t["last"]:

@@ -4,6 +4,7 @@ sections that only some runs have (seed stages, MPI by transport, a loss study, 
 figures) appear when they do; an incomplete run says so."""
 
 import json
+import re
 
 from experiments import report, run_facts
 from tests.unit.report_helpers import results_fixture  # noqa: F401 (the fixture: results)
@@ -132,3 +133,21 @@ def test_long_runs_get_the_stages_figure_and_call_distributions(results):
         assert (results / name).stat().st_size > 5000, name
     page = html_path.read_text()
     assert page.index('alt="stages.png"') < page.index("<h2>Time per call (ms)</h2>"), "the answer first"
+
+
+def test_markdown_cells_stay_one_cell_and_values_cannot_make_links(results):
+    def odd(r):
+        if r["app"] == "rxelab" and r["algorithm"] == "parallel" and r["size"] == 1024:
+            return [{**r, "status": "failed", "summary": None,
+                     "error": "line one\n# line two | ![x](http://example.invalid/x.png)"}]
+        return [r]
+    synthetic(results, odd)
+    env = json.loads((results / "environment.json").read_text())
+    (results / "environment.json").write_text(json.dumps({**env, "spec": "a|b\n[x](javascript:y)"}))
+    _, md_path = report.write(results)
+    md = md_path.read_text()
+    live = re.search(r"(?<!\\)\[[^\]]*(?<!\\)\]\((http|javascript)", md)
+    assert live is None, "no live link or image from a value"
+    assert "\n# line two" not in md, "a value's line break makes no heading"
+    title = md.splitlines()[0]
+    assert title.startswith("# rxelab report: a|b \\[x\\]")

@@ -29,7 +29,8 @@ def test_the_headline_ratio_is_the_best_rxelab_over_each_rival_judged_by_the_spr
     [ucx] = h.rivals
     assert ucx.name == "mpi-ucx" and ucx.sizes == 2
     assert ucx.ratio == pytest.approx((10 / 20 * 80 / 100) ** 0.5)
-    assert ucx.low == pytest.approx(9 / 22) and ucx.high == pytest.approx(95 / 85)
+    assert ucx.low == pytest.approx((9 / 22 * 70 / 120) ** 0.5), "our fastest over their slowest"
+    assert ucx.high == pytest.approx((11 / 18 * 95 / 85) ** 0.5), "our slowest over their fastest"
     assert (ucx.faster, ucx.slower) == (1, 0), "1 KiB wins outright; 1 MiB's rounds overlap"
     assert "faster beyond the rounds' spread at 1 of 2" in ucx.words
     assert "inside the rounds' spread (no real difference) at 1 of 2" in ucx.words
@@ -92,3 +93,28 @@ def test_a_variant_of_rxelab_is_ours_not_a_rival():
     [h] = report_view.headlines(run, set())
     assert [r.name for r in h.rivals] == ["mpi-ucx"]
     assert h.best.startswith("rxelab-eager0 parallel at 1 KiB")
+
+
+def test_a_round_that_took_no_time_is_left_out_of_the_headline_not_a_crash():
+    run = [{**r, "round_min_us": 0.0} if r["contender"] == "mpi-ucx" and r["size"] == 1024 else r
+           for r in RUN]
+    [h] = report_view.headlines(run, set())
+    assert h.rivals[0].sizes == 1, "only 1 MiB compared"
+
+
+def test_a_size_run_once_on_one_side_is_not_judged_by_a_spread_it_does_not_have():
+    run = [{**r, "rounds": 1} if r["contender"] == "mpi-ucx" and r["size"] == 1024 else r
+           for r in RUN]
+    [ucx] = report_view.headlines(run, set())[0].rivals
+    assert (ucx.faster, ucx.slower) == (0, 0)
+    assert "one round, not judged, at 1 of 2" in ucx.words
+    assert "inside the rounds' spread (no real difference) at 1 of 2" in ucx.words
+
+
+def test_settings_are_in_numeric_order_and_a_varying_mode_is_in_the_title():
+    run = [{**r, "nodes": n} for n in (16, 2, 4) for r in RUN[:1]] + \
+        [{**r, "mode": "stages"} for r in RUN[:1]]
+    shared = {k for k, _, _ in report_view.constants(run)}
+    titles = [t.title for t in report_view.compact(run, shared)]
+    assert titles == ["alltoall, 2 nodes, back to back", "alltoall, 3 nodes, as stages",
+                      "alltoall, 4 nodes, back to back", "alltoall, 16 nodes, back to back"]

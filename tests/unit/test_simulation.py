@@ -307,3 +307,25 @@ def test_a_fitted_line_rounding_below_zero_at_its_start_is_not_refused(tmp_path)
     path = tmp_path / "fitted.json"
     path.write_text(json.dumps(raw))
     assert costs_mod.load(path).costs.send_cpu(1024) == pytest.approx(0.0)
+
+
+# Simulated seconds from the replayer as it was before its porters (detached sends, 7c807db),
+# on the placeholder costs: handing the sends to porters must not move any of them.
+BEFORE_PORTERS = [("alltoall", "parallel", 24, 1024, "cluster", 1, 0.0002656544),
+                  ("alltoall", "parallel", 12, 65536, "fat-tree", 1, 0.0008494496),
+                  ("alltoall", "pairwise", 16, 4096, "torus", 1, 0.0002709568),
+                  ("alltoall", "bruck", 16, 1024, "cluster", 1, 0.0001005984),
+                  ("allgather", "ring", 9, 65536, "lab", 3, 0.0018372288),
+                  ("allreduce", "recursive-doubling", 8, 1048576, "cluster", 1, 0.0049355456),
+                  ("alltoall", "sequential", 8, 65536, "lab", 2, 0.0043363344)]
+
+
+@needs_simgrid
+@pytest.mark.parametrize(("collective", "algorithm", "p", "size", "kind", "per", "seconds"),
+                         BEFORE_PORTERS)
+def test_the_porters_change_no_simulated_time(collective, algorithm, p, size, kind, per, seconds):
+    t = trace.record(collective, algorithm, p, size)
+    extra = {"oversubscription": 4} if kind == "fat-tree" else {}
+    platform = platforms.Platform(kind, p, 1.25e9, 2e-6, per_node=per, **extra)
+    got = replayer.replay(t, platform, costs_mod.PLACEHOLDER.costs).seconds
+    assert got == pytest.approx(seconds, rel=1e-8, abs=0)
