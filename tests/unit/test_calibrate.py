@@ -220,3 +220,11 @@ def test_a_calibration_run_with_broken_records_is_an_error_not_a_traceback(tmp_p
         {"spec": "calibrate", "hosts": {"a": {"cpus": 1}}}))
     with pytest.raises(calibrate.CalibrationError, match="a record without"):
         calibrate.fit_run(tmp_path, "lab")
+
+
+def test_sizes_measured_out_of_order_are_fitted_to_their_pooled_median():
+    assert calibrate.isotonic([3.0, 2.5, 1.8, 2.0, 2.3, 4.9]) == pytest.approx(
+        [2.32, 2.32, 2.32, 2.32, 2.32, 4.9])
+    assert calibrate.isotonic([1.0, 2.0, 2.0, 3.0]) == [1.0, 2.0, 2.0, 3.0]
+    values = [3.0, 2.5, 1.8, 2.0, 2.3, 4.9, 4.0]
+    assert calibrate.out_of_order(calibrate.isotonic(values), values) == [(0, 4), (5, 6)]
