@@ -32,7 +32,7 @@ def outcome(record: dict[str, Any]) -> str:
                 else f"{shown.get('lat_us', 0):.2f} us{pkts}")
     partial = record.get("partial")
     done = f" ({partial['stages_done']} stages done)" if partial else ""
-    return record.get("error", "")[:200] + done
+    return " ".join(record.get("error", "").split())[:200] + done  # one line, however it broke
 
 
 def tail(text: str, lines: int = 15) -> str:

@@ -90,3 +90,12 @@ def test_error_text_that_looks_like_markup_is_shown_as_it_is_and_the_bar_ends_on
         pass
     assert not bar.progress.live.is_started, "the bar is stopped when the run is interrupted"
     assert "failed: [/usr/bin/ssh] [rank 0] exit 255" in out.getvalue()
+
+
+def test_a_failure_s_several_lines_of_output_are_said_in_one():
+    said = []
+    shown = progress.Lines(steps(1, 1), 1, said.append, FakeClock())
+    shown.begin(0, 0, CASE)
+    shown.end(0, {"status": "failed", "error": "  them. Please check network\n  connectivity\n---"})
+    assert said[1].startswith("    failed: them. Please check network connectivity --- (")
+    assert len(said) == 2 and "\n" not in said[1]
