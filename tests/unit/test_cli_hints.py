@@ -97,3 +97,9 @@ def test_any_failure_of_the_report_keeps_the_run_s_verdict(tmp_path, capsys, mon
     monkeypatch.setattr(fabfile.report_mod, "write", broken)
     assert fabfile._write_report(tmp_path) is False
     assert "the report was not written (a round of no time)" in capsys.readouterr().out
+
+
+def test_every_flag_of_every_task_has_help():
+    tasks = [t for t in vars(fabfile).values() if type(t).__name__ == "Task"]
+    missing = [(t.name, a.name) for t in tasks for a in t.get_arguments() if not a.help]
+    assert missing == []
