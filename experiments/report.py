@@ -220,6 +220,7 @@ def write(results: Path) -> tuple[Path, Path]:
         "constants": [(head, value) for _, head, value in shared],
         "headlines": view.headlines(flat, {k for k, _, _ in shared}),
         "note": how_nodes_ran(env)[1], "sections": sections,
+        "incomplete": not env.get("complete"),
         "tables": view.compact(flat, {k for k, _, _ in shared}),
         "summary": summary, "facts": facts(env, results) + ([rate_note] if rate_note else []),
         "seed": {"counts": counts, "rows": seed_rows} if seed_rows else None,

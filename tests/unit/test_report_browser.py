@@ -1,5 +1,8 @@
 """The report as a person sees it: rendered by headless Chromium (Debian's package, driven by
-Selenium) from a saved run of several rounds. In a window of 1280 x 900 the headline (who wins
+Selenium) from a saved run of several rounds (tests/fixtures/results-rounds: the latency spec's
+all-to-all back to back on the 3-VM lab, 2026-11-27, every rxelab algorithm against MPI over UCX
+and over TCP at 1 KiB to 1 MiB: two whole rounds and part of a third, interrupted when a VM's
+data NIC wedged, so the report also says INCOMPLETE). In a window of 1280 x 900 the headline (who wins
 against MPI, by how much, with the rounds' spread) is above the fold, no page scrolls sideways,
 every table but the full one fits its column, and every plot loads. The screenshot stays in the
 test's directory for a person to look at (its path is printed)."""

@@ -48,8 +48,10 @@ def test_the_headline_comes_first_and_names_the_winner_with_its_ratio(results):
 def test_an_incomplete_run_says_so(results):
     env = json.loads((results / "environment.json").read_text())
     (results / "environment.json").write_text(json.dumps({**env, "complete": False}))
-    html_path, _ = report.write(results)
-    assert "INCOMPLETE" in html_path.read_text()
+    html_path, md_path = report.write(results)
+    page, md = html_path.read_text(), md_path.read_text()
+    assert page.index("INCOMPLETE") < page.index("class=\"headline\""), "said before anything"
+    assert md.index("**INCOMPLETE**") < md.index("### alltoall")
 
 
 def test_the_seed_stages_table_appears_when_runs_differ_in_stages(results):
