@@ -164,18 +164,20 @@ def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
     notes, fitted = [], {}
     labs = [m[("call", "alltoall", "pairwise", 2, size)] for size in sizes]
     targets = isotonic([lab.median for lab in labs])
+    pooled = set()
     for first, last in out_of_order(targets, [lab.median for lab in labs]):
+        pooled.update(range(first + 1, last + 1))  # said once, below, for the whole run
         notes.append(f"the exchanges of {sizes[first]} B to {sizes[last]} B were measured out of "
                      f"order (a bigger message faster): fitted to their pooled median "
                      f"{targets[first] * 1e3:.3f} ms (costs only grow with size)")
-    for size, lab, target in zip(sizes, labs, targets, strict=True):
+    for i, (size, lab, target) in enumerate(zip(sizes, labs, targets, strict=True)):
         floor = points[-1][1] if points else 0.0  # no cheaper than a smaller message
 
         def at(x: float, size: int = size, floor: float = floor) -> float:
             return replayed("alltoall", "pairwise", 2, size, platform,
                             costs([*points, (size, floor + x)], call, copy, 0.0))
         x, then = solve(target, at)
-        if x == 0.0 and points:
+        if x == 0.0 and points and i not in pooled:
             notes.append(f"the exchange of {size} B: its {target * 1e3:.3f} ms is below the "
                          f"replay's {then * 1e3:.3f} ms at the next smaller size's cost; kept at "
                          "that cost (costs only grow with size)")
