@@ -164,7 +164,7 @@ def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
     notes, fitted = [], {}
     labs = [m[("call", "alltoall", "pairwise", 2, size)] for size in sizes]
     targets = isotonic([lab.median for lab in labs])
-    pooled = set()
+    pooled: set[int] = set()
     for first, last in out_of_order(targets, [lab.median for lab in labs]):
         pooled.update(range(first + 1, last + 1))  # said once, below, for the whole run
         notes.append(f"the exchanges of {sizes[first]} B to {sizes[last]} B were measured out of "

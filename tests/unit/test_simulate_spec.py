@@ -17,6 +17,7 @@ from experiments.simulation import replayer
 from experiments.simulation import run as sim_run
 from experiments.simulation import spec as sim_spec
 from infra.config import REPO
+from tests.unit.readme_tables import missing_tests
 
 needs_simgrid = pytest.mark.skipif(
     not (replayer.HEADER.exists() and shutil.which("g++") and shutil.which("smpicc")),
@@ -141,14 +142,4 @@ def test_a_profile_not_calibrated_yet_says_how_to_make_it(tmp_path):
 def test_every_row_of_the_simulators_failure_table_names_tests_that_exist():
     """The README's "when things go wrong (the simulator)" rows are contracts: each names the
     test that holds it, and that test exists."""
-    import re
-    text = (REPO / "README.md").read_text()
-    table = text.split("#### When things go wrong (the simulator)", 1)[1].split("\n\n", 2)[1]
-    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert len(rows) >= 7
-    sources = "".join(p.read_text() for p in (REPO / "tests").rglob("test_*.py"))
-    for row in rows:
-        names = re.findall(r"`(test_\w+)`", row.rsplit("|", 2)[1])
-        assert names, row
-        for name in names:
-            assert f"def {name}(" in sources, name
+    assert missing_tests("#### When things go wrong (the simulator)", 7) == []
