@@ -164,8 +164,14 @@ def stages(flat: list[Row]) -> bytes | None:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for label, series in sorted(_by(flat, "contender", "algorithm", "size", "op").items()):
         series.sort(key=lambda r: r["stages"])
-        ax.plot([r["stages"] for r in series], [r["total_s"] for r in series],
-                label=f"{label[0]} {label[3]}/{label[1]} {label[2]} B", **_style(series[0]))
+        # total seconds scale with the time per call: the rounds' spread of that, as a share
+        err = _yerr(series)
+        ax.errorbar([r["stages"] for r in series], [r["total_s"] for r in series],
+                    yerr=None if err is None else
+                    [[e / r["avg_us"] * r["total_s"] if r["avg_us"] else 0.0
+                      for e, r in zip(side, series, strict=True)] for side in err],
+                    capsize=2, label=f"{label[0]} {label[3]}/{label[1]} {size_text(label[2])}",
+                    **_style(series[0]))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("stages (collectives in a row)")
@@ -204,8 +210,10 @@ def loss(flat: list[Row]) -> bytes | None:
     fig, ax = plt.subplots(figsize=(9, 5))
     for label, series in sorted(_by(rows, "contender", "algorithm", "op", "size").items()):
         series.sort(key=lambda r: r["loss"])
-        line = ax.plot([r["loss"] for r in series], [r["avg_us"] / 1e3 for r in series],
-                       label=f"{label[0]} {label[2]}/{label[1]} {label[3]} B", **_style(series[0]))
+        line = ax.errorbar([r["loss"] for r in series], [r["avg_us"] / 1e3 for r in series],
+                           yerr=_yerr(series, 1e3), capsize=2,
+                           label=f"{label[0]} {label[2]}/{label[1]} {size_text(label[3])}",
+                           **_style(series[0])).lines
         late = [r for r in series if r["status"] == "timeout"]
         ax.scatter([r["loss"] for r in late], [r["avg_us"] / 1e3 for r in late], marker="x", s=80,
                    color=line[0].get_color())
