@@ -23,10 +23,10 @@ RXELAB_ORDER = ("sequential", "pairwise", "parallel", "bruck", "ring", "recursiv
 MPI_ORDER = ("mpi-default", "mpi-pairwise", "mpi-bruck", "mpi-linear", "mpi-ring")
 FAMILIES = {  # contender: its colours, darkest first, one per algorithm in MPI_ORDER
     "mpi-ucx": ("#000000", "#3b3b6b", "#5c3a1e", "#1f4e3d", "#4b0f2e"),
-    "smpi": ("#000000", "#3b3b6b", "#5c3a1e", "#1f4e3d", "#4b0f2e"),
     "mpi-tcp": ("#7f7f7f", "#9a9ac0", "#b08a6a", "#86a898", "#b07a94"),
     "gloo": ("#8c564b", "#a9746a", "#6d3f36", "#c49c94", "#5a3129"),
 }
+FAMILIES["smpi"] = FAMILIES["mpi-ucx"]  # SMPI's copies of MPI's algorithms, in the simulation
 LINESTYLE = {"rxelab": "-", "mpi-ucx": "--", "smpi": "--", "mpi-tcp": ":", "gloo": "-."}
 
 

@@ -21,7 +21,6 @@ from experiments.report_summary import load_moved
 from experiments.report_view import spread
 
 Row = dict[str, Any]
-_png = png
 
 
 def series_name(r: Row) -> str:
@@ -81,7 +80,7 @@ def size_scaling(flat: list[Row], link_MBps: float | None) -> dict[str, bytes]:
                             any(r.get("rounds", 1) > 1 for r in rs) else ""), fontsize=9)
             ax.grid(True, which="major", alpha=0.3)
             legend_outside(ax)
-            out[f"{name}-{suffix}.png"] = _png(fig)
+            out[f"{name}-{suffix}.png"] = png(fig)
     return out
 
 
@@ -119,7 +118,7 @@ def ratio_to(flat: list[Row], rival: str) -> bytes | None:
                      fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
         legend_outside(ax)
-    return _png(fig)
+    return png(fig)
 
 
 def memory(flat: list[Row]) -> bytes | None:
@@ -153,7 +152,7 @@ def memory(flat: list[Row]) -> bytes | None:
         ax.grid(True, axis="y", which="major", alpha=0.3)
     legend_outside(axes[1], title="size per peer" if variant == "size" else None)
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
 def stages(flat: list[Row]) -> bytes | None:
@@ -178,7 +177,7 @@ def stages(flat: list[Row]) -> bytes | None:
     ax.set_ylabel("total seconds")
     ax.set_title("total time against stages (lower is better)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    return _png(fig)
+    return png(fig)
 
 
 def distributions(flat: list[Row], min_stages: int = 100) -> bytes | None:
@@ -198,7 +197,7 @@ def distributions(flat: list[Row], min_stages: int = 100) -> bytes | None:
         ax.set_ylabel("ms per call")
         ax.set_title(f"{op} {size} B per peer, {n} stages", fontsize=9)
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
 def loss(flat: list[Row]) -> bytes | None:
@@ -225,7 +224,7 @@ def loss(flat: list[Row]) -> bytes | None:
     ax.set_ylabel("ms per call")
     ax.set_title("time per call against loss (x: ran out of time)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    return _png(fig)
+    return png(fig)
 
 
 def pairs_dial(flat: list[Row], load_ratio: dict[int, float]) -> bytes | None:
@@ -252,7 +251,7 @@ def pairs_dial(flat: list[Row], load_ratio: dict[int, float]) -> bytes | None:
     legend_outside(axes[0][-1])
     fig.suptitle("sequential schedule, at most k pairs at once (k = 1: strictly sequential)")
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
 def load_over_time(records: list[Row], loads: list[Row],
@@ -291,7 +290,7 @@ def load_over_time(records: list[Row], loads: list[Row],
     axes[-1, 0].set_xlabel("seconds (from the first busy sample, minus 1)")
     axes[len(shown) // 2, 0].set_ylabel("data NIC MB/s (tx+rx)")
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
 def _slug(text: str) -> str:
@@ -327,7 +326,7 @@ def elastic_steps(records: list[Row], changes: list[list[Row]]) -> bytes | None:
     ax.set_title("Elastic training: time per step, and what happened")
     ax.grid(alpha=0.3)
     legend_outside(ax)
-    return _png(fig)
+    return png(fig)
 
 
 def ddp_steps(records: list[Row]) -> bytes | None:
@@ -355,4 +354,4 @@ def ddp_steps(records: list[Row]) -> bytes | None:
     ax.set_ylabel("time per step (ms), median of rounds")
     ax.set_title("DDP: rxelab against Gloo (error bars: the rounds' min-max)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    return _png(fig)
+    return png(fig)
