@@ -108,6 +108,21 @@ def rankings(table: list[Row]) -> list[dict[str, Any]]:
     return out
 
 
+def by_ranks(table: list[Row], order: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per p (and nodes): how many predictions fell inside the lab's spread, the predicted/lab
+    ratios' median and range, and how often the fastest and the whole order were the lab's."""
+    out = []
+    for ranks, nodes in sorted({(r.ranks, r.nodes) for r in table}):
+        rs = [r for r in table if (r.ranks, r.nodes) == (ranks, nodes)]
+        gs = [g for g in order if g["ranks"] == ranks]
+        ratios = [r.ratio for r in rs]
+        out.append({"ranks": ranks, "nodes": nodes, "cases": len(rs),
+                    "within": sum(r.within for r in rs), "ratio": statistics.median(ratios),
+                    "low": min(ratios), "high": max(ratios), "orders": len(gs),
+                    "first": sum(g["same_first"] for g in gs), "same": sum(g["same"] for g in gs)})
+    return out
+
+
 def newest(root: Path) -> Path:
     """The newest run under root with an rxelab case whose calls went back to back, other
     than a calibration (a profile is not validated on what it was fitted to)."""
@@ -152,5 +167,6 @@ def _write(run: Path, profile: Profile, table: list[Row], order: list[dict[str, 
     md = run / "validation.md"
     md.write_text(template.render(rows=table, rankings=order, profile=profile, run=run.name,
                                   within=sum(r.within for r in table), size=size_text,
+                                  per_p=by_ranks(table, order),
                                   placeholder=profile.placeholder))
     return md

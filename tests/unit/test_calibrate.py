@@ -166,6 +166,7 @@ def test_validation_sets_predictions_beside_the_lab(fitted, tmp_path, near, with
     text = out.read_text()
     assert f"**{6 if within else 0} of 6 predictions within" in text
     assert "| alltoall | bruck | 3 (3) | 1 MiB |" in text
+    assert f"| 3 (3) | {6 if within else 0} of 6 | {1.0 if near else 0.5:.2f} (" in text
     if near:
         assert "2 of 2 orders of algorithms" in text
 
