@@ -355,7 +355,9 @@ class Runner:
         return self.launcher == "srun" and host.name == self.hosts[0].name
 
     def _perftest(self, case: dict[str, Any], hosts: list[Host]) -> str:
-        client, server = hosts[0], hosts[1]
+        """A perftest pair: server on the second node, client on the first; on one node, both
+        there (rxe's loopback: what a message between two ranks of one node costs)."""
+        client, server = hosts[0], hosts[-1]
         timeout = case_timeout(case)
         self._connection(server).run(
             commands.perftest_command(case, server, self.run_id) + " >/dev/null 2>&1 &",

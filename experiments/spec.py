@@ -16,7 +16,8 @@
     algorithms = ["star"]     # rxelab: the library's; mpi: {mpi_labels}
                               #   (forced through Open MPI's coll_tuned); gloo: gloo-default
     tools = ["ib_write_bw"]   # perftest: ib_write_bw | ib_write_bw_bidir | ib_send_bw | ib_send_lat
-    nodes = [2, 3]            # how many nodes take part (1 rank each), 1..64
+    nodes = [2, 3]            # how many nodes take part (1 rank each), 1..64 (perftest: 2, or
+                              #   1: a pair on one node, over rxe's loopback)
     sizes = [1024, 65536]     # bytes as the op counts them, 0..1073741824 (1 GiB)
     stages = 10               # repetitions (perftest: iterations), 1..10000000
     warmup = 1                # 0..1000000

@@ -3,8 +3,10 @@ the replay of each of them on the `lab` platform takes what the lab took; nothin
 fitted, and `fab validate` then predicts other cases with it unchanged.
 
 What each measurement gives, in order (each from the median of its alternated rounds):
-- ib_send_lat: the link's latency; ib_write_bw one way: its bandwidth (both ways at once is
-  kept beside them: where it is no more than one way, the link is the nodes' CPU);
+- ib_send_lat: the link's latency; ib_write_bw one way and both ways at once: its bandwidth,
+  which the lab platform turns into CPU per byte on each side (1 / the sum both ways: each
+  VM sends and receives half of it); ib_write_bw on one node: rxe's loopback, a message
+  between two ranks of one VM;
 - a 0-byte call on one rank: a call's own cost; a 1 MiB call on one rank: the copy of its own
   block, per byte;
 - the library's exchange between two ranks at each size (a 2-rank all-to-all: one message
@@ -61,7 +63,8 @@ class Spread:
 def measurements(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], Spread]:
     """The calibrate run's figures by what they are: ("call", op, algorithm, ranks, size) ->
     seconds per call; ("link", tool, size) -> MB/s (ib_write_bw, both ways summed) or
-    microseconds (ib_send_lat). Over the rounds that finished well."""
+    microseconds (ib_send_lat); ("loop", tool, size): the same within one node. Over the
+    rounds that finished well."""
     got: dict[tuple[Any, ...], list[float]] = defaultdict(list)
     for r in records:
         s = r.get("summary") or {}
@@ -70,7 +73,8 @@ def measurements(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], Spr
         if r["app"] == "perftest":
             value = s.get("lat_us", s.get("bw_MBps"))
             if value is not None:
-                got[("link", r["algorithm"], r["size"])].append(float(value))
+                where = "loop" if r.get("nodes") == 1 else "link"  # one node: rxe's loopback
+                got[(where, r["algorithm"], r["size"])].append(float(value))
         elif r["app"] == "rxelab" and s.get("tight"):
             got[("call", r["op"], r["algorithm"], s["ranks"], r["size"])].append(
                 s["avg_stage_us"] * 1e-6)
@@ -151,6 +155,7 @@ def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
     latency = need(m, ("link", "ib_send_lat", 1)).median * 1e-6
     bandwidth = need(m, ("link", "ib_write_bw", 1 << 20)).median * 1e6
     duplex = need(m, ("link", "ib_write_bw_bidir", 1 << 20)).median * 1e6
+    loop = need(m, ("loop", "ib_write_bw", 1 << 20)).median * 1e6
     call = need(m, ("call", "alltoall", "pairwise", 1, 0)).median
     copy = max(0.0, need(m, ("call", "alltoall", "pairwise", 1, 1 << 20)).median - call) / (1 << 20)
     sizes = sorted(k[4] for k in m if k[:4] == ("call", "alltoall", "pairwise", 2))
@@ -158,7 +163,7 @@ def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
         raise CalibrationError(f"the exchange between two ranks was measured at {sizes or 'no'}"
                                " sizes: it needs 0 B and at least one more")
     link = Profile(name, costs([(0, 0.0)], call, copy, 0.0), bandwidth, latency, node_cpus,
-                   host_cpus, duplex)
+                   host_cpus, duplex, loop_bandwidth=loop)
     platform = link.lab(2)
     points: list[tuple[int, float]] = []
     notes, fitted = [], {}
@@ -275,7 +280,9 @@ def describe(profile: Profile) -> list[str]:
     m = profile.measured
     bidir = profile.duplex_bandwidth
     lines = [f"link: {profile.latency * 1e6:.0f} us, {profile.bandwidth / 1e6:.1f} MB/s one way"
-             + (f", {bidir / 1e6:.1f} MB/s both ways at once" if bidir else ""),
+             + (f", {bidir / 1e6:.1f} MB/s both ways at once" if bidir else "")
+             + (f"; {profile.loop_bandwidth / 1e6:.1f} MB/s within a node"
+                if profile.loop_bandwidth else ""),
              f"a call: {profile.costs.call * 1e6:.0f} us; a copy: "
              f"{profile.costs.copy_per_byte * 1e9:.2f} ns/B; a reduction: "
              f"{profile.costs.reduce_per_byte * 1e9:.2f} ns/B; {profile.node_cpus} CPU per node"

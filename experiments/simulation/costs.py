@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.simulation.platforms import FLOPS, Platform
+from experiments.simulation.platforms import Platform
 
 
 class ProfileError(ValueError):
@@ -61,16 +61,19 @@ class Profile:
     host_cpus: int | None = None  # the machine's cores where the nodes are its VMs (the lab)
     duplex_bandwidth: float | None = None  # bytes/s both ways at once (ib_write_bw -b's sum)
     measured: dict[str, Any] = field(default_factory=dict)  # what it was fitted from
+    loop_bandwidth: float | None = None  # bytes/s within one node (ib_write_bw on rxe's loopback)
 
     def lab(self, ranks: int, per_node: int = 1) -> Platform:
-        """The `lab` platform of this profile's nodes: a VM's link carries both directions at
-        the rate measured both ways at once, and VMs that outnumber the machine's cores run
-        slower (3 one-CPU VMs on 2 cores: at 2/3 of full speed)."""
-        nodes = -(-ranks // per_node)
-        share = 1.0 if self.host_cpus is None else min(1.0, self.host_cpus / (nodes * self.node_cpus))
-        return Platform("lab", ranks, (self.duplex_bandwidth or 2 * self.bandwidth) * share,
-                        self.latency, cores=self.node_cpus, speed=FLOPS * share,
-                        per_node=per_node)
+        """The `lab` platform of this profile's nodes: VMs of `node_cpus` CPUs on a machine of
+        `host_cpus` cores, which the busy ones share; a message's bytes cost each VM, the
+        sender's and the receiver's at once, what the link measured both ways at once allows
+        (each VM then sends and receives half of that sum: a byte costs each side 1/sum; one
+        way where both were not measured); between two ranks of one VM, that VM what its
+        loopback measured allows (both sides on it)."""
+        return Platform("lab", ranks, self.duplex_bandwidth or self.bandwidth, self.latency,
+                        cores=self.node_cpus,
+                        per_node=per_node, machine_cores=self.host_cpus or 0,
+                        loop_bandwidth=self.loop_bandwidth or self.bandwidth / 2)
 
     @property
     def placeholder(self) -> bool:
@@ -100,13 +103,14 @@ def load(path: Path) -> Profile:
                     isinstance(cpus, bool) or not isinstance(cpus, int) or not 1 <= cpus <= 1024):
                 raise ProfileError(f"{what}={cpus!r}: a whole number from 1 to 1024")
         duplex = raw.get("duplex_bandwidth")
+        loop = raw.get("loop_bandwidth")
         measured = raw.get("measured") or {}
         if not isinstance(measured, dict):
             raise ProfileError(f"measured={measured!r}: a table of what it was fitted from")
         profile = Profile(str(raw["name"]), costs, _number(raw["bandwidth"], "bandwidth", True),
                           _number(raw["latency"], "latency", True), node_cpus, host_cpus,
                           None if duplex is None else _number(duplex, "duplex_bandwidth", True),
-                          measured)
+                          measured, None if loop is None else _number(loop, "loop_bandwidth", True))
     except ProfileError as err:
         raise ProfileError(f"platform profile {path}: {err}") from None
     except (KeyError, TypeError, AttributeError) as err:

@@ -1,8 +1,14 @@
 """The platforms a simulation runs on, as SimGrid XML from one template:
-- lab: a host per VM (`per_node` ranks each, placed in blocks as rxelab.launch places them)
-  with the VM's CPUs, slowed where the VMs outnumber the machine's cores, and one link per VM
-  that both directions share (its `bandwidth` is what a VM moves in and out together, as
-  `ib_write_bw -b` measures it: under TCG the VM's CPU does rxe's work, not a NIC);
+- lab: the machine (`machine_cores` cores) and its VMs, SimGrid's own (`per_node` ranks each,
+  placed in blocks as rxelab.launch places them, `cores` CPUs each): busy VMs share the
+  machine's cores, idle ones leave them to the others (a CPU loop on 1, 2, 3, 4 of the 4-VM
+  lab's VMs at once: 5.0, 3.9, 6.3, 7.2 s, measured). Under TCG rxe's data path is the VMs'
+  CPU, not a NIC's: a message's bytes cost 1/`bandwidth` seconds each on the sending VM and
+  on the receiving one at once (between two ranks of one VM, 1/`loop_bandwidth` on that VM:
+  rxe's loopback, 66 MB/s against 32-41 MB/s between VMs, measured), then cross the
+  machine's loopback with the link's latency
+  (ib_write_bw one way fell from 41.5 to 21.9 MB/s with the two other VMs busy, both ways
+  from 22.2 to 10.2: the link is a share of the machine's cores too);
 - cluster: one rank per host, each host with its own link (up and down apart) into a crossbar
   (full bisection; no backbone link: it made simulation ~10x slower with the same results);
 - fat-tree: a two-level fat tree of leaf switches, with `oversubscription`:1 fewer uplinks than
@@ -36,16 +42,21 @@ class Platform:
     ranks: int
     bandwidth: float  # bytes/s of one link
     latency: float  # seconds host to host on the nearest route (two links: half each)
-    cores: int = 1  # per host (lab: the lab host's)
+    cores: int = 1  # per host (lab: per VM)
     speed: float = FLOPS  # flop/s of a core (below FLOPS: slower than where costs were measured)
     oversubscription: int = 1  # fat-tree: hosts per uplink of a leaf
     per_node: int = 1  # lab: ranks on each host (VM)
+    machine_cores: int = 0  # lab: the machine's cores under all of its VMs (0: one per VM CPU)
+    loop_bandwidth: float = 0.0  # lab: bytes/s between two ranks of one VM (0: half `bandwidth`)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise PlatformError(f"platform {self.kind!r}: one of {', '.join(KINDS)}")
         if not 1 <= self.ranks <= 4096:
             raise PlatformError(f"{self.ranks} ranks: from 1 to 4096")
+        if not (isinstance(self.loop_bandwidth, (int, float)) and math.isfinite(self.loop_bandwidth)
+                and self.loop_bandwidth >= 0):
+            raise PlatformError(f"loop_bandwidth={self.loop_bandwidth!r}: a number from 0")
         for name in ("bandwidth", "latency", "speed"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -54,6 +65,8 @@ class Platform:
             raise PlatformError(f"cores={self.cores!r}: from 1 to 1024")
         if not 1 <= self.per_node <= 64 or (self.per_node > 1 and self.kind != "lab"):
             raise PlatformError(f"per_node={self.per_node!r}: from 1 to 64, on the lab only")
+        if not 0 <= self.machine_cores <= 4096 or (self.machine_cores and self.kind != "lab"):
+            raise PlatformError(f"machine_cores={self.machine_cores!r}: from 1 to 4096, on the lab only")
         if self.kind == "fat-tree" and not 1 <= self.oversubscription <= LEAF:
             raise PlatformError(f"oversubscription={self.oversubscription!r}: from 1 to {LEAF}")
 
@@ -86,27 +99,58 @@ class Platform:
     def describe(self) -> str:
         extra = {"fat-tree": f", {self.oversubscription}:1 oversubscribed",
                  "torus": f" {'x'.join(map(str, torus_dims(self.ranks)))}"}.get(self.kind, "")
-        where = (f"{self.ranks} ranks on {self.hosts} VMs of {self.cores} CPUs at "
-                 f"{self.speed / 1e9:.3g} of full speed, links shared both ways"
-                 if self.kind == "lab" else f"{self.ranks} ranks, one per host")
-        return (f"{self.kind}{extra}: {where}, links {self.bandwidth / 1e6:g} MB/s, "
-                f"{self.latency * 1e6:g} us")
+        if self.kind == "lab":
+            return (f"lab: {self.ranks} ranks on {self.hosts} VMs of {self.cores} CPUs sharing "
+                    f"{self.machine_cores_or_all} cores; a message's bytes cost each VM "
+                    f"{1e9 / self.bandwidth:.3g} ns/B ({self.bandwidth / 1e6:g} MB/s), "
+                    f"{self.latency * 1e6:g} us")
+        return (f"{self.kind}{extra}: {self.ranks} ranks, one per host, links "
+                f"{self.bandwidth / 1e6:g} MB/s, {self.latency * 1e6:g} us")
 
-    def xml(self) -> str:
+    @property
+    def machine_cores_or_all(self) -> int:
+        """The lab machine's cores (as many as its VMs' CPUs, where not given)."""
+        return self.machine_cores or self.hosts * self.cores
+
+    @property
+    def byte_cpu(self) -> float:
+        """lab: the CPU seconds a byte of a message costs its sending VM, and its receiving
+        one, under TCG (0 elsewhere: the links carry the bytes)."""
+        return 1.0 / self.bandwidth if self.kind == "lab" else 0.0
+
+    @property
+    def loop_byte_cpu(self) -> float:
+        """lab: the CPU seconds a byte between two ranks of one VM costs that VM (sending and
+        receiving both)."""
+        if self.kind != "lab":
+            return 0.0
+        return 1.0 / (self.loop_bandwidth or self.bandwidth / 2)
+
+    def xml(self, vms: bool = True) -> str:
+        """The platform for the replayer; vms=False: for SMPI, which places ranks on hosts of
+        its own, the lab as it was modelled before VMs (a host per VM at the share of the
+        machine's cores all of them would get, one link per VM both ways share)."""
         topology, parameters = self.topology()
         template = jinja2.Template(TEMPLATE.read_text(), undefined=jinja2.StrictUndefined,
                                    keep_trailing_newline=True, autoescape=True)
-        return template.render(kind=self.kind, hosts=self.hosts, speed=f"{self.speed:.6g}",
-                               cores=self.cores, bandwidth=f"{self.bandwidth:.6g}",
+        share = min(1.0, self.machine_cores_or_all / (self.hosts * self.cores))
+        lab = self.kind == "lab" and not vms  # with VMs, SimGrid shares the cores itself
+        return template.render(kind=self.kind, hosts=self.hosts, vms=vms,
+                               speed=f"{self.speed * (share if lab else 1):.6g}",
+                               cores=self.cores, machine_cores=self.machine_cores_or_all,
+                               bandwidth=f"{self.bandwidth * (share if lab else 1):.6g}",
                                latency=f"{self.latency / 2:.6g}", topology=topology,
-                               sharing="SHARED" if self.kind == "lab" else "SPLITDUPLEX",
+                               sharing="SHARED" if lab else "SPLITDUPLEX",
                                topo_parameters=parameters, description=self.describe())
 
     def config(self) -> list[str]:
         """SimGrid options: the CM02 model without TCP's acknowledgements modelled as traffic
         the other way (cross-traffic: 5 % of a link that RC's small acknowledgements do not
-        take)."""
-        return ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0"]
+        take); on the lab, the machine's loopback takes the link's latency, and its bytes
+        nothing (the VMs' CPU pays for them; nor does CM02's TCP window bound them)."""
+        lab = [f"--cfg=network/loopback-lat:{self.latency:.6g}", "--cfg=network/loopback-bw:1e15",
+               "--cfg=network/TCP-gamma:1e18"] if self.kind == "lab" else []  # no window bound
+        return ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0", *lab]
 
     def host_of(self, rank: int) -> int:
         return rank // self.per_node

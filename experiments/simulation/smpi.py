@@ -61,7 +61,7 @@ def run(collective: str, label: str, platform: Platform, costs: Costs, size: int
     program = binary()
     with tempfile.TemporaryDirectory(prefix="rxelab-smpi-") as tmp:
         where = Path(tmp)
-        (where / "platform.xml").write_text(platform.xml())
+        (where / "platform.xml").write_text(platform.xml(vms=False))
         (where / "hosts").write_text("".join(f"h{platform.host_of(r)}\n"
                                              for r in range(platform.ranks)))
         argv = ["smpirun", "-np", str(platform.ranks), "-platform", str(where / "platform.xml"),

@@ -9,6 +9,12 @@
  *   ranks P hosts H per K flops F
  *                            rank r runs on host "h<r / K>"; a second of CPU work is F flops
  *                            (a host slower than F flop/s per core takes longer)
+ *   vms C B L                (optional: the lab) the hosts are VMs of C cores each on the
+ *                            platform's one machine, whose cores they share as they are busy;
+ *                            a message's bytes cost B seconds each on the sender's VM and on
+ *                            the receiver's at once (under TCG rxe's data path is the VMs'
+ *                            CPU), L each on the VM of both ranks of one, then cross the
+ *                            machine's loopback (the link's latency)
  *   rank r N                 then N moves of rank r:
  *   S dst bytes key waited data cpu  a message (key names it for the receiver; waited: a
  *                                 later W names it by this rank's count of its S lines; data:
@@ -57,6 +63,10 @@ static std::vector<char> unclaimed;  // a rank that ended with messages nobody w
 static std::vector<long long> sent_to, claimed;
 
 static double flops_per_second = 1e9;
+static int vm_cores = 0;          // 0: the hosts are the platform's own (no VMs)
+static double byte_cpu = 0;       // seconds per byte on each side, with VMs
+static double loop_byte_cpu = 0;  // seconds per byte between two ranks of one VM
+static std::vector<sg4::Host*> rank_host;
 
 /* Sends nobody waits for leave through porters. SimGrid 3.32 keeps every activity an actor
  * takes part in on a list it scans whole whenever one of them ends (std::list::remove, in
@@ -94,6 +104,29 @@ static void porter_main(int r, int k)
   }
 }
 
+/* With VMs, a message is carried by an actor of its own on the sender's VM: the bytes' CPU
+ * on both VMs at once (pipelined, as rxe's sender and receiver work packet by packet), then
+ * the machine's loopback. */
+static void carry(sg4::Mailbox* to, unsigned long long* payload, uint64_t wire, sg4::Host* there)
+{
+  if (there == sg4::this_actor::get_host()) {
+    double flops = loop_byte_cpu * (double)wire * flops_per_second;
+    if (flops > 0)
+      sg4::this_actor::execute(flops);
+    to->put(payload, wire);
+    return;
+  }
+  double flops = byte_cpu * (double)wire * flops_per_second;
+  if (flops > 0) {
+    sg4::ExecPtr mine   = sg4::this_actor::exec_async(flops);
+    sg4::ExecPtr theirs = sg4::Exec::init()->set_flops_amount(flops)->set_host(there);
+    theirs->start();
+    mine->wait();
+    theirs->wait();
+  }
+  to->put(payload, wire);
+}
+
 static void work(double seconds)
 {
   if (seconds > 0)
@@ -106,6 +139,7 @@ static void rank_main(int r)
   box->set_receiver(sg4::Actor::self());
   std::unordered_map<unsigned long long, int> arrived;
   std::vector<sg4::CommPtr> sends;
+  std::vector<sg4::ActorPtr> carried;  // with VMs: the carrier of each send (waited ones)
   std::vector<double> sent_bytes;
   double inflight = 0, unwaited = 0, peak = 0;
   for (const Move& m : moves[r]) {
@@ -124,7 +158,12 @@ static void rank_main(int r)
         sg4::Mailbox* to = sg4::Mailbox::by_name("r" + std::to_string(m.peer));
         // a message of 0 bytes still crosses the link (SimGrid would deliver it at once)
         auto wire = (uint64_t)std::max(m.bytes, 1.0);
-        if (m.waited) {
+        if (vm_cores > 0) {
+          sends.push_back(nullptr);
+          sg4::ActorPtr carrier = sg4::Actor::create("carry", rank_host[r], carry, to, payload, wire,
+                                                     rank_host[m.peer]);
+          carried.push_back(m.waited ? carrier : nullptr);
+        } else if (m.waited) {
           sends.push_back(to->put_async(payload, wire));
         } else {
           sends.push_back(nullptr);
@@ -132,6 +171,8 @@ static void rank_main(int r)
           porter.jobs.push_back({to, payload, wire});
           porter.ready->release();
         }
+        if (vm_cores == 0)
+          carried.push_back(nullptr);
         break;
       }
       case 'R': {
@@ -155,6 +196,10 @@ static void rank_main(int r)
           if (sends[id]) {
             sends[id]->wait();
             sends[id] = nullptr;  // done: its memory goes now, not at the rank's end
+            inflight -= sent_bytes[id];
+          } else if (carried[id]) {
+            carried[id]->join();
+            carried[id] = nullptr;
             inflight -= sent_bytes[id];
           }
         inflight -= unwaited;
@@ -180,6 +225,11 @@ static void read_trace(const char* path, int& hosts, int& per)
   if (!(in >> word >> p >> word >> hosts >> word >> per >> word >> flops_per_second) || p <= 0 ||
       hosts <= 0 || per <= 0 || (long long)hosts * per < p || !(flops_per_second > 0))
     throw std::runtime_error("trace: expected 'ranks P hosts H per K flops F', H x K >= P");
+  if (in >> std::ws && in.peek() == 'v') {
+    if (!(in >> word >> vm_cores >> byte_cpu >> loop_byte_cpu) || word != "vms" || vm_cores <= 0 ||
+        !(byte_cpu >= 0) || !(loop_byte_cpu >= 0))
+      throw std::runtime_error("trace: expected 'vms C B L', C >= 1 cores per VM, B and L >= 0 seconds per byte");
+  }
   moves.resize(p);
   ended.assign(p, -1.0);
   peak_inflight.assign(p, 0.0);
@@ -249,6 +299,7 @@ int main(int argc, char** argv)
   }
   int hosts = 0;
   int per   = 1;
+  std::vector<sg4::Host*> vms;
   try {
     read_trace(argv[2], hosts, per);
   } catch (const std::exception& err) {
@@ -257,8 +308,22 @@ int main(int argc, char** argv)
   }
   porters.resize(moves.size());
   e.load_platform(argv[1]);
+  if (vm_cores > 0) {  // the lab: its VMs, on the platform's one machine
+    std::vector<sg4::Host*> machines = e.get_all_hosts();
+    if (machines.size() != 1) {
+      std::cerr << "error: VMs need a platform of one machine, not " << machines.size() << " hosts\n";
+      return 2;
+    }
+    for (int h = 0; h < hosts; h++) {
+      sg4::VirtualMachine* vm = machines[0]->create_vm("h" + std::to_string(h), vm_cores);
+      vm->start();
+      vms.push_back(vm);
+    }
+  }
+  rank_host.resize(moves.size());
   for (int r = 0; r < (int)moves.size(); r++) {
-    sg4::Host* host = e.host_by_name_or_null("h" + std::to_string(r / per));
+    sg4::Host* host = vm_cores > 0 ? vms[r / per] : e.host_by_name_or_null("h" + std::to_string(r / per));
+    rank_host[r] = host;
     if (host == nullptr) {
       std::cerr << "error: the platform has no host h" << r / per << "\n";
       return 2;

@@ -7,20 +7,20 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 
 from experiments.simulation import calibrate, replayer, validate
 from experiments.simulation import costs as costs_mod
 from experiments.simulation.costs import Costs, Profile
-from experiments.simulation.platforms import FLOPS
 
 pytestmark = pytest.mark.skipif(
     not (replayer.HEADER.exists() and shutil.which("g++")),
     reason="SimGrid's headers (libsimgrid-dev) or g++ missing: `bash infra/install-deps.sh`")
 
 SIZES = [0, 1, 1024, 65536, 1 << 20]
-LATENCY, BANDWIDTH, DUPLEX = 300e-6, 30e6, 40e6
+LATENCY, BANDWIDTH, DUPLEX, LOOP = 300e-6, 30e6, 40e6, 60e6
 NODE_CPUS, HOST_CPUS = 1, 2
 # the made-up lab's truth: per message (both sides together) at each size
 TRUTH = [(0, 400e-6), (1, 410e-6), (1024, 500e-6), (65536, 4e-3), (1 << 20, 40e-3)]
@@ -32,7 +32,8 @@ def truth() -> Costs:
 
 
 def lab(op: str, algorithm: str, p: int, size: int) -> float:
-    made = Profile("truth", truth(), BANDWIDTH, LATENCY, NODE_CPUS, HOST_CPUS, DUPLEX)
+    made = Profile("truth", truth(), BANDWIDTH, LATENCY, NODE_CPUS, HOST_CPUS, DUPLEX,
+                   loop_bandwidth=LOOP)
     return calibrate.replayed(op, algorithm, p, size, made.lab(p), truth())
 
 
@@ -44,9 +45,9 @@ def record(op, algorithm, p, size, seconds, spread=0.05):
             for f in (1 - spread, 1.0, 1 + spread)]
 
 
-def link(tool, size, value):
+def link(tool, size, value, nodes=2):
     key = "lat_us" if tool == "ib_send_lat" else "bw_MBps"
-    return [{"app": "perftest", "algorithm": tool, "size": size, "status": "ok",
+    return [{"app": "perftest", "algorithm": tool, "size": size, "status": "ok", "nodes": nodes,
              "summary": {key: value}}] * 3
 
 
@@ -58,6 +59,7 @@ def made_up_run() -> list[dict]:
     out += record("allreduce", "ring", 2, 1 << 20, lab("allreduce", "ring", 2, 1 << 20))
     out += link("ib_send_lat", 1, LATENCY * 1e6) + link("ib_write_bw", 1 << 20, BANDWIDTH / 1e6)
     out += link("ib_write_bw_bidir", 1 << 20, DUPLEX / 1e6)
+    out += link("ib_write_bw", 1 << 20, LOOP / 1e6, nodes=1)
     return out
 
 
@@ -69,6 +71,7 @@ def fitted():
 def test_the_fit_finds_the_costs_the_lab_was_made_with(fitted):
     assert fitted.latency == pytest.approx(LATENCY) and fitted.bandwidth == pytest.approx(BANDWIDTH)
     assert fitted.duplex_bandwidth == pytest.approx(DUPLEX)
+    assert fitted.loop_bandwidth == pytest.approx(LOOP)
     assert fitted.costs.call == pytest.approx(CALL) and fitted.costs.copy_per_byte == pytest.approx(COPY)
     for size, seconds in TRUTH:
         got = fitted.costs.send_cpu(size) + fitted.costs.recv_cpu(size)
@@ -140,13 +143,16 @@ def test_a_run_of_another_spec_is_not_fitted(tmp_path):
         calibrate.fit_run(tmp_path, "lab")
 
 
-def test_the_lab_slows_where_its_vms_outnumber_the_cores(fitted):
-    """3 one-CPU VMs on 2 cores: CPU and link (rxe's data path is the VM's CPU) at 2/3."""
-    two, three, six = fitted.lab(2), fitted.lab(3), fitted.lab(6, per_node=2)
-    assert two.speed == FLOPS and two.bandwidth == pytest.approx(DUPLEX)
-    assert three.speed == pytest.approx(FLOPS * 2 / 3)
-    assert three.bandwidth == pytest.approx(DUPLEX * 2 / 3)
-    assert (six.hosts, six.host_of(5), six.speed) == (3, 2, three.speed)
+def test_the_lab_is_vms_sharing_the_machines_cores(fitted):
+    """The profile's nodes as VMs of its CPUs on a machine of its cores; a message's bytes
+    cost each VM 1/duplex (each sends and receives half of the sum both ways), and 1/loop
+    within a VM; without a figure both ways, 1/bandwidth (one way)."""
+    three, six = fitted.lab(3), fitted.lab(6, per_node=2)
+    assert (three.hosts, three.cores, three.machine_cores) == (3, NODE_CPUS, HOST_CPUS)
+    assert three.byte_cpu == pytest.approx(1 / DUPLEX)
+    assert replace(fitted, duplex_bandwidth=None).lab(3).byte_cpu == pytest.approx(1 / BANDWIDTH)
+    assert three.loop_byte_cpu == pytest.approx(1 / LOOP)
+    assert (six.hosts, six.host_of(5), six.machine_cores) == (3, 2, HOST_CPUS)
 
 
 @pytest.mark.parametrize(("near", "within"), [(True, True), (False, False)])
@@ -189,7 +195,9 @@ def test_the_calibrate_spec_measures_what_the_fit_needs():
         if c["app"] == "perftest":
             value = {"ib_send_lat": LATENCY * 1e6, "ib_write_bw": BANDWIDTH / 1e6,
                      "ib_write_bw_bidir": DUPLEX / 1e6}[c["algorithm"]]
-            run += link(c["algorithm"], c["size"], value)
+            if c["nodes"] == 1:
+                value = LOOP / 1e6
+            run += link(c["algorithm"], c["size"], value, c["nodes"])
         elif c["nodes"] == 1:
             run += record(c["op"], c["algorithm"], 1, c["size"], CALL + COPY * c["size"])
         else:

@@ -42,7 +42,8 @@ class FakeConnection:
 
     def run(self, cmd, **kwargs):
         self.nodes.log.append((self.host.name, cmd))
-        if "rxelab.launch --hosts" in cmd or "mpirun -np" in cmd or "srun --job-name" in cmd:
+        if "rxelab.launch --hosts" in cmd or "mpirun -np" in cmd or "srun --job-name" in cmd \
+                or ("ib_write_bw" in cmd and kwargs.get("asynchronous")):  # a perftest client
             assert kwargs.get("asynchronous"), "a case command must be interruptible"
             return FakePromise(self.nodes, self.nodes.outputs.pop(0))
         if "hw_counters" in cmd:
@@ -118,6 +119,24 @@ def cmds(nodes, needle):
 def stops(nodes, run_id):
     """Where the run's clean-up stopped its own processes (and only those: by its id)."""
     return [(h, c) for h, c in nodes.log if "/environ" in c and f"RXELAB_RUN_ID={run_id}" in c]
+
+
+BW = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+      " 1048576    200              0.53               0.528                0.000063\n")
+
+
+@pytest.mark.parametrize(("nodes", "server"), [(2, "node2"), (1, "node1")])
+def test_a_perftest_pair_on_one_node_runs_over_its_loopback(tmp_path, monkeypatch, nodes, server):
+    """perftest on 2 nodes: server on the second, client on the first; on 1 node, both on it
+    (rxe's loopback, which `fab calibrate` measures)."""
+    r, fake = make_runner(tmp_path, monkeypatch, '[[runs]]\napp = "perftest"\ntools = ["ib_write_bw"]\n'
+                          f'nodes = [{nodes}]\nsizes = [1048576]\nstages = 200\n')
+    fake.outputs.append(BW)
+    (rec,) = records(r.run({"nodes": nodes}))
+    assert rec["status"] == "ok" and rec["summary"]["bw_MBps"] == pytest.approx(66.0)
+    started = [(h, c) for h, c in fake.log if "ib_write_bw" in c]
+    assert [h for h, _ in started] == [server, "node1"]
+    assert started[0][1].endswith("&") and started[1][1].endswith(HOSTS[int(server[-1]) - 1].data_ip)
 
 
 def test_wrong_data_and_missing_output_are_recorded_as_such(tmp_path, monkeypatch):
