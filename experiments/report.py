@@ -127,10 +127,11 @@ def link_share(flat: list[dict[str, Any]], link_MBps: float | None) -> None:
 
 
 def link_rate(records: list[dict[str, Any]], tool: str = "ib_write_bw") -> float | None:
-    """The link's rate in this run (MB/s): the tool's best, where it ran (ib_write_bw_bidir's
-    is both directions' sum)."""
+    """The link's rate in this run (MB/s): the tool's best between two nodes, where it ran
+    (ib_write_bw_bidir's is both directions' sum; a pair on one node is rxe's loopback, not
+    the link)."""
     limit = [r["summary"]["bw_MBps"] for r in records
-             if r["app"] == "perftest" and r["algorithm"] == tool
+             if r["app"] == "perftest" and r["algorithm"] == tool and r.get("nodes", 2) != 1
              and r.get("summary", {}).get("bw_MBps")]
     return max(limit) if limit else None
 

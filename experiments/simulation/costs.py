@@ -73,7 +73,7 @@ class Profile:
         return Platform("lab", ranks, self.duplex_bandwidth or self.bandwidth, self.latency,
                         cores=self.node_cpus,
                         per_node=per_node, machine_cores=self.host_cpus or 0,
-                        loop_bandwidth=self.loop_bandwidth or self.bandwidth / 2)
+                        loop_bandwidth=self.loop_bandwidth or 0.0)
 
     @property
     def placeholder(self) -> bool:

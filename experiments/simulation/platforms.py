@@ -65,8 +65,12 @@ class Platform:
             raise PlatformError(f"cores={self.cores!r}: from 1 to 1024")
         if not 1 <= self.per_node <= 64 or (self.per_node > 1 and self.kind != "lab"):
             raise PlatformError(f"per_node={self.per_node!r}: from 1 to 64, on the lab only")
-        if not 0 <= self.machine_cores <= 4096 or (self.machine_cores and self.kind != "lab"):
-            raise PlatformError(f"machine_cores={self.machine_cores!r}: from 1 to 4096, on the lab only")
+        if isinstance(self.machine_cores, bool) or not isinstance(self.machine_cores, int) \
+                or not 0 <= self.machine_cores <= 4096 or (self.machine_cores and self.kind != "lab"):
+            raise PlatformError(f"machine_cores={self.machine_cores!r}: a whole number from 1 to "
+                                "4096 (0: one core per VM CPU), on the lab only")
+        if self.loop_bandwidth and self.kind != "lab":
+            raise PlatformError(f"loop_bandwidth={self.loop_bandwidth!r}: on the lab only")
         if self.kind == "fat-tree" and not 1 <= self.oversubscription <= LEAF:
             raise PlatformError(f"oversubscription={self.oversubscription!r}: from 1 to {LEAF}")
 

@@ -13,8 +13,9 @@
  *                            platform's one machine, whose cores they share as they are busy;
  *                            a message's bytes cost B seconds each on the sender's VM and on
  *                            the receiver's at once (under TCG rxe's data path is the VMs'
- *                            CPU), L each on the VM of both ranks of one, then cross the
- *                            machine's loopback (the link's latency)
+ *                            CPU), L on the one VM of two ranks of one VM (once: both
+ *                            sides are on it), then cross the machine's loopback (the
+ *                            link's latency); no porters then: each message has a carrier
  *   rank r N                 then N moves of rank r:
  *   S dst bytes key waited data cpu  a message (key names it for the receiver; waited: a
  *                                 later W names it by this rank's count of its S lines; data:
@@ -118,11 +119,13 @@ static void carry(sg4::Mailbox* to, unsigned long long* payload, uint64_t wire, 
   }
   double flops = byte_cpu * (double)wire * flops_per_second;
   if (flops > 0) {
-    sg4::ExecPtr mine   = sg4::this_actor::exec_async(flops);
-    sg4::ExecPtr theirs = sg4::Exec::init()->set_flops_amount(flops)->set_host(there);
-    theirs->start();
-    mine->wait();
-    theirs->wait();
+    // each side's VM stops counting as busy when its own part ends: SimGrid counts a VM's
+    // running execs down only once an exec is waited for, so both are waited for as they end
+    std::vector<sg4::ExecPtr> both = {sg4::this_actor::exec_async(flops),
+                                      sg4::Exec::init()->set_flops_amount(flops)->set_host(there)};
+    both[1]->start();
+    while (!both.empty())
+      both.erase(both.begin() + sg4::Exec::wait_any(both));
   }
   to->put(payload, wire);
 }
@@ -290,7 +293,8 @@ int main(int argc, char** argv)
   for (int i = 1; i < argc; i++)
     stack_given |= std::string(argv[i]).find("contexts/stack-size") != std::string::npos;
   sg4::Engine e(&argc, argv);
-  // 5 actors per rank: 8 MiB stacks each (the default) would be 40 GiB of mappings at p = 1024
+  // 5 actors per rank (with VMs, 1 and one per message on its way): 8 MiB stacks each (the
+  // default) would be 40 GiB of mappings at p = 1024
   if (!stack_given)
     sg4::Engine::set_config("contexts/stack-size:256");
   if (argc != 3) {
@@ -329,6 +333,8 @@ int main(int argc, char** argv)
       return 2;
     }
     sg4::Actor::create("rank" + std::to_string(r), host, rank_main, r);
+    if (vm_cores > 0)
+      continue;  // the lab's messages have carriers of their own
     porters[r].resize(PORTERS);
     for (int k = 0; k < PORTERS; k++) {
       porters[r][k].ready = sg4::Semaphore::create(0);

@@ -194,6 +194,18 @@ def test_a_messages_bytes_cost_both_vms_cpu(tmp_path):
 
 
 @needs_simgrid
+def test_a_vm_done_with_its_side_of_a_message_leaves_its_core(tmp_path):
+    """The receiver's VM is idle once its half of the bytes is done, though the sender's is
+    not (its rank works beside the message): 3 VMs busy on 2 cores until 1.5 s (the
+    receiver's second of CPU at 2/3), then the sender's VM gets a whole core for the half
+    second each of its two claims has left: 2.5 s, and the latency."""
+    lab = platforms.Platform("lab", 3, 1e6, 1e-3, machine_cores=2)
+    ends = replay_moves(tmp_path, lab, "rank 0 3\nS 1 1000000 7 1 1 0\nC 1\nW 1 0\n"
+                                        "rank 1 1\nR 7 0\nrank 2 1\nC 10\n")
+    assert ends[:2] == pytest.approx([2.501, 2.501], rel=1e-6)
+
+
+@needs_simgrid
 def test_an_oversubscribed_fat_tree_slows_an_all_to_all():
     t = trace.record("alltoall", "parallel", 64, 1 << 16, eager_limit=0)
     full, thin = (replayer.replay(t, platforms.Platform("fat-tree", 64, 1e9, 1e-6,
