@@ -17,7 +17,8 @@ SpecError that names it.
     platform = "cluster"           # lab, cluster, fat-tree, torus
     oversubscription = 4           # fat-tree
     ranks_per_node = 2             # lab: ranks on each VM (default 1)
-    bandwidth = 12.5e9             # bytes/s per link; default: the profile's
+    bandwidth = 12.5e9             # bytes/s per link (lab: a byte costs each VM 1/bandwidth);
+                                   #   default: the profile's
     latency = 1e-6                 # seconds host to host; default: the profile's
 """
 
