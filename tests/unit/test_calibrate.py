@@ -100,6 +100,13 @@ def test_a_missing_measurement_is_named(missing):
         calibrate.fit(run, "short", NODE_CPUS, HOST_CPUS)
 
 
+def test_a_run_without_the_loopback_fits_and_says_so():
+    run = [r for r in made_up_run() if r.get("nodes") != 1 or r["app"] != "perftest"]
+    got = calibrate.fit(run, "older", NODE_CPUS, HOST_CPUS)
+    assert got.loop_bandwidth is None and any("within one node" in n for n in got.measured["notes"])
+    assert got.lab(2, per_node=2).loop_byte_cpu == pytest.approx(2 / DUPLEX)
+
+
 def test_failed_rounds_are_not_measurements():
     run = made_up_run()
     for r in run:
