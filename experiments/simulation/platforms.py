@@ -3,12 +3,11 @@
   placed in blocks as rxelab.launch places them, `cores` CPUs each): busy VMs share the
   machine's cores, idle ones leave them to the others (a CPU loop on 1, 2, 3, 4 of the 4-VM
   lab's VMs at once: 5.0, 3.9, 6.3, 7.2 s, measured). Under TCG rxe's data path is the VMs'
-  CPU, not a NIC's: a message's bytes cost 1/`bandwidth` seconds each on the sending VM and
-  on the receiving one at once (between two ranks of one VM, 1/`loop_bandwidth` on that VM:
-  rxe's loopback, 66 MB/s against 32-41 MB/s between VMs, measured), then cross the
-  machine's loopback with the link's latency
-  (ib_write_bw one way fell from 41.5 to 21.9 MB/s with the two other VMs busy, both ways
-  from 22.2 to 10.2: the link is a share of the machine's cores too);
+  CPU, not a NIC's (ib_write_bw one way fell from 41.5 to 21.9 MB/s with the two other VMs
+  busy, both ways from 22.2 to 10.2): a message's bytes cost 1/`bandwidth` seconds each on
+  the sending VM and on the receiving one at once (between two ranks of one VM,
+  1/`loop_bandwidth` on that VM: rxe's loopback, 66 MB/s against 32-41 MB/s between VMs,
+  measured), then cross the machine's loopback with the link's latency;
 - cluster: one rank per host, each host with its own link (up and down apart) into a crossbar
   (full bisection; no backbone link: it made simulation ~10x slower with the same results);
 - fat-tree: a two-level fat tree of leaf switches, with `oversubscription`:1 fewer uplinks than
@@ -137,24 +136,25 @@ class Platform:
         topology, parameters = self.topology()
         template = jinja2.Template(TEMPLATE.read_text(), undefined=jinja2.StrictUndefined,
                                    keep_trailing_newline=True, autoescape=True)
-        share = min(1.0, self.machine_cores_or_all / (self.hosts * self.cores))
-        lab = self.kind == "lab" and not vms  # with VMs, SimGrid shares the cores itself
+        fixed = self.kind == "lab" and not vms  # with VMs, SimGrid shares the cores itself
+        share = min(1.0, self.machine_cores_or_all / (self.hosts * self.cores)) if fixed else 1.0
         return template.render(kind=self.kind, hosts=self.hosts, vms=vms,
-                               speed=f"{self.speed * (share if lab else 1):.6g}",
+                               speed=f"{self.speed * share:.6g}",
                                cores=self.cores, machine_cores=self.machine_cores_or_all,
-                               bandwidth=f"{self.bandwidth * (share if lab else 1):.6g}",
+                               bandwidth=f"{self.bandwidth * share:.6g}",
                                latency=f"{self.latency / 2:.6g}", topology=topology,
-                               sharing="SHARED" if lab else "SPLITDUPLEX",
+                               sharing="SHARED" if fixed else "SPLITDUPLEX",
                                topo_parameters=parameters, description=self.describe())
 
-    def config(self) -> list[str]:
+    def config(self, vms: bool = True) -> list[str]:
         """SimGrid options: the CM02 model without TCP's acknowledgements modelled as traffic
         the other way (cross-traffic: 5 % of a link that RC's small acknowledgements do not
-        take); on the lab, the machine's loopback takes the link's latency, and its bytes
-        nothing (the VMs' CPU pays for them; nor does CM02's TCP window bound them)."""
-        lab = [f"--cfg=network/loopback-lat:{self.latency:.6g}", "--cfg=network/loopback-bw:1e15",
-               "--cfg=network/TCP-gamma:1e18"] if self.kind == "lab" else []  # no window bound
-        return ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0", *lab]
+        take); on the lab with VMs, the machine's loopback takes the link's latency, and its
+        bytes nothing (the VMs' CPU pays for them; nor does CM02's TCP window bound them)."""
+        machine = [f"--cfg=network/loopback-lat:{self.latency:.6g}",
+                   "--cfg=network/loopback-bw:1e15", "--cfg=network/TCP-gamma:1e18"]
+        return ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0",
+                *(machine if self.kind == "lab" and vms else [])]
 
     def host_of(self, rank: int) -> int:
         return rank // self.per_node

@@ -67,7 +67,7 @@ def run(collective: str, label: str, platform: Platform, costs: Costs, size: int
         argv = ["smpirun", "-np", str(platform.ranks), "-platform", str(where / "platform.xml"),
                 "-hostfile", str(where / "hosts"),
                 f"--cfg=smpi/{collective}:{c.mpi.smpi[label]}",
-                *platform.config(), "--cfg=smpi/simulate-computation:no",
+                *platform.config(vms=False), "--cfg=smpi/simulate-computation:no",
                 "--cfg=smpi/privatization:no", f"--cfg=smpi/os:{overheads(costs.send)}",
                 f"--cfg=smpi/ois:{overheads(costs.send)}", f"--cfg=smpi/or:{overheads(costs.recv)}",
                 "--log=root.thres:critical",

@@ -91,18 +91,18 @@ def rows(records: list[dict[str, Any]], profile: Profile) -> list[Row]:
 
 
 def rankings(table: list[Row]) -> list[dict[str, Any]]:
-    """At each (op, p, size): the algorithms from fastest, by the lab's medians and by the
+    """At each (op, p, nodes, size): the algorithms from fastest, by the lab's medians and by the
     predictions."""
-    groups: dict[tuple[str, int, int], list[Row]] = defaultdict(list)
+    groups: dict[tuple[str, int, int, int], list[Row]] = defaultdict(list)
     for r in table:
-        groups[(r.op, r.ranks, r.size)].append(r)
+        groups[(r.op, r.ranks, r.nodes, r.size)].append(r)
     out = []
-    for (op, ranks, size), rs in sorted(groups.items()):
+    for (op, ranks, nodes, size), rs in sorted(groups.items()):
         if len(rs) < 2:
             continue
         lab = [r.algorithm for r in sorted(rs, key=lambda r: r.lab_s)]
         predicted = [r.algorithm for r in sorted(rs, key=lambda r: r.predicted_s)]
-        out.append({"op": op, "ranks": ranks, "size": size, "lab": lab,
+        out.append({"op": op, "ranks": ranks, "nodes": nodes, "size": size, "lab": lab,
                     "predicted": predicted, "same": lab == predicted,
                     "same_first": lab[0] == predicted[0]})
     return out
@@ -114,7 +114,7 @@ def by_ranks(table: list[Row], order: list[dict[str, Any]]) -> list[dict[str, An
     out = []
     for ranks, nodes in sorted({(r.ranks, r.nodes) for r in table}):
         rs = [r for r in table if (r.ranks, r.nodes) == (ranks, nodes)]
-        gs = [g for g in order if g["ranks"] == ranks]
+        gs = [g for g in order if (g["ranks"], g["nodes"]) == (ranks, nodes)]
         ratios = [r.ratio for r in rs]
         out.append({"ranks": ranks, "nodes": nodes, "cases": len(rs),
                     "within": sum(r.within for r in rs), "ratio": statistics.median(ratios),

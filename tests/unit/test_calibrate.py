@@ -184,6 +184,20 @@ def test_validation_sets_predictions_beside_the_lab(fitted, tmp_path, near, with
         assert "2 of 2 orders of algorithms" in text
 
 
+def test_the_same_p_on_other_nodes_is_ranked_and_summed_up_apart():
+    """p = 6 on 3 nodes and on 6: two orders of algorithms, two summary lines."""
+    def row(algorithm, nodes, lab_s, predicted_s):
+        return validate.Row("alltoall", algorithm, 6, nodes, 1024, lab_s, lab_s, lab_s, 3,
+                            predicted_s)
+    table = [row("pairwise", 3, 1.0, 1.0), row("parallel", 3, 2.0, 2.0),
+             row("pairwise", 6, 2.0, 1.0), row("parallel", 6, 1.0, 2.0)]
+    order = validate.rankings(table)
+    assert [(g["nodes"], g["same"]) for g in order] == [(3, True), (6, False)]
+    summed = validate.by_ranks(table, order)
+    assert [(g["nodes"], g["within"], g["same"], g["orders"]) for g in summed] == \
+        [(3, 2, 1, 1), (6, 0, 0, 1)]
+
+
 def test_validation_of_a_run_without_back_to_back_calls_is_refused(fitted, tmp_path):
     (tmp_path / "records.jsonl").write_text(json.dumps({"app": "rxelab", "status": "ok",
                                                         "summary": {"tight": False}}) + "\n")
