@@ -268,6 +268,9 @@ def test_a_message_nobody_waits_for_fails_the_replay():
     ("rank 0 1\nC -1\nrank 1 0\n", "below 0"),
     ("rank 0 2\nC 0\n", "cut short"),
     ("", "H x K >= P"),  # 2 ranks on 1 host of 1
+    ("vms 0 1e-9 1e-9\nrank 0 0\nrank 1 0\n", "C >= 1 cores per VM"),
+    ("vms 1 -1 0\nrank 0 0\nrank 1 0\n", "B and L >= 0"),
+    ("vms 1 1e-9\nrank 0 0\nrank 1 0\n", "'vms C B L'"),
 ])
 def test_the_replayer_refuses_a_malformed_recording(tmp_path, moves, said):
     import subprocess
