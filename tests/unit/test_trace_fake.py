@@ -108,6 +108,23 @@ def test_a_window_of_pairs_is_recorded_as_it_runs(name):
     assert recorded(t) == delivered(6, name, "sequential", 64, 0, pairs=3)
 
 
+@pytest.mark.parametrize("size", [64, 1 << 20])  # eager blocks, and blocks by rendezvous
+def test_the_parallel_alltoalls_ith_blocks_go_to_p_different_ranks(size):
+    """Rank r's i-th block goes to r+i, its i-th advertisement to r-i: posted in rank order,
+    every rank's first block met at rank 0 (an incast of p - 1 at every step)."""
+    p = 8
+    t = trace.record("alltoall", "parallel", p, size)
+    t.matched()
+    for what in (trace.EAGER, trace.WRITE, trace.RTR):
+        steps = [[m.peer for m in moves if m.kind == trace.SEND and m.what == what]
+                 for moves in t.ranks]
+        if not any(steps):
+            continue
+        assert all(len(s) == p - 1 for s in steps), what
+        for i in range(p - 1):
+            assert sorted(s[i] for s in steps) == list(range(p)), (what, i)
+
+
 def test_calls_back_to_back_take_the_next_call_numbers():
     t = trace.record("allreduce", "ring", 4, 4096, calls=3)
     t.matched()
