@@ -1,7 +1,7 @@
 /* Replays rxelab.trace recordings on a SimGrid platform (s4u, SimGrid 3.32): one actor per
- * rank. Every rank's mailbox has it as its permanent receiver, so a message moves as soon as
- * it is sent, as an RDMA write or send into a buffer the receiver posted ahead does; the
- * receiver files arrivals by key and a wait takes the one it needs. A rank's CPU work (per
+ * rank. Every rank's inboxes (mailboxes) have it as their permanent receiver, so a message
+ * moves as soon as it is sent, as an RDMA write or send into a buffer the receiver posted
+ * ahead does; the receiver files arrivals by key and a wait takes the one it needs. A rank's CPU work (per
  * message overheads, copies, reductions) is computation on its host, so ranks that share a
  * host's cores compete for them (the lab: ranks on one VM share its CPU).
  *
@@ -105,6 +105,20 @@ static void porter_main(int r, int k)
   }
 }
 
+/* Each rank takes its messages from INBOXES mailboxes (the sender's rank modulo INBOXES picks
+ * one), not one: SimGrid 3.32 keeps a permanent receiver's arrivals in a
+ * boost::circular_buffer_space_optimized that every get erases from the front of, shifting
+ * (and, as it shrinks, reallocating) all the arrivals behind it. A rank that sends all its
+ * blocks before it takes any (the parallel all-to-all) had p - 1 waiting in one, and the gets
+ * took a third of the replay at p = 1024. */
+static const int INBOXES = 16;
+static std::vector<sg4::Mailbox*> inboxes;  // rank r's k-th: inboxes[r * INBOXES + k]
+
+static sg4::Mailbox* inbox(int to, int from)
+{
+  return inboxes[(size_t)to * INBOXES + from % INBOXES];
+}
+
 /* With VMs, a message is carried by an actor of its own on the sender's VM: the bytes' CPU
  * on both VMs at once (pipelined, as rxe's sender and receiver work packet by packet), then
  * the machine's loopback. */
@@ -138,8 +152,8 @@ static void work(double seconds)
 
 static void rank_main(int r)
 {
-  sg4::Mailbox* box = sg4::Mailbox::by_name("r" + std::to_string(r));
-  box->set_receiver(sg4::Actor::self());
+  for (int k = 0; k < INBOXES; k++)
+    inbox(r, k)->set_receiver(sg4::Actor::self());
   std::unordered_map<unsigned long long, int> arrived;
   std::vector<sg4::CommPtr> sends;
   std::vector<sg4::ActorPtr> carried;  // with VMs: the carrier of each send (waited ones)
@@ -158,7 +172,7 @@ static void rank_main(int r)
         if (inflight > peak)
           peak = inflight;
         auto* payload = new unsigned long long(m.key);
-        sg4::Mailbox* to = sg4::Mailbox::by_name("r" + std::to_string(m.peer));
+        sg4::Mailbox* to = inbox(m.peer, r);
         // a message of 0 bytes still crosses the link (SimGrid would deliver it at once)
         auto wire = (uint64_t)std::max(m.bytes, 1.0);
         if (vm_cores > 0) {
@@ -180,6 +194,7 @@ static void rank_main(int r)
       }
       case 'R': {
         auto it = arrived.find(m.key);
+        sg4::Mailbox* box = inbox(r, (int)(m.key >> 48));
         while (it == arrived.end()) {
           auto* got = box->get<unsigned long long>();
           arrived[*got]++;
@@ -215,7 +230,8 @@ static void rank_main(int r)
   }
   if (!arrived.empty())  // a message this rank never waited for: the recording is wrong
     unclaimed[r] = 1;
-  box->set_receiver(nullptr);
+  for (int k = 0; k < INBOXES; k++)
+    inbox(r, k)->set_receiver(nullptr);
   ended[r] = sg4::Engine::get_clock();
   peak_inflight[r] = peak;
 }
@@ -264,6 +280,8 @@ static void read_trace(const char* path, int& hosts, int& per)
           throw std::runtime_error("trace: a message of fewer than 0 bytes");
       } else if (m.kind == 'R') {
         in >> m.key >> m.cpu;
+        if (in && (m.key >> 48) >= (unsigned long long)p)
+          throw std::runtime_error("trace: rank " + std::to_string(r) + " waits for a rank that does not exist");
       } else if (m.kind == 'W') {
         int k;
         in >> k;
@@ -311,6 +329,9 @@ int main(int argc, char** argv)
     return 2;
   }
   porters.resize(moves.size());
+  for (size_t r = 0; r < moves.size(); r++)
+    for (int k = 0; k < INBOXES; k++)
+      inboxes.push_back(sg4::Mailbox::by_name("r" + std::to_string(r) + "." + std::to_string(k)));
   e.load_platform(argv[1]);
   if (vm_cores > 0) {  // the lab: its VMs, on the platform's one machine
     std::vector<sg4::Host*> machines = e.get_all_hosts();
