@@ -159,10 +159,15 @@ static void rank_main(int r)
   std::vector<sg4::ActorPtr> carried;  // with VMs: the carrier of each send (waited ones)
   std::vector<double> sent_bytes;
   double inflight = 0, unwaited = 0, peak = 0;
+  /* CPU work is run when the rank next sends, waits or ends, as one exec: one after another on
+   * a busy CPU they take the same time, and each exec is a SimGrid action of its own (a fifth
+   * of the replay's time went to starting and ending them). */
+  double pending = 0;
   for (const Move& m : moves[r]) {
     switch (m.kind) {
       case 'S': {
-        work(m.cpu);
+        work(pending + m.cpu);
+        pending = 0;
         double counted = m.data ? m.bytes : 0;  // as the library counts: blocks, not control
         sent_bytes.push_back(counted);
         sent_to[m.peer]++;
@@ -195,6 +200,10 @@ static void rank_main(int r)
       case 'R': {
         auto it = arrived.find(m.key);
         sg4::Mailbox* box = inbox(r, (int)(m.key >> 48));
+        if (it == arrived.end()) {  // the work before it is done before it waits
+          work(pending);
+          pending = 0;
+        }
         while (it == arrived.end()) {
           auto* got = box->get<unsigned long long>();
           arrived[*got]++;
@@ -206,10 +215,12 @@ static void rank_main(int r)
         claimed[r]++;
         inflight -= unwaited;
         unwaited = 0;
-        work(m.cpu);
+        pending += m.cpu;
         break;
       }
       case 'W':
+        work(pending);
+        pending = 0;
         for (int id : m.ids)
           if (sends[id]) {
             sends[id]->wait();
@@ -224,10 +235,11 @@ static void rank_main(int r)
         unwaited = 0;
         break;
       case 'C':
-        work(m.cpu);
+        pending += m.cpu;
         break;
     }
   }
+  work(pending);
   if (!arrived.empty())  // a message this rank never waited for: the recording is wrong
     unclaimed[r] = 1;
   for (int k = 0; k < INBOXES; k++)
