@@ -1,7 +1,8 @@
 /* Replays rxelab.trace recordings on a SimGrid platform (s4u, SimGrid 3.32): one actor per
- * rank. Every rank's inboxes (mailboxes) have it as their permanent receiver, so a message
- * moves as soon as it is sent, as an RDMA write or send into a buffer the receiver posted
- * ahead does; the receiver files arrivals by key and a wait takes the one it needs. A rank's CPU work (per
+ * rank. Every pair of ranks has a mailbox whose permanent receiver is the receiving rank, so a
+ * message moves as soon as it is sent, as an RDMA write or send into a buffer the receiver
+ * posted ahead does; the receiver takes a pair's messages in the order they were sent (RC's),
+ * files them by key, and a wait takes the one it needs. A rank's CPU work (per
  * message overheads, copies, reductions) is computation on its host, so ranks that share a
  * host's cores compete for them (the lab: ranks on one VM share its CPU).
  *
@@ -17,7 +18,8 @@
  *                            sides are on it), then cross the machine's loopback (the
  *                            link's latency); no porters then: each message has a carrier
  *   rank r N                 then N moves of rank r:
- *   S dst bytes key waited data cpu  a message (key names it for the receiver; waited: a
+ *   S dst bytes key waited data cpu  a message (key names it for the receiver, its top 16
+ *                                 bits the sender's rank; waited: a
  *                                 later W names it by this rank's count of its S lines; data:
  *                                 1 for a block's bytes, 0 for a control message)
  *   R key cpu                     wait for the message of that key, then cpu seconds of work
@@ -105,18 +107,25 @@ static void porter_main(int r, int k)
   }
 }
 
-/* Each rank takes its messages from INBOXES mailboxes (the sender's rank modulo INBOXES picks
- * one), not one: SimGrid 3.32 keeps a permanent receiver's arrivals in a
- * boost::circular_buffer_space_optimized that every get erases from the front of, shifting
- * (and, as it shrinks, reallocating) all the arrivals behind it. A rank that sends all its
- * blocks before it takes any (the parallel all-to-all) had p - 1 waiting in one, and the gets
- * took a third of the replay at p = 1024. */
-static const int INBOXES = 16;
-static std::vector<sg4::Mailbox*> inboxes;  // rank r's k-th: inboxes[r * INBOXES + k]
+/* A mailbox per pair of ranks (sender, receiver), made when first used, with the receiver as
+ * its permanent receiver. SimGrid 3.32 files a message to a permanent receiver when it is
+ * posted and hands them out first in, first out, a get waiting for the oldest: with one mailbox
+ * per rank, a rank waiting for one peer's message also waited for every message posted to it
+ * before, from anyone. Per pair that order is RC's own (a queue pair delivers in order). It is
+ * also faster: each get erases the front of a boost::circular_buffer_space_optimized, shifting
+ * everything behind it, and a rank that sends all its blocks before taking any (the parallel
+ * all-to-all) had p - 1 waiting in one (a third of the replay at p = 1024). */
+static std::vector<sg4::ActorPtr> rank_actor;
+static std::vector<sg4::Mailbox*> pair_boxes;  // [receiver * p + sender]
 
-static sg4::Mailbox* inbox(int to, int from)
+static sg4::Mailbox* pair_box(int to, int from)
 {
-  return inboxes[(size_t)to * INBOXES + from % INBOXES];
+  sg4::Mailbox*& box = pair_boxes[(size_t)to * rank_actor.size() + (size_t)from];
+  if (box == nullptr) {
+    box = sg4::Mailbox::by_name("r" + std::to_string(to) + "." + std::to_string(from));
+    box->set_receiver(rank_actor[to]);
+  }
+  return box;
 }
 
 /* With VMs, a message is carried by an actor of its own on the sender's VM: the bytes' CPU
@@ -152,8 +161,6 @@ static void work(double seconds)
 
 static void rank_main(int r)
 {
-  for (int k = 0; k < INBOXES; k++)
-    inbox(r, k)->set_receiver(sg4::Actor::self());
   std::unordered_map<unsigned long long, int> arrived;
   std::vector<sg4::CommPtr> sends;
   std::vector<sg4::ActorPtr> carried;  // with VMs: the carrier of each send (waited ones)
@@ -177,7 +184,7 @@ static void rank_main(int r)
         if (inflight > peak)
           peak = inflight;
         auto* payload = new unsigned long long(m.key);
-        sg4::Mailbox* to = inbox(m.peer, r);
+        sg4::Mailbox* to = pair_box(m.peer, r);
         // a message of 0 bytes still crosses the link (SimGrid would deliver it at once)
         auto wire = (uint64_t)std::max(m.bytes, 1.0);
         if (vm_cores > 0) {
@@ -199,7 +206,7 @@ static void rank_main(int r)
       }
       case 'R': {
         auto it = arrived.find(m.key);
-        sg4::Mailbox* box = inbox(r, (int)(m.key >> 48));
+        sg4::Mailbox* box = pair_box(r, (int)(m.key >> 48));
         if (it == arrived.end()) {  // the work before it is done before it waits
           work(pending);
           pending = 0;
@@ -242,8 +249,6 @@ static void rank_main(int r)
   work(pending);
   if (!arrived.empty())  // a message this rank never waited for: the recording is wrong
     unclaimed[r] = 1;
-  for (int k = 0; k < INBOXES; k++)
-    inbox(r, k)->set_receiver(nullptr);
   ended[r] = sg4::Engine::get_clock();
   peak_inflight[r] = peak;
 }
@@ -290,6 +295,8 @@ static void read_trace(const char* path, int& hosts, int& per)
           throw std::runtime_error("trace: a message to a rank that does not exist");
         if (m.bytes < 0)
           throw std::runtime_error("trace: a message of fewer than 0 bytes");
+        if (in && (m.key >> 48) != (unsigned long long)r)
+          throw std::runtime_error("trace: rank " + std::to_string(r) + " sends a message keyed as another rank's");
       } else if (m.kind == 'R') {
         in >> m.key >> m.cpu;
         if (in && (m.key >> 48) >= (unsigned long long)p)
@@ -341,9 +348,7 @@ int main(int argc, char** argv)
     return 2;
   }
   porters.resize(moves.size());
-  for (size_t r = 0; r < moves.size(); r++)
-    for (int k = 0; k < INBOXES; k++)
-      inboxes.push_back(sg4::Mailbox::by_name("r" + std::to_string(r) + "." + std::to_string(k)));
+  pair_boxes.assign(moves.size() * moves.size(), nullptr);
   e.load_platform(argv[1]);
   if (vm_cores > 0) {  // the lab: its VMs, on the platform's one machine
     std::vector<sg4::Host*> machines = e.get_all_hosts();
@@ -358,6 +363,7 @@ int main(int argc, char** argv)
     }
   }
   rank_host.resize(moves.size());
+  rank_actor.resize(moves.size());
   for (int r = 0; r < (int)moves.size(); r++) {
     sg4::Host* host = vm_cores > 0 ? vms[r / per] : e.host_by_name_or_null("h" + std::to_string(r / per));
     rank_host[r] = host;
@@ -365,7 +371,7 @@ int main(int argc, char** argv)
       std::cerr << "error: the platform has no host h" << r / per << "\n";
       return 2;
     }
-    sg4::Actor::create("rank" + std::to_string(r), host, rank_main, r);
+    rank_actor[r] = sg4::Actor::create("rank" + std::to_string(r), host, rank_main, r);
     if (vm_cores > 0)
       continue;  // the lab's messages have carriers of their own
     porters[r].resize(PORTERS);
@@ -376,6 +382,7 @@ int main(int argc, char** argv)
     }
   }
   e.run();
+  rank_actor.clear();  // before the engine goes: they hold its actors
   for (size_t r = 0; r < ended.size(); r++)
     if (ended[r] < 0) {  // SimGrid ends a deadlocked simulation; its blocked actors never get here
       std::fprintf(stderr, "error: rank %zu never finished: it waits for a message nobody sends\n", r);

@@ -158,8 +158,9 @@ def replay_moves(tmp_path, platform, moves: str) -> list[float]:
     """When each rank ended, replaying moves written by hand (the replayer's input format)."""
     import subprocess
     (tmp_path / "p.xml").write_text(platform.xml())
-    head = (f"ranks {platform.ranks} hosts {platform.hosts} per {platform.per_node} flops 1e9\n"
-            f"vms {platform.cores} {platform.byte_cpu:.6e} {platform.loop_byte_cpu:.6e}\n")
+    head = f"ranks {platform.ranks} hosts {platform.hosts} per {platform.per_node} flops 1e9\n"
+    if platform.kind == "lab":
+        head += f"vms {platform.cores} {platform.byte_cpu:.6e} {platform.loop_byte_cpu:.6e}\n"
     (tmp_path / "m.txt").write_text(head + moves)
     done = subprocess.run([str(replayer.binary()), str(tmp_path / "p.xml"), str(tmp_path / "m.txt"),
                            *platform.config()], capture_output=True, text=True, timeout=60)
@@ -203,6 +204,22 @@ def test_a_vm_done_with_its_side_of_a_message_leaves_its_core(tmp_path):
     ends = replay_moves(tmp_path, lab, "rank 0 3\nS 1 1000000 7 1 1 0\nC 1\nW 1 0\n"
                                         "rank 1 1\nR 7 0\nrank 2 1\nC 10\n")
     assert ends[:2] == pytest.approx([2.501, 2.501], rel=1e-6)
+
+
+@needs_simgrid
+def test_a_rank_takes_each_peers_messages_in_order_not_everyones(tmp_path):
+    """RC keeps order per queue pair, not across peers. Rank 17 waits for rank 16's byte, sent
+    just after rank 0's megabyte, and has it at once; then a second of work, then rank 0's
+    megabyte, long there: 1 s. Taking all its peers' messages in the order they were posted,
+    it waited for the megabyte first (1 ms at 1 GB/s). Ranks 0 and 16 also share any split of
+    the peers by rank mod 16."""
+    cluster = platforms.Platform("cluster", 18, 1e9, 1e-6)
+    byte = 16 << 48  # the key of rank 16's message: its rank in the top bits
+    idle = "".join(f"rank {r} 0\n" for r in range(1, 16))
+    ends = replay_moves(tmp_path, cluster, f"rank 0 1\nS 17 1000000 0 0 1 0\n{idle}"
+                                           f"rank 16 2\nC 1e-6\nS 17 1 {byte} 0 1 0\n"
+                                           f"rank 17 3\nR {byte} 0\nC 1\nR 0 0\n")
+    assert ends[17] == pytest.approx(1.0, abs=1e-4)
 
 
 @needs_simgrid
@@ -267,6 +284,7 @@ def test_a_message_nobody_waits_for_fails_the_replay():
     ("rank 0 0\nrank 0 0\n", "each rank once"),
     ("rank 0 1\nC -1\nrank 1 0\n", "below 0"),
     (f"rank 0 1\nR {2 << 48} 0\nrank 1 0\n", "waits for a rank that does not exist"),
+    ("rank 0 0\nrank 1 1\nS 0 1 5 0 1 0\n", "keyed as another rank's"),
     ("rank 0 2\nC 0\n", "cut short"),
     ("", "H x K >= P"),  # 2 ranks on 1 host of 1
     ("vms 0 1e-9 1e-9\nrank 0 0\nrank 1 0\n", "C >= 1 cores per VM"),
@@ -369,8 +387,7 @@ def test_a_fitted_line_rounding_below_zero_at_its_start_is_not_refused(tmp_path)
 
 
 # Simulated seconds from the replayer as it was before its porters (detached sends, 7c807db),
-# on the placeholder costs: handing the sends to porters, and the arrivals to 16 inboxes a
-# rank, must not move any of them. (The lab's sends go by carriers on its VMs, a model of their
+# on the placeholder costs: handing the sends to porters must not move any of them. (The lab's sends go by carriers on its VMs, a model of their
 # own: test_idle_vms_leave_their_cores...) The parallel rows were replayed again by 7c807db's
 # binary when the library's parallel all-to-all took the shifted order (8c270b6; in rank
 # order they were 0.0002656544 and 0.0008494496).

@@ -1,9 +1,10 @@
 """Fully parallel all-to-all (the seed's first draft): every block posted at once, then all
 arrivals awaited. Most bytes in flight, least waiting on any one peer.
 
-Rank r posts to r+1, r+2, ... and waits for r-1, r-2, ... (mod p), as Open MPI's linear
-all-to-all does: posted in rank order, every rank's first block went to rank 0 (its
-second to rank 1, ...), so p - 1 blocks met at one receiver at a time. SimGrid, running the
+Rank r posts to r+1, r+2, ... and waits for r-1, r-2, ... (mod p): shifted by rank, as Open
+MPI's linear all-to-all is (it sends to r-1, r-2, ...). Posted in rank order, every rank's
+first block went to rank 0 (its second to rank 1, ...), so p - 1 blocks met at one receiver
+at a time. SimGrid, running the
 library's own schedule on a full-bisection cluster, put the shifted order 12 % ahead at
 p = 128 with 1 MiB blocks (1.7 % at p = 512 with 1 KiB)."""
 
