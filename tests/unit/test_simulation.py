@@ -15,10 +15,8 @@ from rxelab import trace
 from experiments.simulation import costs as costs_mod
 from experiments.simulation import platforms, replayer
 from experiments.simulation.costs import Costs, Segment
+from tests.unit.simulator_helpers import needs_simgrid
 
-needs_simgrid = pytest.mark.skipif(
-    not (replayer.HEADER.exists() and shutil.which("g++")),
-    reason="SimGrid's headers (libsimgrid-dev) or g++ missing: `bash infra/install-deps.sh`")
 FREE = Costs(send=(Segment(1 << 62, 0.0, 0.0),), recv=(Segment(1 << 62, 0.0, 0.0),))
 CTRL = 32
 
@@ -154,74 +152,6 @@ def test_ranks_of_a_vm_compete_for_its_cpus():
     assert took(4, platforms.FLOPS / 2) == pytest.approx(two, rel=0.05)
 
 
-def replay_moves(tmp_path, platform, moves: str) -> list[float]:
-    """When each rank ended, replaying moves written by hand (the replayer's input format)."""
-    import subprocess
-    (tmp_path / "p.xml").write_text(platform.xml())
-    head = f"ranks {platform.ranks} hosts {platform.hosts} per {platform.per_node} flops 1e9\n"
-    if platform.kind == "lab":
-        head += f"vms {platform.cores} {platform.byte_cpu:.6e} {platform.loop_byte_cpu:.6e}\n"
-    (tmp_path / "m.txt").write_text(head + moves)
-    done = subprocess.run([str(replayer.binary()), str(tmp_path / "p.xml"), str(tmp_path / "m.txt"),
-                           *platform.config()], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return [float(line.split()[2]) for line in done.stdout.splitlines() if line.startswith("rank")]
-
-
-@needs_simgrid
-def test_idle_vms_leave_their_cores_to_the_busy_ones(tmp_path):
-    """The lab: 3 one-CPU VMs on 2 cores. A second of work on each of the three takes 1.5 s;
-    on two of them, with the third idle, 1 s."""
-    lab = platforms.Platform("lab", 3, 1e6, 1e-9, machine_cores=2)
-    assert replay_moves(tmp_path, lab, "rank 0 1\nC 1\nrank 1 1\nC 1\nrank 2 1\nC 1\n") \
-        == pytest.approx([1.5] * 3, rel=1e-6)
-    assert replay_moves(tmp_path, lab, "rank 0 1\nC 1\nrank 1 1\nC 1\nrank 2 0\n") \
-        == pytest.approx([1.0, 1.0, 0.0], rel=1e-6)
-
-
-@needs_simgrid
-def test_a_messages_bytes_cost_both_vms_cpu(tmp_path):
-    """1 MB at 1 MB/s: a second of CPU on the sender's VM and on the receiver's at once, then
-    the latency. With a third VM busy the machine's 2 cores have 3 claims: 1.5 s. Between two
-    ranks of one VM, that VM pays what its loopback allows (2 MB/s here: half a second)."""
-    message = "rank 0 2\nS 1 1000000 7 1 1 0\nW 1 0\nrank 1 1\nR 7 0\n"
-    lab = platforms.Platform("lab", 3, 1e6, 1e-3, machine_cores=2)
-    assert replay_moves(tmp_path, lab, message + "rank 2 0\n")[:2] == pytest.approx([1.001] * 2)
-    assert replay_moves(tmp_path, lab, message + "rank 2 1\nC 10\n")[:2] \
-        == pytest.approx([1.501] * 2, rel=1e-6)
-    one_vm = platforms.Platform("lab", 2, 1e6, 1e-3, machine_cores=2, per_node=2,
-                                loop_bandwidth=2e6)
-    assert replay_moves(tmp_path, one_vm, message) == pytest.approx([0.501] * 2, rel=1e-6)
-
-
-@needs_simgrid
-def test_a_vm_done_with_its_side_of_a_message_leaves_its_core(tmp_path):
-    """The receiver's VM is idle once its half of the bytes is done, though the sender's is
-    not (its rank works beside the message): 3 VMs busy on 2 cores until 1.5 s (the
-    receiver's second of CPU at 2/3), then the sender's VM gets a whole core for the half
-    second each of its two claims has left: 2.5 s, and the latency."""
-    lab = platforms.Platform("lab", 3, 1e6, 1e-3, machine_cores=2)
-    ends = replay_moves(tmp_path, lab, "rank 0 3\nS 1 1000000 7 1 1 0\nC 1\nW 1 0\n"
-                                        "rank 1 1\nR 7 0\nrank 2 1\nC 10\n")
-    assert ends[:2] == pytest.approx([2.501, 2.501], rel=1e-6)
-
-
-@needs_simgrid
-def test_a_rank_takes_each_peers_messages_in_order_not_everyones(tmp_path):
-    """RC keeps order per queue pair, not across peers. Rank 17 waits for rank 16's byte, sent
-    just after rank 0's megabyte, and has it at once; then a second of work, then rank 0's
-    megabyte, long there: 1 s. Taking all its peers' messages in the order they were posted,
-    it waited for the megabyte first (1 ms at 1 GB/s). Ranks 0 and 16 also share any split of
-    the peers by rank mod 16."""
-    cluster = platforms.Platform("cluster", 18, 1e9, 1e-6)
-    byte = 16 << 48  # the key of rank 16's message: its rank in the top bits
-    idle = "".join(f"rank {r} 0\n" for r in range(1, 16))
-    ends = replay_moves(tmp_path, cluster, f"rank 0 1\nS 17 1000000 0 0 1 0\n{idle}"
-                                           f"rank 16 2\nC 1e-6\nS 17 1 {byte} 0 1 0\n"
-                                           f"rank 17 3\nR {byte} 0\nC 1\nR 0 0\n")
-    assert ends[17] == pytest.approx(1.0, abs=1e-4)
-
-
 @needs_simgrid
 def test_an_oversubscribed_fat_tree_slows_an_all_to_all():
     t = trace.record("alltoall", "parallel", 64, 1 << 16, eager_limit=0)
@@ -275,30 +205,6 @@ def test_a_message_nobody_waits_for_fails_the_replay():
     t.ranks[0].append(trace.Move(trace.SEND, 1, 64, 0x7777, trace.EAGER, (999,)))
     with pytest.raises(replayer.SimulationError, match="rank 1 ended with messages it never waited"):
         replayer.replay(t, platforms.Platform("cluster", 3, 1e9, 1e-6), FREE, timeout=60)
-
-
-@needs_simgrid
-@pytest.mark.parametrize(("moves", "said"), [
-    ("rank 0 1\nW 1 0\nrank 1 0\n", "waits for a send it has not made"),
-    ("rank 0 1\nS 1 -5 1 0 1 0\nrank 1 0\n", "fewer than 0 bytes"),
-    ("rank 0 0\nrank 0 0\n", "each rank once"),
-    ("rank 0 1\nC -1\nrank 1 0\n", "below 0"),
-    (f"rank 0 1\nR {2 << 48} 0\nrank 1 0\n", "waits for a rank that does not exist"),
-    ("rank 0 0\nrank 1 1\nS 0 1 5 0 1 0\n", "keyed as another rank's"),
-    ("rank 0 2\nC 0\n", "cut short"),
-    ("", "H x K >= P"),  # 2 ranks on 1 host of 1
-    ("vms 0 1e-9 1e-9\nrank 0 0\nrank 1 0\n", "C >= 1 cores per VM"),
-    ("vms 1 -1 0\nrank 0 0\nrank 1 0\n", "B and L >= 0"),
-    ("vms 1 1e-9\nrank 0 0\nrank 1 0\n", "'vms C B L'"),
-])
-def test_the_replayer_refuses_a_malformed_recording(tmp_path, moves, said):
-    import subprocess
-    (tmp_path / "p.xml").write_text(platforms.Platform("cluster", 2, 1e9, 1e-6).xml())
-    head = "ranks 2 hosts 2 per 1 flops 1e9\n" if moves else "ranks 2 hosts 1 per 1 flops 1e9\n"
-    (tmp_path / "m.txt").write_text(head + moves)
-    done = subprocess.run([str(replayer.binary()), str(tmp_path / "p.xml"), str(tmp_path / "m.txt")],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and said in done.stderr
 
 
 def test_brucks_coded_blocks_are_bounded_for_pin_limit():
