@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs fakeroot vde2 iproute2
               openssh-client python3-venv gpgv
-              libsimgrid-dev g++)  # fab simulate: SimGrid (3.32 in Debian 12) and its replayer's compiler
+              libsimgrid-dev g++ libjemalloc2)  # fab simulate: SimGrid (3.32 in Debian 12), its
+              # replayer's compiler and allocator
 # the tests of rxelab.torch run against the distribution's torch (Debian 12: 1.13, the nodes');
 # the report's browser test renders it in the distribution's headless Chromium
 [ "${1:-}" = test ] && APT_PACKAGES+=(python3-torch chromium chromium-driver)

@@ -136,11 +136,9 @@ class Later:
             yield from (r for r in range(self.i + 1, self.p) if r != self.j)
 
 
-def _starter(k: int, window: int, p: int) -> int | None:
-    if k < window:
-        return None
-    before = pair_at(k - window, p)
-    for r in pair_at(k, p):
+def _shared(now: tuple[int, int], before: tuple[int, int]) -> int | None:
+    """The rank of pair `now` that was in pair `before` (the starter), if any."""
+    for r in now:
         if r in before:
             return r
     return None
@@ -150,7 +148,9 @@ def _starter(k: int, window: int, p: int) -> int | None:
 def sequential_turns(p: int, rank: int, window: int = 1) -> tuple[Turn, ...]:
     """This rank's steps of the sequential walk, with the turn rules above worked out once
     (every call of a sequential collective walks them): the same turns as the rules over the
-    whole walk (starter, needs_token, token_receivers) give, in O(p log p)."""
+    whole walk (starter, needs_token, token_receivers) give, in O(p log p). Each turn needs
+    the pairs `window` steps before and after its own: two lookups (the recording of a
+    p = 1024 walk makes a million turns)."""
     total = p * (p - 1) // 2
     turns = []
     last = -1  # this rank's previous step
@@ -158,18 +158,20 @@ def sequential_turns(p: int, rank: int, window: int = 1) -> tuple[Turn, ...]:
     for index, (i, j) in enumerate(pairs):
         k = step_of(i, j, p)
         partner = j if i == rank else i
-        first = _starter(k, window, p)
+        before = pair_at(k - window, p) if k >= window else None
+        first = None if before is None else _shared((i, j), before)
         role = STARTED if first == rank else ANSWERED if first == partner else BOTH
-        token_from = pair_at(k - window, p)[0] if role == BOTH and k >= window else None
-        hands: list[int] = []
+        token_from = before[0] if role == BOTH and before is not None else None
+        hands: tuple[int, ...] = ()
+        after: tuple[int, int] | None = None
         if rank == i and k + window < total:  # the leader: who of the step a window on
-            nxt = pair_at(k + window, p)  # waits for a token from it
-            if _starter(k + window, window, p) is None:
-                hands = list(nxt)
+            after = pair_at(k + window, p)  # waits for a token from it
+            if _shared(after, (i, j)) is None:
+                hands = after
         # the steps between this rank's last one and this, `window` at a time, plus its own
         patience = -(-(k - last - 1) // window) + 1
-        turns.append(Turn(k, partner, role, token_from, tuple(hands), patience, Later(i, j, p),
-                          index, tuple(turn_index(pair_at(k + window, p), r) for r in hands)))
+        turns.append(Turn(k, partner, role, token_from, hands, patience, Later(i, j, p),
+                          index, tuple(turn_index(after, r) for r in hands) if after else ()))
         last = k
     return tuple(turns)
 

@@ -87,3 +87,32 @@ def test_the_replayer_refuses_a_malformed_recording(tmp_path, moves, said):
     done = subprocess.run([str(replayer.binary()), str(tmp_path / "p.xml"), str(tmp_path / "m.txt")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and said in done.stderr
+
+
+def test_the_replayer_without_its_allocator_says_what_to_install(tmp_path, monkeypatch):
+    """jemalloc is part of the replayer's build (glibc's allocator took a quarter of its
+    time): without it the build is refused naming the package, not left to g++'s error or
+    to a slow binary."""
+    monkeypatch.setenv("RXELAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(replayer.ctypes.util, "find_library",
+                        lambda name: None if name == "jemalloc" else "lib" + name + ".so")
+    with pytest.raises(replayer.SimulationError, match="needs jemalloc.*libjemalloc2.*install-deps"):
+        replayer.binary()
+    assert not (tmp_path / "simulator").exists() or not any((tmp_path / "simulator").iterdir())
+
+
+def test_another_link_line_builds_another_binary(tmp_path, monkeypatch):
+    """The cache is keyed by how a program is built as well as by its source: a replayer built
+    before the allocator was linked in is not taken for one that has it."""
+    monkeypatch.setenv("RXELAB_CACHE", str(tmp_path))
+    source = tmp_path / "x.cpp"
+    source.write_text("int main() { return 0; }\n")
+
+    def compile_with(flag):
+        def argv(out):
+            return ["/bin/sh", "-c", f"echo {flag} > \"$0\"", out]
+        return argv
+    one = replayer.built(source, compile_with("-lone"), None, "x")
+    two = replayer.built(source, compile_with("-ltwo"), None, "x")
+    assert one != two and one.read_text() == "-lone\n" and two.read_text() == "-ltwo\n"
+    assert replayer.built(source, compile_with("-lone"), None, "x") == one
