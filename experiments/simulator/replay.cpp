@@ -85,12 +85,33 @@ struct Job {
   sg4::Mailbox* to;
   unsigned long long* payload;
   uint64_t wire;
+  int id = -1;  // a send its rank waits for (a crowded rank's): its id, else -1
 };
 struct Porter {
   std::deque<Job> jobs;
   sg4::SemaphorePtr ready;  // one token per job handed (a semaphore: no lock to own or unwind)
 };
 static std::vector<std::vector<Porter>> porters;
+/* A rank that keeps many sends it waits for on the wire at once (CROWDED: the parallel
+ * all-to-all by rendezvous, p - 1 writes) has its porters post them too, and waits for each
+ * itself on the handle its porter leaves: an activity is on the list of the actor that posted
+ * it, not of one that waits for it. Posted by the rank, they made each of its arrivals and CPU
+ * steps cost O(p) (std::list::remove: 64 % of the replay at p = 512, 1 MiB; 157 s at
+ * p = 1024, now 36 s). Tried first: a carrier actor per such send, as the lab's VMs have
+ * (71 s at p = 1024, but 9 GB: an actor and its stack per message on the wire, past the
+ * simulator's memory cap once stacks were counted). A rank with few (pairwise: one at a
+ * time) posts them itself: a hand-over costs two context switches. The simulated times are
+ * the same to the last digit either way. */
+static const int CROWD = 16;  // waited sends on the wire at once from which a rank uses porters
+static std::vector<char> crowded;
+struct Handed {  // a crowded rank's send that it waits for, posted by a porter
+  sg4::CommPtr comm;
+  bool posted = false;  // by the porter
+  bool done = false;    // waited for by the rank
+};
+static std::vector<std::vector<Handed>> handed;  // [rank][send id]
+static std::vector<int> awaiting;  // the send a rank waits to see posted, or -1
+static std::vector<sg4::SemaphorePtr> posted_ready;
 static const int PORTERS = 4;  // per rank (more only added actors: 8 was slower than 4 at p = 512)
 
 static void porter_main(int r, int k)
@@ -101,7 +122,17 @@ static void porter_main(int r, int k)
     me.ready->acquire();  // not suspend(): a suspended actor's sends would stop moving
     Job job = me.jobs.front();
     me.jobs.pop_front();
-    posted.push_back(job.to->put_async(job.payload, job.wire));
+    if (job.id >= 0) {  // the rank waits for it itself (rank_main, 'W'): it takes the handle
+      Handed& h = handed[r][job.id];
+      h.comm = job.to->put_async(job.payload, job.wire);
+      h.posted = true;
+      if (awaiting[r] == job.id) {
+        awaiting[r] = -1;
+        posted_ready[r]->release();
+      }
+    } else {
+      posted.push_back(job.to->put_async(job.payload, job.wire));
+    }
     while (!posted.empty() && posted.front()->test())
       posted.pop_front();
   }
@@ -166,6 +197,7 @@ static void rank_main(int r)
   std::vector<sg4::CommPtr> sends;
   std::vector<sg4::ActorPtr> carried;  // with VMs: the carrier of each send (waited ones)
   std::vector<double> sent_bytes;
+  std::vector<char> by_porter;  // a send this rank waits for, posted by a porter (crowded)
   double inflight = 0, unwaited = 0, peak = 0;
   /* CPU work is run when the rank next sends, waits or ends, as one exec: one after another on
    * a busy CPU they take the same time, and each exec is a SimGrid action of its own (a fifth
@@ -178,6 +210,7 @@ static void rank_main(int r)
         pending = 0;
         double counted = m.data ? m.bytes : 0;  // as the library counts: blocks, not control
         sent_bytes.push_back(counted);
+        by_porter.push_back(vm_cores == 0 && m.waited && crowded[r]);
         sent_to[m.peer]++;
         inflight += counted;
         if (!m.waited)
@@ -193,6 +226,11 @@ static void rank_main(int r)
           sg4::ActorPtr carrier = sg4::Actor::create("carry", rank_host[r], carry, to, payload, wire,
                                                      rank_host[m.peer]);
           carried.push_back(m.waited ? carrier : nullptr);
+        } else if (by_porter.back()) {
+          sends.push_back(nullptr);
+          Porter& porter = porters[r][m.peer % PORTERS];
+          porter.jobs.push_back({to, payload, wire, (int)sent_bytes.size() - 1});
+          porter.ready->release();
         } else if (m.waited) {
           sends.push_back(to->put_async(payload, wire));
         } else {
@@ -230,7 +268,19 @@ static void rank_main(int r)
         work(pending);
         pending = 0;
         for (int id : m.ids)
-          if (sends[id]) {
+          if (by_porter[id]) {
+            Handed& h = handed[r][id];
+            if (h.done)
+              continue;
+            if (!h.posted) {  // its porter has not run yet at this instant
+              awaiting[r] = id;
+              posted_ready[r]->acquire();
+            }
+            h.comm->wait();
+            h.comm = nullptr;
+            h.done = true;
+            inflight -= sent_bytes[id];
+          } else if (sends[id]) {
             sends[id]->wait();
             sends[id] = nullptr;  // done: its memory goes now, not at the rank's end
             inflight -= sent_bytes[id];
@@ -254,6 +304,26 @@ static void rank_main(int r)
   peak_inflight[r] = peak;
 }
 
+static size_t most_waited_at_once(const std::vector<Move>& mine)
+{
+  std::vector<char> open;
+  size_t now = 0, most = 0;
+  for (const Move& m : mine) {
+    if (m.kind == 'S') {
+      open.push_back(m.waited);
+      now += m.waited;
+      most = std::max(most, now);
+    } else if (m.kind == 'W') {
+      for (int id : m.ids)
+        if (open[id]) {
+          open[id] = 0;
+          now--;
+        }
+    }
+  }
+  return most;
+}
+
 static void read_trace(const char* path, int& hosts, int& per)
 {
   std::ifstream in(path);
@@ -273,6 +343,9 @@ static void read_trace(const char* path, int& hosts, int& per)
   unclaimed.assign(p, 0);
   sent_to.assign(p, 0);
   claimed.assign(p, 0);
+  crowded.assign(p, 0);
+  handed.assign(p, {});
+  awaiting.assign(p, -1);
   std::vector<char> seen(p, 0);
   for (int n = 0; n < p; n++) {
     int r;
@@ -322,6 +395,9 @@ static void read_trace(const char* path, int& hosts, int& per)
         throw std::runtime_error("trace: CPU seconds below 0");
       mine.push_back(std::move(m));
     }
+    crowded[r] = most_waited_at_once(mine) >= CROWD;
+    if (crowded[r])
+      handed[r].resize(sent);  // by send id
   }
 }
 
@@ -349,6 +425,7 @@ int main(int argc, char** argv)
     return 2;
   }
   porters.resize(moves.size());
+  posted_ready.resize(moves.size());
   pair_boxes.assign(moves.size() * moves.size(), nullptr);
   e.load_platform(argv[1]);
   if (vm_cores > 0) {  // the lab: its VMs, on the platform's one machine
@@ -375,6 +452,7 @@ int main(int argc, char** argv)
     rank_actor[r] = sg4::Actor::create("rank" + std::to_string(r), host, rank_main, r);
     if (vm_cores > 0)
       continue;  // the lab's messages have carriers of their own
+    posted_ready[r] = sg4::Semaphore::create(0);
     porters[r].resize(PORTERS);
     for (int k = 0; k < PORTERS; k++) {
       porters[r][k].ready = sg4::Semaphore::create(0);
