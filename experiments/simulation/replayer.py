@@ -25,6 +25,7 @@ from experiments.simulation.platforms import FLOPS, Platform
 from infra.config import cache_dir
 
 SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "replay.cpp"
+INPUT = SOURCE.with_name("recording.hpp")  # the replayer's input, read and checked (included)
 HEADER = Path("/usr/include/simgrid/s4u.hpp")
 VERSION = Path("/usr/include/simgrid/version.h")
 DEFAULT_TIMEOUT = 600.0
@@ -43,11 +44,15 @@ class Replayed:
     peak_inflight: tuple[float, ...] = ()  # per rank: bytes sent and not yet known arrived
 
 
-def built(source: Path, argv: Callable[[str], list[str]], missing: str | None, what: str) -> Path:
+def built(source: Path, argv: Callable[[str], list[str]], missing: str | None, what: str,
+          includes: tuple[Path, ...] = ()) -> Path:
     """A program compiled from source on first use and kept in the cache by the hash of the
-    source, of how it is built and of SimGrid's version: argv(output) compiles it; `missing`
-    says what to install when its compiler is not there (None: it is)."""
+    source and the files it includes, of how it is built and of SimGrid's version:
+    argv(output) compiles it; `missing` says what to install when its compiler is not there
+    (None: it is)."""
     digest = hashlib.sha256(source.read_bytes())
+    for included in includes:
+        digest.update(included.read_bytes())
     digest.update(" ".join(argv("")).encode())  # another link line (an allocator) builds anew
     if VERSION.exists():  # a SimGrid upgrade builds anew: the old binary links the old library
         digest.update(VERSION.read_bytes())
@@ -83,7 +88,7 @@ def binary() -> Path:
                                         ("jemalloc", allocator)) if not there]
     return built(SOURCE, lambda out: [str(compiler), "-O2", "-std=c++17", "-o", out, str(SOURCE),
                                       "-lsimgrid", f"-l:{allocator}"],
-                 " and ".join(missing) if missing else None, "the replayer")
+                 " and ".join(missing) if missing else None, "the replayer", (INPUT,))
 
 
 MEMORY_SHARE = 0.75  # of this machine's memory a simulator process may take

@@ -31,6 +31,8 @@
  * with messages it never waited for; 2 for input that is not a well-formed recording. */
 #include <simgrid/s4u.hpp>
 
+#include "recording.hpp"
+
 #include <algorithm>
 #include <deque>
 #include <cstdio>
@@ -42,17 +44,6 @@
 #include <vector>
 
 namespace sg4 = simgrid::s4u;
-
-struct Move {
-  char kind;
-  int peer = 0;
-  double bytes = 0;
-  unsigned long long key = 0;
-  bool waited = false;
-  bool data = false;
-  double cpu = 0;
-  std::vector<int> ids;
-};
 
 static std::vector<std::vector<Move>> moves;
 static std::vector<double> ended;
@@ -304,103 +295,6 @@ static void rank_main(int r)
   peak_inflight[r] = peak;
 }
 
-static size_t most_waited_at_once(const std::vector<Move>& mine)
-{
-  std::vector<char> open;
-  size_t now = 0, most = 0;
-  for (const Move& m : mine) {
-    if (m.kind == 'S') {
-      open.push_back(m.waited);
-      now += m.waited;
-      most = std::max(most, now);
-    } else if (m.kind == 'W') {
-      for (int id : m.ids)
-        if (open[id]) {
-          open[id] = 0;
-          now--;
-        }
-    }
-  }
-  return most;
-}
-
-static void read_trace(const char* path, int& hosts, int& per)
-{
-  std::ifstream in(path);
-  std::string word;
-  int p = 0;
-  if (!(in >> word >> p >> word >> hosts >> word >> per >> word >> flops_per_second) || p <= 0 ||
-      hosts <= 0 || per <= 0 || (long long)hosts * per < p || !(flops_per_second > 0))
-    throw std::runtime_error("trace: expected 'ranks P hosts H per K flops F', H x K >= P");
-  if (in >> std::ws && in.peek() == 'v') {
-    if (!(in >> word >> vm_cores >> byte_cpu >> loop_byte_cpu) || word != "vms" || vm_cores <= 0 ||
-        !(byte_cpu >= 0) || !(loop_byte_cpu >= 0))
-      throw std::runtime_error("trace: expected 'vms C B L', C >= 1 cores per VM, B and L >= 0 seconds per byte");
-  }
-  moves.resize(p);
-  ended.assign(p, -1.0);
-  peak_inflight.assign(p, 0.0);
-  unclaimed.assign(p, 0);
-  sent_to.assign(p, 0);
-  claimed.assign(p, 0);
-  crowded.assign(p, 0);
-  handed.assign(p, {});
-  awaiting.assign(p, -1);
-  std::vector<char> seen(p, 0);
-  for (int n = 0; n < p; n++) {
-    int r;
-    size_t count;
-    if (!(in >> word >> r >> count) || word != "rank" || r < 0 || r >= p || seen[r])
-      throw std::runtime_error("trace: expected 'rank r N', each rank once");
-    seen[r] = 1;
-    auto& mine = moves[r];
-    mine.reserve(count);
-    int sent = 0;
-    for (size_t i = 0; i < count; i++) {
-      Move m;
-      in >> m.kind;
-      if (m.kind == 'S') {
-        int waited, data;
-        in >> m.peer >> m.bytes >> m.key >> waited >> data >> m.cpu;
-        m.waited = waited != 0;
-        m.data = data != 0;
-        sent++;
-        if (m.peer < 0 || m.peer >= p)
-          throw std::runtime_error("trace: a message to a rank that does not exist");
-        if (m.bytes < 0)
-          throw std::runtime_error("trace: a message of fewer than 0 bytes");
-        if (in && (m.key >> 48) != (unsigned long long)r)
-          throw std::runtime_error("trace: rank " + std::to_string(r) + " sends a message keyed as another rank's");
-      } else if (m.kind == 'R') {
-        in >> m.key >> m.cpu;
-        if (in && (m.key >> 48) >= (unsigned long long)p)
-          throw std::runtime_error("trace: rank " + std::to_string(r) + " waits for a rank that does not exist");
-      } else if (m.kind == 'W') {
-        int k;
-        in >> k;
-        m.ids.resize(k);
-        for (int& id : m.ids) {
-          in >> id;
-          if (in && (id < 0 || id >= sent))
-            throw std::runtime_error("trace: rank " + std::to_string(r) + " waits for a send it has not made");
-        }
-      } else if (m.kind == 'C') {
-        in >> m.cpu;
-      } else {
-        throw std::runtime_error(std::string("trace: unknown move '") + m.kind + "'");
-      }
-      if (!in)
-        throw std::runtime_error("trace: cut short in rank " + std::to_string(r));
-      if (m.cpu < 0)
-        throw std::runtime_error("trace: CPU seconds below 0");
-      mine.push_back(std::move(m));
-    }
-    crowded[r] = most_waited_at_once(mine) >= CROWD;
-    if (crowded[r])
-      handed[r].resize(sent);  // by send id
-  }
-}
-
 int main(int argc, char** argv)
 {
   bool stack_given = false;
@@ -415,15 +309,35 @@ int main(int argc, char** argv)
     std::cerr << "usage: " << argv[0] << " platform.xml trace.txt [--cfg=...]\n";
     return 2;
   }
-  int hosts = 0;
-  int per   = 1;
-  std::vector<sg4::Host*> vms;
+  Recording input;
   try {
-    read_trace(argv[2], hosts, per);
+    input = read_recording(argv[2]);
   } catch (const std::exception& err) {
     std::cerr << "error: " << err.what() << "\n";
     return 2;
   }
+  const int hosts = input.hosts, per = input.per;
+  flops_per_second = input.flops_per_second;
+  vm_cores = input.vm_cores;
+  byte_cpu = input.byte_cpu;
+  loop_byte_cpu = input.loop_byte_cpu;
+  moves = std::move(input.moves);
+  const size_t p = moves.size();
+  ended.assign(p, -1.0);
+  peak_inflight.assign(p, 0.0);
+  unclaimed.assign(p, 0);
+  sent_to.assign(p, 0);
+  claimed.assign(p, 0);
+  crowded.assign(p, 0);
+  handed.assign(p, {});
+  awaiting.assign(p, -1);
+  for (size_t r = 0; r < p; r++) {
+    crowded[r] = most_waited_at_once(moves[r]) >= CROWD;
+    if (crowded[r])  // by send id
+      handed[r].resize(std::count_if(moves[r].begin(), moves[r].end(),
+                                     [](const Move& m) { return m.kind == 'S'; }));
+  }
+  std::vector<sg4::Host*> vms;
   porters.resize(moves.size());
   posted_ready.resize(moves.size());
   pair_boxes.assign(moves.size() * moves.size(), nullptr);

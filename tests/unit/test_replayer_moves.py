@@ -101,9 +101,10 @@ def test_the_replayer_without_its_allocator_says_what_to_install(tmp_path, monke
     assert not (tmp_path / "simulator").exists() or not any((tmp_path / "simulator").iterdir())
 
 
-def test_another_link_line_builds_another_binary(tmp_path, monkeypatch):
-    """The cache is keyed by how a program is built as well as by its source: a replayer built
-    before the allocator was linked in is not taken for one that has it."""
+def test_another_link_line_or_header_builds_another_binary(tmp_path, monkeypatch):
+    """The cache is keyed by how a program is built and by the files it includes as well as
+    by its source: a replayer built before the allocator was linked in, or before its input
+    reader changed, is not taken for the new one."""
     monkeypatch.setenv("RXELAB_CACHE", str(tmp_path))
     source = tmp_path / "x.cpp"
     source.write_text("int main() { return 0; }\n")
@@ -116,3 +117,8 @@ def test_another_link_line_builds_another_binary(tmp_path, monkeypatch):
     two = replayer.built(source, compile_with("-ltwo"), None, "x")
     assert one != two and one.read_text() == "-lone\n" and two.read_text() == "-ltwo\n"
     assert replayer.built(source, compile_with("-lone"), None, "x") == one
+    header = tmp_path / "x.hpp"  # and by what it includes (the replayer's input reader)
+    header.write_text("// one\n")
+    first = replayer.built(source, compile_with("-lone"), None, "x", (header,))
+    header.write_text("// two\n")
+    assert replayer.built(source, compile_with("-lone"), None, "x", (header,)) not in (one, first)
