@@ -267,7 +267,10 @@ static void rank_main(int r)
               awaiting[r] = id;
               posted_ready[r]->acquire();
             }
-            h.comm->wait();
+            // not wait(): a waiter that is neither end of a running comm gets a sleep action
+            // filed as the receiver's, over the receiver's own (leaked; SimGrid 3.32's
+            // ActivityImpl::wait_for); wait_any without a timeout makes none
+            sg4::Comm::wait_any(std::vector<sg4::CommPtr>{h.comm});
             h.comm = nullptr;
             h.done = true;
             inflight -= sent_bytes[id];

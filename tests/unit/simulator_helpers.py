@@ -3,6 +3,7 @@ compiler, and a replay of moves written by hand in the replayer's input format."
 
 from __future__ import annotations
 
+import ctypes.util
 import shutil
 import subprocess
 
@@ -11,8 +12,8 @@ import pytest
 from experiments.simulation import replayer
 
 needs_simgrid = pytest.mark.skipif(
-    not (replayer.HEADER.exists() and shutil.which("g++")),
-    reason="SimGrid's headers (libsimgrid-dev) or g++ missing: `bash infra/install-deps.sh`")
+    not (replayer.HEADER.exists() and shutil.which("g++") and ctypes.util.find_library("jemalloc")),
+    reason="SimGrid's headers (libsimgrid-dev), g++ or jemalloc missing: `bash infra/install-deps.sh`")
 
 
 def replay_moves(tmp_path, platform, moves: str) -> list[float]:

@@ -304,7 +304,7 @@ BEFORE_PORTERS = [("alltoall", "parallel", 24, 1024, "cluster", 1, 0.0002448128)
                   ("alltoall", "bruck", 16, 1024, "cluster", 1, 0.0001005984),
                   ("allreduce", "recursive-doubling", 8, 1048576, "cluster", 1, 0.0049355456),
                   # a rank with 16 or more writes on the wire at once has its porters post them:
-                  # these two from the replayer before carriers (d3d69ed; before jemalloc too)
+                  # these two from the replayer before (d3d69ed's; bb77914's, without jemalloc, gave the same)
                   ("alltoall", "parallel", 20, 1 << 20, "cluster", 1, 0.0169804206),
                   ("alltoall", "parallel", 24, 1 << 20, "fat-tree", 1, 0.0204927154),
 ]
