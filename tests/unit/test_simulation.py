@@ -293,9 +293,9 @@ def test_a_fitted_line_rounding_below_zero_at_its_start_is_not_refused(tmp_path)
 
 
 # Simulated seconds from the replayer as it was before its porters (detached sends, 7c807db),
-# on the placeholder costs: handing the sends to porters, or to carriers, must not move any. (The
-# lab's sends go by carriers on its VMs, a model of their own:
-# test_idle_vms_leave_their_cores...) The parallel rows were replayed again by 7c807db's
+# on the placeholder costs: handing sends to porters (those nobody waits for, a crowded rank's
+# writes) must not move any of them. (The lab's sends go by carriers on its VMs, a model of
+# their own: test_idle_vms_leave_their_cores...) The parallel rows were replayed again by 7c807db's
 # binary when the library's parallel all-to-all took the shifted order (8c270b6; in rank
 # order they were 0.0002656544 and 0.0008494496).
 BEFORE_PORTERS = [("alltoall", "parallel", 24, 1024, "cluster", 1, 0.0002448128),
@@ -313,7 +313,7 @@ BEFORE_PORTERS = [("alltoall", "parallel", 24, 1024, "cluster", 1, 0.0002448128)
 @needs_simgrid
 @pytest.mark.parametrize(("collective", "algorithm", "p", "size", "kind", "per", "seconds"),
                          BEFORE_PORTERS)
-def test_porters_and_carriers_change_no_simulated_time(collective, algorithm, p, size, kind, per, seconds):
+def test_the_porters_change_no_simulated_time(collective, algorithm, p, size, kind, per, seconds):
     t = trace.record(collective, algorithm, p, size)
     extra = {"oversubscription": 4} if kind == "fat-tree" else {}
     platform = platforms.Platform(kind, p, 1.25e9, 2e-6, per_node=per, **extra)
