@@ -60,8 +60,7 @@ def built(source: Path, argv: Callable[[str], list[str]], missing: str | None, w
     if out.exists():
         return out
     if missing is not None:
-        raise SimulationError(f"{what} needs {missing} (Debian: libsimgrid-dev, libjemalloc2): "
-                              "run `bash infra/install-deps.sh`")
+        raise SimulationError(f"{what} needs {missing}: run `bash infra/install-deps.sh`")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".build-", delete=False) as tmp:
         pass
@@ -84,8 +83,11 @@ def binary() -> Path:
     same simulated times to the last digit."""
     compiler = shutil.which("g++")
     allocator = ctypes.util.find_library("jemalloc")
-    missing = [what for what, there in (("g++", compiler), ("SimGrid's headers", HEADER.exists()),
-                                        ("jemalloc", allocator)) if not there]
+    missing = [what for what, there in (("g++", compiler),
+                                        ("SimGrid's headers (Debian: libsimgrid-dev)",
+                                         HEADER.exists()),
+                                        ("jemalloc (Debian: libjemalloc2)", allocator))
+               if not there]
     return built(SOURCE, lambda out: [str(compiler), "-O2", "-std=c++17", "-o", out, str(SOURCE),
                                       "-lsimgrid", f"-l:{allocator}"],
                  " and ".join(missing) if missing else None, "the replayer", (INPUT,))

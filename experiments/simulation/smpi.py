@@ -43,7 +43,8 @@ LAB_CAVEAT = ("the lab platform: SMPI's overheads are delays, so MPI's ranks do 
 def binary() -> Path:
     compiler = shutil.which("smpicc")
     return built(SOURCE, lambda out: [str(compiler), "-O2", "-o", out, str(SOURCE)],
-                 None if compiler else "SMPI's smpicc", "the MPI reference")
+                 None if compiler else "SMPI's smpicc (Debian: libsimgrid-dev)",
+                 "the MPI reference")
 
 
 def overheads(segments: tuple[Segment, ...]) -> str:
