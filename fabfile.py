@@ -252,8 +252,9 @@ def calibrate(c, name="lab", measured=None, inventory=None, results=None,
 
 @task(help={"results": "a lab run's directory (default: the newest in results/ with rxelab "
                        "calls back to back)",
-            "profile": "a calibrated profile's name or .json path (default: lab)"})
-def validate(c, results=None, profile="lab"):
+            "profile": "a calibrated profile's name or .json path (default: the one fitted "
+                       "on the run's own calibration cases, else lab)"})
+def validate(c, results=None, profile=None):
     """Set the simulator's predictions beside what a lab run took.
 
     Predicts every rxelab case of a lab run (calls back to back) from a calibrated profile,
@@ -261,7 +262,10 @@ def validate(c, results=None, profile="lab"):
     directory)."""
     try:
         chosen = Path(results) if results else sim_validate.newest(RESULTS)
-        out = sim_validate.write(chosen, sim_costs.load(sim_spec.profile_path(profile)))
+        used = (sim_costs.load(sim_spec.profile_path(profile)) if profile is not None
+                else sim_validate.own_profile(chosen)
+                or sim_costs.load(sim_spec.profile_path("lab")))
+        out = sim_validate.write(chosen, used)
     except (sim_validate.ValidationError, sim_costs.ProfileError,
             sim_replayer.SimulationError) as err:
         raise Exit(f"error: {err}", code=1) from None

@@ -32,7 +32,7 @@ from apps.stages import parse_output
 from experiments import caselog, commands, counters, ddp, elastic, fleet, netem, srun
 from experiments import progress as progress_mod
 from experiments.commands import TIMED_OUT, case_timeout
-from experiments.spec import LAUNCHERS, Spec
+from experiments.spec import LAUNCHERS, SPECS, Spec
 from infra.inventory import Host, Inventory
 
 NOT_RDMA = "moved no packets over the RDMA device: this run did not use RDMA"
@@ -87,7 +87,10 @@ class Runner:
 
     def run(self, environment: dict[str, Any]) -> Path:
         shutil.copy(self.spec.source, self.dir / "spec.toml")
-        state = {"spec": self.spec.name, "started": time.time(), "complete": False,
+        for name in self.spec.includes:  # what its include added, as it was
+            shutil.copy(SPECS / f"{name}.toml", self.dir / f"include-{name}.toml")
+        state = {"spec": self.spec.name, "includes": list(self.spec.includes),
+                 "started": time.time(), "complete": False,
                  "run_id": self.run_id, "launcher": self.launcher, **environment}
         self._write_env(state)
         self.with_torch = {name for name, h in (environment.get("hosts") or {}).items()

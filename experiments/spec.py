@@ -8,6 +8,9 @@
     launcher = "ssh"          # how a case's ranks start: ssh (ours, or mpirun, over SSH) or
                               #   srun (Slurm starts them: srun, srun --mpi=pmix for MPI;
                               #   perftest pairs start over SSH either way); [[runs]] only
+    include = ["calibrate"]   # shipped specs (experiments/specs) whose [[runs]] run first in
+                              #   every round of this one's, so both meet the same lab state;
+                              #   [[runs]] only, and an included spec includes none
     [[runs]]                  # 1 to 64 runs
     app = "rxelab"            # rxelab | mpi | gloo | perftest (gloo: torch.distributed's Gloo
                               #   over TCP, on a lab built with EXTRAS=torch; skipped, and said
@@ -208,7 +211,7 @@ def _run(r: RunDoc) -> Run:
                tuple(r.compression or (None,)))
 
 
-def parse(doc: dict[str, Any], source: str = "spec") -> Spec:
+def parse(doc: dict[str, Any], source: str = "spec", folder: Path = SPECS) -> Spec:
     """The spec a TOML document describes. Every problem is found before anything runs and all
     are listed in one SpecError, so a spec is fixed in one go."""
     try:
@@ -216,10 +219,26 @@ def parse(doc: dict[str, Any], source: str = "spec") -> Spec:
     except ValidationError as err:
         problems = _listing([_problem(e, doc) for e in err.errors(include_url=False)])
         raise SpecError(f"{source} is not a valid experiment spec:\n  {problems}") from None
-    return Spec(checked.name, checked.description, tuple(_run(r) for r in checked.runs or ()),
+    included = tuple(_included(name, source, folder) for name in checked.include or ())
+    return Spec(checked.name, checked.description,
+                tuple(r for spec in included for r in spec.runs)
+                + tuple(_run(r) for r in checked.runs or ()),
                 source, checked.rounds,
                 checked.elastic.model_dump(exclude_none=True) if checked.elastic else None,
-                checked.launcher, checked.ddp.model_dump() if checked.ddp else None)
+                checked.launcher, checked.ddp.model_dump() if checked.ddp else None,
+                tuple(spec.name for spec in included))
+
+
+def _included(name: str, source: str, folder: Path) -> Spec:
+    """A shipped spec whose runs another's `include` names: one level deep, [[runs]] only."""
+    path = folder / f"{name}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.toml")))
+        raise SpecError(f"{source}: include names no shipped spec {name!r} (shipped: {known})")
+    spec = parse(_document(path), str(path), folder)
+    if spec.includes or not spec.runs:
+        raise SpecError(f"{source}: include {name!r}: a spec of [[runs]] that includes none")
+    return spec
 
 
 # --- the file ------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ class Spec:
     elastic: dict[str, Any] | None = None  # the elastic scenario, instead of runs
     launcher: str = "ssh"  # how the cases' ranks start (LAUNCHERS)
     ddp: dict[str, Any] | None = None  # the DDP scenario (experiments/ddp.py), instead of runs
+    includes: tuple[str, ...] = ()  # shipped specs whose runs come first in `runs`
 
     def cases(self) -> list[dict[str, Any]]:
         return [c for r in self.runs for c in r.cases()]

@@ -381,11 +381,15 @@ class SpecDoc(_Strict):
         f"must be a non-empty list of at most {MAX_ENTRIES} [[runs]] tables")] = None
     elastic: ElasticDoc | None = None
     ddp: DdpDoc | None = None
+    include: Annotated[list[Annotated[str, Field(pattern=NAME)]] | None, Field(
+        min_length=1, max_length=8, description="must be a list of 1 to 8 shipped specs' names")] = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> "SpecDoc":
         if [self.runs, self.elastic, self.ddp].count(None) != 2:
             raise bad("a spec has either [[runs]], one [elastic] table or one [ddp] table")
+        if self.include is not None and self.runs is None:
+            raise bad("include adds [[runs]] to a spec's own: a spec with [[runs]] only")
         if self.ddp is not None and (self.rounds != 1 or self.launcher != "ssh"):
             raise bad("a [ddp] scenario alternates its own rounds (ddp.rounds) and starts its "
                       "ranks with our launcher: leave rounds and launcher out")

@@ -236,8 +236,18 @@ def check_name(name: str) -> str:
     return name
 
 
+def holds_calibration(environment: Any) -> bool:
+    """Whether a run's environment.json says it ran the calibrate spec's cases: its own run,
+    or a spec that includes it (the validation spec does: both then meet the same lab)."""
+    if not isinstance(environment, dict):
+        return False
+    includes = environment.get("includes")
+    return environment.get("spec") == SPEC or (isinstance(includes, list) and SPEC in includes)
+
+
 def fit_run(out: Path, name: str) -> Profile:
-    """The profile of a calibrate run's directory (its records and environment)."""
+    """The profile of a run's directory (its records and environment) that ran the calibrate
+    spec's cases."""
     try:
         records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()
                    if line.strip()]
@@ -245,8 +255,12 @@ def fit_run(out: Path, name: str) -> Profile:
     except (OSError, ValueError) as err:
         raise CalibrationError(f"{out} is not a run's directory: {err}") from None
     spec = environment.get("spec") if isinstance(environment, dict) else None
-    if spec != SPEC or not isinstance(environment.get("hosts"), dict):
-        raise CalibrationError(f"{out} is a run of spec {spec!r}, not {SPEC!r}")
+    if not holds_calibration(environment):
+        raise CalibrationError(f"{out} is a run of spec {spec!r}, which neither is nor includes "
+                               f"{SPEC!r}")
+    if not isinstance(environment.get("hosts"), dict):
+        raise CalibrationError(f"{out}: its environment.json names no hosts: not a run of this "
+                               "rxelab")
     try:
         profile = fit(records, name, *cpus(environment))
     except (KeyError, TypeError, AttributeError) as err:

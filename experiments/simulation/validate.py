@@ -17,10 +17,12 @@ import jinja2
 from rxelab import trace
 from rxelab.errors import ConfigError
 
+from experiments import spec as experiment_spec
 from experiments.figure_style import size_text
-from experiments.simulation import replayer
+from experiments.simulation import calibrate, replayer
 from experiments.simulation.calibrate import SPEC
 from experiments.simulation.costs import Profile
+from experiments.spec_cases import ranks
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "validation.md.j2"
 CALLS = 4  # back-to-back calls per replay, as calibrate's
@@ -52,10 +54,23 @@ class Row:
         return self.predicted_s / self.lab_s
 
 
+def fitted_cases() -> set[tuple[str, str, int, int, int]]:
+    """The calibrate spec's own rxelab cases: what a profile is fitted to is not a prediction
+    (a validation run includes them, so that both meet the same lab)."""
+    try:
+        cases = experiment_spec.load(SPEC).cases()
+    except experiment_spec.SpecError as err:
+        raise ValidationError(f"the calibrate spec: {err}") from None
+    return {(c["op"], c["algorithm"], ranks(c), c["nodes"], c["size"]) for c in cases
+            if c["app"] == "rxelab"}
+
+
 def lab_cases(records: list[dict[str, Any]]) -> dict[tuple[str, str, int, int, int], list[float]]:
     """(op, algorithm, ranks, nodes, size) -> seconds per call of each good round: rxelab's
-    calls back to back with the library's defaults (no impairment, compression or option)."""
+    calls back to back with the library's defaults (no impairment, compression or option),
+    but for the calibration's own."""
     got: dict[tuple[str, str, int, int, int], list[float]] = defaultdict(list)
+    fitted = fitted_cases()
     for r in records:
         s = r.get("summary") or {}
         if r.get("app") != "rxelab" or r.get("status") != "ok" or not s.get("tight"):
@@ -63,8 +78,9 @@ def lab_cases(records: list[dict[str, Any]]) -> dict[tuple[str, str, int, int, i
         if any((r.get("netem") or {}).values()) or r.get("compression") not in (None, "none") \
                 or r.get("library") or r.get("pairs") not in (None, 1) or r.get("mtu"):
             continue
-        got[(r["op"], r["algorithm"], s["ranks"], r["nodes"], r["size"])].append(
-            s["avg_stage_us"] * 1e-6)
+        key = (r["op"], r["algorithm"], s["ranks"], r["nodes"], r["size"])
+        if key not in fitted:
+            got[key].append(s["avg_stage_us"] * 1e-6)
     return got
 
 
@@ -140,6 +156,24 @@ def newest(root: Path) -> Path:
                           "`fab run-experiment --spec validation` first")
 
 
+def own_profile(run: Path) -> Profile | None:
+    """The profile fitted on the run's own calibration cases (a spec that includes the
+    calibrate spec runs them in each of its rounds), saved beside it as profile.json; None
+    where the run has none."""
+    try:
+        environment = json.loads((run / "environment.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ValidationError(f"{run} is not a run's directory: {err}") from None
+    if not calibrate.holds_calibration(environment):
+        return None
+    try:
+        profile = calibrate.fit_run(run, calibrate.check_name(run.name))
+        calibrate.save(profile, run / "profile.json")
+    except calibrate.CalibrationError as err:
+        raise ValidationError(f"fitting the run's own calibration: {err}") from None
+    return profile
+
+
 def write(run: Path, profile: Profile) -> Path:
     """validation.jsonl and validation.md in the run's directory; the Markdown's path."""
     try:
@@ -168,5 +202,6 @@ def _write(run: Path, profile: Profile, table: list[Row], order: list[dict[str, 
     md.write_text(template.render(rows=table, rankings=order, profile=profile, run=run.name,
                                   within=sum(r.within for r in table), size=size_text,
                                   per_p=by_ranks(table, order),
-                                  placeholder=profile.placeholder))
+                                  placeholder=profile.placeholder,
+                                  own=profile.measured.get("run") == str(run)))
     return md

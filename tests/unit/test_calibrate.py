@@ -244,7 +244,7 @@ def test_validate_does_not_pick_the_calibration_it_was_fitted_on(tmp_path):
 def test_a_calibration_run_with_broken_records_is_an_error_not_a_traceback(tmp_path):
     (tmp_path / "records.jsonl").write_text('{"status": "ok", "summary": {}}\n')
     (tmp_path / "environment.json").write_text(json.dumps({"spec": "calibrate", "hosts": 3}))
-    with pytest.raises(calibrate.CalibrationError, match="not 'calibrate'"):
+    with pytest.raises(calibrate.CalibrationError, match="names no hosts"):
         calibrate.fit_run(tmp_path, "lab")
     (tmp_path / "environment.json").write_text(json.dumps(
         {"spec": "calibrate", "hosts": {"a": {"cpus": 1}}}))
