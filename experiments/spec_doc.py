@@ -42,11 +42,7 @@ def lossy_fits(c: ops.Collective) -> bool:
     return c.reduces and c.dtype in codecs.LOSSY_DTYPES
 
 
-def lossy_ops() -> list[str]:
-    return [c.name for c in ops.COLLECTIVES.values() if lossy_fits(c)]
-
-
-LOSSY_OPS = tuple(lossy_ops())
+LOSSY_OPS = tuple(c.name for c in ops.COLLECTIVES.values() if lossy_fits(c))
 # perftest's tools by their names (rxelab.perftest says each one's command; a test holds the
 # two lists equal): ib_write_bw_bidir is `ib_write_bw -b`
 Tool = Literal["ib_write_bw", "ib_write_bw_bidir", "ib_send_bw", "ib_send_lat"]
@@ -225,7 +221,7 @@ class RunFields(_Strict):
         described = ops.COLLECTIVES.get(info.data.get("op") or "")
         lossy = [n for n in names if n != codecs.NONE and codecs.CODECS[n].lossy]
         if described is not None and lossy and not lossy_fits(described):
-            raise bad(f"{', '.join(lossy)} round values: only for {spoken(lossy_ops())} "
+            raise bad(f"{', '.join(lossy)} round values: only for {spoken(LOSSY_OPS)} "
                       f"(float sums), not {described.name}")
         return names
 

@@ -258,3 +258,40 @@ def test_sizes_measured_out_of_order_are_fitted_to_their_pooled_median():
     assert calibrate.isotonic([1.0, 2.0, 2.0, 3.0]) == [1.0, 2.0, 2.0, 3.0]
     values = [3.0, 2.5, 1.8, 2.0, 2.3, 4.9, 4.0]
     assert calibrate.out_of_order(calibrate.isotonic(values), values) == [(0, 4), (5, 6)]
+
+
+def test_a_validation_run_is_predicted_from_its_own_calibration_cases(tmp_path):
+    """A run whose spec includes the calibrate spec: `fab validate` fits a profile on those
+    cases (saved beside the run) and predicts the others with it; the fitted cases are not
+    in the table. A run whose environment does not say so (or says it wrongly) has none."""
+    run = made_up_run()
+    for algorithm in ("pairwise", "parallel"):
+        for size in (1024, 1 << 20):
+            run += record("alltoall", algorithm, 3, size, lab("alltoall", algorithm, 3, size))
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run))
+    about = {"spec": "validation", "hosts": {"a": {"cpus": NODE_CPUS}, "b": {"cpus": NODE_CPUS},
+                                             "c": {"cpus": NODE_CPUS}}, "lab_host_cpus": HOST_CPUS}
+    for includes in (None, "calibrate", ["other"]):
+        (tmp_path / "environment.json").write_text(json.dumps({**about, "includes": includes}))
+        assert validate.own_profile(tmp_path) is None
+        with pytest.raises(calibrate.CalibrationError, match="neither is nor includes"):
+            calibrate.fit_run(tmp_path, "lab")
+    (tmp_path / "environment.json").write_text(json.dumps({**about, "includes": ["calibrate"]}))
+    profile = validate.own_profile(tmp_path)
+    assert profile is not None and profile.name == tmp_path.name
+    assert costs_mod.load(tmp_path / "profile.json").costs == profile.costs
+    out = validate.write(tmp_path, profile)
+    rows = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
+    assert sorted((r["algorithm"], r["ranks"], r["size"]) for r in rows) == \
+        [(a, 3, s) for a in ("pairwise", "parallel") for s in (1024, 1 << 20)]
+    assert all(r["within"] for r in rows)
+    assert "run in each of this run's\nrounds" in out.read_text()
+
+
+def test_a_validation_run_whose_calibration_failed_says_so(tmp_path):
+    (tmp_path / "records.jsonl").write_text("".join(
+        json.dumps(r) + "\n" for r in made_up_run() if r.get("nodes") != 1))
+    (tmp_path / "environment.json").write_text(json.dumps(
+        {"spec": "validation", "includes": ["calibrate"], "hosts": {"a": {"cpus": 1}}}))
+    with pytest.raises(validate.ValidationError, match="own calibration.*no good round"):
+        validate.own_profile(tmp_path)

@@ -311,3 +311,18 @@ def test_gloo_cases_are_not_run_and_say_why_where_a_node_has_no_torch(tmp_path, 
     assert recs[0]["error"] == f"{runner.NO_TORCH} (node2, node3)"
     assert not cmds(nodes, "gloo_compare"), "nothing was started for it"
     assert not cmds(nodes, "sudo -n"), "nothing was changed for it"
+
+
+def test_a_run_says_what_its_spec_included_and_keeps_a_copy(tmp_path, monkeypatch):
+    """include = ["calibrate"]: the run's environment says so (fab calibrate and fab validate
+    read it), its copy of the included spec is kept beside spec.toml, and the included runs
+    come first."""
+    r, nodes = make_runner(tmp_path, monkeypatch, 'include = ["calibrate"]\n' + RXELAB)
+    nodes.outputs += [summary(True), KeyboardInterrupt()]
+    with pytest.raises(KeyboardInterrupt):
+        r.run({"nodes": 3})
+    assert json.loads((r.dir / "environment.json").read_text())["includes"] == ["calibrate"]
+    assert (r.dir / "include-calibrate.toml").read_text() == \
+        (spec.SPECS / "calibrate.toml").read_text()
+    first = records(r.dir)[0]
+    assert (first["algorithm"], first["nodes"], first["size"]) == ("pairwise", 1, 0)

@@ -1,6 +1,7 @@
 """Experiment specs: the shipped ones load; anything unknown or impossible is named."""
 
 import copy
+import re
 import os
 from pathlib import Path
 
@@ -324,3 +325,39 @@ def test_every_perftest_tool_a_spec_takes_has_its_command():
     from rxelab import perftest
 
     assert tuple(perftest.TOOLS) == spec.TOOLS
+
+
+def test_an_included_spec_runs_first_in_every_round(tmp_path):
+    """include: the named shipped spec's runs come before the spec's own (so the runner's
+    rounds alternate them with the rest); one level deep, [[runs]] only, names only."""
+    (tmp_path / "base.toml").write_text(
+        'name = "base"\n[[runs]]\napp = "perftest"\ntools = ["ib_send_lat"]\nnodes = [2]\n'
+        'sizes = [1]\n')
+    doc = {**copy.deepcopy(GOOD), "include": ["base"], "rounds": 3}
+    got = spec.parse(doc, "my.toml", tmp_path)
+    assert got.includes == ("base",) and got.rounds == 3
+    assert [c["algorithm"] for c in got.cases()][:2] == ["ib_send_lat", "pairwise"]
+    assert len(got.cases()) == len(spec.parse(GOOD).cases()) + 1
+    (tmp_path / "nested.toml").write_text(
+        'name = "nested"\ninclude = ["base"]\n[[runs]]\napp = "perftest"\nnodes = [2]\n'
+        'sizes = [1]\n')
+    (tmp_path / "scenario.toml").write_text(
+        'name = "scenario"\n[elastic]\nevents = [{step = 10, kill = 1}]\n')
+    for name, said in (("nope", "include names no shipped spec 'nope' (shipped: base, nested, "
+                                "scenario)"),
+                       ("nested", "include 'nested': a spec of [[runs]] that includes none"),
+                       ("scenario", "include 'scenario': a spec of [[runs]]")):
+        with pytest.raises(spec.SpecError, match=re.escape(f"my.toml: {said}")):
+            spec.parse({**doc, "include": [name]}, "my.toml", tmp_path)
+    for bad, said in ((["../base"], "include[0]"), ([], "include: must be a list of 1 to 8"),
+                      ("base", "include: must be a list")):
+        assert said in _refused({**doc, "include": bad})
+    elastic = {"name": "e", "include": ["base"], "elastic": {"events": [{"step": 10, "kill": 1}]}}
+    assert "include adds [[runs]]" in _refused(elastic)
+
+
+def test_the_validation_specs_measure_their_own_calibration():
+    for name in ("validation", "validation-p8"):
+        got = spec.load(name)
+        calibration = spec.load("calibrate").cases()
+        assert got.includes == ("calibrate",) and got.cases()[:len(calibration)] == calibration
