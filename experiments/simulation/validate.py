@@ -22,7 +22,7 @@ from experiments.figure_style import size_text
 from experiments.simulation import calibrate, replayer
 from experiments.simulation.calibrate import SPEC
 from experiments.simulation.costs import Profile
-from experiments.spec_cases import ranks
+from experiments.spec_cases import ranks as ranks_of
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "validation.md.j2"
 CALLS = 4  # back-to-back calls per replay, as calibrate's
@@ -61,7 +61,7 @@ def fitted_cases() -> set[tuple[str, str, int, int, int]]:
         cases = experiment_spec.load(SPEC).cases()
     except experiment_spec.SpecError as err:
         raise ValidationError(f"the calibrate spec: {err}") from None
-    return {(c["op"], c["algorithm"], ranks(c), c["nodes"], c["size"]) for c in cases
+    return {(c["op"], c["algorithm"], ranks_of(c), c["nodes"], c["size"]) for c in cases
             if c["app"] == "rxelab"}
 
 

@@ -1,8 +1,8 @@
 """Experiment specs: the shipped ones load; anything unknown or impossible is named."""
 
 import copy
-import re
 import os
+import re
 from pathlib import Path
 
 import pytest
