@@ -9,8 +9,9 @@
                               #   srun (Slurm starts them: srun, srun --mpi=pmix for MPI;
                               #   perftest pairs start over SSH either way); [[runs]] only
     include = ["calibrate"]   # shipped specs (experiments/specs) whose [[runs]] run first in
-                              #   every round of this one's, so both meet the same lab state;
-                              #   [[runs]] only, and an included spec includes none
+                              #   every round of this one's, so both meet the same lab state
+                              #   (this spec's rounds and launcher apply); [[runs]] only, an
+                              #   included spec includes none, 64 runs at most in all
     [[runs]]                  # 1 to 64 runs
     app = "rxelab"            # rxelab | mpi | gloo | perftest (gloo: torch.distributed's Gloo
                               #   over TCP, on a lab built with EXTRAS=torch; skipped, and said
@@ -86,6 +87,7 @@ file itself must be UTF-8 TOML of at most 1 MiB.
 
 import tomllib
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -219,26 +221,30 @@ def parse(doc: dict[str, Any], source: str = "spec", folder: Path = SPECS) -> Sp
     except ValidationError as err:
         problems = _listing([_problem(e, doc) for e in err.errors(include_url=False)])
         raise SpecError(f"{source} is not a valid experiment spec:\n  {problems}") from None
-    included = tuple(_included(name, source, folder) for name in checked.include or ())
-    return Spec(checked.name, checked.description,
-                tuple(r for spec in included for r in spec.runs)
-                + tuple(_run(r) for r in checked.runs or ()),
-                source, checked.rounds,
+    names = checked.include or []
+    runs = tuple(replace(r, included=name) for name in names
+                 for r in _included(name, source, folder).runs) \
+        + tuple(_run(r) for r in checked.runs or ())
+    if len(runs) > MAX_ENTRIES:
+        raise SpecError(f"{source}: {len(runs)} [[runs]] with those it includes: at most "
+                        f"{MAX_ENTRIES}")
+    return Spec(checked.name, checked.description, runs, source, checked.rounds,
                 checked.elastic.model_dump(exclude_none=True) if checked.elastic else None,
                 checked.launcher, checked.ddp.model_dump() if checked.ddp else None,
-                tuple(spec.name for spec in included))
+                tuple(names))
 
 
 def _included(name: str, source: str, folder: Path) -> Spec:
-    """A shipped spec whose runs another's `include` names: one level deep, [[runs]] only."""
+    """A shipped spec whose runs another's `include` names: one level deep, [[runs]] only
+    (its own rounds and launcher give way to the including spec's)."""
     path = folder / f"{name}.toml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in folder.glob("*.toml")))
         raise SpecError(f"{source}: include names no shipped spec {name!r} (shipped: {known})")
-    spec = parse(_document(path), str(path), folder)
-    if spec.includes or not spec.runs:
+    doc = _document(path)
+    if "include" in doc or "runs" not in doc:  # before parsing it: no spec includes itself
         raise SpecError(f"{source}: include {name!r}: a spec of [[runs]] that includes none")
-    return spec
+    return parse(doc, str(path), folder)
 
 
 # --- the file ------------------------------------------------------------------------------

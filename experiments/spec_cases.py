@@ -26,6 +26,7 @@ class Run:
     tight: bool = False
     data: tuple[str | None, ...] = (None,)
     compressions: tuple[str | None, ...] = (None,)
+    included: str | None = None  # the shipped spec whose include brought this run in
 
     def cases(self) -> list[dict[str, Any]]:
         """One case per (nodes, mtu, impairment, transport, algorithm or tool, data,
@@ -37,7 +38,8 @@ class Run:
                  **({"pairs": k} if k is not None else {}),
                  **({"tight": True} if self.tight else {}),
                  **({"data": d} if d is not None else {}),
-                 **({"compression": z} if z is not None else {})}
+                 **({"compression": z} if z is not None else {}),
+                 **({"included": self.included} if self.included else {})}
                 for n in self.nodes for mtu in self.mtus for imp in self.netem
                 for t in self.transports for a in self.algorithms for k in self.pairs
                 for d in self.data for z in self.compressions for s in self.sizes]

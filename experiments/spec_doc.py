@@ -384,8 +384,8 @@ class SpecDoc(_Strict):
     def _one_kind(self) -> "SpecDoc":
         if [self.runs, self.elastic, self.ddp].count(None) != 2:
             raise bad("a spec has either [[runs]], one [elastic] table or one [ddp] table")
-        if self.include is not None and self.runs is None:
-            raise bad("include adds [[runs]] to a spec's own: a spec with [[runs]] only")
+        if self.include is not None and (self.runs is None or len(set(self.include)) < len(self.include)):
+            raise bad("include adds [[runs]] to a spec's own, each spec once: a spec of [[runs]] only")
         if self.ddp is not None and (self.rounds != 1 or self.launcher != "ssh"):
             raise bad("a [ddp] scenario alternates its own rounds (ddp.rounds) and starts its "
                       "ranks with our launcher: leave rounds and launcher out")

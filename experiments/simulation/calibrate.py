@@ -144,8 +144,9 @@ def out_of_order(pooled: list[float], values: list[float]) -> list[tuple[int, in
 def need(m: dict[tuple[Any, ...], Spread], key: tuple[Any, ...]) -> Spread:
     if key not in m:
         what = " ".join(str(k) for k in key[1:])
-        raise CalibrationError(f"the calibration run has no good round of {what}: rerun "
-                               "`fab calibrate` (the run's report says what failed)")
+        raise CalibrationError(f"the calibration has no good round of {what}: rerun it "
+                               "(`fab calibrate`, or the spec that includes it; the run's "
+                               "report says what failed)")
     return m[key]
 
 
@@ -261,6 +262,8 @@ def fit_run(out: Path, name: str) -> Profile:
     if not isinstance(environment.get("hosts"), dict):
         raise CalibrationError(f"{out}: its environment.json names no hosts: not a run of this "
                                "rxelab")
+    if environment["spec"] != SPEC:  # another spec's run: the cases its include brought in
+        records = [r for r in records if isinstance(r, dict) and r.get("included") == SPEC]
     try:
         profile = fit(records, name, *cpus(environment))
     except (KeyError, TypeError, AttributeError) as err:

@@ -17,12 +17,10 @@ import jinja2
 from rxelab import trace
 from rxelab.errors import ConfigError
 
-from experiments import spec as experiment_spec
 from experiments.figure_style import size_text
 from experiments.simulation import calibrate, replayer
 from experiments.simulation.calibrate import SPEC
 from experiments.simulation.costs import Profile
-from experiments.spec_cases import ranks as ranks_of
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "validation.md.j2"
 CALLS = 4  # back-to-back calls per replay, as calibrate's
@@ -54,33 +52,22 @@ class Row:
         return self.predicted_s / self.lab_s
 
 
-def fitted_cases() -> set[tuple[str, str, int, int, int]]:
-    """The calibrate spec's own rxelab cases: what a profile is fitted to is not a prediction
-    (a validation run includes them, so that both meet the same lab)."""
-    try:
-        cases = experiment_spec.load(SPEC).cases()
-    except experiment_spec.SpecError as err:
-        raise ValidationError(f"the calibrate spec: {err}") from None
-    return {(c["op"], c["algorithm"], ranks_of(c), c["nodes"], c["size"]) for c in cases
-            if c["app"] == "rxelab"}
-
-
 def lab_cases(records: list[dict[str, Any]]) -> dict[tuple[str, str, int, int, int], list[float]]:
     """(op, algorithm, ranks, nodes, size) -> seconds per call of each good round: rxelab's
     calls back to back with the library's defaults (no impairment, compression or option),
-    but for the calibration's own."""
+    but for those the calibrate spec's include brought in (a profile is fitted on them)."""
     got: dict[tuple[str, str, int, int, int], list[float]] = defaultdict(list)
-    fitted = fitted_cases()
     for r in records:
+        if r.get("included") == SPEC:
+            continue
         s = r.get("summary") or {}
         if r.get("app") != "rxelab" or r.get("status") != "ok" or not s.get("tight"):
             continue
         if any((r.get("netem") or {}).values()) or r.get("compression") not in (None, "none") \
                 or r.get("library") or r.get("pairs") not in (None, 1) or r.get("mtu"):
             continue
-        key = (r["op"], r["algorithm"], s["ranks"], r["nodes"], r["size"])
-        if key not in fitted:
-            got[key].append(s["avg_stage_us"] * 1e-6)
+        got[(r["op"], r["algorithm"], s["ranks"], r["nodes"], r["size"])].append(
+            s["avg_stage_us"] * 1e-6)
     return got
 
 
@@ -162,15 +149,22 @@ def own_profile(run: Path) -> Profile | None:
     where the run has none."""
     try:
         environment = json.loads((run / "environment.json").read_text())
+    except FileNotFoundError:
+        return None
     except (OSError, ValueError) as err:
-        raise ValidationError(f"{run} is not a run's directory: {err}") from None
+        raise ValidationError(f"{run}/environment.json: {err}") from None
     if not calibrate.holds_calibration(environment):
         return None
     try:
-        profile = calibrate.fit_run(run, calibrate.check_name(run.name))
+        profile = calibrate.fit_run(run, calibrate.check_name(run.name[:64]))
+    except calibrate.CalibrationError as err:
+        raise ValidationError(f"the run's own calibration cannot be fitted: {err}; or "
+                              "predict with another run's profile (`fab validate --profile "
+                              "lab`)") from None
+    try:
         calibrate.save(profile, run / "profile.json")
     except calibrate.CalibrationError as err:
-        raise ValidationError(f"fitting the run's own calibration: {err}") from None
+        raise ValidationError(f"keeping the run's own profile: {err}") from None
     return profile
 
 

@@ -260,38 +260,66 @@ def test_sizes_measured_out_of_order_are_fitted_to_their_pooled_median():
     assert calibrate.out_of_order(calibrate.isotonic(values), values) == [(0, 4), (5, 6)]
 
 
-def test_a_validation_run_is_predicted_from_its_own_calibration_cases(tmp_path):
-    """A run whose spec includes the calibrate spec: `fab validate` fits a profile on those
-    cases (saved beside the run) and predicts the others with it; the fitted cases are not
-    in the table. A run whose environment does not say so (or says it wrongly) has none."""
-    run = made_up_run()
+def validation_run(tmp_path, includes=("calibrate",)):
+    """A run of a spec that includes the calibrate spec: its calibration cases as the runner
+    tags them, then p = 3 cases made with the truth, and one of its own that looks like a
+    calibration case (a 2-rank exchange of 1 KiB) but took ten times as long."""
+    run = [{**r, "included": "calibrate"} for r in made_up_run()]
     for algorithm in ("pairwise", "parallel"):
         for size in (1024, 1 << 20):
             run += record("alltoall", algorithm, 3, size, lab("alltoall", algorithm, 3, size))
+    run += record("alltoall", "pairwise", 2, 1024, 10 * lab("alltoall", "pairwise", 2, 1024))
     (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run))
-    about = {"spec": "validation", "hosts": {"a": {"cpus": NODE_CPUS}, "b": {"cpus": NODE_CPUS},
-                                             "c": {"cpus": NODE_CPUS}}, "lab_host_cpus": HOST_CPUS}
+    hosts = {name: {"cpus": NODE_CPUS} for name in "abc"}
+    (tmp_path / "environment.json").write_text(json.dumps(
+        {"spec": "validation", "hosts": hosts, "lab_host_cpus": HOST_CPUS,
+         "includes": list(includes) if isinstance(includes, tuple) else includes}))
+    return run
+
+
+def test_a_validation_run_is_predicted_from_its_own_calibration_cases(tmp_path, fitted):
+    """A run whose spec includes the calibrate spec: `fab validate` fits a profile on the
+    cases the include brought in (saved beside the run), the spec's own cases left out of
+    the fit, and predicts those with it; the fitted cases are not in the table. A run whose
+    environment does not say so (or says it wrongly) has none."""
     for includes in (None, "calibrate", ["other"]):
-        (tmp_path / "environment.json").write_text(json.dumps({**about, "includes": includes}))
+        validation_run(tmp_path, includes)
         assert validate.own_profile(tmp_path) is None
         with pytest.raises(calibrate.CalibrationError, match="neither is nor includes"):
             calibrate.fit_run(tmp_path, "lab")
-    (tmp_path / "environment.json").write_text(json.dumps({**about, "includes": ["calibrate"]}))
+    validation_run(tmp_path)
     profile = validate.own_profile(tmp_path)
     assert profile is not None and profile.name == tmp_path.name
+    assert profile.costs == fitted.costs, "the spec's own 2-rank case is not a calibration"
     assert costs_mod.load(tmp_path / "profile.json").costs == profile.costs
     out = validate.write(tmp_path, profile)
     rows = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
-    assert sorted((r["algorithm"], r["ranks"], r["size"]) for r in rows) == \
-        [(a, 3, s) for a in ("pairwise", "parallel") for s in (1024, 1 << 20)]
-    assert all(r["within"] for r in rows)
+    assert sorted((r["algorithm"], r["ranks"], r["size"], r["within"]) for r in rows) == \
+        [("pairwise", 2, 1024, False)] + [(a, 3, s, True) for a in ("pairwise", "parallel")
+                                          for s in (1024, 1 << 20)]
     assert "run in each of this run's\nrounds" in out.read_text()
 
 
+def test_fab_validate_takes_the_runs_own_profile_unless_told(tmp_path, fitted, capsys):
+    from invoke import Context
+
+    import fabfile
+    validation_run(tmp_path)
+    fabfile.validate(Context(), results=str(tmp_path))
+    assert f"profile `{tmp_path.name}`" in (tmp_path / "validation.md").read_text()
+    other = tmp_path.parent / "other.json"
+    other.write_text(replace(fitted, name="other").to_json())
+    fabfile.validate(Context(), results=str(tmp_path), profile=str(other))
+    assert "profile `other`" in (tmp_path / "validation.md").read_text()
+    assert "validation:" in capsys.readouterr().out
+
+
 def test_a_validation_run_whose_calibration_failed_says_so(tmp_path):
-    (tmp_path / "records.jsonl").write_text("".join(
-        json.dumps(r) + "\n" for r in made_up_run() if r.get("nodes") != 1))
-    (tmp_path / "environment.json").write_text(json.dumps(
-        {"spec": "validation", "includes": ["calibrate"], "hosts": {"a": {"cpus": 1}}}))
-    with pytest.raises(validate.ValidationError, match="own calibration.*no good round"):
+    """The 1-rank call failed in every round: the figure is named, and what to do."""
+    run = validation_run(tmp_path)
+    failed = [{**r, "status": "failed"} if r.get("included") and r.get("nodes") == 1
+              and r["app"] == "rxelab" else r for r in run]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in failed))
+    with pytest.raises(validate.ValidationError,
+                       match="no good round of alltoall pairwise 1 0: rerun it.*--profile lab"):
         validate.own_profile(tmp_path)

@@ -325,4 +325,5 @@ def test_a_run_says_what_its_spec_included_and_keeps_a_copy(tmp_path, monkeypatc
     assert (r.dir / "include-calibrate.toml").read_text() == \
         (spec.SPECS / "calibrate.toml").read_text()
     first = records(r.dir)[0]
-    assert (first["algorithm"], first["nodes"], first["size"]) == ("pairwise", 1, 0)
+    assert (first["algorithm"], first["nodes"], first["size"], first["included"]) == \
+        ("pairwise", 1, 0, "calibrate"), "the record says which include brought the case in"

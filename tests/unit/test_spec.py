@@ -343,14 +343,21 @@ def test_an_included_spec_runs_first_in_every_round(tmp_path):
         'sizes = [1]\n')
     (tmp_path / "scenario.toml").write_text(
         'name = "scenario"\n[elastic]\nevents = [{step = 10, kill = 1}]\n')
-    for name, said in (("nope", "include names no shipped spec 'nope' (shipped: base, nested, "
-                                "scenario)"),
+    (tmp_path / "itself.toml").write_text(
+        'name = "itself"\ninclude = ["itself"]\n[[runs]]\napp = "perftest"\nnodes = [2]\n'
+        'sizes = [1]\n')
+    many = "".join('[[runs]]\napp = "perftest"\nnodes = [2]\nsizes = [1]\n' for _ in range(62))
+    (tmp_path / "many.toml").write_text('name = "many"\n' + many)
+    shipped = "base, itself, many, nested, scenario"
+    for name, said in (("nope", f"include names no shipped spec 'nope' (shipped: {shipped})"),
                        ("nested", "include 'nested': a spec of [[runs]] that includes none"),
-                       ("scenario", "include 'scenario': a spec of [[runs]]")):
+                       ("itself", "include 'itself': a spec of [[runs]] that includes none"),
+                       ("scenario", "include 'scenario': a spec of [[runs]]"),
+                       ("many", "65 [[runs]] with those it includes: at most 64")):
         with pytest.raises(spec.SpecError, match=re.escape(f"my.toml: {said}")):
             spec.parse({**doc, "include": [name]}, "my.toml", tmp_path)
     for bad, said in ((["../base"], "include[0]"), ([], "include: must be a list of 1 to 8"),
-                      ("base", "include: must be a list")):
+                      ("base", "include: must be a list"), (["base", "base"], "each spec once")):
         assert said in _refused({**doc, "include": bad})
     elastic = {"name": "e", "include": ["base"], "elastic": {"events": [{"step": 10, "kill": 1}]}}
     assert "include adds [[runs]]" in _refused(elastic)
@@ -360,4 +367,6 @@ def test_the_validation_specs_measure_their_own_calibration():
     for name in ("validation", "validation-p8"):
         got = spec.load(name)
         calibration = spec.load("calibrate").cases()
-        assert got.includes == ("calibrate",) and got.cases()[:len(calibration)] == calibration
+        assert got.includes == ("calibrate",)
+        assert got.cases()[:len(calibration)] == [{**c, "included": "calibrate"} for c in calibration]
+        assert not any("included" in c for c in got.cases()[len(calibration):])
