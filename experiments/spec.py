@@ -230,8 +230,7 @@ def parse(doc: dict[str, Any], source: str = "spec", folder: Path = SPECS) -> Sp
                         f"{MAX_ENTRIES}")
     return Spec(checked.name, checked.description, runs, source, checked.rounds,
                 checked.elastic.model_dump(exclude_none=True) if checked.elastic else None,
-                checked.launcher, checked.ddp.model_dump() if checked.ddp else None,
-                tuple(names))
+                checked.launcher, checked.ddp.model_dump() if checked.ddp else None)
 
 
 def _included(name: str, source: str, folder: Path) -> Spec:

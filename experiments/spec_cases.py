@@ -55,10 +55,14 @@ class Spec:
     elastic: dict[str, Any] | None = None  # the elastic scenario, instead of runs
     launcher: str = "ssh"  # how the cases' ranks start (LAUNCHERS)
     ddp: dict[str, Any] | None = None  # the DDP scenario (experiments/ddp.py), instead of runs
-    includes: tuple[str, ...] = ()  # shipped specs whose runs come first in `runs`
 
     def cases(self) -> list[dict[str, Any]]:
         return [c for r in self.runs for c in r.cases()]
+
+    @property
+    def includes(self) -> tuple[str, ...]:
+        """The shipped specs whose runs an include brought in (they come first in `runs`)."""
+        return tuple(dict.fromkeys(r.included for r in self.runs if r.included))
 
     @property
     def max_nodes(self) -> int:
