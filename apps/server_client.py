@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                 comm.recv(start, 0)  # wait for the server's start signal
             # pinned, in flight (peaks); bytes sent, coded (raw, wire), codec CPU s (sums): in
             # Python numbers, since a numpy operation per call cost 1.5 ms a call under TCG
-            figures = [0, 0, 0, 0, 0, 0.0]
+            figures = [0, 0, 0, 0, 0, 0.0, 0.0]
 
             def collective(send: np.ndarray, recv: np.ndarray) -> None:
                 st = ops.run(comm, args.op, args.algorithm, send, recv, pairs=args.pairs)
@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                     figures[4] += st.coded_wire
                     figures[5] += st.codec_seconds
 
-            mine = stages.run(args, r, p, collective, comm.barrier, "rxelab", tolerance)
+            busy: list[float] = []
+            mine = stages.run(args, r, p, collective, comm.barrier, "rxelab", tolerance, busy)
+            figures[6] = busy[0]
             table = np.zeros(p * mine.size, np.float64)
             comm.allgather(mine, table, algorithm="ring", compression="none")
             totals = np.array(figures, np.float64)
@@ -95,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             if r == 0:
                 rows = every.reshape(p, totals.size)
                 extra = {"peak_pinned": int(rows[:, 0].max()), "peak_inflight": int(rows[:, 1].max()),
-                         **coding(args, rows[:, 2:].sum(axis=0))}
+                         **coding(args, rows[:, 2:6].sum(axis=0)),
+                         "node_busy": [None if np.isnan(b) else round(float(b), 4)
+                                       for b in rows[:, 6]]}
                 for line in stages.report("rxelab", args, p, table, extra):
                     print(line, flush=True)
                 ok = bool(table.reshape(p, args.stages, 2)[:, :, 1].sum() == 0)

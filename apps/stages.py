@@ -108,13 +108,38 @@ def report(app: str, args: argparse.Namespace, p: int, table: np.ndarray, extra:
     return lines
 
 
+def node_cpu() -> tuple[int, int] | None:
+    """This node's CPU time so far, busy and in all (clock ticks over all its CPUs, from
+    /proc/stat's first line; iowait counts as idle); None where there is no such file."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError, IndexError):
+        return None
+    if fields[:1] != ["cpu"] or len(ticks) < 8:
+        return None
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def busy_between(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float:
+    """The share of the node's CPUs busy between two node_cpu() readings (NaN without both,
+    or when no tick passed)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return float("nan")
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.ndarray, np.ndarray], Any],
-        barrier: Callable[[], Any], app: str, tolerance: Check | None = None) -> np.ndarray:
+        barrier: Callable[[], Any], app: str, tolerance: Check | None = None,
+        busy: list[float] | None = None) -> np.ndarray:
     """The stages of either app on the same buffers (as a training loop has them), each timed:
     this rank's [seconds, wrong elements] per stage. Stage by stage, each stage puts new data
     in and checks what came out; back to back (--tight), the data goes in once, the calls
     follow one another from a common start (a barrier) and the last one is checked. A result
-    is checked exactly, or within tolerance(stage) where a lossy codec rounds it."""
+    is checked exactly, or within tolerance(stage) where a lossy codec rounds it. `busy`, when
+    given, gets the share of this node's CPUs that was busy from the first timed call to the
+    end of the last (the simulator's calibration: what a byte costs the CPU, under TCG)."""
     data = getattr(args, "data", "pattern")
     described = ops.COLLECTIVES[args.op]
     send, want = buffers(args.op, 0, rank, p, args.size, data)
@@ -122,12 +147,15 @@ def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.nd
     mine = np.zeros(args.stages * 2, np.float64)
     progress = Progress(app) if rank == 0 else None
     tight = bool(getattr(args, "tight", False))
+    started = None
     for s in range(-args.warmup, args.stages):
         if not tight:  # new data every stage
             fresh, want = buffers(args.op, max(s, 0), rank, p, args.size, data)
             np.copyto(send, fresh)
         elif s == 0:
             barrier()
+        if s == 0:
+            started = node_cpu()
         t0 = time.perf_counter()
         collective(send, recv)
         took = time.perf_counter() - t0
@@ -138,6 +166,8 @@ def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.nd
                                             tolerance(0 if tight else s) if tolerance else None)
             if progress:
                 progress.stage(took)
+    if busy is not None:
+        busy.append(busy_between(started, node_cpu()))
     return mine
 
 

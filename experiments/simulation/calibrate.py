@@ -4,9 +4,10 @@ fitted, and `fab validate` then predicts other cases with it unchanged.
 
 What each measurement gives, in order (each from the median of its alternated rounds):
 - ib_send_lat: the link's latency; ib_write_bw one way and both ways at once: its bandwidth,
-  which the lab platform turns into CPU per byte on each side (1 / the sum both ways: each
-  VM sends and receives half of it); ib_write_bw on one node: rxe's loopback, a message
-  between two ranks of one VM;
+  the rate of each VM's data path (sent and received together: the sum both ways);
+  ib_write_bw on one node: rxe's loopback, a message between two ranks of one VM;
+- the share of its CPUs each node saw busy during the exchanges of 64 KiB and 1 MiB below:
+  what a byte costs the CPU on each side (the rest of a transfer's time is the data path's);
 - a 0-byte call on one rank: a call's own cost; a 1 MiB call on one rank: the copy of its own
   block, per byte;
 - the library's exchange between two ranks at each size (a 2-rank all-to-all: one message
@@ -63,7 +64,8 @@ class Spread:
 def measurements(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], Spread]:
     """The calibrate run's figures by what they are: ("call", op, algorithm, ranks, size) ->
     seconds per call; ("link", tool, size) -> MB/s (ib_write_bw, both ways summed) or
-    microseconds (ib_send_lat); ("loop", tool, size): the same within one node. Over the
+    microseconds (ib_send_lat); ("loop", tool, size): the same within one node; ("busy", op,
+    algorithm, ranks, size): the share of a node's CPUs busy during the calls. Over the
     rounds that finished well."""
     got: dict[tuple[Any, ...], list[float]] = defaultdict(list)
     for r in records:
@@ -76,8 +78,12 @@ def measurements(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], Spr
                 where = "loop" if r.get("nodes") == 1 else "link"  # one node: rxe's loopback
                 got[(where, r["algorithm"], r["size"])].append(float(value))
         elif r["app"] == "rxelab" and s.get("tight"):
-            got[("call", r["op"], r["algorithm"], s["ranks"], r["size"])].append(
-                s["avg_stage_us"] * 1e-6)
+            what = (r["op"], r["algorithm"], s["ranks"], r["size"])
+            got[("call", *what)].append(s["avg_stage_us"] * 1e-6)
+            busy = [b for b in s.get("node_busy") or [] if isinstance(b, (int, float))
+                    and not isinstance(b, bool) and 0 <= b <= 1]
+            if busy:  # the share of its node's CPUs each rank saw busy (runs since 2026-11-27)
+                got[("busy", *what)].append(statistics.fmean(busy))
     return {k: Spread(statistics.median(v), min(v), max(v), len(v)) for k, v in got.items()}
 
 
@@ -150,28 +156,40 @@ def need(m: dict[tuple[Any, ...], Spread], key: tuple[Any, ...]) -> Spread:
     return m[key]
 
 
-def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
-        host_cpus: int | None = None) -> Profile:
-    m = measurements(records)
-    latency = need(m, ("link", "ib_send_lat", 1)).median * 1e-6
-    bandwidth = need(m, ("link", "ib_write_bw", 1 << 20)).median * 1e6
-    duplex = need(m, ("link", "ib_write_bw_bidir", 1 << 20)).median * 1e6
-    looped = m.get(("loop", "ib_write_bw", 1 << 20))  # calibrate runs before 2026-11-27 lack it
-    loop = looped.median * 1e6 if looped else None
-    call = need(m, ("call", "alltoall", "pairwise", 1, 0)).median
-    copy = max(0.0, need(m, ("call", "alltoall", "pairwise", 1, 1 << 20)).median - call) / (1 << 20)
-    sizes = sorted(k[4] for k in m if k[:4] == ("call", "alltoall", "pairwise", 2))
-    if len(sizes) < 2 or sizes[0] != 0:
-        raise CalibrationError(f"the exchange between two ranks was measured at {sizes or 'no'}"
-                               " sizes: it needs 0 B and at least one more")
-    link = Profile(name, costs([(0, 0.0)], call, copy, 0.0), bandwidth, latency, node_cpus,
-                   host_cpus, duplex, loop_bandwidth=loop)
-    platform = link.lab(2)
+BUSY_FROM, BUSY_TO = 1 << 16, 1 << 20  # the exchanges whose CPU gives a byte's
+
+
+def cpu_per_byte(m: dict[tuple[Any, ...], Spread], node_cpus: int, copy: float,
+                 notes: list[str]) -> float | None:
+    """The CPU seconds a byte costs each side: what the 1 MiB exchange kept a node's CPUs busy
+    per call beyond what the 64 KiB one did, less the copy of the node's own block, over the
+    bytes more it sent and received (the per-message cost between the two: flat in every lab
+    fit so far). None, said in `notes`, where the calibration did not measure it or it came
+    out 0."""
+    at = [m.get((what, "alltoall", "pairwise", 2, size))
+          for size in (BUSY_FROM, BUSY_TO) for what in ("busy", "call")]
+    if not all(at):
+        notes.append("the calibration did not measure its nodes' CPU during the exchanges of "
+                     "64 KiB and 1 MiB (a run older than 2026-11-27's evening): a byte's whole "
+                     "cost is charged to the CPU")
+        return None
+    busy0, call0, busy1, call1 = (s.median for s in at if s is not None)
+    more = BUSY_TO - BUSY_FROM
+    cpu = ((busy1 * call1 - busy0 * call0) * node_cpus - copy * more) / (2 * more)
+    if cpu <= 0:
+        notes.append("the 1 MiB exchange kept the nodes' CPUs no busier than the 64 KiB one: "
+                     "a byte's whole cost is charged to the CPU")
+        return None
+    return cpu
+
+
+def per_message(m: dict[tuple[Any, ...], Spread], sizes: list[int], platform: Platform,
+                call: float, copy: float) -> tuple[list[tuple[int, float]], dict[str, Any],
+                                                   list[str]]:
+    """The per-message CPU at each size the exchange was measured at, solved so each replay
+    takes the lab's time on `platform`; with each fit beside its lab figure, and notes."""
     points: list[tuple[int, float]] = []
-    notes, fitted = [], {}
-    if loop is None:
-        notes.append("no ib_write_bw within one node (a calibrate run older than the loopback "
-                     "case): two ranks of one VM are charged both sides of each byte there")
+    fitted, notes = {}, []
     labs = [m[("call", "alltoall", "pairwise", 2, size)] for size in sizes]
     targets = isotonic([lab.median for lab in labs])
     pooled: set[int] = set()
@@ -187,12 +205,43 @@ def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
             return replayed("alltoall", "pairwise", 2, size, platform,
                             costs([*points, (size, floor + x)], call, copy, 0.0))
         x, then = solve(target, at)
-        if x == 0.0 and points and i not in pooled:
+        if x == 0.0 and points and i not in pooled and then > target * (1 + 1e-6):
             notes.append(f"the exchange of {size} B: its {target * 1e3:.3f} ms is below the "
                          f"replay's {then * 1e3:.3f} ms at the next smaller size's cost; kept at "
                          "that cost (costs only grow with size)")
         points.append((size, floor + x))
         fitted[f"exchange {size} B"] = _row(lab, then)
+    return points, fitted, notes
+
+
+def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
+        host_cpus: int | None = None) -> Profile:
+    m = measurements(records)
+    latency = need(m, ("link", "ib_send_lat", 1)).median * 1e-6
+    bandwidth = need(m, ("link", "ib_write_bw", 1 << 20)).median * 1e6
+    duplex = need(m, ("link", "ib_write_bw_bidir", 1 << 20)).median * 1e6
+    looped = m.get(("loop", "ib_write_bw", 1 << 20))  # calibrate runs before 2026-11-27 lack it
+    loop = looped.median * 1e6 if looped else None
+    call = need(m, ("call", "alltoall", "pairwise", 1, 0)).median
+    copy = max(0.0, need(m, ("call", "alltoall", "pairwise", 1, 1 << 20)).median - call) / (1 << 20)
+    sizes = sorted(k[4] for k in m if k[:4] == ("call", "alltoall", "pairwise", 2))
+    if len(sizes) < 2 or sizes[0] != 0:
+        raise CalibrationError(f"the exchange between two ranks was measured at {sizes or 'no'}"
+                               " sizes: it needs 0 B and at least one more")
+    notes: list[str] = []
+    if loop is None:
+        notes.append("no ib_write_bw within one node (a calibrate run older than the loopback "
+                     "case): two ranks of one VM are charged both sides of each byte there")
+
+    def linked(per_byte: float | None) -> Profile:
+        return Profile(name, costs([(0, 0.0)], call, copy, 0.0), bandwidth, latency, node_cpus,
+                       host_cpus, duplex, loop_bandwidth=loop, cpu_per_byte=per_byte,
+                       path_bandwidth=duplex if per_byte else None)
+    per_byte = cpu_per_byte(m, node_cpus, copy, notes)
+    points, fitted, said = per_message(m, sizes, linked(per_byte).lab(2), call, copy)
+    notes += said
+    link = linked(per_byte)
+    platform = link.lab(2)
     reduce_lab = need(m, ("call", "allreduce", "ring", 2, 1 << 20))
 
     def with_reduce(x: float) -> float:
@@ -308,6 +357,10 @@ def describe(profile: Profile) -> list[str]:
              f"{profile.costs.copy_per_byte * 1e9:.2f} ns/B; a reduction: "
              f"{profile.costs.reduce_per_byte * 1e9:.2f} ns/B; {profile.node_cpus} CPU per node"
              + (f", {profile.host_cpus} cores under all of them" if profile.host_cpus else ""),
+             (f"a byte: {profile.cpu_per_byte * 1e9:.1f} ns of CPU on each side, through each "
+              f"VM's data path at {profile.path_bandwidth / 1e6:.1f} MB/s (sent and received)"
+              if profile.cpu_per_byte and profile.path_bandwidth
+              else "a byte: all of the link's time charged to the CPU on each side"),
              "per message (sender and receiver together): " + ", ".join(
                  f"{size_text(int(s))} {c * 1e6:.0f} us" for s, c in m["per_message_s"].items())]
     for what, row in m["fit"].items():

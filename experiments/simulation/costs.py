@@ -62,18 +62,25 @@ class Profile:
     duplex_bandwidth: float | None = None  # bytes/s both ways at once (ib_write_bw -b's sum)
     measured: dict[str, Any] = field(default_factory=dict)  # what it was fitted from
     loop_bandwidth: float | None = None  # bytes/s within one node (ib_write_bw on rxe's loopback)
+    cpu_per_byte: float | None = None  # CPU seconds a byte costs each side (None: 1/duplex)
+    path_bandwidth: float | None = None  # bytes/s through a VM's data path, sent and received
 
     def lab(self, ranks: int, per_node: int = 1) -> Platform:
         """The `lab` platform of this profile's nodes: VMs of `node_cpus` CPUs on a machine of
-        `host_cpus` cores, which the busy ones share; a message's bytes cost each VM, the
-        sender's and the receiver's at once, what the link measured both ways at once allows
-        (each VM then sends and receives half of that sum: a byte costs each side 1/sum; one
-        way where both were not measured); between two ranks of one VM, that VM what its
-        loopback measured allows (both sides on it)."""
+        `host_cpus` cores, which the busy ones share. A message's bytes cost the sending VM
+        and the receiving one, at once, the CPU the calibration measured per byte, and pass
+        through each VM's data path, which its sends and receives share at the rate the link
+        measured both ways at once (the sum: each VM then sends and receives half of it; one
+        way where both were not measured). A profile without the CPU per byte (fitted before
+        the calibration measured it) charges the whole rate to the CPU: a byte costs each side
+        1/sum. Between two ranks of one VM: that VM what its loopback measured allows (both
+        sides on it)."""
         return Platform("lab", ranks, self.duplex_bandwidth or self.bandwidth, self.latency,
                         cores=self.node_cpus,
                         per_node=per_node, machine_cores=self.host_cpus or 0,
-                        loop_bandwidth=self.loop_bandwidth or 0.0)
+                        loop_bandwidth=self.loop_bandwidth or 0.0,
+                        cpu_per_byte=self.cpu_per_byte or 0.0,
+                        path_bandwidth=self.path_bandwidth or 0.0)
 
     @property
     def placeholder(self) -> bool:
@@ -104,13 +111,16 @@ def load(path: Path) -> Profile:
                 raise ProfileError(f"{what}={cpus!r}: a whole number from 1 to 1024")
         duplex = raw.get("duplex_bandwidth")
         loop = raw.get("loop_bandwidth")
+        per_byte, path = raw.get("cpu_per_byte"), raw.get("path_bandwidth")
         measured = raw.get("measured") or {}
         if not isinstance(measured, dict):
             raise ProfileError(f"measured={measured!r}: a table of what it was fitted from")
         profile = Profile(str(raw["name"]), costs, _number(raw["bandwidth"], "bandwidth", True),
                           _number(raw["latency"], "latency", True), node_cpus, host_cpus,
                           None if duplex is None else _number(duplex, "duplex_bandwidth", True),
-                          measured, None if loop is None else _number(loop, "loop_bandwidth", True))
+                          measured, None if loop is None else _number(loop, "loop_bandwidth", True),
+                          None if per_byte is None else _number(per_byte, "cpu_per_byte", True),
+                          None if path is None else _number(path, "path_bandwidth", True))
     except ProfileError as err:
         raise ProfileError(f"platform profile {path}: {err}") from None
     except (KeyError, TypeError, AttributeError) as err:

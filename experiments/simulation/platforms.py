@@ -2,12 +2,18 @@
 - lab: the machine (`machine_cores` cores) and its VMs, SimGrid's own (`per_node` ranks each,
   placed in blocks as rxelab.launch places them, `cores` CPUs each): busy VMs share the
   machine's cores, idle ones leave them to the others (a CPU loop on 1, 2, 3, 4 of the 4-VM
-  lab's VMs at once: 5.0, 3.9, 6.3, 7.2 s, measured). Under TCG rxe's data path is the VMs'
-  CPU, not a NIC's (ib_write_bw one way fell from 41.5 to 21.9 MB/s with the two other VMs
-  busy, both ways from 22.2 to 10.2): a message's bytes cost 1/`bandwidth` seconds each on
-  the sending VM and on the receiving one at once (between two ranks of one VM,
-  1/`loop_bandwidth` on that VM: rxe's loopback, 66 MB/s against 32-41 MB/s between VMs,
-  measured), then cross the machine's loopback with the link's latency;
+  lab's VMs at once: 5.0, 3.9, 6.3, 7.2 s, measured). Under TCG rxe's bytes cost the VMs'
+  CPU (ib_write_bw one way fell from 41.5 to 21.9 MB/s with the two other VMs busy, both ways
+  from 22.2 to 10.2), but not all of a transfer's time: two VMs exchanging 1 MiB kept 0.8 of a
+  core each busy, and three VMs exchanging at once 1.8 of the machine's 2 cores (2026-11-27,
+  the qemu processes' CPU time), each pair's step only 1.3x as long. So a message's bytes
+  cost `cpu_per_byte` seconds each on the sending VM and on the receiving one, and at once
+  pass through both VMs' data paths (a resource of each VM, its sends and receives sharing
+  `path_bandwidth`: one way alone and both ways at once measured the same sum); a profile
+  from before the CPU was measured charges all of 1/`bandwidth` to the CPU. Between two
+  ranks of one VM: 1/`loop_bandwidth` on that VM (rxe's loopback, 66 MB/s against
+  32-41 MB/s between VMs, measured). Then the bytes cross the machine's loopback with the
+  link's latency;
 - cluster: one rank per host, each host with its own link (up and down apart) into a crossbar
   (full bisection; no backbone link: it made simulation ~10x slower with the same results);
 - fat-tree: a two-level fat tree of leaf switches, with `oversubscription`:1 fewer uplinks than
@@ -47,15 +53,20 @@ class Platform:
     per_node: int = 1  # lab: ranks on each host (VM)
     machine_cores: int = 0  # lab: the machine's cores under all of its VMs (0: one per VM CPU)
     loop_bandwidth: float = 0.0  # lab: bytes/s between two ranks of one VM (0: half `bandwidth`)
+    cpu_per_byte: float = 0.0  # lab: CPU seconds a byte costs each side's VM (0: 1/`bandwidth`)
+    path_bandwidth: float = 0.0  # lab: bytes/s through each VM's data path (0: no bound)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise PlatformError(f"platform {self.kind!r}: one of {', '.join(KINDS)}")
         if not 1 <= self.ranks <= 4096:
             raise PlatformError(f"{self.ranks} ranks: from 1 to 4096")
-        if not (isinstance(self.loop_bandwidth, (int, float)) and math.isfinite(self.loop_bandwidth)
-                and self.loop_bandwidth >= 0):
-            raise PlatformError(f"loop_bandwidth={self.loop_bandwidth!r}: a number from 0")
+        for name in ("loop_bandwidth", "cpu_per_byte", "path_bandwidth"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise PlatformError(f"{name}={value!r}: a number from 0")
+            if value and self.kind != "lab":
+                raise PlatformError(f"{name}={value!r}: on the lab only")
         for name in ("bandwidth", "latency", "speed"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -68,8 +79,6 @@ class Platform:
                 or not 0 <= self.machine_cores <= 4096 or (self.machine_cores and self.kind != "lab"):
             raise PlatformError(f"machine_cores={self.machine_cores!r}: a whole number from 1 to "
                                 "4096 (0: one core per VM CPU), on the lab only")
-        if self.loop_bandwidth and self.kind != "lab":
-            raise PlatformError(f"loop_bandwidth={self.loop_bandwidth!r}: on the lab only")
         if self.kind == "fat-tree" and not 1 <= self.oversubscription <= LEAF:
             raise PlatformError(f"oversubscription={self.oversubscription!r}: from 1 to {LEAF}")
 
@@ -103,10 +112,11 @@ class Platform:
         extra = {"fat-tree": f", {self.oversubscription}:1 oversubscribed",
                  "torus": f" {'x'.join(map(str, torus_dims(self.ranks)))}"}.get(self.kind, "")
         if self.kind == "lab":
+            path = (f", through each VM's data path at {self.path_bandwidth / 1e6:g} MB/s"
+                    if self.path_bandwidth else f" ({self.bandwidth / 1e6:g} MB/s)")
             return (f"lab: {self.ranks} ranks on {self.hosts} VMs of {self.cores} CPUs sharing "
                     f"{self.machine_cores_or_all} cores; a message's bytes cost each VM "
-                    f"{1e9 / self.bandwidth:.3g} ns/B ({self.bandwidth / 1e6:g} MB/s), "
-                    f"{self.latency * 1e6:g} us")
+                    f"{self.byte_cpu * 1e9:.3g} ns/B of CPU{path}, {self.latency * 1e6:g} us")
         return (f"{self.kind}{extra}: {self.ranks} ranks, one per host, links "
                 f"{self.bandwidth / 1e6:g} MB/s, {self.latency * 1e6:g} us")
 
@@ -119,7 +129,15 @@ class Platform:
     def byte_cpu(self) -> float:
         """lab: the CPU seconds a byte of a message costs its sending VM, and its receiving
         one, under TCG (0 elsewhere: the links carry the bytes)."""
-        return 1.0 / self.bandwidth if self.kind == "lab" else 0.0
+        if self.kind != "lab":
+            return 0.0
+        return self.cpu_per_byte or 1.0 / self.bandwidth
+
+    @property
+    def path_byte(self) -> float:
+        """lab: the seconds a byte takes through a VM's data path (its sends and receives
+        share it; 0: the CPU alone bounds them)."""
+        return 1.0 / self.path_bandwidth if self.kind == "lab" and self.path_bandwidth else 0.0
 
     @property
     def loop_byte_cpu(self) -> float:
@@ -139,7 +157,7 @@ class Platform:
         fixed = self.kind == "lab" and not vms  # with VMs, SimGrid shares the cores itself
         share = min(1.0, self.machine_cores_or_all / (self.hosts * self.cores)) if fixed else 1.0
         return template.render(kind=self.kind, hosts=self.hosts, vms=vms,
-                               speed=f"{self.speed * share:.6g}",
+                               speed=f"{self.speed * share:.6g}", path_speed=f"{FLOPS:.6g}",
                                cores=self.cores, machine_cores=self.machine_cores_or_all,
                                bandwidth=f"{self.bandwidth * share:.6g}",
                                latency=f"{self.latency / 2:.6g}", topology=topology,

@@ -140,7 +140,8 @@ def write_moves(t: tr.Trace, costs: Costs, platform: Platform, path: Path) -> No
         f.write(f"ranks {t.p} hosts {platform.hosts} per {platform.per_node} "
                 f"flops {FLOPS:.6g}\n")
         if platform.kind == "lab":
-            f.write(f"vms {platform.cores} {platform.byte_cpu:.6e} {platform.loop_byte_cpu:.6e}\n")
+            f.write(f"vms {platform.cores} {platform.byte_cpu:.6e} {platform.loop_byte_cpu:.6e} "
+                    f"{platform.path_byte:.6e}\n")
         call = f"C {costs.call:.6e}"
         for r, moves in enumerate(t.ranks):
             waited = {i for m in moves if m.kind == tr.WAIT for i in m.ids}

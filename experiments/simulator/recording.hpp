@@ -27,6 +27,7 @@ struct Recording {
   int vm_cores = 0;          // 0: the hosts are the platform's own (no VMs)
   double byte_cpu = 0;       // seconds per byte on each side, with VMs
   double loop_byte_cpu = 0;  // seconds per byte between two ranks of one VM
+  double path_byte = 0;      // seconds per byte through a VM's data path, beside the CPU
   std::vector<std::vector<Move>> moves;  // by rank
 };
 
@@ -63,9 +64,10 @@ inline Recording read_recording(const char* path)
       !(t.flops_per_second > 0))
     throw std::runtime_error("trace: expected 'ranks P hosts H per K flops F', H x K >= P");
   if (in >> std::ws && in.peek() == 'v') {
-    if (!(in >> word >> t.vm_cores >> t.byte_cpu >> t.loop_byte_cpu) || word != "vms" ||
-        t.vm_cores <= 0 || !(t.byte_cpu >= 0) || !(t.loop_byte_cpu >= 0))
-      throw std::runtime_error("trace: expected 'vms C B L', C >= 1 cores per VM, B and L >= 0 seconds per byte");
+    if (!(in >> word >> t.vm_cores >> t.byte_cpu >> t.loop_byte_cpu >> t.path_byte) ||
+        word != "vms" || t.vm_cores <= 0 || !(t.byte_cpu >= 0) || !(t.loop_byte_cpu >= 0) ||
+        !(t.path_byte >= 0))
+      throw std::runtime_error("trace: expected 'vms C B L F', C >= 1 cores per VM, B, L and F >= 0 seconds per byte");
   }
   t.moves.resize(p);
   std::vector<char> seen(p, 0);

@@ -10,11 +10,14 @@
  *   ranks P hosts H per K flops F
  *                            rank r runs on host "h<r / K>"; a second of CPU work is F flops
  *                            (a host slower than F flop/s per core takes longer)
- *   vms C B L                (optional: the lab) the hosts are VMs of C cores each on the
+ *   vms C B L F              (optional: the lab) the hosts are VMs of C cores each on the
  *                            platform's one machine, whose cores they share as they are busy;
  *                            a message's bytes cost B seconds each on the sender's VM and on
  *                            the receiver's at once (under TCG rxe's data path is the VMs'
- *                            CPU), L on the one VM of two ranks of one VM (once: both
+ *                            CPU), and F seconds each through each side's data path (a
+ *                            resource of each VM, not the machine's cores: its sends and
+ *                            receives share it; 0: none);
+ *                            L on the one VM of two ranks of one VM (once: both
  *                            sides are on it), then cross the machine's loopback (the
  *                            link's latency); no porters then: each message has a carrier
  *   rank r N                 then N moves of rank r:
@@ -60,6 +63,8 @@ static double flops_per_second = 1e9;
 static int vm_cores = 0;          // 0: the hosts are the platform's own (no VMs)
 static double byte_cpu = 0;       // seconds per byte on each side, with VMs
 static double loop_byte_cpu = 0;  // seconds per byte between two ranks of one VM
+static double path_byte = 0;      // seconds per byte through a VM's data path
+static std::unordered_map<sg4::Host*, sg4::Host*> path_of;  // a VM's data path (a VM of `paths`)
 static std::vector<sg4::Host*> rank_host;
 
 /* Sends nobody waits for leave through porters. SimGrid 3.32 keeps every activity an actor
@@ -152,8 +157,8 @@ static sg4::Mailbox* pair_box(int to, int from)
 }
 
 /* With VMs, a message is carried by an actor of its own on the sender's VM: the bytes' CPU
- * on both VMs at once (pipelined, as rxe's sender and receiver work packet by packet), then
- * the machine's loopback. */
+ * on both VMs and their passage through both VMs' data paths, all at once (pipelined, as
+ * rxe's sender and receiver work packet by packet), then the machine's loopback. */
 static void carry(sg4::Mailbox* to, unsigned long long* payload, uint64_t wire, sg4::Host* there)
 {
   if (there == sg4::this_actor::get_host()) {
@@ -163,16 +168,25 @@ static void carry(sg4::Mailbox* to, unsigned long long* payload, uint64_t wire, 
     to->put(payload, wire);
     return;
   }
+  // each VM's data path (F: its sends and receives share it) beside both sides' CPU
   double flops = byte_cpu * (double)wire * flops_per_second;
+  double path = path_byte * (double)wire * flops_per_second;
+  std::vector<sg4::ExecPtr> parts;
   if (flops > 0) {
-    // each side's VM stops counting as busy when its own part ends: SimGrid counts a VM's
-    // running execs down only once an exec is waited for, so both are waited for as they end
-    std::vector<sg4::ExecPtr> both = {sg4::this_actor::exec_async(flops),
-                                      sg4::Exec::init()->set_flops_amount(flops)->set_host(there)};
-    both[1]->start();
-    while (!both.empty())
-      both.erase(both.begin() + sg4::Exec::wait_any(both));
+    parts.push_back(sg4::this_actor::exec_async(flops));
+    parts.push_back(sg4::Exec::init()->set_flops_amount(flops)->set_host(there));
+    parts.back()->start();
   }
+  if (path > 0) {
+    for (sg4::Host* vm : {sg4::this_actor::get_host(), there}) {
+      parts.push_back(sg4::Exec::init()->set_flops_amount(path)->set_host(path_of.at(vm)));
+      parts.back()->start();
+    }
+  }
+  // each side's VM stops counting as busy when its own part ends: SimGrid counts a VM's
+  // running execs down only once an exec is waited for, so all are waited for as they end
+  while (!parts.empty())
+    parts.erase(parts.begin() + sg4::Exec::wait_any(parts));
   to->put(payload, wire);
 }
 
@@ -324,6 +338,7 @@ int main(int argc, char** argv)
   vm_cores = input.vm_cores;
   byte_cpu = input.byte_cpu;
   loop_byte_cpu = input.loop_byte_cpu;
+  path_byte = input.path_byte;
   moves = std::move(input.moves);
   const size_t p = moves.size();
   ended.assign(p, -1.0);
@@ -345,16 +360,20 @@ int main(int argc, char** argv)
   posted_ready.resize(moves.size());
   pair_boxes.assign(moves.size() * moves.size(), nullptr);
   e.load_platform(argv[1]);
-  if (vm_cores > 0) {  // the lab: its VMs, on the platform's one machine
-    std::vector<sg4::Host*> machines = e.get_all_hosts();
-    if (machines.size() != 1) {
-      std::cerr << "error: VMs need a platform of one machine, not " << machines.size() << " hosts\n";
+  if (vm_cores > 0) {  // the lab: its VMs, on the platform's machine, and their data paths
+    sg4::Host* machine = e.host_by_name_or_null("machine");
+    sg4::Host* paths = e.host_by_name_or_null("paths");
+    if (machine == nullptr || paths == nullptr || (int)paths->get_core_count() < hosts) {
+      std::cerr << "error: VMs need a platform with a host 'machine' and a host 'paths' of a core per VM\n";
       return 2;
     }
     for (int h = 0; h < hosts; h++) {
-      sg4::VirtualMachine* vm = machines[0]->create_vm("h" + std::to_string(h), vm_cores);
+      sg4::VirtualMachine* vm = machine->create_vm("h" + std::to_string(h), vm_cores);
       vm->start();
       vms.push_back(vm);
+      sg4::VirtualMachine* nic = paths->create_vm("path" + std::to_string(h), 1);
+      nic->start();
+      path_of[vm] = nic;
     }
   }
   rank_host.resize(moves.size());

@@ -2,6 +2,8 @@
 
 import argparse
 import json
+import os
+import time
 
 import numpy as np
 import pytest
@@ -154,3 +156,30 @@ def test_a_lossy_result_is_checked_against_its_bound_not_exactly():
     assert stages.count_wrong(got, want) == 2
     assert stages.count_wrong(got, want, np.array([0.1, 0.1, 0.1])) == 1
     assert stages.count_wrong(np.array([np.nan]), np.array([1.0]), np.array([1e9])) == 1
+
+
+def test_the_share_of_cpu_busy_is_counted_between_two_readings():
+    assert stages.busy_between((10, 100), (40, 200)) == pytest.approx(0.3)
+    for before, after in (((10, 100), None), (None, (10, 100)), ((10, 100), (10, 100))):
+        assert np.isnan(stages.busy_between(before, after))
+
+
+def test_the_stage_loop_says_how_busy_the_node_was_during_the_calls():
+    """A call that spins keeps one of the node's CPUs busy, one that sleeps keeps none: the
+    loop's reading of /proc/stat tells them apart (the simulator's CPU per byte)."""
+    args = argparse.Namespace(op="alltoall", size=16, stages=4, warmup=1, tight=True)
+
+    def spin(send, recv):
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:
+            pass
+        recv[:] = send
+
+    def sleep(send, recv):
+        time.sleep(0.05)
+        recv[:] = send
+    spun, slept = [], []
+    stages.run(args, 0, 1, spin, lambda: None, "rxelab", busy=spun)
+    stages.run(args, 0, 1, sleep, lambda: None, "rxelab", busy=slept)
+    share = 1 / (os.cpu_count() or 1)  # one CPU of the node's
+    assert spun[0] > 0.6 * share and spun[0] > slept[0] + 0.4 * share

@@ -22,9 +22,10 @@ pytestmark = pytest.mark.skipif(
 SIZES = [0, 1, 1024, 65536, 1 << 20]
 LATENCY, BANDWIDTH, DUPLEX, LOOP = 300e-6, 30e6, 40e6, 60e6
 NODE_CPUS, HOST_CPUS = 1, 2
-# the made-up lab's truth: per message (both sides together) at each size
-TRUTH = [(0, 400e-6), (1, 410e-6), (1024, 500e-6), (65536, 4e-3), (1 << 20, 40e-3)]
-CALL, COPY, REDUCE = 150e-6, 2e-9, 6e-9
+# the made-up lab's truth: per message (both sides together) at each size, as flat from 64 KiB
+# to 1 MiB as the lab's fits (the fit counts growth there as the bytes' CPU), and a byte's CPU
+TRUTH = [(0, 400e-6), (1, 410e-6), (1024, 500e-6), (65536, 4e-3), (1 << 20, 4e-3)]
+CALL, COPY, REDUCE, CPU_PER_BYTE = 150e-6, 2e-9, 6e-9, 10e-9
 
 
 def truth() -> Costs:
@@ -33,16 +34,28 @@ def truth() -> Costs:
 
 def lab(op: str, algorithm: str, p: int, size: int) -> float:
     made = Profile("truth", truth(), BANDWIDTH, LATENCY, NODE_CPUS, HOST_CPUS, DUPLEX,
-                   loop_bandwidth=LOOP)
+                   loop_bandwidth=LOOP, cpu_per_byte=CPU_PER_BYTE, path_bandwidth=DUPLEX)
     return calibrate.replayed(op, algorithm, p, size, made.lab(p), truth())
 
 
-def record(op, algorithm, p, size, seconds, spread=0.05):
-    """Three rounds of a case as `fab run-experiment` keeps them: seconds per call."""
+def record(op, algorithm, p, size, seconds, spread=0.05, busy=None):
+    """Three rounds of a case as `fab run-experiment` keeps them: seconds per call (and the
+    share of each node's CPUs busy, where given)."""
     return [{"app": "rxelab", "op": op, "algorithm": algorithm, "nodes": p, "size": size,
              "status": "ok", "netem": {}, "summary": {"tight": True, "ranks": p,
-                                                     "avg_stage_us": seconds * f * 1e6}}
+                                                     "avg_stage_us": seconds * f * 1e6,
+                                                     **({"node_busy": [busy / f] * p}
+                                                        if busy is not None else {})}}
             for f in (1 - spread, 1.0, 1 + spread)]
+
+
+def exchange(size: int) -> list[dict]:
+    """The 2-rank exchange as the made-up lab runs it: its time, and each node's CPU busy
+    with its call, its own block's copy, its messages' costs and their bytes both ways."""
+    seconds = lab("alltoall", "pairwise", 2, size)
+    cpu = CALL + COPY * size + truth().send_cpu(size) + truth().recv_cpu(size) \
+        + 2 * size * CPU_PER_BYTE
+    return record("alltoall", "pairwise", 2, size, seconds, busy=cpu / seconds / NODE_CPUS)
 
 
 def link(tool, size, value, nodes=2):
@@ -55,7 +68,7 @@ def made_up_run() -> list[dict]:
     out = record("alltoall", "pairwise", 1, 0, CALL)
     out += record("alltoall", "pairwise", 1, 1 << 20, CALL + COPY * (1 << 20))
     for s in SIZES:
-        out += record("alltoall", "pairwise", 2, s, lab("alltoall", "pairwise", 2, s))
+        out += exchange(s)
     out += record("allreduce", "ring", 2, 1 << 20, lab("allreduce", "ring", 2, 1 << 20))
     out += link("ib_send_lat", 1, LATENCY * 1e6) + link("ib_write_bw", 1 << 20, BANDWIDTH / 1e6)
     out += link("ib_write_bw_bidir", 1 << 20, DUPLEX / 1e6)
@@ -77,6 +90,8 @@ def test_the_fit_finds_the_costs_the_lab_was_made_with(fitted):
         got = fitted.costs.send_cpu(size) + fitted.costs.recv_cpu(size)
         assert got == pytest.approx(seconds, rel=1e-3), size
     assert fitted.costs.reduce_per_byte == pytest.approx(REDUCE, rel=1e-2)
+    assert fitted.cpu_per_byte == pytest.approx(CPU_PER_BYTE, rel=1e-6)
+    assert fitted.path_bandwidth == pytest.approx(DUPLEX)
     assert not fitted.measured["notes"]
     for what, row in fitted.measured["fit"].items():  # each measurement, replayed, as measured
         assert row["replay_s"] == pytest.approx(row["lab_s"], rel=1e-3), what
@@ -98,6 +113,16 @@ def test_a_missing_measurement_is_named(missing):
     run = [r for r in made_up_run() if (r["app"], r["algorithm"]) != missing]
     with pytest.raises(calibrate.CalibrationError, match=missing[1]):
         calibrate.fit(run, "short", NODE_CPUS, HOST_CPUS)
+
+
+def test_a_run_without_the_nodes_cpu_charges_a_byte_to_the_cpu_and_says_so():
+    run = made_up_run()
+    for r in run:
+        r["summary"].pop("node_busy", None)
+    got = calibrate.fit(run, "older", NODE_CPUS, HOST_CPUS)
+    assert got.cpu_per_byte is None and got.path_bandwidth is None
+    assert any("did not measure its nodes' CPU" in n for n in got.measured["notes"])
+    assert got.lab(2).byte_cpu == pytest.approx(1 / DUPLEX) and got.lab(2).path_byte == 0
 
 
 def test_a_run_without_the_loopback_fits_and_says_so():
@@ -152,12 +177,17 @@ def test_a_run_of_another_spec_is_not_fitted(tmp_path):
 
 def test_the_lab_is_vms_sharing_the_machines_cores(fitted):
     """The profile's nodes as VMs of its CPUs on a machine of its cores; a message's bytes
-    cost each VM 1/duplex (each sends and receives half of the sum both ways), and 1/loop
-    within a VM; without a figure both ways, 1/bandwidth (one way)."""
+    cost each VM the CPU measured per byte and pass each VM's data path at the duplex rate
+    (each sends and receives half of the sum both ways), and 1/loop within a VM; a profile
+    without the CPU per byte charges the CPU 1/duplex, or without a figure both ways,
+    1/bandwidth (one way)."""
     three, six = fitted.lab(3), fitted.lab(6, per_node=2)
     assert (three.hosts, three.cores, three.machine_cores) == (3, NODE_CPUS, HOST_CPUS)
-    assert three.byte_cpu == pytest.approx(1 / DUPLEX)
-    assert replace(fitted, duplex_bandwidth=None).lab(3).byte_cpu == pytest.approx(1 / BANDWIDTH)
+    assert three.byte_cpu == pytest.approx(CPU_PER_BYTE)
+    assert three.path_byte == pytest.approx(1 / DUPLEX)
+    older = replace(fitted, cpu_per_byte=None, path_bandwidth=None)
+    assert older.lab(3).byte_cpu == pytest.approx(1 / DUPLEX) and older.lab(3).path_byte == 0
+    assert replace(older, duplex_bandwidth=None).lab(3).byte_cpu == pytest.approx(1 / BANDWIDTH)
     assert three.loop_byte_cpu == pytest.approx(1 / LOOP)
     assert (six.hosts, six.host_of(5), six.machine_cores) == (3, 2, HOST_CPUS)
 

@@ -39,6 +39,29 @@ def test_a_messages_bytes_cost_both_vms_cpu(tmp_path):
 
 
 @needs_simgrid
+def test_a_vms_data_path_bounds_its_bytes_beside_the_cpu(tmp_path):
+    """1 MB, a quarter second of CPU on each side, through data paths of 1 MB/s: the path
+    bounds it (1 s, and the latency). Sent both ways at once, each VM's path carries 2 MB:
+    2 s. With a third VM busy the 2 cores have 3 claims, but the CPU's quarter second still
+    ends first (3/8 s): the path's 1 s again. At 2 us of CPU a byte the CPU bounds: 2 s on
+    2/3 of a core, 3 s."""
+    lab = platforms.Platform("lab", 3, 1e6, 1e-3, machine_cores=2, cpu_per_byte=0.25e-6,
+                             path_bandwidth=1e6)
+    one = "rank 0 2\nS 1 1000000 7 1 1 0\nW 1 0\nrank 1 1\nR 7 0\n"
+    assert replay_moves(tmp_path, lab, one + "rank 2 0\n")[:2] == pytest.approx([1.001] * 2)
+    back = (1 << 48) | 8  # a key's top bits are its sender's rank
+    both = (f"rank 0 3\nS 1 1000000 7 1 1 0\nR {back} 0\nW 1 0\n"
+            f"rank 1 3\nS 0 1000000 {back} 1 1 0\nR 7 0\nW 1 0\nrank 2 0\n")
+    assert replay_moves(tmp_path, lab, both)[:2] == pytest.approx([2.001] * 2, rel=1e-6)
+    assert replay_moves(tmp_path, lab, one + "rank 2 1\nC 10\n")[:2] \
+        == pytest.approx([1.001] * 2, rel=1e-6)
+    cpu_bound = platforms.Platform("lab", 3, 1e6, 1e-3, machine_cores=2, cpu_per_byte=2e-6,
+                                   path_bandwidth=1e6)
+    assert replay_moves(tmp_path, cpu_bound, one + "rank 2 1\nC 10\n")[:2] \
+        == pytest.approx([3.001] * 2, rel=1e-6)
+
+
+@needs_simgrid
 def test_a_vm_done_with_its_side_of_a_message_leaves_its_core(tmp_path):
     """The receiver's VM is idle once its half of the bytes is done, though the sender's is
     not (its rank works beside the message): 3 VMs busy on 2 cores until 1.5 s (the
@@ -92,9 +115,10 @@ def test_a_rank_with_many_writes_on_the_wire_has_them_share_the_link(tmp_path):
     ("rank 0 0\nrank 1 1\nS 0 1 5 0 1 0\n", "keyed as another rank's"),
     ("rank 0 2\nC 0\n", "cut short"),
     ("", "H x K >= P"),  # 2 ranks on 1 host of 1
-    ("vms 0 1e-9 1e-9\nrank 0 0\nrank 1 0\n", "C >= 1 cores per VM"),
-    ("vms 1 -1 0\nrank 0 0\nrank 1 0\n", "B and L >= 0"),
-    ("vms 1 1e-9\nrank 0 0\nrank 1 0\n", "'vms C B L'"),
+    ("vms 0 1e-9 1e-9 0\nrank 0 0\nrank 1 0\n", "C >= 1 cores per VM"),
+    ("vms 1 -1 0 0\nrank 0 0\nrank 1 0\n", "B, L and F >= 0"),
+    ("vms 1 0 0 -1\nrank 0 0\nrank 1 0\n", "B, L and F >= 0"),
+    ("vms 1 1e-9 1e-9\nrank 0 0\nrank 1 0\n", "'vms C B L F'"),
 ])
 def test_the_replayer_refuses_a_malformed_recording(tmp_path, moves, said):
     (tmp_path / "p.xml").write_text(platforms.Platform("cluster", 2, 1e9, 1e-6).xml())

@@ -28,9 +28,10 @@ def test_every_platform_is_xml_with_a_host_per_rank(kind, ranks):
     root = ET.fromstring(p.xml().split("\n", 2)[2])  # past the declaration and the doctype
     assert root.tag == "platform"
     assert "--cfg=network/model:CM02" in p.config()
-    if kind == "lab":  # one machine; the replayer makes its VMs, a host per VM
-        (machine,) = root.iter("host")
+    if kind == "lab":  # one machine and the VMs' data paths; the replayer makes the VMs
+        machine, paths = root.iter("host")
         assert machine.get("id") == "machine" and int(machine.get("core")) == p.hosts * p.cores
+        assert paths.get("id") == "paths" and int(paths.get("core")) == p.hosts
         assert "--cfg=network/loopback-lat:1e-06" in p.config() and p.byte_cpu == 1e-9
         return
     (cluster,) = root.iter("cluster")
