@@ -125,6 +125,16 @@ def test_a_run_without_the_nodes_cpu_charges_a_byte_to_the_cpu_and_says_so():
     assert got.lab(2).byte_cpu == pytest.approx(1 / DUPLEX) and got.lab(2).path_byte == 0
 
 
+def test_an_exchange_no_busier_at_1_mib_than_at_64_kib_charges_a_byte_to_the_cpu():
+    run = made_up_run()
+    for r in run:
+        if r["app"] == "rxelab" and r["size"] == 1 << 20 and "node_busy" in r["summary"]:
+            r["summary"]["node_busy"] = [0.0] * r["summary"]["ranks"]
+    got = calibrate.fit(run, "odd", NODE_CPUS, HOST_CPUS)
+    assert got.cpu_per_byte is None and got.path_bandwidth is None
+    assert any("no busier" in n for n in got.measured["notes"])
+
+
 def test_a_run_without_the_loopback_fits_and_says_so():
     run = [r for r in made_up_run() if r.get("nodes") != 1 or r["app"] != "perftest"]
     got = calibrate.fit(run, "older", NODE_CPUS, HOST_CPUS)
