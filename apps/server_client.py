@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
                     comm.send(np.ones(1, np.uint8), client)
             else:
                 comm.recv(start, 0)  # wait for the server's start signal
-            # pinned, in flight (peaks); bytes sent, coded (raw, wire), codec CPU s (sums): in
-            # Python numbers, since a numpy operation per call cost 1.5 ms a call under TCG
+            # pinned, in flight (peaks); bytes sent, coded (raw, wire), codec CPU s (sums); the
+            # node's busy share over the timed calls: in Python numbers, since a numpy
+            # operation per call cost 1.5 ms a call under TCG
             figures = [0, 0, 0, 0, 0, 0.0, 0.0]
 
             def collective(send: np.ndarray, recv: np.ndarray) -> None:

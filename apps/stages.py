@@ -108,18 +108,23 @@ def report(app: str, args: argparse.Namespace, p: int, table: np.ndarray, extra:
     return lines
 
 
+PROC_STAT = "/proc/stat"
+
+
 def node_cpu() -> tuple[int, int] | None:
     """This node's CPU time so far, busy and in all (clock ticks over all its CPUs, from
-    /proc/stat's first line; iowait counts as idle); None where there is no such file."""
+    /proc/stat's first line): busy is user, nice, system, irq and softirq; idle, iowait and
+    steal (a hypervisor's other guests) are not. None where there is no such line."""
     try:
-        with open("/proc/stat") as f:
+        with open(PROC_STAT) as f:
             fields = f.readline().split()
         ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError):
         return None
     if fields[:1] != ["cpu"] or len(ticks) < 8:
         return None
-    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+    user, nice, system, _idle, _iowait, irq, softirq, _steal = ticks
+    return user + nice + system + irq + softirq, sum(ticks)
 
 
 def busy_between(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float:
@@ -139,7 +144,8 @@ def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.nd
     follow one another from a common start (a barrier) and the last one is checked. A result
     is checked exactly, or within tolerance(stage) where a lossy codec rounds it. `busy`, when
     given, gets the share of this node's CPUs that was busy from the first timed call to the
-    end of the last (the simulator's calibration: what a byte costs the CPU, under TCG)."""
+    end of the last, checks included stage by stage (the simulator's calibration, which runs
+    back to back: what a byte costs the CPU, under TCG)."""
     data = getattr(args, "data", "pattern")
     described = ops.COLLECTIVES[args.op]
     send, want = buffers(args.op, 0, rank, p, args.size, data)
@@ -147,7 +153,7 @@ def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.nd
     mine = np.zeros(args.stages * 2, np.float64)
     progress = Progress(app) if rank == 0 else None
     tight = bool(getattr(args, "tight", False))
-    started = None
+    started = ended = None
     for s in range(-args.warmup, args.stages):
         if not tight:  # new data every stage
             fresh, want = buffers(args.op, max(s, 0), rank, p, args.size, data)
@@ -159,6 +165,8 @@ def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.nd
         t0 = time.perf_counter()
         collective(send, recv)
         took = time.perf_counter() - t0
+        if s == args.stages - 1:
+            ended = node_cpu()
         if s >= 0:
             mine[2 * s] = took
             if not tight or s == args.stages - 1:
@@ -167,7 +175,7 @@ def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.nd
             if progress:
                 progress.stage(took)
     if busy is not None:
-        busy.append(busy_between(started, node_cpu()))
+        busy.append(busy_between(started, ended))
     return mine
 
 

@@ -80,8 +80,9 @@ def measurements(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], Spr
         elif r["app"] == "rxelab" and s.get("tight"):
             what = (r["op"], r["algorithm"], s["ranks"], r["size"])
             got[("call", *what)].append(s["avg_stage_us"] * 1e-6)
-            busy = [b for b in s.get("node_busy") or [] if isinstance(b, (int, float))
-                    and not isinstance(b, bool) and 0 <= b <= 1]
+            shares = s.get("node_busy")
+            busy = [b for b in (shares if isinstance(shares, list) else [])
+                    if isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b <= 1]
             if busy:  # the share of its node's CPUs each rank saw busy (runs since 2026-11-27)
                 got[("busy", *what)].append(statistics.fmean(busy))
     return {k: Spread(statistics.median(v), min(v), max(v), len(v)) for k, v in got.items()}
@@ -170,8 +171,8 @@ def cpu_per_byte(m: dict[tuple[Any, ...], Spread], node_cpus: int, copy: float,
           for size in (BUSY_FROM, BUSY_TO) for what in ("busy", "call")]
     if not all(at):
         notes.append("the calibration did not measure its nodes' CPU during the exchanges of "
-                     "64 KiB and 1 MiB (a run older than 2026-11-27's evening): a byte's whole "
-                     "cost is charged to the CPU")
+                     "64 KiB and 1 MiB (a run from before the nodes reported it, or without "
+                     "/proc/stat): a byte's whole cost is charged to the CPU")
         return None
     busy0, call0, busy1, call1 = (s.median for s in at if s is not None)
     more = BUSY_TO - BUSY_FROM
@@ -240,6 +241,12 @@ def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
     per_byte = cpu_per_byte(m, node_cpus, copy, notes)
     points, fitted, said = per_message(m, sizes, linked(per_byte).lab(2), call, copy)
     notes += said
+    at = dict(points)
+    if per_byte and at.get(BUSY_TO, 0.0) > at.get(BUSY_FROM, 0.0) * (1 + 1e-6):
+        notes.append(f"the per-message cost grew from {size_text(BUSY_FROM)} to "
+                     f"{size_text(BUSY_TO)} ({at[BUSY_FROM] * 1e3:.3f} to {at[BUSY_TO] * 1e3:.3f} "
+                     "ms): the CPU per byte, measured as if it did not, counts that growth "
+                     "twice")
     link = linked(per_byte)
     platform = link.lab(2)
     reduce_lab = need(m, ("call", "allreduce", "ring", 2, 1 << 20))

@@ -62,7 +62,7 @@ class Profile:
     duplex_bandwidth: float | None = None  # bytes/s both ways at once (ib_write_bw -b's sum)
     measured: dict[str, Any] = field(default_factory=dict)  # what it was fitted from
     loop_bandwidth: float | None = None  # bytes/s within one node (ib_write_bw on rxe's loopback)
-    cpu_per_byte: float | None = None  # CPU seconds a byte costs each side (None: 1/duplex)
+    cpu_per_byte: float | None = None  # CPU s a byte costs each side (None: all 1/duplex's)
     path_bandwidth: float | None = None  # bytes/s through a VM's data path, sent and received
 
     def lab(self, ranks: int, per_node: int = 1) -> Platform:
@@ -112,6 +112,9 @@ def load(path: Path) -> Profile:
         duplex = raw.get("duplex_bandwidth")
         loop = raw.get("loop_bandwidth")
         per_byte, path = raw.get("cpu_per_byte"), raw.get("path_bandwidth")
+        if (per_byte is None) != (path is None):
+            raise ProfileError("cpu_per_byte and path_bandwidth: both or neither (a byte's "
+                               "CPU and the rest of its time go together)")
         measured = raw.get("measured") or {}
         if not isinstance(measured, dict):
             raise ProfileError(f"measured={measured!r}: a table of what it was fitted from")

@@ -63,7 +63,8 @@ class Platform:
             raise PlatformError(f"{self.ranks} ranks: from 1 to 4096")
         for name in ("loop_bandwidth", "cpu_per_byte", "path_bandwidth"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            if isinstance(value, bool) or not (isinstance(value, (int, float))
+                                               and math.isfinite(value) and value >= 0):
                 raise PlatformError(f"{name}={value!r}: a number from 0")
             if value and self.kind != "lab":
                 raise PlatformError(f"{name}={value!r}: on the lab only")

@@ -2,8 +2,6 @@
 
 import argparse
 import json
-import os
-import time
 
 import numpy as np
 import pytest
@@ -164,22 +162,33 @@ def test_the_share_of_cpu_busy_is_counted_between_two_readings():
         assert np.isnan(stages.busy_between(before, after))
 
 
-def test_the_stage_loop_says_how_busy_the_node_was_during_the_calls():
-    """A call that spins keeps one of the node's CPUs busy, one that sleeps keeps none: the
-    loop's reading of /proc/stat tells them apart (the simulator's CPU per byte)."""
+def test_the_stage_loop_reads_the_nodes_cpu_around_the_timed_calls_only(monkeypatch):
+    """One reading at the first timed call (after the warm-up and the barrier), one right
+    after the last call, before its check: the share busy in between."""
     args = argparse.Namespace(op="alltoall", size=16, stages=4, warmup=1, tight=True)
+    events = []
+    readings = iter([(100, 1000), (400, 1600)])
 
-    def spin(send, recv):
-        end = time.perf_counter() + 0.05
-        while time.perf_counter() < end:
-            pass
-        recv[:] = send
+    def reading():
+        events.append("read")
+        return next(readings)
+    monkeypatch.setattr(stages, "node_cpu", reading)
 
-    def sleep(send, recv):
-        time.sleep(0.05)
+    def call(send, recv):
+        events.append("call")
         recv[:] = send
-    spun, slept = [], []
-    stages.run(args, 0, 1, spin, lambda: None, "rxelab", busy=spun)
-    stages.run(args, 0, 1, sleep, lambda: None, "rxelab", busy=slept)
-    share = 1 / (os.cpu_count() or 1)  # one CPU of the node's
-    assert spun[0] > 0.6 * share and spun[0] > slept[0] + 0.4 * share
+    busy: list[float] = []
+    stages.run(args, 0, 1, call, lambda: events.append("barrier"), "rxelab", busy=busy)
+    assert events == ["call", "barrier", "read", "call", "call", "call", "call", "read"]
+    assert busy == [pytest.approx(0.5)]
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    ("cpu  100 5 50 800 40 3 2 7 0 0\n", (160, 1007)),  # steal (7) is neither busy nor idle's
+    ("cpu  1 2 3\n", None), ("intr 5 6 7 8 9 10 11 12\n", None), ("", None),
+    ("cpu  a b c d e f g h\n", None)])
+def test_the_nodes_cpu_is_read_from_proc_stat(monkeypatch, tmp_path, line, want):
+    fake = tmp_path / "stat"
+    fake.write_text(line)
+    monkeypatch.setattr(stages, "PROC_STAT", str(fake))
+    assert stages.node_cpu() == want

@@ -125,6 +125,14 @@ def test_a_run_without_the_nodes_cpu_charges_a_byte_to_the_cpu_and_says_so():
     assert got.lab(2).byte_cpu == pytest.approx(1 / DUPLEX) and got.lab(2).path_byte == 0
 
 
+@pytest.mark.parametrize("shares", [[True, True], [float("nan")] * 2, [1.5, 1.5], ["0.8"] * 2,
+                                    None, 0.8, "0.8", {"a": 0.8}])
+def test_a_busy_share_that_is_no_share_is_not_a_measurement(shares):
+    run = [{**r, "summary": {**r["summary"], "node_busy": shares}} if r["app"] == "rxelab"
+           else r for r in made_up_run()]
+    assert not any(k[0] == "busy" for k in calibrate.measurements(run))
+
+
 def test_an_exchange_no_busier_at_1_mib_than_at_64_kib_charges_a_byte_to_the_cpu():
     run = made_up_run()
     for r in run:
@@ -154,7 +162,9 @@ def test_failed_rounds_are_not_measurements():
 def test_a_fitted_profile_is_saved_and_read_back(fitted, tmp_path):
     path = tmp_path / "profiles" / "lab.json"
     calibrate.save(fitted, path)
-    assert costs_mod.load(path) == costs_mod.load(path) and costs_mod.load(path).costs == fitted.costs
+    loaded = costs_mod.load(path)
+    assert loaded.costs == fitted.costs and loaded.cpu_per_byte == fitted.cpu_per_byte
+    assert loaded.path_bandwidth == fitted.path_bandwidth and loaded.measured == fitted.measured
     calibrate.save(fitted, path)  # its own profile: replaced
     other = tmp_path / "profiles" / "notes.json"
     other.write_text("my notes")

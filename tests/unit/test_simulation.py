@@ -104,6 +104,11 @@ def test_a_profile_is_read_back_as_written(tmp_path):
     (lambda d: d.update(measured="ab"), "measured"),
     (lambda d: d["costs"].update(send=[[1.5, 1, 1]]), "whole number"),
     (lambda d: d.update(latency=float("inf")), "latency"),
+    (lambda d: d.update(cpu_per_byte=1e-8), "both or neither"),
+    (lambda d: d.update(path_bandwidth=4e7), "both or neither"),
+    *[(lambda d, v=v, k=k: d.update({k: v, ("path_bandwidth" if k == "cpu_per_byte"
+                                              else "cpu_per_byte"): 1.0}), k)
+      for k in ("cpu_per_byte", "path_bandwidth") for v in (0, -1, "x", True, float("nan"))],
 ])
 def test_a_bad_profile_is_named(tmp_path, edit, said):
     raw = json.loads(costs_mod.PLACEHOLDER.to_json())
