@@ -266,9 +266,9 @@ def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
             seconds = 1 / path + (target - took) / (2 * BUSY_TO)  # a byte on each side's path
             if seconds <= 0:
                 break
-            link = replace(link, path_bandwidth=1 / seconds)
+            path = 1 / seconds
+            link = replace(link, path_bandwidth=path)
             points, fitted, said = per_message(m, sizes, link.lab(2), call, copy)
-            path = link.path_bandwidth
     platform = link.lab(2)
     notes += said
     at = dict(points)
