@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from experiments.simulation import calibrate, replayer, validate
+from experiments.simulation import calibrate, fitting, replayer, validate
 from experiments.simulation import costs as costs_mod
 from experiments.simulation.costs import Costs, Profile
 
@@ -304,11 +304,11 @@ def test_a_calibration_run_with_broken_records_is_an_error_not_a_traceback(tmp_p
 
 
 def test_sizes_measured_out_of_order_are_fitted_to_their_pooled_median():
-    assert calibrate.isotonic([3.0, 2.5, 1.8, 2.0, 2.3, 4.9]) == pytest.approx(
+    assert fitting.isotonic([3.0, 2.5, 1.8, 2.0, 2.3, 4.9]) == pytest.approx(
         [2.32, 2.32, 2.32, 2.32, 2.32, 4.9])
-    assert calibrate.isotonic([1.0, 2.0, 2.0, 3.0]) == [1.0, 2.0, 2.0, 3.0]
+    assert fitting.isotonic([1.0, 2.0, 2.0, 3.0]) == [1.0, 2.0, 2.0, 3.0]
     values = [3.0, 2.5, 1.8, 2.0, 2.3, 4.9, 4.0]
-    assert calibrate.out_of_order(calibrate.isotonic(values), values) == [(0, 4), (5, 6)]
+    assert fitting.out_of_order(fitting.isotonic(values), values) == [(0, 4), (5, 6)]
 
 
 def validation_run(tmp_path, includes=("calibrate",)):
