@@ -69,11 +69,11 @@ class Profile:
         """The `lab` platform of this profile's nodes: VMs of `node_cpus` CPUs on a machine of
         `host_cpus` cores, which the busy ones share. A message's bytes cost the sending VM
         and the receiving one, at once, the CPU the calibration measured per byte, and pass
-        through each VM's data path, which its sends and receives share at the rate the link
-        measured both ways at once (the sum: each VM then sends and receives half of it; one
-        way where both were not measured). A profile without the CPU per byte (fitted before
-        the calibration measured it) charges the whole rate to the CPU: a byte costs each side
-        1/sum. Between two ranks of one VM: that VM what its loopback measured allows (both
+        through each VM's data path, which its sends and receives share at the rate the
+        calibration's own exchanges showed. A profile without the CPU per byte (fitted before
+        the calibration measured it) charges the link's rate both ways at once to the CPU
+        (the sum: each VM sends and receives half of it; one way where both were not
+        measured): a byte costs each side 1/sum. Between two ranks of one VM: that VM what its loopback measured allows (both
         sides on it)."""
         return Platform("lab", ranks, self.duplex_bandwidth or self.bandwidth, self.latency,
                         cores=self.node_cpus,

@@ -9,7 +9,7 @@
   the qemu processes' CPU time), each pair's step only 1.3x as long. So a message's bytes
   cost `cpu_per_byte` seconds each on the sending VM and on the receiving one, and at once
   pass through both VMs' data paths (a resource of each VM, its sends and receives sharing
-  `path_bandwidth`: one way alone and both ways at once measured the same sum); a profile
+  `path_bandwidth`, the rate the library's own exchanges showed); a profile
   from before the CPU was measured charges all of 1/`bandwidth` to the CPU. Between two
   ranks of one VM: 1/`loop_bandwidth` on that VM (rxe's loopback, 66 MB/s against
   32-41 MB/s between VMs, measured). Then the bytes cross the machine's loopback with the
