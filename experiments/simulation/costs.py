@@ -73,8 +73,8 @@ class Profile:
         calibration's own exchanges showed. A profile without the CPU per byte (fitted before
         the calibration measured it) charges the link's rate both ways at once to the CPU
         (the sum: each VM sends and receives half of it; one way where both were not
-        measured): a byte costs each side 1/sum. Between two ranks of one VM: that VM what its loopback measured allows (both
-        sides on it)."""
+        measured): a byte costs each side 1/sum. Between two ranks of one VM, a byte costs
+        that VM (both sides are on it) what its loopback measured."""
         return Platform("lab", ranks, self.duplex_bandwidth or self.bandwidth, self.latency,
                         cores=self.node_cpus,
                         per_node=per_node, machine_cores=self.host_cpus or 0,
