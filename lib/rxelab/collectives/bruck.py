@@ -18,7 +18,7 @@ the caller's buffers are read once and written once.
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 
 import numpy as np
 
@@ -40,22 +40,22 @@ def alltoall(c: Call) -> None:
     recv = _blocks(lay.recv, p, m)
     _, rot_arr = c.workspace(SENDING, p * m)
     rotated = rot_arr[:p * m].reshape(p, m)
-    movings = [_moving(p, k) for k in range(steps(p))]
-    most = max(moving.size for moving in movings)
+    movings = _movings(p)
+    most = max(count for _, count in movings)
     out_buf, out_arr = c.workspace(SENDING, most * m)
     in_buf, in_arr = c.workspace(RECEIVING, most * m)
-    c.local(p * m, lambda: _rotate(rotated, send, r))  # position i: the block for r + i
-    for k, moving in enumerate(movings):
-        n = moving.size * m
+    c.local(p * m, partial(_rotate, rotated, send, r))  # position i: the block for r + i
+    for k, (moving, count) in enumerate(movings):
+        n = count * m
         right, left = (r + (1 << k)) % p, (r - (1 << k)) % p
         c.expect(left, STEP0 + k, 0, n, into=in_buf)
-        c.local(n, partial(np.take, rotated, moving, 0, out_arr[:n].reshape(-1, m)))
+        c.local(n, partial(_gather, out_arr[:n].reshape(count, m), rotated, moving))
         op = c.send_block(right, STEP0 + k, 0, n, source=out_buf)
         c.recv_block(left, STEP0 + k, 0, n, into=in_buf)
-        c.local(n, partial(rotated.__setitem__, moving, in_arr[:n].reshape(-1, m)))
+        c.local(n, partial(rotated.__setitem__, moving, in_arr[:n].reshape(count, m)))
         c.finish([op])  # the packed area is written again next step
     # position i holds what rank r - i sent to r
-    c.local(p * m, lambda: recv.__setitem__((r - np.arange(p)) % p, rotated))
+    c.local(p * m, partial(_unrotate, recv, rotated, r))
 
 
 def allgather(c: Call) -> None:
@@ -81,10 +81,38 @@ def allgather(c: Call) -> None:
     c.local(p * m, lambda: _rotate(recv, gathered, -r))
 
 
-def _moving(p: int, k: int) -> np.ndarray:
-    """The positions (1..p-1) whose bit k is set: what step k sends."""
-    positions = np.arange(1, p)
-    return positions[(positions >> k) & 1 == 1]
+@lru_cache(maxsize=64)
+def _movings(p: int) -> tuple[tuple[slice | np.ndarray, int], ...]:
+    """Each step's positions (1..p-1) whose bit k is set, and how many: a slice where they
+    are one run (every step of p <= 4, the last of any p), else an index array. Worked out
+    once per p: numpy's small calls cost tens of microseconds each on an emulated CPU, which
+    a per-call schedule paid in every step of a small-message call (2026-11-28: a 1 KiB
+    all-to-all of 3 ranks 1.5x pairwise's, with as many messages)."""
+    out = []
+    for k in range((p - 1).bit_length()):
+        positions = np.arange(1, p)
+        moving = positions[(positions >> k) & 1 == 1]
+        if moving[-1] - moving[0] + 1 == moving.size:
+            out.append((slice(int(moving[0]), int(moving[-1]) + 1), int(moving.size)))
+        else:
+            moving.flags.writeable = False
+            out.append((moving, int(moving.size)))
+    return tuple(out)
+
+
+def _gather(out: np.ndarray, rotated: np.ndarray, moving: slice | np.ndarray) -> None:
+    if isinstance(moving, slice):
+        out[:] = rotated[moving]
+    else:
+        np.take(rotated, moving, 0, out)
+
+
+def _unrotate(dst: np.ndarray, src: np.ndarray, r: int) -> None:
+    """dst[j] = src[(r - j) mod p], in two reversed slices."""
+    p = src.shape[0]
+    dst[:r + 1] = src[r::-1]
+    if r + 1 < p:
+        dst[r + 1:] = src[p - 1:r:-1]
 
 
 def _rotate(dst: np.ndarray, src: np.ndarray, r: int) -> None:
