@@ -26,13 +26,16 @@
  *                                 later W names it by this rank's count of its S lines; data:
  *                                 1 for a block's bytes, 0 for a control message)
  *   R key cpu                     wait for the message of that key, then cpu seconds of work
- *   W n id...                     wait until these sends have arrived
+ *   W n id...                     wait until these sends have arrived (with VMs: and
+ *                                 their acknowledgements have come back, a latency later:
+ *                                 RC's send completes by the peer's acknowledgement)
  *   C cpu                         local work
  * Output: "time <simulated seconds>", "rank <r> <its end> <peak bytes in flight>" lines;
  * exit status 3 when a
  * rank never finished (a wait whose message nobody sends: SimGrid ends such a run) or ended
  * with messages it never waited for; 2 for input that is not a well-formed recording. */
 #include <simgrid/s4u.hpp>
+#include <xbt/config.hpp>
 
 #include "recording.hpp"
 
@@ -64,6 +67,7 @@ static int vm_cores = 0;          // 0: the hosts are the platform's own (no VMs
 static double byte_cpu = 0;       // seconds per byte on each side, with VMs
 static double loop_byte_cpu = 0;  // seconds per byte between two ranks of one VM
 static double path_byte = 0;      // seconds per byte through a VM's data path
+static double ack_latency = 0;    // with VMs: an acknowledgement's way back (the link's latency)
 static std::unordered_map<sg4::Host*, sg4::Host*> path_of;  // a VM's data path (a VM of `paths`)
 static std::vector<sg4::Host*> rank_host;
 
@@ -159,13 +163,16 @@ static sg4::Mailbox* pair_box(int to, int from)
 /* With VMs, a message is carried by an actor of its own on the sender's VM: the bytes' CPU
  * on both VMs and their passage through both VMs' data paths, all at once (pipelined, as
  * rxe's sender and receiver work packet by packet), then the machine's loopback. */
-static void carry(sg4::Mailbox* to, unsigned long long* payload, uint64_t wire, sg4::Host* there)
+static void carry(sg4::Mailbox* to, unsigned long long* payload, uint64_t wire, sg4::Host* there,
+                  bool waited)
 {
   if (there == sg4::this_actor::get_host()) {
     double flops = loop_byte_cpu * (double)wire * flops_per_second;
     if (flops > 0)
       sg4::this_actor::execute(flops);
     to->put(payload, wire);
+    if (waited)  // RC: the sender learns of it by the acknowledgement, which comes back
+      sg4::this_actor::sleep_for(ack_latency);
     return;
   }
   // each VM's data path (F: its sends and receives share it) beside both sides' CPU
@@ -188,6 +195,8 @@ static void carry(sg4::Mailbox* to, unsigned long long* payload, uint64_t wire, 
   while (!parts.empty())
     parts.erase(parts.begin() + sg4::Exec::wait_any(parts));
   to->put(payload, wire);
+  if (waited)
+    sg4::this_actor::sleep_for(ack_latency);
 }
 
 static void work(double seconds)
@@ -229,7 +238,7 @@ static void rank_main(int r)
         if (vm_cores > 0) {
           sends.push_back(nullptr);
           sg4::ActorPtr carrier = sg4::Actor::create("carry", rank_host[r], carry, to, payload, wire,
-                                                     rank_host[m.peer]);
+                                                     rank_host[m.peer], m.waited);
           carried.push_back(m.waited ? carrier : nullptr);
         } else if (by_porter.back()) {
           sends.push_back(nullptr);
@@ -339,6 +348,8 @@ int main(int argc, char** argv)
   byte_cpu = input.byte_cpu;
   loop_byte_cpu = input.loop_byte_cpu;
   path_byte = input.path_byte;
+  if (vm_cores > 0)
+    ack_latency = simgrid::config::get_value<double>("network/loopback-lat");
   moves = std::move(input.moves);
   const size_t p = moves.size();
   ended.assign(p, -1.0);

@@ -26,16 +26,19 @@ def test_idle_vms_leave_their_cores_to_the_busy_ones(tmp_path):
 @needs_simgrid
 def test_a_messages_bytes_cost_both_vms_cpu(tmp_path):
     """1 MB at 1 MB/s: a second of CPU on the sender's VM and on the receiver's at once, then
-    the latency. With a third VM busy the machine's 2 cores have 3 claims: 1.5 s. Between two
-    ranks of one VM, that VM pays what its loopback allows (2 MB/s here: half a second)."""
+    the latency; the sender, which waits for it, learns of it a latency later, by the
+    acknowledgement. With a third VM busy the machine's 2 cores have 3 claims: 1.5 s. Between
+    two ranks of one VM, that VM pays what its loopback allows (2 MB/s here: half a
+    second)."""
     message = "rank 0 2\nS 1 1000000 7 1 1 0\nW 1 0\nrank 1 1\nR 7 0\n"
     lab = platforms.Platform("lab", 3, 1e6, 1e-3, machine_cores=2)
-    assert replay_moves(tmp_path, lab, message + "rank 2 0\n")[:2] == pytest.approx([1.001] * 2)
+    assert replay_moves(tmp_path, lab, message + "rank 2 0\n")[:2] \
+        == pytest.approx([1.002, 1.001], rel=1e-6)
     assert replay_moves(tmp_path, lab, message + "rank 2 1\nC 10\n")[:2] \
-        == pytest.approx([1.501] * 2, rel=1e-6)
+        == pytest.approx([1.502, 1.501], rel=1e-6)
     one_vm = platforms.Platform("lab", 2, 1e6, 1e-3, machine_cores=2, per_node=2,
                                 loop_bandwidth=2e6)
-    assert replay_moves(tmp_path, one_vm, message) == pytest.approx([0.501] * 2, rel=1e-6)
+    assert replay_moves(tmp_path, one_vm, message) == pytest.approx([0.502, 0.501], rel=1e-6)
 
 
 @needs_simgrid
@@ -48,17 +51,18 @@ def test_a_vms_data_path_bounds_its_bytes_beside_the_cpu(tmp_path):
     lab = platforms.Platform("lab", 3, 1e6, 1e-3, machine_cores=2, cpu_per_byte=0.25e-6,
                              path_bandwidth=1e6)
     one = "rank 0 2\nS 1 1000000 7 1 1 0\nW 1 0\nrank 1 1\nR 7 0\n"
-    assert replay_moves(tmp_path, lab, one + "rank 2 0\n")[:2] == pytest.approx([1.001] * 2)
+    assert replay_moves(tmp_path, lab, one + "rank 2 0\n")[:2] \
+        == pytest.approx([1.002, 1.001], rel=1e-6)
     back = (1 << 48) | 8  # a key's top bits are its sender's rank
     both = (f"rank 0 3\nS 1 1000000 7 1 1 0\nR {back} 0\nW 1 0\n"
             f"rank 1 3\nS 0 1000000 {back} 1 1 0\nR 7 0\nW 1 0\nrank 2 0\n")
-    assert replay_moves(tmp_path, lab, both)[:2] == pytest.approx([2.001] * 2, rel=1e-6)
+    assert replay_moves(tmp_path, lab, both)[:2] == pytest.approx([2.002] * 2, rel=1e-6)
     assert replay_moves(tmp_path, lab, one + "rank 2 1\nC 10\n")[:2] \
-        == pytest.approx([1.001] * 2, rel=1e-6)
+        == pytest.approx([1.002, 1.001], rel=1e-6)
     cpu_bound = platforms.Platform("lab", 3, 1e6, 1e-3, machine_cores=2, cpu_per_byte=2e-6,
                                    path_bandwidth=1e6)
     assert replay_moves(tmp_path, cpu_bound, one + "rank 2 1\nC 10\n")[:2] \
-        == pytest.approx([3.001] * 2, rel=1e-6)
+        == pytest.approx([3.002, 3.001], rel=1e-6)
 
 
 @needs_simgrid
@@ -66,11 +70,12 @@ def test_a_vm_done_with_its_side_of_a_message_leaves_its_core(tmp_path):
     """The receiver's VM is idle once its half of the bytes is done, though the sender's is
     not (its rank works beside the message): 3 VMs busy on 2 cores until 1.5 s (the
     receiver's second of CPU at 2/3), then the sender's VM gets a whole core for the half
-    second each of its two claims has left: 2.5 s, and the latency."""
+    second each of its two claims has left: 2.5 s, and the latency (the sender's: twice, the
+    acknowledgement's way back)."""
     lab = platforms.Platform("lab", 3, 1e6, 1e-3, machine_cores=2)
     ends = replay_moves(tmp_path, lab, "rank 0 3\nS 1 1000000 7 1 1 0\nC 1\nW 1 0\n"
                                         "rank 1 1\nR 7 0\nrank 2 1\nC 10\n")
-    assert ends[:2] == pytest.approx([2.501, 2.501], rel=1e-6)
+    assert ends[:2] == pytest.approx([2.502, 2.501], rel=1e-6)
 
 
 @needs_simgrid
