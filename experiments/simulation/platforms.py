@@ -13,7 +13,8 @@
   from before the CPU was measured charges all of 1/`bandwidth` to the CPU. Between two
   ranks of one VM: 1/`loop_bandwidth` on that VM (rxe's loopback, 66 MB/s against
   32-41 MB/s between VMs, measured). Then the bytes cross the machine's loopback with the
-  link's latency;
+  link's latency; a sender that waits for its message (RC's completion) learns of it by the
+  acknowledgement, a latency later;
 - cluster: one rank per host, each host with its own link (up and down apart) into a crossbar
   (full bisection; no backbone link: it made simulation ~10x slower with the same results);
 - fat-tree: a two-level fat tree of leaf switches, with `oversubscription`:1 fewer uplinks than
