@@ -232,7 +232,7 @@ def simulate(c, spec="smoke", results=None):
             "accept_new_host_keys": ACCEPT_NEW})
 def calibrate(c, name="lab", measured=None, inventory=None, results=None,
               accept_new_host_keys=False):
-    """Measure the lab's costs for the simulator (about 12 minutes).
+    """Measure the lab's costs for the simulator (about 13 minutes).
 
     Runs the calibrate spec and writes the cost profile a simulation spec names."""
     try:

@@ -17,7 +17,13 @@ What each measurement gives, in order (each from the median of its alternated ro
   affine in it: two replays solve it, a third is reported beside the lab's time), half on
   the sending side and half on the
   receiving; between the sizes measured, linear (SMPI's os/or are piecewise linear too);
-- a 2-rank ring allreduce of 1 MiB: the reduction's cost per byte, solved the same way.
+- a 2-rank ring allreduce of 1 MiB: the reduction's cost per byte, solved the same way;
+- the library's ping-pong (PING_PONG: a 2-rank star allgather, the leaf's block there and
+  both back, calls back to back: one rank always waits for the other's answer): not fitted,
+  replayed with the profile beside the lab's time, a check of what the exchange (both ranks
+  send at once) cannot show; a note names each size whose replay falls outside the lab's
+  min-max. (Fitting the share of a send's cost spent after its message left to it did not
+  pay: README, "Validation".)
 Costs only grow with size, so the exchanges' medians are first made to grow with it too: sizes
 measured out of order (a bigger one faster, as a noisy lab gives) are fitted to their pooled
 mean (isotonic regression, pool adjacent violators), not to the first of them; a size whose
@@ -32,31 +38,28 @@ import re
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rxelab import trace
-
 from experiments.figure_style import size_text
 from experiments.simulation import costs as costs_mod
-from experiments.simulation import replayer
-from experiments.simulation.costs import Costs, Profile
-from experiments.simulation.fitting import CalibrationError, interpolated, isotonic, out_of_order, solve
-from experiments.simulation.platforms import Platform
+from experiments.simulation.costs import Profile
+from experiments.simulation.exchanges import (
+    BUSY_FROM,
+    BUSY_TO,
+    PING_PONG,
+    Spread,
+    costs,
+    cpu_per_byte,
+    lab_row,
+    path_rate,
+    refit,
+    replayed,
+)
+from experiments.simulation.fitting import CalibrationError, solve
 
 SPEC = "calibrate"
-CALLS = 4  # back-to-back calls per replay: the lab's were back to back too
-
-
-@dataclass(frozen=True)
-class Spread:
-    median: float
-    low: float
-    high: float
-    rounds: int
-
-
 def measurements(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], Spread]:
     """The calibrate run's figures by what they are: ("call", op, algorithm, ranks, size) ->
     seconds per call; ("link", tool, size) -> MB/s (ib_write_bw, both ways summed) or
@@ -84,18 +87,6 @@ def measurements(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], Spr
     return {k: Spread(statistics.median(v), min(v), max(v), len(v)) for k, v in got.items()}
 
 
-def costs(points: list[tuple[int, float]], call: float, copy: float, reduce: float) -> Costs:
-    """Per-message CPU `points` split in halves, sender's and receiver's."""
-    half = interpolated([(s, c / 2) for s, c in points])
-    return Costs(half, half, copy_per_byte=copy, reduce_per_byte=reduce, call=call)
-
-
-def replayed(collective: str, algorithm: str, p: int, size: int, platform: Platform,
-             c: Costs) -> float:
-    t = trace.record(collective, algorithm, p, size, calls=CALLS)
-    return replayer.replay(t, platform, c).seconds / CALLS
-
-
 def need(m: dict[tuple[Any, ...], Spread], key: tuple[Any, ...]) -> Spread:
     if key not in m:
         what = " ".join(str(k) for k in key[1:])
@@ -103,77 +94,6 @@ def need(m: dict[tuple[Any, ...], Spread], key: tuple[Any, ...]) -> Spread:
                                "(`fab calibrate`, or the spec that includes it; the run's "
                                "report says what failed)")
     return m[key]
-
-
-BUSY_FROM, BUSY_TO = 1 << 16, 1 << 20  # the exchanges whose CPU gives a byte's
-PATH_ROUNDS = 3  # corrections of the data path's rate (each a fit of the per-message costs)
-
-
-def cpu_per_byte(m: dict[tuple[Any, ...], Spread], node_cpus: int, copy: float,
-                 notes: list[str]) -> float | None:
-    """The CPU seconds a byte costs each side: what the 1 MiB exchange kept a node's CPUs busy
-    per call beyond what the 64 KiB one did, less the copy of the node's own block, over the
-    bytes more it sent and received (the per-message cost between the two: flat in every lab
-    fit so far). None, said in `notes`, where the calibration did not measure it or it came
-    out 0."""
-    at = [m.get((what, "alltoall", "pairwise", 2, size))
-          for size in (BUSY_FROM, BUSY_TO) for what in ("busy", "call")]
-    if not all(at):
-        notes.append("the calibration did not measure its nodes' CPU during the exchanges of "
-                     "64 KiB and 1 MiB (a run from before the nodes reported it, or without "
-                     "/proc/stat): a byte's whole cost is charged to the CPU")
-        return None
-    busy0, call0, busy1, call1 = (s.median for s in at if s is not None)
-    more = BUSY_TO - BUSY_FROM
-    cpu = ((busy1 * call1 - busy0 * call0) * node_cpus - copy * more) / (2 * more)
-    if cpu <= 0:
-        notes.append("the 1 MiB exchange kept the nodes' CPUs no busier than the 64 KiB one: "
-                     "a byte's whole cost is charged to the CPU")
-        return None
-    return cpu
-
-
-def per_message(m: dict[tuple[Any, ...], Spread], sizes: list[int], platform: Platform,
-                call: float, copy: float) -> tuple[list[tuple[int, float]], dict[str, Any],
-                                                   list[str]]:
-    """The per-message CPU at each size the exchange was measured at, solved so each replay
-    takes the lab's time on `platform`; with each fit beside its lab figure, and notes."""
-    points: list[tuple[int, float]] = []
-    fitted, notes = {}, []
-    labs = [m[("call", "alltoall", "pairwise", 2, size)] for size in sizes]
-    targets = isotonic([lab.median for lab in labs])
-    pooled: set[int] = set()
-    for first, last in out_of_order(targets, [lab.median for lab in labs]):
-        pooled.update(range(first + 1, last + 1))  # said once, below, for the whole run
-        notes.append(f"the exchanges of {sizes[first]} B to {sizes[last]} B were measured out of "
-                     f"order (a bigger message faster): fitted to their pooled median "
-                     f"{targets[first] * 1e3:.3f} ms (costs only grow with size)")
-    for i, (size, lab, target) in enumerate(zip(sizes, labs, targets, strict=True)):
-        floor = points[-1][1] if points else 0.0  # no cheaper than a smaller message
-
-        def at(x: float, size: int = size, floor: float = floor) -> float:
-            return replayed("alltoall", "pairwise", 2, size, platform,
-                            costs([*points, (size, floor + x)], call, copy, 0.0))
-        x, then = solve(target, at)
-        if x == 0.0 and points and i not in pooled and then > target * (1 + 1e-3):
-            notes.append(f"the exchange of {size} B: its {target * 1e3:.3f} ms is below the "
-                         f"replay's {then * 1e3:.3f} ms at the next smaller size's cost; kept at "
-                         "that cost (costs only grow with size)")
-        points.append((size, floor + x))
-        fitted[f"exchange {size} B"] = _row(lab, then)
-    return points, fitted, notes
-
-
-def path_rate(m: dict[tuple[Any, ...], Spread]) -> float | None:
-    """Bytes/s through a VM's data path, sent and received, first guess: what the 1 MiB
-    exchange moved more than the 64 KiB one (each node sends and receives the difference)
-    over the time it took more (fit() then corrects it by the replay, whose bigger message
-    also takes a rendezvous). The library's own rate, not perftest's (which busy-polls, and
-    took 49 ms for the 2 MiB the library's exchange moved in 34.6, 2026-11-27): a profile
-    then replays its own calibration. None where the bigger exchange was not slower."""
-    more = m[("call", "alltoall", "pairwise", 2, BUSY_TO)].median \
-        - m[("call", "alltoall", "pairwise", 2, BUSY_FROM)].median
-    return 2 * (BUSY_TO - BUSY_FROM) / more if more > 0 else None
 
 
 def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
@@ -200,22 +120,10 @@ def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
         notes.append("the 1 MiB exchange took no longer than the 64 KiB one: a byte's whole "
                      "cost is charged to the CPU")
         per_byte = None
-    link = Profile(name, costs([(0, 0.0)], call, copy, 0.0), bandwidth, latency, node_cpus,
-                   host_cpus, duplex, loop_bandwidth=loop, cpu_per_byte=per_byte,
-                   path_bandwidth=path if per_byte else None)
-    points, fitted, said = per_message(m, sizes, link.lab(2), call, copy)
-    if per_byte and path:  # the rate the replay of the 1 MiB exchange needs, at 64 KiB's cost
-        target = m[("call", "alltoall", "pairwise", 2, BUSY_TO)].median
-        for _ in range(PATH_ROUNDS):
-            flat = [p for p in points if p[0] <= BUSY_FROM] + [(BUSY_TO, dict(points)[BUSY_FROM])]
-            took = replayed("alltoall", "pairwise", 2, BUSY_TO, link.lab(2),
-                            costs(flat, call, copy, 0.0))
-            seconds = 1 / path + (target - took) / (2 * BUSY_TO)  # a byte on each side's path
-            if seconds <= 0:
-                break
-            path = 1 / seconds
-            link = replace(link, path_bandwidth=path)
-            points, fitted, said = per_message(m, sizes, link.lab(2), call, copy)
+    first = Profile(name, costs([(0, 0.0)], call, copy, 0.0), bandwidth, latency, node_cpus,
+                    host_cpus, duplex, loop_bandwidth=loop, cpu_per_byte=per_byte,
+                    path_bandwidth=path if per_byte else None)
+    link, points, fitted, said = refit(m, sizes, first, call, copy)
     platform = link.lab(2)
     notes += said
     at = dict(points)
@@ -232,19 +140,24 @@ def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
     reduce *= 1e-6  # solved in microseconds per byte: a probe of a millisecond per byte is absurd
     if reduce == 0.0:
         notes.append("the 1 MiB ring allreduce: as fast as its messages alone; reduce costs 0")
-    fitted["allreduce ring 1 MiB"] = _row(reduce_lab, then)
+    fitted["allreduce ring 1 MiB"] = lab_row(reduce_lab, then)
+    final = costs(points, call, copy, reduce)
+    for size in sorted(k[4] for k in m if k[:4] == ("call", *PING_PONG, 2)):
+        pong = m[("call", *PING_PONG, 2, size)]
+        row = lab_row(pong, replayed(*PING_PONG, 2, size, platform, final))
+        fitted[f"ping-pong {size} B"] = row
+        if not pong.low <= row["replay_s"] <= pong.high:
+            notes.append(f"the ping-pong of {size_text(size)} (a 2-rank star allgather, not "
+                         f"fitted): lab {pong.median * 1e3:.3f} ms ({pong.low * 1e3:.3f}-"
+                         f"{pong.high * 1e3:.3f}), replayed {row['replay_s'] * 1e3:.3f} ms "
+                         f"({row['replay_s'] / pong.median:.2f}x)")
     measured = {
         "call_s": call, "copy_s_per_byte": copy,
         "per_message_s": {str(s): c for s, c in points},
         "fit": fitted, "notes": notes,
         "medians": {" ".join(map(str, k)): vars(v) for k, v in sorted(m.items(), key=str)},
     }
-    return replace(link, costs=costs(points, call, copy, reduce), measured=measured)
-
-
-def _row(lab: Spread, replay: float) -> dict[str, float]:
-    return {"lab_s": lab.median, "lab_low_s": lab.low, "lab_high_s": lab.high,
-            "replay_s": replay}
+    return replace(link, costs=final, measured=measured)
 
 
 def cpus(environment: dict[str, Any]) -> tuple[int, int | None]:

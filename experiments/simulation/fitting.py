@@ -1,6 +1,6 @@
 """The numerical pieces of a calibration, apart from what is fitted: lines through measured
-points, the solve of a replay that is affine in one cost, and a nondecreasing fit of sizes
-measured out of order (costs only grow with size)."""
+points, the solve of a replay that grows with one cost (affine, or by pieces), and a
+nondecreasing fit of sizes measured out of order (costs only grow with size)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from experiments.simulation.costs import Segment
 
 PROBE = 1e-3  # seconds: the second point of the affine solve
+SOLVE_ROUNDS = 8  # secant steps of a solve at most
 LAST = 1 << 62  # the last segment's bound: any size
 
 
@@ -29,13 +30,23 @@ def interpolated(points: list[tuple[int, float]]) -> tuple[Segment, ...]:
 
 
 def solve(measured: float, at: Any) -> tuple[float, float]:
-    """x >= 0 for which at(x), affine in x, equals `measured`; and what at(x) then is."""
-    zero, probe = at(0.0), at(PROBE)
-    slope = (probe - zero) / PROBE
-    if slope <= 0:
+    """x >= 0 for which at(x), nondecreasing in x, equals `measured`; and what at(x) then is.
+    A replay is affine in one cost (the first step lands on it: three replays), or affine by
+    pieces where a cost spent beside a wait is hidden until it outlasts the wait (a send's
+    share after its message left): then secant steps from the last two replays, SOLVE_ROUNDS
+    at most."""
+    x0, y0 = 0.0, at(0.0)
+    x1, y1 = PROBE, at(PROBE)
+    if y1 <= y0:
         raise CalibrationError("a replay did not grow with the cost being fitted")
-    x = max(0.0, (measured - zero) / slope)
-    return x, at(x)
+    for _ in range(SOLVE_ROUNDS):
+        slope = (y1 - y0) / (x1 - x0)
+        x = max(0.0, x1 + (measured - y1) / slope) if slope > 0 else 2 * max(x0, x1)
+        y = at(x)
+        if abs(y - measured) <= 1e-6 * measured or (x == 0.0 and y >= measured):
+            break
+        x0, y0, x1, y1 = x1, y1, x, y
+    return x, y
 
 
 def isotonic(values: list[float]) -> list[float]:

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from experiments.figure_style import size_text
 from experiments.simulation import calibrate, fitting, replayer, validate
 from experiments.simulation import costs as costs_mod
 from experiments.simulation.costs import Costs, Profile
@@ -26,6 +27,7 @@ NODE_CPUS, HOST_CPUS = 1, 2
 # to 1 MiB as the lab's fits (the fit counts growth there as the bytes' CPU), and a byte's CPU
 TRUTH = [(0, 400e-6), (1, 410e-6), (1024, 500e-6), (65536, 4e-3), (1 << 20, 4e-3)]
 CALL, COPY, REDUCE, CPU_PER_BYTE = 150e-6, 2e-9, 6e-9, 10e-9
+PING_PONG_SIZES = [1, 1024, 1 << 20]
 PATH = 60e6  # each VM's data path: faster than perftest's both ways (DUPLEX), as the lab's was
 
 
@@ -71,6 +73,8 @@ def made_up_run() -> list[dict]:
     for s in SIZES:
         out += exchange(s)
     out += record("allreduce", "ring", 2, 1 << 20, lab("allreduce", "ring", 2, 1 << 20))
+    for s in PING_PONG_SIZES:
+        out += record(*calibrate.PING_PONG, 2, s, lab(*calibrate.PING_PONG, 2, s))
     out += link("ib_send_lat", 1, LATENCY * 1e6) + link("ib_write_bw", 1 << 20, BANDWIDTH / 1e6)
     out += link("ib_write_bw_bidir", 1 << 20, DUPLEX / 1e6)
     out += link("ib_write_bw", 1 << 20, LOOP / 1e6, nodes=1)
@@ -278,7 +282,39 @@ def test_the_calibrate_spec_measures_what_the_fit_needs():
     got = calibrate.fit(run, "from-the-spec", NODE_CPUS, HOST_CPUS)
     used = set(got.measured["medians"])
     assert used == {" ".join(map(str, k)) for k in calibrate.measurements(run)}
-    assert set(got.measured["fit"]) >= {"exchange 0 B", "exchange 1048576 B", "allreduce ring 1 MiB"}
+    assert set(got.measured["fit"]) >= {"exchange 0 B", "exchange 1048576 B", "allreduce ring 1 MiB",
+                                        "ping-pong 1 B", "ping-pong 1024 B", "ping-pong 1048576 B"}
+
+
+@pytest.mark.parametrize("size", PING_PONG_SIZES)
+def test_a_ping_pong_slower_than_its_replay_is_reported_not_fitted(fitted, size):
+    """The ping-pong is a check: a lab whose ping-pong took twice what the exchanges' costs
+    replay gets the same profile, and a note that names the size and the ratio."""
+    run = [r for r in made_up_run()
+           if not (r.get("op") == calibrate.PING_PONG[0] and r.get("size") == size)]
+    run += record(*calibrate.PING_PONG, 2, size, 2 * lab(*calibrate.PING_PONG, 2, size))
+    got = calibrate.fit(run, "slow-pong", NODE_CPUS, HOST_CPUS)
+    assert got.costs == fitted.costs and got.path_bandwidth == pytest.approx(fitted.path_bandwidth)
+    row = got.measured["fit"][f"ping-pong {size} B"]
+    assert row["replay_s"] / row["lab_s"] == pytest.approx(0.5, rel=1e-3)
+    [note] = got.measured["notes"]
+    assert f"ping-pong of {size_text(size)}" in note and "(0.50x)" in note
+    assert any(f"ping-pong {size} B" in line for line in calibrate.describe(got))
+
+
+def test_a_run_without_the_ping_pong_fits_the_same(fitted):
+    """Calibration runs from before 2026-11-28 have no ping-pong: the same profile, no check."""
+    got = calibrate.fit([r for r in made_up_run() if r.get("op") != calibrate.PING_PONG[0]],
+                        "older", NODE_CPUS, HOST_CPUS)
+    assert got.costs == fitted.costs and not got.measured["notes"]
+    assert not any(what.startswith("ping-pong") for what in got.measured["fit"])
+
+
+def test_solve_steps_past_a_cost_hidden_beside_a_wait():
+    """A replay affine by pieces (a cost hidden until it outlasts a wait of 1 ms): the solve
+    lands on the measured time all the same, where one affine step would not."""
+    x, then = fitting.solve(5e-3, lambda x: 1e-3 + max(x / 2, 1e-3) + x / 2)
+    assert x == pytest.approx(4e-3, rel=1e-6) and then == pytest.approx(5e-3, rel=1e-6)
 
 
 def test_validate_does_not_pick_the_calibration_it_was_fitted_on(tmp_path):
