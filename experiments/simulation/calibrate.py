@@ -2,7 +2,7 @@
 the replay of each of them on the `lab` platform takes what the lab took; nothing else is
 fitted, and `fab validate` then predicts other cases with it unchanged.
 
-What each measurement gives, in order (each from the median of its alternated rounds):
+What each measurement gives (each from the median of its alternated rounds):
 - ib_send_lat: the link's latency; ib_write_bw one way and both ways at once: its bandwidth
   (a byte's whole cost, where the nodes did not measure their CPU); ib_write_bw on one node:
   rxe's loopback, a message between two ranks of one VM;
@@ -13,10 +13,10 @@ What each measurement gives, in order (each from the median of its alternated ro
   block, per byte;
 - the library's exchange between two ranks at each size (a 2-rank all-to-all: one message
   each way at once, eager or by rendezvous as the library sends it): the per-message CPU at
-  that size, solved so the replay of that very call takes the lab's time (the replay is
-  affine in it: two replays solve it, a third is reported beside the lab's time), half on
-  the sending side and half on the
-  receiving; between the sizes measured, linear (SMPI's os/or are piecewise linear too);
+  that size, solved so the replay of that very call takes the lab's time (fitting.solve:
+  where the replay is affine in it, two replays solve it and a third is reported beside
+  the lab's time), half on the sending side and half on the receiving; between the sizes
+  measured, linear (SMPI's os/or are piecewise linear too);
 - a 2-rank ring allreduce of 1 MiB: the reduction's cost per byte, solved the same way;
 - the library's ping-pong (PING_PONG: a 2-rank star allgather, the leaf's block there and
   both back, calls back to back: one rank always waits for the other's answer): not fitted,

@@ -10,6 +10,7 @@ from experiments.simulation.costs import Segment
 
 PROBE = 1e-3  # seconds: the second point of the affine solve
 SOLVE_ROUNDS = 8  # secant steps of a solve at most
+PROBES = 4  # doublings of the probe while a replay does not grow
 LAST = 1 << 62  # the last segment's bound: any size
 
 
@@ -30,23 +31,39 @@ def interpolated(points: list[tuple[int, float]]) -> tuple[Segment, ...]:
 
 
 def solve(measured: float, at: Any) -> tuple[float, float]:
-    """x >= 0 for which at(x), nondecreasing in x, equals `measured`; and what at(x) then is.
-    A replay is affine in one cost (the first step lands on it: three replays), or affine by
-    pieces where a cost spent beside a wait is hidden until it outlasts the wait (a send's
-    share after its message left): then secant steps from the last two replays, SOLVE_ROUNDS
-    at most."""
+    """x >= 0 for which at(x), nondecreasing in x, comes nearest `measured`; and what at(x)
+    then is. A replay is affine in one cost (the first step lands on it: three replays), or
+    affine by pieces where a cost spent beside a wait is hidden until it outlasts the wait:
+    then secant steps from the last two replays (bisection where those two are level), at
+    most SOLVE_ROUNDS, and the nearest replay seen. The probe doubles while the replay does
+    not grow (a wait longer than PROBE hides the cost there), up to PROBE * 2**PROBES."""
     x0, y0 = 0.0, at(0.0)
+    if measured <= y0:
+        return 0.0, y0
     x1, y1 = PROBE, at(PROBE)
+    for _ in range(PROBES):
+        if y1 > y0:
+            break
+        x1 *= 2
+        y1 = at(x1)
     if y1 <= y0:
         raise CalibrationError("a replay did not grow with the cost being fitted")
+    best = min((x0, y0), (x1, y1), key=lambda p: abs(p[1] - measured))
+    tolerance = max(1e-6 * measured, 1e-12)
     for _ in range(SOLVE_ROUNDS):
-        slope = (y1 - y0) / (x1 - x0)
-        x = max(0.0, x1 + (measured - y1) / slope) if slope > 0 else 2 * max(x0, x1)
-        y = at(x)
-        if abs(y - measured) <= 1e-6 * measured or (x == 0.0 and y >= measured):
+        if abs(best[1] - measured) <= tolerance:
             break
+        if y1 > y0:
+            x = max(0.0, x1 + (measured - y1) * (x1 - x0) / (y1 - y0))
+        else:  # level: halve towards the measured side
+            x = (x0 + x1) / 2 if y1 >= measured else 2 * max(x0, x1)
+        if x in (x0, x1):
+            break
+        y = at(x)
+        if abs(y - measured) < abs(best[1] - measured):
+            best = (x, y)
         x0, y0, x1, y1 = x1, y1, x, y
-    return x, y
+    return best
 
 
 def isotonic(values: list[float]) -> list[float]:

@@ -21,9 +21,9 @@ from experiments.figure_style import size_text
 from experiments.simulation import calibrate, replayer
 from experiments.simulation.calibrate import SPEC
 from experiments.simulation.costs import Profile
+from experiments.simulation.exchanges import CALLS  # as many calls a replay as the fit's
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "validation.md.j2"
-CALLS = 4  # back-to-back calls per replay, as calibrate's
 
 
 class ValidationError(ValueError):

@@ -42,6 +42,20 @@ def test_a_messages_bytes_cost_both_vms_cpu(tmp_path):
 
 
 @needs_simgrid
+def test_only_a_sender_that_waits_hears_the_acknowledgement(tmp_path):
+    """A send nobody waits for does not hold its sender: rank 0 ends with its second of work
+    and the message's millisecond on its one CPU (1.001 s), the receiver when the bytes,
+    done at half speed beside that work, and the latency are (3 ms). Waited for: the bytes
+    at full speed and the latency (2 ms), and the sender a latency later, by the
+    acknowledgement."""
+    lab = platforms.Platform("lab", 3, 1e6, 1e-3, machine_cores=2)
+    unwaited = "rank 0 2\nS 1 1000 7 0 1 0\nC 1\nrank 1 1\nR 7 0\nrank 2 0\n"
+    assert replay_moves(tmp_path, lab, unwaited)[:2] == pytest.approx([1.001, 0.003], rel=1e-6)
+    waited = "rank 0 2\nS 1 1000 7 1 1 0\nW 1 0\nrank 1 1\nR 7 0\nrank 2 0\n"
+    assert replay_moves(tmp_path, lab, waited)[:2] == pytest.approx([0.003, 0.002], rel=1e-6)
+
+
+@needs_simgrid
 def test_a_vms_data_path_bounds_its_bytes_beside_the_cpu(tmp_path):
     """1 MB, a quarter second of CPU on each side, through data paths of 1 MB/s: the path
     bounds it (1 s, and the latency). Sent both ways at once, each VM's path carries 2 MB:

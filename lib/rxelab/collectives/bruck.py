@@ -84,10 +84,10 @@ def allgather(c: Call) -> None:
 @lru_cache(maxsize=64)
 def _movings(p: int) -> tuple[tuple[slice | np.ndarray, int], ...]:
     """Each step's positions (1..p-1) whose bit k is set, and how many: a slice where they
-    are one run (every step of p <= 4, the last of any p), else an index array. Worked out
+    are one run (every step of p <= 3, the last of any p), else an index array. Worked out
     once per p: numpy's small calls cost tens of microseconds each on an emulated CPU, which
     a per-call schedule paid in every step of a small-message call (2026-11-28: a 1 KiB
-    all-to-all of 3 ranks 1.5x pairwise's, with as many messages)."""
+    all-to-all of 3 ranks 1.8x pairwise's, with as many messages)."""
     out = []
     for k in range((p - 1).bit_length()):
         positions = np.arange(1, p)
