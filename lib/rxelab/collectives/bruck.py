@@ -89,8 +89,8 @@ def _movings(p: int) -> tuple[tuple[slice | np.ndarray, int], ...]:
     a per-call schedule paid in every step of a small-message call (2026-11-28: a 1 KiB
     all-to-all of 3 ranks 1.8x pairwise's, with as many messages)."""
     out = []
-    for k in range((p - 1).bit_length()):
-        positions = np.arange(1, p)
+    positions = np.arange(1, p)
+    for k in range(steps(p)):
         moving = positions[(positions >> k) & 1 == 1]
         if moving[-1] - moving[0] + 1 == moving.size:
             out.append((slice(int(moving[0]), int(moving[-1]) + 1), int(moving.size)))
