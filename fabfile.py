@@ -253,19 +253,25 @@ def calibrate(c, name="lab", measured=None, inventory=None, results=None,
 @task(help={"results": "a lab run's directory (default: the newest in results/ with rxelab "
                        "calls back to back)",
             "profile": "a calibrated profile's name or .json path (default: the one fitted "
-                       "on the run's own calibration cases, else lab)"})
-def validate(c, results=None, profile=None):
+                       "on the run's own calibration cases, else lab)",
+            "beside": "another lab run's directory, scored as a prediction too: the lab "
+                      "against itself (default: the newest other run of the same spec)"})
+def validate(c, results=None, profile=None, beside=None):
     """Set the simulator's predictions beside what a lab run took.
 
     Predicts every rxelab case of a lab run (calls back to back) from a calibrated profile,
     without refitting, beside the lab's medians and spread (validation.md in the run's
-    directory)."""
+    directory), and another run of the same cases the same way, as the lab's own yardstick."""
     try:
         chosen = Path(results) if results else sim_validate.newest(RESULTS)
+        other = Path(beside) if beside else None
+        if other is not None and not (other / "records.jsonl").is_file():
+            raise sim_validate.ValidationError(f"--beside {beside}: not a lab run's directory "
+                                               "(no records.jsonl)")
         used = (sim_costs.load(sim_spec.profile_path(profile)) if profile is not None
                 else sim_validate.own_profile(chosen)
                 or sim_costs.load(sim_spec.profile_path("lab")))
-        out = sim_validate.write(chosen, used)
+        out = sim_validate.write(chosen, used, other)
     except (sim_validate.ValidationError, sim_costs.ProfileError,
             sim_replayer.SimulationError) as err:
         raise Exit(f"error: {err}", code=1) from None

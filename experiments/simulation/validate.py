@@ -2,7 +2,8 @@
 to back (the `validation` spec's, or the `latency` spec's second half) predicted on the `lab`
 platform with a calibrated profile, unchanged, beside the lab's median and the spread of its
 rounds. A prediction is good when it falls inside that spread; the algorithms' order at each
-size and p is good when it is the lab's."""
+size and p is good when it is the lab's. Beside it, the same measures for another lab run of
+the same spec (experiments.simulation.yardstick): how close the lab comes to itself."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from rxelab import trace
 from rxelab.errors import ConfigError
 
 from experiments.figure_style import size_text
-from experiments.simulation import calibrate, replayer
+from experiments.simulation import calibrate, replayer, yardstick
 from experiments.simulation.calibrate import SPEC
 from experiments.simulation.costs import Profile
 from experiments.simulation.exchanges import CALLS  # as many calls a replay as the fit's
@@ -122,6 +123,7 @@ def by_ranks(table: list[Row], order: list[dict[str, Any]]) -> list[dict[str, An
         out.append({"ranks": ranks, "nodes": nodes, "cases": len(rs),
                     "within": sum(r.within for r in rs), "ratio": statistics.median(ratios),
                     "low": min(ratios), "high": max(ratios), "orders": len(gs),
+                    "error": yardstick.error(ratios),
                     "first": sum(g["same_first"] for g in gs), "same": sum(g["same"] for g in gs)})
     return out
 
@@ -168,25 +170,63 @@ def own_profile(run: Path) -> Profile | None:
     return profile
 
 
-def write(run: Path, profile: Profile) -> Path:
-    """validation.jsonl and validation.md in the run's directory; the Markdown's path."""
+def _records(run: Path) -> list[dict[str, Any]]:
     try:
-        records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()
-                   if line.strip()]
+        return [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()
+                if line.strip()]
     except (OSError, ValueError) as err:
         raise ValidationError(f"{run} is not a run's directory: {err}") from None
+
+
+def against_itself(run: Path, table: list[Row], other: Path | None) -> dict[str, Any] | None:
+    """The other run's medians scored as predictions of this run's cases (those both ran),
+    beside the simulator's score on the same cases; None without another run or a case in
+    common. `other` None: the newest other run of the same spec beside this one."""
+    try:
+        chosen = other or yardstick.other_run(run)
+    except yardstick.YardstickError as err:
+        raise ValidationError(str(err)) from None
+    if chosen is None:
+        return None
+    if chosen.resolve() == run.resolve():
+        raise ValidationError(f"{other}: the run itself, not another run of its cases")
+    try:
+        theirs = lab_cases(_records(chosen))
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValidationError(f"{chosen}: a record without {err}: not a run of this rxelab") \
+            from None
+    lab = yardstick.beside(table, theirs)
+    if not lab:
+        if other is not None:
+            raise ValidationError(f"{other} ran none of {run.name}'s cases (calls back to "
+                                  "back): nothing to set beside it")
+        return None
+    mine = [r for r in table if (r.op, r.algorithm, r.ranks, r.nodes, r.size) in theirs]
+    rounds = min(r.rounds for r in mine)
+    return {"run": chosen.name, "lab": yardstick.score(lab, rankings),
+            "simulator": yardstick.score(mine, rankings), "rounds": rounds,
+            "outside": yardstick.chance_outside(rounds)}
+
+
+def write(run: Path, profile: Profile, beside: Path | None = None) -> Path:
+    """validation.jsonl and validation.md in the run's directory; the Markdown's path.
+    `beside`: the lab run set beside it as the lab's own prediction (None: the newest other
+    run of the same spec, where there is one)."""
+    records = _records(run)
     try:
         table = rows(records, profile)
     except (KeyError, TypeError, AttributeError) as err:
         raise ValidationError(f"{run}: a record without {err}: not a run of this rxelab") from None
     order = rankings(table)
+    itself = against_itself(run, table, beside)
     try:
-        return _write(run, profile, table, order)
+        return _write(run, profile, table, order, itself)
     except OSError as err:
         raise ValidationError(f"writing the validation into {run}: {err}") from None
 
 
-def _write(run: Path, profile: Profile, table: list[Row], order: list[dict[str, Any]]) -> Path:
+def _write(run: Path, profile: Profile, table: list[Row], order: list[dict[str, Any]],
+           itself: dict[str, Any] | None) -> Path:
     with open(run / "validation.jsonl", "w") as f:
         for r in table:
             f.write(json.dumps({**asdict(r), "within": r.within, "profile": profile.name}) + "\n")
@@ -196,6 +236,7 @@ def _write(run: Path, profile: Profile, table: list[Row], order: list[dict[str, 
     md.write_text(template.render(rows=table, rankings=order, profile=profile, run=run.name,
                                   within=sum(r.within for r in table), size=size_text,
                                   per_p=by_ranks(table, order),
-                                  placeholder=profile.placeholder,
+                                  placeholder=profile.placeholder, itself=itself,
+                                  error=yardstick.error([r.ratio for r in table]),
                                   own=profile.measured.get("run") == str(run)))
     return md
