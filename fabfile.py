@@ -265,7 +265,11 @@ def validate(c, results=None, profile=None, beside=None):
     try:
         chosen = Path(results) if results else sim_validate.newest(RESULTS)
         other = Path(beside) if beside else None
-        if other is not None and not (other / "records.jsonl").is_file():
+        try:
+            lab_run = other is None or (other / "records.jsonl").is_file()
+        except OSError as err:
+            raise sim_validate.ValidationError(f"--beside {beside}: {err}") from None
+        if not lab_run:
             raise sim_validate.ValidationError(f"--beside {beside}: not a lab run's directory "
                                                "(no records.jsonl)")
         used = (sim_costs.load(sim_spec.profile_path(profile)) if profile is not None

@@ -8,6 +8,8 @@ the same spec (experiments.simulation.yardstick): how close the lab comes to its
 from __future__ import annotations
 
 import json
+import math
+import os
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -52,6 +54,11 @@ class Row:
     def ratio(self) -> float:
         return self.predicted_s / self.lab_s
 
+    @property
+    def key(self) -> tuple[str, str, int, int, int]:
+        """As lab_cases names a case."""
+        return self.op, self.algorithm, self.ranks, self.nodes, self.size
+
 
 def lab_cases(records: list[dict[str, Any]]) -> dict[tuple[str, str, int, int, int], list[float]]:
     """(op, algorithm, ranks, nodes, size) -> seconds per call of each good round: rxelab's
@@ -67,8 +74,11 @@ def lab_cases(records: list[dict[str, Any]]) -> dict[tuple[str, str, int, int, i
         if any((r.get("netem") or {}).values()) or r.get("compression") not in (None, "none") \
                 or r.get("library") or r.get("pairs") not in (None, 1) or r.get("mtu"):
             continue
-        got[(r["op"], r["algorithm"], s["ranks"], r["nodes"], r["size"])].append(
-            s["avg_stage_us"] * 1e-6)
+        us = s["avg_stage_us"]
+        if isinstance(us, bool) or not isinstance(us, (int, float)) or not us > 0 \
+                or not math.isfinite(us):
+            continue  # a round that timed nothing is no measurement (nor a ratio's divisor)
+        got[(r["op"], r["algorithm"], s["ranks"], r["nodes"], r["size"])].append(us * 1e-6)
     return got
 
 
@@ -171,6 +181,7 @@ def own_profile(run: Path) -> Profile | None:
 
 
 def _records(run: Path) -> list[dict[str, Any]]:
+    """A run's records.jsonl, or ValidationError naming the run."""
     try:
         return [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()
                 if line.strip()]
@@ -178,32 +189,44 @@ def _records(run: Path) -> list[dict[str, Any]]:
         raise ValidationError(f"{run} is not a run's directory: {err}") from None
 
 
-def against_itself(run: Path, table: list[Row], other: Path | None) -> dict[str, Any] | None:
-    """The other run's medians scored as predictions of this run's cases (those both ran),
-    beside the simulator's score on the same cases; None without another run or a case in
-    common. `other` None: the newest other run of the same spec beside this one."""
+def _beside(table: list[Row], other: Path) -> list[Row]:
     try:
-        chosen = other or yardstick.other_run(run)
-    except yardstick.YardstickError as err:
-        raise ValidationError(str(err)) from None
-    if chosen is None:
-        return None
-    if chosen.resolve() == run.resolve():
-        raise ValidationError(f"{other}: the run itself, not another run of its cases")
-    try:
-        theirs = lab_cases(_records(chosen))
+        return yardstick.beside(table, lab_cases(_records(other)))
     except (KeyError, TypeError, AttributeError) as err:
-        raise ValidationError(f"{chosen}: a record without {err}: not a run of this rxelab") \
+        raise ValidationError(f"{other}: a record without {err}: not a run of this rxelab") \
             from None
-    lab = yardstick.beside(table, theirs)
-    if not lab:
-        if other is not None:
+
+
+def against_itself(run: Path, table: list[Row], other: Path | None) -> dict[str, Any] | None:
+    """Another run's medians scored as predictions of this run's cases (those both ran),
+    beside the simulator's score on the same cases: the yardstick of how close a prediction
+    can come. `other` None: the first of yardstick.candidates that reads and shares a case
+    (a broken or unrelated run is passed over); None when there is none."""
+    if other is not None:
+        if other.resolve() == run.resolve():
+            raise ValidationError(f"{other}: the run itself, not another run of its cases")
+        lab = _beside(table, other)
+        if not lab:
             raise ValidationError(f"{other} ran none of {run.name}'s cases (calls back to "
                                   "back): nothing to set beside it")
-        return None
-    mine = [r for r in table if (r.op, r.algorithm, r.ranks, r.nodes, r.size) in theirs]
+    else:
+        try:
+            candidates = yardstick.candidates(run)
+        except yardstick.YardstickError as err:
+            raise ValidationError(str(err)) from None
+        for other in candidates:
+            try:
+                lab = _beside(table, other)
+            except ValidationError:
+                continue
+            if lab:
+                break
+        else:
+            return None
+    theirs = {r.key for r in lab}
+    mine = [r for r in table if r.key in theirs]
     rounds = min(r.rounds for r in mine)
-    return {"run": chosen.name, "lab": yardstick.score(lab, rankings),
+    return {"run": other.name, "lab": yardstick.score(lab, rankings),
             "simulator": yardstick.score(mine, rankings), "rounds": rounds,
             "outside": yardstick.chance_outside(rounds)}
 
@@ -227,16 +250,20 @@ def write(run: Path, profile: Profile, beside: Path | None = None) -> Path:
 
 def _write(run: Path, profile: Profile, table: list[Row], order: list[dict[str, Any]],
            itself: dict[str, Any] | None) -> Path:
-    with open(run / "validation.jsonl", "w") as f:
-        for r in table:
-            f.write(json.dumps({**asdict(r), "within": r.within, "profile": profile.name}) + "\n")
+    """Both files rendered first, then each put in place whole (a failure leaves the old)."""
     template = jinja2.Template(TEMPLATE.read_text(), undefined=jinja2.StrictUndefined,
                                trim_blocks=True, lstrip_blocks=True)
-    md = run / "validation.md"
-    md.write_text(template.render(rows=table, rankings=order, profile=profile, run=run.name,
-                                  within=sum(r.within for r in table), size=size_text,
-                                  per_p=by_ranks(table, order),
-                                  placeholder=profile.placeholder, itself=itself,
-                                  error=yardstick.error([r.ratio for r in table]),
-                                  own=profile.measured.get("run") == str(run)))
-    return md
+    md = template.render(rows=table, rankings=order, profile=profile, run=run.name,
+                         score=yardstick.score(table, rankings), size=size_text,
+                         per_p=by_ranks(table, order), placeholder=profile.placeholder,
+                         itself=itself, own=profile.measured.get("run") == str(run))
+    jsonl = "".join(json.dumps({**asdict(r), "within": r.within, "profile": profile.name}) + "\n"
+                    for r in table)
+    for name, text in (("validation.jsonl", jsonl), ("validation.md", md)):
+        part = run / f".{name}.part"
+        try:
+            part.write_text(text)
+            os.replace(part, run / name)
+        finally:
+            part.unlink(missing_ok=True)
+    return run / "validation.md"

@@ -25,6 +25,9 @@ class YardstickError(ValueError):
 
 @dataclass(frozen=True)
 class Score:
+    """One predictor's marks against a run, the simulator's and another run's alike, so the
+    two read side by side."""
+
     cases: int
     within: int  # predictions inside the run's min-max
     orders: int  # (op, p, nodes, size) with two algorithms or more
@@ -34,11 +37,14 @@ class Score:
 
 
 def error(ratios: Sequence[float]) -> float:
-    """The geometric mean of each ratio or its inverse, whichever is above 1 (1: exact)."""
+    """One figure for misses both ways: 0.5 and 2 are the same miss, which an arithmetic mean
+    of the ratios (1.25) would hide and a mean of 0.5 and 1.5 (1.0) would call exact."""
     return math.exp(statistics.fmean(abs(math.log(r)) for r in ratios)) if ratios else math.nan
 
 
 def score(table: Sequence[Row], rankings: Callable[[list[Row]], list[dict[str, Any]]]) -> Score:
+    """The marks `fab validate` gives, from its rows and its ranking (validate.rankings,
+    passed in: validate imports this module)."""
     order = rankings(list(table))
     return Score(len(table), sum(r.within for r in table), len(order),
                  sum(g["same"] for g in order), sum(g["same_first"] for g in order),
@@ -55,36 +61,43 @@ def beside(table: Sequence[Row], other: dict[tuple[str, str, int, int, int], lis
            ) -> list[Row]:
     """This run's rows, for the cases the other run has too, with the other run's median as
     the prediction."""
-    return [replace(r, predicted_s=statistics.median(other[key]))
-            for r in table
-            if (key := (r.op, r.algorithm, r.ranks, r.nodes, r.size)) in other and other[key]]
+    return [replace(r, predicted_s=statistics.median(other[r.key]))
+            for r in table if other.get(r.key)]
 
 
 def spec_of(run: Path) -> str | None:
+    """The spec a run was made from (environment.json), None where it does not say: only a
+    run of the same spec measured the same cases the same way."""
     try:
-        return json.loads((run / "environment.json").read_text()).get("spec")
+        spec = json.loads((run / "environment.json").read_text()).get("spec")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, AttributeError) as err:
         raise YardstickError(f"{run}/environment.json: {err}") from None
+    return spec if isinstance(spec, str) else None
 
 
-def other_run(run: Path) -> Path | None:
-    """The newest other run beside `run` (same results directory) of the same spec, or None:
-    the lab's own second opinion on the same cases."""
+def candidates(run: Path) -> list[Path]:
+    """The other runs of the same spec in `run`'s results directory, the lab's own second
+    opinions: the runs before it, newest first (a run's report then does not change when a
+    later run is made), then those after it, oldest first. Runs that do not say their spec
+    are left out."""
     spec = spec_of(run)
     if spec is None:
-        return None
+        return []
+    here = run.absolute()
     try:
-        candidates = sorted((p for p in run.resolve().parent.iterdir()
-                             if p.is_dir() and p.resolve() != run.resolve()
-                             and (p / "records.jsonl").exists()), reverse=True)
+        others = [p for p in here.parent.iterdir()
+                  if p.name != here.name and p.is_dir() and (p / "records.jsonl").is_file()]
     except OSError as err:
         raise YardstickError(f"looking beside {run}: {err}") from None
-    for p in candidates:
+    same = []
+    for p in others:
         try:
             if spec_of(p) == spec:
-                return p
+                same.append(p)
         except YardstickError:
-            continue  # a broken run beside this one is not a yardstick
-    return None
+            continue  # a broken run beside this one is no yardstick
+    before = sorted((p for p in same if p.name < here.name), key=lambda p: p.name, reverse=True)
+    after = sorted((p for p in same if p.name > here.name), key=lambda p: p.name)
+    return before + after

@@ -67,7 +67,7 @@ def in_threads(p: int, rank: Callable[[int], Any], deadline: float, keep_errors:
     return [results.get(r, errors.get(r)) for r in range(p)]
 
 
-_GATES: dict[int, threading.Barrier] = {}
+_GATES: dict[tuple[int, int], threading.Barrier] = {}
 _GATES_LOCK = threading.Lock()
 
 
@@ -77,9 +77,18 @@ def settle(comm: Any) -> None:
     dies at once can be gone before another's barrier returns. The ranks are threads of one
     process, so a threading barrier after the job's own one says they all passed it."""
     comm.barrier()
+    # keyed by the job's port and size, and dropped once passed: the port is the system's pick,
+    # and a later job of this process given the same port must not find an old gate (one of
+    # another size never opens, one broken by a dead job fails at once)
+    key = (comm.job.master_port, comm.size)
     with _GATES_LOCK:
-        gate = _GATES.setdefault(comm.job.master_port, threading.Barrier(comm.size))
-    gate.wait(30)
+        gate = _GATES.get(key)
+        if gate is None or gate.broken:
+            gate = _GATES[key] = threading.Barrier(comm.size)
+    if gate.wait(30) == 0:
+        with _GATES_LOCK:
+            if _GATES.get(key) is gate:
+                del _GATES[key]
 
 
 def die(comm: Any) -> None:

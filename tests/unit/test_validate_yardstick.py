@@ -61,18 +61,54 @@ def test_another_runs_medians_are_scored_on_the_cases_both_ran():
     assert s.error == pytest.approx(statistics.geometric_mean([1.05, 1.3]))
 
 
-def test_the_newest_other_run_of_the_same_spec_is_the_yardstick(tmp_path):
-    mine = run_dir(tmp_path / "20260102-000000-validation", "validation", {("pairwise", 1024): 1e-3})
-    assert yardstick.other_run(mine) is None
-    run_dir(tmp_path / "20260101-000000-validation", "validation", {("pairwise", 1024): 1e-3})
-    run_dir(tmp_path / "20260103-000000-latency", "latency", {("pairwise", 1024): 1e-3})
-    broken = tmp_path / "20260104-000000-validation"
+def test_the_yardstick_is_the_newest_run_before_of_the_same_spec_then_the_first_after(tmp_path):
+    """Runs before this one, newest first, then the ones after, oldest first; another spec's
+    run and one whose environment.json is broken are no yardstick."""
+    one = {("pairwise", 1024): 1e-3}
+    mine = run_dir(tmp_path / "20260103-000000-validation", "validation", one)
+    assert yardstick.candidates(mine) == []
+    for name, spec in (("20260101-000000-validation", "validation"),
+                       ("20260102-000000-latency", "latency"),
+                       ("20260105-000000-validation", "validation"),
+                       ("20260104-000000-validation", "validation"),
+                       ("20260102-120000-validation", "validation")):
+        run_dir(tmp_path / name, spec, one)
+    broken = tmp_path / "20260102-180000-validation"
     broken.mkdir()
     (broken / "records.jsonl").write_text("")
     (broken / "environment.json").write_text("{not json")
-    assert yardstick.other_run(mine).name == "20260101-000000-validation"
-    run_dir(tmp_path / "20260105-000000-validation", "validation", {("pairwise", 1024): 1e-3})
-    assert yardstick.other_run(mine).name == "20260105-000000-validation"
+    assert [p.name for p in yardstick.candidates(mine)] == [
+        "20260102-120000-validation", "20260101-000000-validation",
+        "20260104-000000-validation", "20260105-000000-validation"]
+    assert yardstick.candidates(tmp_path / "20260102-000000-latency") == []
+
+
+def test_a_broken_or_unrelated_run_is_passed_over_for_the_next(tmp_path):
+    """The newest run before this one has broken records, the next ran other cases: the third
+    is the yardstick; with none left, there is no yardstick and no error."""
+    mine = run_dir(tmp_path / "20260109-000000-validation", "validation",
+                   {("pairwise", 1024): 1e-3})
+    good = run_dir(tmp_path / "20260101-000000-validation", "validation",
+                   {("pairwise", 1024): 1.01e-3})
+    run_dir(tmp_path / "20260102-000000-validation", "validation", {("parallel", 65536): 1e-3})
+    cut = run_dir(tmp_path / "20260103-000000-validation", "validation",
+                  {("pairwise", 1024): 1e-3})
+    (cut / "records.jsonl").write_text('{"app": "rxelab", "op"\n')  # cut short mid-write
+    table = [row("pairwise", 1e-3, 1e-3)]
+    assert validate.against_itself(mine, table, None)["run"] == good.name
+    (good / "records.jsonl").unlink()
+    assert validate.against_itself(mine, table, None) is None
+
+
+def test_a_round_that_timed_nothing_is_no_measurement():
+    """A zero, negative or missing time is left out: it would be no ratio's divisor."""
+    def rec(us):
+        return {"app": "rxelab", "op": "alltoall", "algorithm": "pairwise", "nodes": 3,
+                "size": 1024, "status": "ok", "summary": {"tight": True, "ranks": 3,
+                                                          "avg_stage_us": us}}
+    got = validate.lab_cases([rec(0), rec(-5.0), rec(float("nan")), rec(None), rec(True),
+                              rec(2000.0)])
+    assert got == {("alltoall", "pairwise", 3, 3, 1024): [2e-3]}
 
 
 def test_the_lab_against_itself_is_written_beside_the_simulators_score(tmp_path):
@@ -113,12 +149,24 @@ def test_a_yardstick_run_that_is_no_yardstick_is_refused_by_name(tmp_path):
         validate.against_itself(mine, table, other)
 
 
-def test_fab_validate_beside_a_directory_without_records_is_an_error(tmp_path):
+def test_a_refused_yardstick_writes_no_validation(tmp_path, monkeypatch):
+    """`--beside` the run itself, a run without its cases, a directory without records: refused
+    before anything is written."""
     from invoke import Context
     from invoke.exceptions import Exit
 
     import fabfile
     mine = run_dir(tmp_path / "a", "validation", {("pairwise", 1024): 1e-3})
+    unrelated = run_dir(tmp_path / "b", "validation", {("parallel", 65536): 1e-3})
+    monkeypatch.setattr(validate, "rows", lambda records, profile: [row("pairwise", 1e-3, 1e-3)])
+    for other, why in ((mine, "the run itself"), (unrelated, "ran none of a's cases")):
+        with pytest.raises(validate.ValidationError, match=why):
+            validate.write(mine, PLACEHOLDER, other)
     with pytest.raises(Exit, match="--beside .*not a lab run's directory"):
         fabfile.validate(Context(), results=str(mine), profile=None,
                          beside=str(tmp_path / "nowhere"))
+    assert sorted(p.name for p in mine.iterdir()) == ["environment.json", "records.jsonl"]
+    validate.write(mine, PLACEHOLDER)  # alone: written, without a yardstick
+    assert "against itself" not in (mine / "validation.md").read_text()
+    assert sorted(p.name for p in mine.iterdir()) == [
+        "environment.json", "records.jsonl", "validation.jsonl", "validation.md"]
