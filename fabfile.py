@@ -255,7 +255,8 @@ def calibrate(c, name="lab", measured=None, inventory=None, results=None,
             "profile": "a calibrated profile's name or .json path (default: the one fitted "
                        "on the run's own calibration cases, else lab)",
             "beside": "another lab run's directory, scored as a prediction too: the lab "
-                      "against itself (default: the newest other run of the same spec)"})
+                      "against itself (default: the newest run of the same spec before it, else "
+                      "the first after it)"})
 def validate(c, results=None, profile=None, beside=None):
     """Set the simulator's predictions beside what a lab run took.
 

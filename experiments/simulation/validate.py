@@ -233,8 +233,8 @@ def against_itself(run: Path, table: list[Row], other: Path | None) -> dict[str,
 
 def write(run: Path, profile: Profile, beside: Path | None = None) -> Path:
     """validation.jsonl and validation.md in the run's directory; the Markdown's path.
-    `beside`: the lab run set beside it as the lab's own prediction (None: the newest other
-    run of the same spec, where there is one)."""
+    `beside`: the lab run set beside it as the lab's own prediction (None: the first of
+    yardstick.candidates that shares a case, where there is one)."""
     records = _records(run)
     try:
         table = rows(records, profile)
