@@ -11,6 +11,7 @@ import json
 import math
 import os
 import statistics
+import tempfile
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -260,10 +261,13 @@ def _write(run: Path, profile: Profile, table: list[Row], order: list[dict[str, 
     jsonl = "".join(json.dumps({**asdict(r), "within": r.within, "profile": profile.name}) + "\n"
                     for r in table)
     for name, text in (("validation.jsonl", jsonl), ("validation.md", md)):
-        part = run / f".{name}.part"
+        # a file of its own (mkstemp's), so what a failure removes is what this call made
+        fd, part = tempfile.mkstemp(dir=run, prefix=f".{name}.", suffix=".part")
         try:
-            part.write_text(text)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
             os.replace(part, run / name)
         finally:
-            part.unlink(missing_ok=True)
+            if os.path.exists(part):
+                os.unlink(part)
     return run / "validation.md"
