@@ -123,19 +123,15 @@ def rankings(table: list[Row]) -> list[dict[str, Any]]:
     return out
 
 
-def by_ranks(table: list[Row], order: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per p (and nodes): how many predictions fell inside the lab's spread, the predicted/lab
-    ratios' median and range, and how often the fastest and the whole order were the lab's."""
+def by_ranks(table: list[Row]) -> list[dict[str, Any]]:
+    """Per p (and nodes): the marks (yardstick.Score) and the predicted/lab ratios' median
+    and range."""
     out = []
     for ranks, nodes in sorted({(r.ranks, r.nodes) for r in table}):
         rs = [r for r in table if (r.ranks, r.nodes) == (ranks, nodes)]
-        gs = [g for g in order if (g["ranks"], g["nodes"]) == (ranks, nodes)]
         ratios = [r.ratio for r in rs]
-        out.append({"ranks": ranks, "nodes": nodes, "cases": len(rs),
-                    "within": sum(r.within for r in rs), "ratio": statistics.median(ratios),
-                    "low": min(ratios), "high": max(ratios), "orders": len(gs),
-                    "error": yardstick.error(ratios),
-                    "first": sum(g["same_first"] for g in gs), "same": sum(g["same"] for g in gs)})
+        out.append({"ranks": ranks, "nodes": nodes, **asdict(yardstick.score(rs, rankings)),
+                    "ratio": statistics.median(ratios), "low": min(ratios), "high": max(ratios)})
     return out
 
 
@@ -215,12 +211,13 @@ def against_itself(run: Path, table: list[Row], other: Path | None) -> dict[str,
             candidates = yardstick.candidates(run)
         except yardstick.YardstickError as err:
             raise ValidationError(str(err)) from None
-        for other in candidates:
+        for candidate in candidates:
             try:
-                lab = _beside(table, other)
+                lab = _beside(table, candidate)
             except ValidationError:
                 continue
             if lab:
+                other = candidate
                 break
         else:
             return None
@@ -256,7 +253,7 @@ def _write(run: Path, profile: Profile, table: list[Row], order: list[dict[str, 
                                trim_blocks=True, lstrip_blocks=True)
     md = template.render(rows=table, rankings=order, profile=profile, run=run.name,
                          score=yardstick.score(table, rankings), size=size_text,
-                         per_p=by_ranks(table, order), placeholder=profile.placeholder,
+                         per_p=by_ranks(table), placeholder=profile.placeholder,
                          itself=itself, own=profile.measured.get("run") == str(run))
     jsonl = "".join(json.dumps({**asdict(r), "within": r.within, "profile": profile.name}) + "\n"
                     for r in table)

@@ -248,7 +248,7 @@ def test_the_same_p_on_other_nodes_is_ranked_and_summed_up_apart():
              row("pairwise", 6, 2.0, 1.0), row("parallel", 6, 1.0, 2.0)]
     order = validate.rankings(table)
     assert [(g["nodes"], g["same"]) for g in order] == [(3, True), (6, False)]
-    summed = validate.by_ranks(table, order)
+    summed = validate.by_ranks(table)
     assert [(g["nodes"], g["within"], g["same"], g["orders"]) for g in summed] == \
         [(3, 2, 1, 1), (6, 0, 0, 1)]
 
