@@ -46,8 +46,8 @@ def run_groups(p: int, fn: Callable[[Any], Any], backend: str = "rxelab", *,
         try:
             return fn(group)
         finally:
-            try:
-                done.wait(deadline)
+            try:  # half the deadline: a rank held here by a hung one is not named with it
+                done.wait(deadline / 2)
             except threading.BrokenBarrierError:
                 pass  # a rank that never came: the deadline names it
             c10d._pg_group_ranks.pop(group, None)
