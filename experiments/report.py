@@ -73,7 +73,8 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rxe = r.get("rxe")
         out.append({"contender": contender({"transport": "tcp", **r}), "app": r["app"],
                     "op": r["op"], "algorithm": r["algorithm"], "nodes": r["nodes"],
-                    "size": r["size"], "stages": r["stages"], "network": netem.label(imp),
+                    "size": r["size"], "stages": r["stages"],
+                    "network": netem.label(imp) + beside_label(r.get("busy_hosts")),
                     "loss": float(imp.get("loss", 0)),
                     "loss_only": not any(v for k, v in imp.items() if k != "loss"),
                     "active_mtu": r.get("active_mtu") or "-", "avg_us": avg, "min_us": low,
@@ -93,6 +94,13 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "wire_per_call": (s or {}).get("wire_bytes_per_call"),
                     "round": r.get("round", 0), "rounds": 1})
     return out
+
+
+def beside_label(busy: Any) -> str:
+    """What a case ran beside (busy_neighbours): the nodes whose CPU loops kept it company."""
+    if not isinstance(busy, list) or not busy:
+        return ""
+    return f", {len(busy)} node{'s' if len(busy) > 1 else ''} busy beside"
 
 
 SAME_CASE = ("case", "contender", "op", "algorithm", "nodes", "ranks", "pairs", "size", "stages",

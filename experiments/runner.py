@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shlex
 import shutil
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from typing import Any
 from invoke.exceptions import CommandTimedOut
 
 from apps.stages import parse_output
-from experiments import caselog, commands, counters, ddp, elastic, fleet, netem, srun
+from experiments import beside, caselog, commands, counters, ddp, elastic, fleet, netem, srun
 from experiments import progress as progress_mod
 from experiments.commands import TIMED_OUT, case_timeout
 from experiments.spec import LAUNCHERS, SPECS, Spec
@@ -213,7 +212,8 @@ class Runner:
             if h.name in self.links_down:  # first: the NIC we took down comes back up
                 restore = (f"{elastic.heal_command(h, self.netdevs[h.name], self.links_down[h.name])}"
                            f"; {restore}")
-            ids = (self.run_id, self.run_id + "-load", elastic.watchdog_id(self.run_id))
+            ids = (self.run_id, beside.load_id(self.run_id), beside.loop_id(self.run_id),
+                   elastic.watchdog_id(self.run_id))
             cancel = f"{srun.cancel_command(self.run_id)}; " if self._slurm_head(h) else ""
             return (f"{cancel}{commands.stop_command(*ids)}; {restore}; "
                     f"rm -rf {self.remote_dir}")
@@ -259,6 +259,7 @@ class Runner:
                                   "hosts": [h.name for h in hosts],
                                   "launcher": "ssh" if case["app"] == "perftest" else self.launcher}
         samplers: list[Host] = []
+        loaded: list[Host] = []  # busy_neighbours: the nodes whose CPU loops it stops
         before: dict[str, dict[str, Any]] = {}
         lacking = sorted({h.name for h in hosts} - self.with_torch)
         if case["app"] == "gloo" and lacking:  # nothing is touched for a case that cannot run
@@ -269,14 +270,21 @@ class Runner:
             if case["mtu"]:
                 self._remember_mtus(hosts)
             before = self._prepare(hosts, case)
-            samplers = self._start_samplers(hosts, index) if case["sample_load"] else []
+            samplers = beside.start_samplers(self, hosts, index) if case["sample_load"] else []
+            if case.get("busy_neighbours"):
+                loaded = beside.neighbours(self.hosts, case)
+                record["busy_hosts"] = [h.name for h in loaded]
+                problems = beside.start_loops(self, loaded, case_timeout(case))
+                if problems:
+                    raise CaseSetupError("could not load the nodes beside it: " + "; ".join(problems))
             started = time.monotonic()
             self._execute(head, index, case, hosts, record)
         except CaseSetupError as err:
             record.update(status="failed", error=str(err))
         finally:
             record["wall_seconds"] = time.monotonic() - started
-            load = self._stop_samplers(samplers, index)
+            beside.stop_loops(self, loaded)
+            load = beside.stop_samplers(self, samplers, index)
             after = self._restore(hosts)
             # a failed or timed-out case, or one whose job ended badly after its figures, leaves
             # no rank behind
@@ -369,30 +377,6 @@ class Runner:
         r = fleet.run_interruptibly(self._connection(client), commands.perftest_command(
             case, client, self.run_id, server.data_ip), timeout=timeout + 30)
         return r.stdout + r.stderr
-
-    def _start_samplers(self, hosts: list[Host], index: int) -> list[Host]:
-        p = fleet.remote_paths()
-        for h in hosts:
-            argv = [f"--netdev={self.netdevs[h.name]}", f"--rdma={h.rdma.device}",
-                    f"--port={h.rdma.port}", "--duration=3600"]
-            sampler = commands.remote_word(f"{p['apps']}/load_sampler.py")
-            command = (f"mkdir -p {self.remote_dir} && {commands.started_by(self.run_id + '-load')}"
-                       f"nohup python3 {sampler} {shlex.join(argv)} "
-                       f"--out {self.remote_dir}/load-{index}.jsonl >/dev/null 2>&1 &")
-            self._connection(h).run(command, hide=True, timeout=30, pty=False)
-        time.sleep(2)  # Python starts slowly under emulation: let it take a baseline
-        return hosts
-
-    def _stop_samplers(self, hosts: list[Host], index: int) -> list[dict]:
-        out = []
-        for h in hosts:
-            c = self._connection(h)
-            c.run(commands.stop_command(self.run_id + "-load"), hide=True, warn=True, timeout=30)
-            data = f"{self.remote_dir}/load-{index}.jsonl"
-            r = c.run(f"cat {data}; rm -f {data}", hide=True, warn=True, timeout=60)
-            samples = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
-            out.append({"case": index, "node": h.name, "samples": samples})
-        return out
 
 
 class CaseSetupError(Exception):

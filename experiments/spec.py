@@ -29,6 +29,10 @@
     sample_load = false       # sample each node's data NIC counters during the run
     tight = false             # rxelab, mpi, gloo: the calls back to back on the same data, timed as
                               #   the slowest rank's span (apps' --tight), not stage by stage
+    busy_neighbours = 1       # this many nodes after the case's each run a CPU loop while it
+                              #   runs, 0..63 (a busy machine: `fab calibrate` fits a rank's
+                              #   wake-up on it); the spec takes them too; not with launcher =
+                              #   "srun" (a Slurm cluster's other nodes are other jobs')
     netem = [{}, {loss = 1}]  # impairments of the data NICs, one case each (experiments/netem.py)
     mtu = [1500, 9000]        # data NIC MTU for the case, {mtu_low}..{mtu_high} (default: as provisioned)
     timeout_s = 300           # a case's deadline, 10..604800 (default: grows with the work)
@@ -210,7 +214,7 @@ def _run(r: RunDoc) -> Run:
                tuple(dict(imp) for imp in r.netem), tuple(r.mtu or (None,)), r.timeout_s,
                tuple((k, getattr(r, k)) for k in RXELAB_ONLY if getattr(r, k) is not None),
                tuple(r.pairs or (None,)), r.tight, tuple(r.data or (None,)),
-               tuple(r.compression or (None,)))
+               tuple(r.compression or (None,)), busy_neighbours=r.busy_neighbours)
 
 
 def parse(doc: dict[str, Any], source: str = "spec", folder: Path = SPECS) -> Spec:
@@ -228,6 +232,14 @@ def parse(doc: dict[str, Any], source: str = "spec", folder: Path = SPECS) -> Sp
     if len(runs) > MAX_ENTRIES:
         raise SpecError(f"{source}: {len(runs)} [[runs]] with those it includes: at most "
                         f"{MAX_ENTRIES}")
+    crowded = [r for r in runs if max(r.nodes) + r.busy_neighbours > BOUNDS["nodes"][1]]
+    if crowded:
+        raise SpecError(f"{source}: nodes {max(crowded[0].nodes)} and busy_neighbours "
+                        f"{crowded[0].busy_neighbours}: at most {BOUNDS['nodes'][1]} nodes in all")
+    if checked.launcher == "srun" and any(r.busy_neighbours for r in runs):
+        raise SpecError(f"{source}: busy_neighbours (its own or an included spec's) loads "
+                        "nodes beside a case's, and under launcher = \"srun\" those are other "
+                        "jobs': run it with launcher = \"ssh\" on nodes of your own")
     return Spec(checked.name, checked.description, runs, source, checked.rounds,
                 checked.elastic.model_dump(exclude_none=True) if checked.elastic else None,
                 checked.launcher, checked.ddp.model_dump() if checked.ddp else None)

@@ -27,6 +27,7 @@ class Run:
     data: tuple[str | None, ...] = (None,)
     compressions: tuple[str | None, ...] = (None,)
     included: str | None = None  # the shipped spec whose include brought this run in
+    busy_neighbours: int = 0  # nodes after the case's that each run a CPU loop while it runs
 
     def cases(self) -> list[dict[str, Any]]:
         """One case per (nodes, mtu, impairment, transport, algorithm or tool, data,
@@ -37,6 +38,7 @@ class Run:
                  "timeout_s": self.timeout_s, **dict(self.options),
                  **({"pairs": k} if k is not None else {}),
                  **({"tight": True} if self.tight else {}),
+                 **({"busy_neighbours": self.busy_neighbours} if self.busy_neighbours else {}),
                  **({"data": d} if d is not None else {}),
                  **({"compression": z} if z is not None else {}),
                  **({"included": self.included} if self.included else {})}
@@ -69,7 +71,7 @@ class Spec:
         for scenario in (self.elastic, self.ddp):
             if scenario is not None:
                 return int(scenario["nodes"])
-        return max(n for r in self.runs for n in r.nodes)
+        return max(n + r.busy_neighbours for r in self.runs for n in r.nodes)
 
 
 def contender(case: dict[str, Any]) -> str:

@@ -66,7 +66,8 @@ MTU_RANGE = lab_settings.BY_NAME["MTU"].bounds  # what a lab's data network can 
 # Whole numbers' ranges: what the lab can do, far below where a deadline or a buffer overflows.
 BOUNDS = {"nodes": (1, 64), "sizes": (0, 1 << 30), "stages": (1, 10_000_000),
           "warmup": (0, 1_000_000), "timeout_s": (10, 604_800), "mtu": MTU_RANGE,
-          "pairs": (1, 64 * 8 * (64 * 8 - 1) // 2), "rounds": (1, 20), **RXELAB_ONLY}
+          "pairs": (1, 64 * 8 * (64 * 8 - 1) // 2), "rounds": (1, 20), "busy_neighbours": (0, 63),
+          **RXELAB_ONLY}
 MAX_ENTRIES = 64  # of every list
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # pydantic's regex: $ is the very end, no newline
 
@@ -165,6 +166,7 @@ class RunFields(_Strict):
         f"must be one of {', '.join(TRANSPORTS)} or a list of them"), BeforeValidator(_listed)] = None
     sample_load: Annotated[bool, Field(description="must be true or false")] = False
     tight: Annotated[bool, Field(description="must be true or false")] = False
+    busy_neighbours: Annotated[int, _whole("busy_neighbours")] = 0
     netem: Annotated[list[Annotated[Any, AfterValidator(_impairment)]], _entries(
         f"must be a non-empty list of at most {MAX_ENTRIES} tables, e.g. [{{}}, {{loss = 1.0}}]")] = [{}]
     mtu: Annotated[list[Annotated[int, _within("mtu")]] | None, _wholes("mtu")] = None

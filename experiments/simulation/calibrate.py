@@ -18,6 +18,10 @@ What each measurement gives (each from the median of its alternated rounds):
   the lab's time), half on the sending side and half on the receiving; between the sizes
   measured, linear (SMPI's os/or are piecewise linear too);
 - a 2-rank ring allreduce of 1 MiB: the reduction's cost per byte, solved the same way;
+- the 1 KiB exchange again with a CPU loop on each of the lab's other nodes (`busy_neighbours`):
+  where the VMs then outnumber the machine's cores, the time a rank that blocked takes to run
+  again once its message came (the host's scheduler gives its VM a core only when a busy one
+  lets go), solved the same way with the rest of the profile as fitted (exchanges.wake);
 - the library's ping-pong (PING_PONG: a 2-rank star allgather, the leaf's block there and
   both back, calls back to back: one rank always waits for the other's answer): not fitted,
   replayed with the profile beside the lab's time, a check of what the exchange (both ranks
@@ -56,6 +60,7 @@ from experiments.simulation.exchanges import (
     path_rate,
     refit,
     replayed,
+    wake,
 )
 from experiments.simulation.fitting import CalibrationError, solve
 
@@ -78,6 +83,11 @@ def measurements(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], Spr
                 got[(where, r["algorithm"], r["size"])].append(float(value))
         elif r["app"] == "rxelab" and s.get("tight"):
             what = (r["op"], r["algorithm"], s["ranks"], r["size"])
+            if r.get("busy_neighbours"):  # beside busy nodes: a figure of its own
+                loaded = r.get("busy_hosts")
+                if isinstance(loaded, list) and loaded:
+                    got[("beside", *what, len(loaded))].append(s["avg_stage_us"] * 1e-6)
+                continue
             got[("call", *what)].append(s["avg_stage_us"] * 1e-6)
             shares = s.get("node_busy")
             busy = [b for b in (shares if isinstance(shares, list) else [])
@@ -142,6 +152,8 @@ def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
         notes.append("the 1 MiB ring allreduce: as fast as its messages alone; reduce costs 0")
     fitted["allreduce ring 1 MiB"] = lab_row(reduce_lab, then)
     final = costs(points, call, copy, reduce)
+    woken, row = wake(m, replace(link, costs=final), notes)
+    fitted.update(row)
     for size in sorted(k[4] for k in m if k[:4] == ("call", *PING_PONG, 2)):
         pong = m[("call", *PING_PONG, 2, size)]
         row = lab_row(pong, replayed(*PING_PONG, 2, size, platform, final))
@@ -152,12 +164,12 @@ def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
                          f"{pong.high * 1e3:.3f}), replayed {row['replay_s'] * 1e3:.3f} ms "
                          f"({row['replay_s'] / pong.median:.2f}x)")
     measured = {
-        "call_s": call, "copy_s_per_byte": copy,
+        "call_s": call, "copy_s_per_byte": copy, "wake_s": woken,
         "per_message_s": {str(s): c for s, c in points},
         "fit": fitted, "notes": notes,
         "medians": {" ".join(map(str, k)): vars(v) for k, v in sorted(m.items(), key=str)},
     }
-    return replace(link, costs=final, measured=measured)
+    return replace(link, costs=final, measured=measured, wake=woken)
 
 
 def cpus(environment: dict[str, Any]) -> tuple[int, int | None]:
@@ -256,6 +268,9 @@ def describe(profile: Profile) -> list[str]:
               f"VM's data path at {profile.path_bandwidth / 1e6:.1f} MB/s (sent and received)"
               if profile.cpu_per_byte and profile.path_bandwidth
               else "a byte: all of the link's time charged to the CPU on each side"),
+             (f"a blocked rank, where the VMs outnumber the cores: runs again "
+              f"{profile.wake * 1e3:.3f} ms after what it waited for came" if profile.wake
+              else "a blocked rank: runs again at once"),
              "per message (sender and receiver together): " + ", ".join(
                  f"{size_text(int(s))} {c * 1e6:.0f} us" for s, c in m["per_message_s"].items())]
     for what, row in m["fit"].items():

@@ -64,6 +64,7 @@ class Profile:
     loop_bandwidth: float | None = None  # bytes/s within one node (ib_write_bw on rxe's loopback)
     cpu_per_byte: float | None = None  # CPU s a byte costs each side (None: all 1/duplex's)
     path_bandwidth: float | None = None  # bytes/s through a VM's data path, sent and received
+    wake: float | None = None  # s a blocked rank takes to run again on a crowded machine (lab)
 
     def lab(self, ranks: int, per_node: int = 1) -> Platform:
         """The `lab` platform of this profile's nodes: VMs of `node_cpus` CPUs on a machine of
@@ -74,13 +75,15 @@ class Profile:
         the calibration measured it) charges the link's rate both ways at once to the CPU
         (the sum: each VM sends and receives half of it; one way where both were not
         measured): a byte costs each side 1/sum. Between two ranks of one VM, a byte costs
-        that VM (both sides are on it) what its loopback measured."""
+        that VM (both sides are on it) what its loopback measured. Where the VMs' CPUs
+        outnumber the machine's cores, a rank that blocked runs again `wake` after what it
+        waited for came (the calibration's exchange beside busy VMs)."""
         return Platform("lab", ranks, self.duplex_bandwidth or self.bandwidth, self.latency,
                         cores=self.node_cpus,
                         per_node=per_node, machine_cores=self.host_cpus or 0,
                         loop_bandwidth=self.loop_bandwidth or 0.0,
                         cpu_per_byte=self.cpu_per_byte or 0.0,
-                        path_bandwidth=self.path_bandwidth or 0.0)
+                        path_bandwidth=self.path_bandwidth or 0.0, wake=self.wake or 0.0)
 
     @property
     def placeholder(self) -> bool:
@@ -115,6 +118,7 @@ def load(path: Path) -> Profile:
         if (per_byte is None) != (path is None):
             raise ProfileError("cpu_per_byte and path_bandwidth: both or neither (a byte's "
                                "CPU and the rest of its time go together)")
+        wake = raw.get("wake")
         measured = raw.get("measured") or {}
         if not isinstance(measured, dict):
             raise ProfileError(f"measured={measured!r}: a table of what it was fitted from")
@@ -123,7 +127,8 @@ def load(path: Path) -> Profile:
                           None if duplex is None else _number(duplex, "duplex_bandwidth", True),
                           measured, None if loop is None else _number(loop, "loop_bandwidth", True),
                           None if per_byte is None else _number(per_byte, "cpu_per_byte", True),
-                          None if path is None else _number(path, "path_bandwidth", True))
+                          None if path is None else _number(path, "path_bandwidth", True),
+                          None if wake is None else _number(wake, "wake"))
     except ProfileError as err:
         raise ProfileError(f"platform profile {path}: {err}") from None
     except (KeyError, TypeError, AttributeError) as err:

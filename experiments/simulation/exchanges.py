@@ -141,6 +141,39 @@ def refit(m: dict[tuple[Any, ...], Spread], sizes: list[int], first: Profile, ca
     return Exchanges(link, points, fitted, said)
 
 
+BESIDE = ("alltoall", "pairwise", 2)  # the exchange the calibration also runs beside busy nodes
+
+
+def wake(m: dict[tuple[Any, ...], Spread], profile: Profile,
+         notes: list[str]) -> tuple[float | None, dict[str, Any]]:
+    """The seconds a blocked rank takes to run again when the lab's VMs outnumber its cores,
+    solved so the replay of the exchange beside busy nodes (a CPU loop on each of the lab's
+    other nodes) takes the lab's time, with the rest of `profile` as fitted; with that fit
+    beside its lab figure. None, said in `notes`, where the calibration did not run it or its
+    VMs did not outnumber the cores (then no rank waits for one)."""
+    found = sorted(k for k in m if k[:4] == ("beside", *BESIDE))
+    if not found:
+        notes.append("no exchange beside busy nodes (a run from before that case, or a lab "
+                     "with no node beside the exchange's two): a blocked rank runs again at once")
+        return None, {}
+    key = found[0]
+    size, loaded = key[4], key[5]
+    platform = profile.lab(2 + loaded)
+    if not platform.crowded:
+        notes.append(f"the exchange beside {loaded} busy nodes: {platform.hosts} VMs of "
+                     f"{platform.cores} CPUs on {platform.machine_cores_or_all} cores, none waits "
+                     "for a core: no wake-up cost")
+        return None, {}
+    t = trace.record(*BESIDE[:2], 2, size, calls=CALLS)
+
+    def at(x: float) -> float:
+        return replayer.replay(t, replace(platform, wake=x), profile.costs,
+                               busy=loaded).seconds / CALLS
+    lab = m[key]
+    x, then = solve(lab.median, at)
+    return x, {f"exchange {size} B beside {loaded} busy": lab_row(lab, then)}
+
+
 def lab_row(lab: Spread, replay: float) -> dict[str, float]:
     return {"lab_s": lab.median, "lab_low_s": lab.low, "lab_high_s": lab.high,
             "replay_s": replay}

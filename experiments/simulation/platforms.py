@@ -56,13 +56,14 @@ class Platform:
     loop_bandwidth: float = 0.0  # lab: bytes/s between two ranks of one VM (0: half `bandwidth`)
     cpu_per_byte: float = 0.0  # lab: CPU seconds a byte costs each side's VM (0: 1/`bandwidth`)
     path_bandwidth: float = 0.0  # lab: bytes/s through each VM's data path (0: no bound)
+    wake: float = 0.0  # lab: seconds a blocked rank takes to run again, VMs' CPUs past the cores
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise PlatformError(f"platform {self.kind!r}: one of {', '.join(KINDS)}")
         if not 1 <= self.ranks <= 4096:
             raise PlatformError(f"{self.ranks} ranks: from 1 to 4096")
-        for name in ("loop_bandwidth", "cpu_per_byte", "path_bandwidth"):
+        for name in ("loop_bandwidth", "cpu_per_byte", "path_bandwidth", "wake"):
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, (int, float))
                                                and math.isfinite(value) and value >= 0):
@@ -116,9 +117,12 @@ class Platform:
         if self.kind == "lab":
             path = (f", through each VM's data path at {self.path_bandwidth / 1e6:g} MB/s"
                     if self.path_bandwidth else f" ({self.bandwidth / 1e6:g} MB/s)")
+            woken = (f"; a blocked rank runs again {self.wake * 1e3:.3g} ms after its message "
+                     "(more VMs' CPUs than cores)" if self.wake and self.crowded else "")
             return (f"lab: {self.ranks} ranks on {self.hosts} VMs of {self.cores} CPUs sharing "
                     f"{self.machine_cores_or_all} cores; a message's bytes cost each VM "
-                    f"{self.byte_cpu * 1e9:.3g} ns/B of CPU{path}, {self.latency * 1e6:g} us")
+                    f"{self.byte_cpu * 1e9:.3g} ns/B of CPU{path}, {self.latency * 1e6:g} us"
+                    f"{woken}")
         return (f"{self.kind}{extra}: {self.ranks} ranks, one per host, links "
                 f"{self.bandwidth / 1e6:g} MB/s, {self.latency * 1e6:g} us")
 
@@ -126,6 +130,12 @@ class Platform:
     def machine_cores_or_all(self) -> int:
         """The lab machine's cores (as many as its VMs' CPUs, where not given)."""
         return self.machine_cores or self.hosts * self.cores
+
+    @property
+    def crowded(self) -> bool:
+        """lab: whether its VMs' CPUs outnumber the machine's cores (a blocked rank then waits
+        `wake` for the host to run its VM again)."""
+        return self.kind == "lab" and self.hosts * self.cores > self.machine_cores_or_all
 
     @property
     def byte_cpu(self) -> float:

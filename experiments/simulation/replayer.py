@@ -30,6 +30,7 @@ HEADER = Path("/usr/include/simgrid/s4u.hpp")
 VERSION = Path("/usr/include/simgrid/version.h")
 DEFAULT_TIMEOUT = 600.0
 DATA = (tr.EAGER, tr.WRITE)  # the kinds of message that carry a block's bytes
+BUSY_S = 100.0  # simulated seconds of a busy neighbour's CPU loop: longer than any call
 
 
 class SimulationError(RuntimeError):
@@ -127,21 +128,23 @@ def key(src: int, what: int, tag: int) -> int:
     return (src << 48) | (what << 32) | tag
 
 
-def write_moves(t: tr.Trace, costs: Costs, platform: Platform, path: Path) -> None:
+def write_moves(t: tr.Trace, costs: Costs, platform: Platform, path: Path,
+                busy: int = 0) -> None:
     """The replayer's input: every rank's moves with the CPU seconds each costs (at full
     speed: a second is FLOPS flops). A call's own fixed cost is charged where the call
     starts. Each size's costs are written out once (a p = 1024 all-to-all has 5 M moves of a
-    handful of sizes)."""
+    handful of sizes). `busy` ranks more, after the trace's, each a CPU loop (BUSY_S of
+    computation, far past any call: the calibration's busy neighbours)."""
     send_cost = _memo(lambda n: f"{costs.send_cpu(n):.6e}")
     recv_cost = _memo(lambda n: f"{costs.recv_cpu(n):.6e}")
     local_cost = {tr.COPY: _memo(lambda n: f"C {costs.copy_per_byte * n:.6e}"),
                   tr.REDUCE: _memo(lambda n: f"C {costs.reduce_per_byte * n:.6e}")}
     with open(path, "w") as f:
-        f.write(f"ranks {t.p} hosts {platform.hosts} per {platform.per_node} "
+        f.write(f"ranks {t.p + busy} hosts {platform.hosts} per {platform.per_node} "
                 f"flops {FLOPS:.6g}\n")
         if platform.kind == "lab":
             f.write(f"vms {platform.cores} {platform.byte_cpu:.6e} {platform.loop_byte_cpu:.6e} "
-                    f"{platform.path_byte:.6e}\n")
+                    f"{platform.path_byte:.6e} {platform.wake:.6e}\n")
         call = f"C {costs.call:.6e}"
         for r, moves in enumerate(t.ranks):
             waited = {i for m in moves if m.kind == tr.WAIT for i in m.ids}
@@ -163,6 +166,8 @@ def write_moves(t: tr.Trace, costs: Costs, platform: Platform, path: Path) -> No
             f.write(f"rank {r} {len(lines)}\n")
             f.write("\n".join(lines))
             f.write("\n")
+        for r in range(t.p, t.p + busy):
+            f.write(f"rank {r} 1\nC {BUSY_S:.6e}\n")
 
 
 def _memo(text: Callable[[int], str]) -> Callable[[int], str]:
@@ -177,15 +182,18 @@ def _memo(text: Callable[[int], str]) -> Callable[[int], str]:
 
 
 def replay(t: tr.Trace, platform: Platform, costs: Costs,
-           timeout: float = DEFAULT_TIMEOUT) -> Replayed:
-    if platform.ranks != t.p:
-        raise SimulationError(f"a trace of {t.p} ranks on a platform for {platform.ranks}")
+           timeout: float = DEFAULT_TIMEOUT, busy: int = 0) -> Replayed:
+    """The trace replayed; with `busy` CPU loops beside it (a rank each, after the trace's),
+    its seconds are its own ranks' (the loops run on)."""
+    if platform.ranks != t.p + busy:
+        loops = f" and {busy} loops" if busy else ""
+        raise SimulationError(f"a trace of {t.p} ranks{loops} on a platform for {platform.ranks}")
     program = binary()  # a recording whose waits do not pair up fails in it (exit status 3)
     with tempfile.TemporaryDirectory(prefix="rxelab-sim-") as tmp:
         where = Path(tmp)
         started = time.monotonic()
         (where / "platform.xml").write_text(platform.xml())
-        write_moves(t, costs, platform, where / "moves.txt")
+        write_moves(t, costs, platform, where / "moves.txt", busy)
         try:
             done = subprocess.run([str(program), str(where / "platform.xml"),
                                    str(where / "moves.txt"), *platform.config(),
@@ -208,7 +216,9 @@ def replay(t: tr.Trace, platform: Platform, costs: Costs,
             total = float(rest[0])
         elif word == "rank":
             ranks[int(rest[0])] = float(rest[1]), float(rest[2])
-    if total is None or len(ranks) != t.p:
+    if total is None or len(ranks) != t.p + busy:
         raise SimulationError(f"the replay said no time: {done.stdout[-500:]}{done.stderr[-500:]}")
+    if busy:
+        total = max(ranks[r][0] for r in range(t.p))
     return Replayed(total, tuple(ranks[r][0] for r in range(t.p)), wall,
                     tuple(ranks[r][1] for r in range(t.p)))

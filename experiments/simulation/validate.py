@@ -63,11 +63,12 @@ class Row:
 
 def lab_cases(records: list[dict[str, Any]]) -> dict[tuple[str, str, int, int, int], list[float]]:
     """(op, algorithm, ranks, nodes, size) -> seconds per call of each good round: rxelab's
-    calls back to back with the library's defaults (no impairment, compression or option),
-    but for those the calibrate spec's include brought in (a profile is fitted on them)."""
+    calls back to back with the library's defaults (no impairment, compression, option or busy
+    neighbours), but for those the calibrate spec's include brought in (a profile is fitted on
+    them)."""
     got: dict[tuple[str, str, int, int, int], list[float]] = defaultdict(list)
     for r in records:
-        if r.get("included") == SPEC:
+        if r.get("included") == SPEC or r.get("busy_neighbours"):  # beside busy nodes: unmodelled
             continue
         s = r.get("summary") or {}
         if r.get("app") != "rxelab" or r.get("status") != "ok" or not s.get("tight"):

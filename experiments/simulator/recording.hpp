@@ -28,6 +28,7 @@ struct Recording {
   double byte_cpu = 0;       // seconds per byte on each side, with VMs
   double loop_byte_cpu = 0;  // seconds per byte between two ranks of one VM
   double path_byte = 0;      // seconds per byte through a VM's data path, beside the CPU
+  double wake = 0;           // seconds a blocked rank takes to run again on a crowded machine
   std::vector<std::vector<Move>> moves;  // by rank
 };
 
@@ -64,10 +65,10 @@ inline Recording read_recording(const char* path)
       !(t.flops_per_second > 0))
     throw std::runtime_error("trace: expected 'ranks P hosts H per K flops F', H x K >= P");
   if (in >> std::ws && in.peek() == 'v') {
-    if (!(in >> word >> t.vm_cores >> t.byte_cpu >> t.loop_byte_cpu >> t.path_byte) ||
+    if (!(in >> word >> t.vm_cores >> t.byte_cpu >> t.loop_byte_cpu >> t.path_byte >> t.wake) ||
         word != "vms" || t.vm_cores <= 0 || !(t.byte_cpu >= 0) || !(t.loop_byte_cpu >= 0) ||
-        !(t.path_byte >= 0))
-      throw std::runtime_error("trace: expected 'vms C B L F', C >= 1 cores per VM, B, L and F >= 0 seconds per byte");
+        !(t.path_byte >= 0) || !(t.wake >= 0))
+      throw std::runtime_error("trace: expected 'vms C B L F W', C >= 1 cores per VM, B, L and F >= 0 seconds per byte, W >= 0 seconds");
   }
   t.moves.resize(p);
   std::vector<char> seen(p, 0);

@@ -22,7 +22,7 @@ def replay_moves(tmp_path, platform, moves: str) -> list[float]:
     head = f"ranks {platform.ranks} hosts {platform.hosts} per {platform.per_node} flops 1e9\n"
     if platform.kind == "lab":
         head += (f"vms {platform.cores} {platform.byte_cpu:.6e} {platform.loop_byte_cpu:.6e} "
-                 f"{platform.path_byte:.6e}\n")
+                 f"{platform.path_byte:.6e} {platform.wake:.6e}\n")
     (tmp_path / "m.txt").write_text(head + moves)
     done = subprocess.run([str(replayer.binary()), str(tmp_path / "p.xml"), str(tmp_path / "m.txt"),
                            *platform.config()], capture_output=True, text=True, timeout=60)

@@ -42,6 +42,26 @@ def test_a_messages_bytes_cost_both_vms_cpu(tmp_path):
 
 
 @needs_simgrid
+def test_a_blocked_rank_waits_for_a_core_where_the_vms_outnumber_them(tmp_path):
+    """wake = 5 ms. Rank 1 blocks on rank 0's message (sent after 10 ms of work); rank 0 then
+    blocks on its acknowledgement. With a third VM busy on 2 cores, each runs again 5 ms after
+    what it waited for came; on 2 VMs for 2 cores neither waits for a core. A rank whose
+    message came while it worked (20 ms first) never blocked and pays nothing."""
+    sends = "rank 0 3\nC 0.01\nS 1 1000 7 1 1 0\nW 1 0\n"
+
+    def ends(ranks, receiver, wake, loop=True):
+        lab = platforms.Platform("lab", ranks, 1e9, 1e-4, machine_cores=2, wake=wake)
+        return replay_moves(tmp_path, lab, sends + receiver + ("rank 2 1\nC 10\n" if loop else ""))[:2]
+    blocked = "rank 1 1\nR 7 0\n"
+    assert [b - a for a, b in zip(ends(3, blocked, 0), ends(3, blocked, 5e-3), strict=True)] \
+        == pytest.approx([5e-3, 5e-3], rel=1e-6)
+    assert ends(2, blocked, 5e-3, loop=False) == pytest.approx(ends(2, blocked, 0, loop=False))
+    busy = "rank 1 2\nC 0.02\nR 7 0\n"
+    late, early = ends(3, busy, 0), ends(3, busy, 5e-3)
+    assert early[0] - late[0] == pytest.approx(5e-3, rel=1e-6) and early[1] == pytest.approx(late[1])
+
+
+@needs_simgrid
 def test_only_a_sender_that_waits_hears_the_acknowledgement(tmp_path):
     """A send nobody waits for does not hold its sender: rank 0 ends with its second of work
     and the message's millisecond on its one CPU (1.001 s), the receiver when the bytes,
@@ -134,10 +154,11 @@ def test_a_rank_with_many_writes_on_the_wire_has_them_share_the_link(tmp_path):
     ("rank 0 0\nrank 1 1\nS 0 1 5 0 1 0\n", "keyed as another rank's"),
     ("rank 0 2\nC 0\n", "cut short"),
     ("", "H x K >= P"),  # 2 ranks on 1 host of 1
-    ("vms 0 1e-9 1e-9 0\nrank 0 0\nrank 1 0\n", "C >= 1 cores per VM"),
-    ("vms 1 -1 0 0\nrank 0 0\nrank 1 0\n", "B, L and F >= 0"),
-    ("vms 1 0 0 -1\nrank 0 0\nrank 1 0\n", "B, L and F >= 0"),
-    ("vms 1 1e-9 1e-9\nrank 0 0\nrank 1 0\n", "'vms C B L F'"),
+    ("vms 0 1e-9 1e-9 0 0\nrank 0 0\nrank 1 0\n", "C >= 1 cores per VM"),
+    ("vms 1 -1 0 0 0\nrank 0 0\nrank 1 0\n", "B, L and F >= 0"),
+    ("vms 1 0 0 -1 0\nrank 0 0\nrank 1 0\n", "B, L and F >= 0"),
+    ("vms 1 0 0 0 -1\nrank 0 0\nrank 1 0\n", "W >= 0 seconds"),
+    ("vms 1 1e-9 1e-9 0\nrank 0 0\nrank 1 0\n", "'vms C B L F W'"),
 ])
 def test_the_replayer_refuses_a_malformed_recording(tmp_path, moves, said):
     (tmp_path / "p.xml").write_text(platforms.Platform("cluster", 2, 1e9, 1e-6).xml())

@@ -98,3 +98,17 @@ def test_the_share_of_the_link_is_of_each_direction_s_share_when_both_ways_were_
     report.link_share(flat, rate)
     big = next(r for r in flat if r["algorithm"] == "parallel" and r["size"] == 262144)
     assert big["link_pct"] == pytest.approx(100 * big["busbw"] / (0.75 * one))
+
+
+def test_a_case_beside_busy_nodes_reads_apart_from_the_same_case_alone(results):
+    """The calibration's exchange beside a busy node is the same op, algorithm, nodes and
+    size as the exchange alone: its row says what it ran beside, so the two never read as
+    one case measured twice."""
+    records = report.load(results)[1]
+    first = next(r for r in records if r["app"] == "rxelab")
+    loaded = {**json.loads(json.dumps(first)), "case": 999, "busy_neighbours": 1,
+              "busy_hosts": ["node3"]}
+    rows = {r["case"]: r for r in report.rows([first, loaded])}
+    assert rows[999]["network"] == rows[first["case"]]["network"] + ", 1 node busy beside"
+    assert report.beside_label(["a", "b"]) == ", 2 nodes busy beside"
+    assert report.beside_label(None) == report.beside_label([]) == report.beside_label("x") == ""

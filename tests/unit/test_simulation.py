@@ -59,6 +59,7 @@ def test_a_torus_holds_every_rank_in_near_equal_sides(n):
     ({"kind": "mesh"}, "one of lab"), ({"ranks": 0}, "0 ranks"), ({"bandwidth": 0}, "bandwidth"),
     ({"latency": float("nan")}, "latency"), ({"cores": 0}, "cores"),
     ({"kind": "fat-tree", "oversubscription": 0}, "oversubscription"),
+    ({"wake": 1e-3}, "on the lab only"), ({"kind": "lab", "wake": -1.0}, "wake"),
 ])
 def test_a_bad_platform_is_named(change, said):
     with pytest.raises(platforms.PlatformError, match=said):
@@ -87,6 +88,10 @@ def test_a_profile_is_read_back_as_written(tmp_path):
     path = tmp_path / "lab.json"
     path.write_text(costs_mod.PLACEHOLDER.to_json())
     assert costs_mod.load(path) == costs_mod.PLACEHOLDER
+    woken = replace(costs_mod.PLACEHOLDER, wake=7e-4, host_cpus=2)
+    path.write_text(woken.to_json())
+    assert costs_mod.load(path) == woken and woken.lab(3).wake == 7e-4 and woken.lab(3).crowded
+    assert not woken.lab(2).crowded  # two one-CPU VMs on two cores: nobody waits for one
 
 
 @pytest.mark.parametrize(("edit", "said"), [
@@ -98,6 +103,7 @@ def test_a_profile_is_read_back_as_written(tmp_path):
     (lambda d: d["costs"].update(send=[[100, -1, 0]]), "less than nothing at 0 B"),
     (lambda d: d["costs"].update(send=[[10, 0, 0], [100, -1, 0.05]]), "less than nothing at 10 B"),
     (lambda d: d.update(node_cpus=0), "node_cpus"),
+    *[(lambda d, v=v: d.update(wake=v), "wake") for v in (-1, "x", True, float("nan"))],
     (lambda d: d.update(node_cpus="two"), "node_cpus"),
     (lambda d: d.update(host_cpus=2.5), "host_cpus"),
     (lambda d: d.update(duplex_bandwidth=0), "duplex_bandwidth"),
@@ -156,6 +162,22 @@ def test_ranks_of_a_vm_compete_for_its_cpus():
     two, four = took(2), took(4)
     assert two == pytest.approx(2 * four, rel=0.05)
     assert took(4, platforms.FLOPS / 2) == pytest.approx(two, rel=0.05)
+
+
+@needs_simgrid
+def test_cpu_loops_beside_a_trace_share_the_cores_and_are_not_its_time():
+    """The calibration's busy neighbours: a loop on a third VM of 2 cores leaves the exchange
+    2 cores for 3 claims (all CPU here: 1.5x as long), and the replay's time is the exchange's
+    own, not the loops' (they run on long after it)."""
+    c = Costs(send=(Segment(1 << 62, 1e-3, 0.0),), recv=(Segment(1 << 62, 1e-3, 0.0),))
+    t = trace.record("alltoall", "pairwise", 2, 64, calls=4)
+    lab = platforms.Platform("lab", 2, 1e12, 1e-9, machine_cores=2)
+    alone = replayer.replay(t, lab, c).seconds
+    beside = replayer.replay(t, replace(lab, ranks=3), c, busy=1)
+    assert beside.seconds == pytest.approx(1.5 * alone, rel=0.02) and beside.seconds < 1
+    assert beside.seconds == max(beside.rank_seconds) and len(beside.rank_seconds) == 2
+    with pytest.raises(replayer.SimulationError, match="2 ranks and 1 loops on a platform for 2"):
+        replayer.replay(t, lab, c, busy=1)
 
 
 @needs_simgrid
