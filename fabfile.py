@@ -127,9 +127,9 @@ def _run_spec(spec: str, inventory: str | None, results: str | None, launcher: s
     if launcher is not None and launcher not in spec_mod.LAUNCHERS:
         raise Exit(f"error: --launcher {launcher!r}: must be one of {', '.join(spec_mod.LAUNCHERS)}",
                    code=1)
-    if (launcher or chosen.launcher) == "srun" and (chosen.elastic or chosen.ddp):
-        raise Exit(f"error: spec {chosen.name} is a scenario ([elastic] or [ddp]): it starts its "
-                   "own ranks over SSH, not through srun", code=1)
+    problem = spec_mod.launcher_problem(chosen, launcher or chosen.launcher)
+    if problem:
+        raise Exit(f"error: {problem}", code=1)
     inv, lab_state = _inventory(inventory, accept_new_host_keys)
     if chosen.max_nodes > len(inv.hosts):
         raise Exit(f"error: spec {chosen.name} needs {chosen.max_nodes} nodes, the inventory has "

@@ -17,6 +17,7 @@ from infra.inventory import Host
 
 LOOP = "while :; do :; done"  # a shell's busy loop: all of a CPU, no memory, no I/O
 GRACE_S = 120  # a loop outlives its case's deadline by this much at most, should all else fail
+SETTLE_S = 0.5  # seconds before a loop is looked for: one that could not start has ended by then
 
 
 def load_id(run_id: str) -> str:
@@ -35,9 +36,20 @@ def neighbours(hosts: list[Host], case: dict[str, Any]) -> list[Host]:
 
 def loop_command(run_id: str, seconds: float) -> str:
     """A CPU loop in the background, ended by the run's stop or, at the latest, after
-    `seconds`; says its pid."""
+    `seconds`; says its pid once it is seen running (a loop that ended at once, say for want
+    of `timeout`, fails the command)."""
     return (f"{commands.started_by(loop_id(run_id))}nohup timeout {int(seconds)} sh -c "
-            f"{shlex.quote(LOOP)} >/dev/null 2>&1 & echo loop $!")
+            f"{shlex.quote(LOOP)} >/dev/null 2>&1 & p=$!; sleep {SETTLE_S}; "
+            "if kill -0 $p 2>/dev/null; then echo loop $p; "
+            "else echo 'the loop ended at once' >&2; exit 1; fi")
+
+
+def stop_loops_command(run_id: str) -> str:
+    """Stop the run's loops on a node, then say any still there (`left` and their pids)."""
+    tag = shlex.quote(f"{commands.RUN_ID}={loop_id(run_id)}")
+    return (f"{commands.stop_command(loop_id(run_id))}; "
+            f"left=$(grep -lsxzF -e {tag} /proc/[0-9]*/environ | cut -d/ -f3); "
+            '[ -z "$left" ] || echo left $left')
 
 
 def start_loops(runner: Any, hosts: list[Host], seconds: float) -> list[str]:
@@ -55,9 +67,20 @@ def start_loops(runner: Any, hosts: list[Host], seconds: float) -> list[str]:
     return problems
 
 
-def stop_loops(runner: Any, hosts: list[Host]) -> None:
-    if hosts:
-        runner._on_hosts(hosts, lambda h: commands.stop_command(loop_id(runner.run_id)), timeout=30)
+def stop_loops(runner: Any, hosts: list[Host]) -> list[str]:
+    """Stop the run's loops on `hosts`; the hosts where one may still run, with why (none: all
+    stopped). The runner then stops the run, so no case is measured beside a loop it did not
+    ask for."""
+    if not hosts:
+        return []
+    results = runner._on_hosts(hosts, lambda h: stop_loops_command(runner.run_id), timeout=60)
+    left = []
+    for name, r in results.items():
+        if isinstance(r, Exception):
+            left.append(f"{name}: {r}")
+        elif "left " in r.stdout or r.exited != 0:
+            left.append(f"{name}: {r.stdout.strip() or r.stderr.strip() or f'exit {r.exited}'}")
+    return left
 
 
 def start_samplers(runner: Any, hosts: list[Host], index: int) -> list[Host]:

@@ -15,7 +15,8 @@ def label(case: dict[str, Any]) -> str:
                      f", pairs={case['pairs']}" if case.get("pairs") else "",
                      f", {case['data']} data" if case.get("data") else "",
                      f", MTU {case['mtu']}" if case.get("mtu") else "",
-                     f", {netem.label(case['netem'])}" if any(case.get("netem", {}).values()) else ""])
+                     f", {netem.label(case['netem'])}" if any(case.get("netem", {}).values()) else "",
+                     f", {case['busy_neighbours']} busy beside" if case.get("busy_neighbours") else ""])
     return (f"{contender(case)} {case['op']}/{case['algorithm']} {case['nodes']} nodes "
             f"{size_text(case['size'])} x {case['stages']}{' back to back' if case.get('tight') else ''}"
             f"{extra}")

@@ -161,7 +161,8 @@ def stages(flat: list[Row]) -> bytes | None:
     if len(counts) < 2:
         return None
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    for label, series in sorted(_by(flat, "contender", "algorithm", "size", "op").items()):
+    for label, series in sorted(_by(flat, "contender", "algorithm", "size", "op", "nodes",
+                                    "network").items()):
         series.sort(key=lambda r: r["stages"])
         # total seconds scale with the time per call: the rounds' spread of that, as a share
         err = _yerr(series)
@@ -169,7 +170,9 @@ def stages(flat: list[Row]) -> bytes | None:
                     yerr=None if err is None else
                     [[e / r["avg_us"] * r["total_s"] if r["avg_us"] else 0.0
                       for e, r in zip(side, series, strict=True)] for side in err],
-                    capsize=2, label=f"{label[0]} {label[3]}/{label[1]} {size_text(label[2])}",
+                    capsize=2, label=f"{label[0]} {label[3]}/{label[1]} {label[4]} nodes "
+                                     f"{size_text(label[2])}"
+                                     + ("" if label[5] == "none" else f", {label[5]}"),
                     **_style(series[0]))
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -74,7 +74,7 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"contender": contender({"transport": "tcp", **r}), "app": r["app"],
                     "op": r["op"], "algorithm": r["algorithm"], "nodes": r["nodes"],
                     "size": r["size"], "stages": r["stages"],
-                    "network": netem.label(imp) + beside_label(r.get("busy_hosts")),
+                    "network": network(imp, r.get("busy_hosts")),
                     "loss": float(imp.get("loss", 0)),
                     "loss_only": not any(v for k, v in imp.items() if k != "loss"),
                     "active_mtu": r.get("active_mtu") or "-", "avg_us": avg, "min_us": low,
@@ -96,11 +96,13 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def beside_label(busy: Any) -> str:
-    """What a case ran beside (busy_neighbours): the nodes whose CPU loops kept it company."""
+def network(imp: dict[str, Any], busy: Any) -> str:
+    """What a case ran in: its impairment (netem's label, "none") and the nodes busy beside it
+    (busy_neighbours), so a case beside busy nodes never reads as the same case alone."""
     if not isinstance(busy, list) or not busy:
-        return ""
-    return f", {len(busy)} node{'s' if len(busy) > 1 else ''} busy beside"
+        return netem.label(imp)
+    loaded = f"{len(busy)} node{'s' if len(busy) > 1 else ''} busy beside"
+    return f"{netem.label(imp)}, {loaded}" if any(imp.values()) else loaded
 
 
 SAME_CASE = ("case", "contender", "op", "algorithm", "nodes", "ranks", "pairs", "size", "stages",
@@ -185,9 +187,10 @@ def seed_table(flat: list[dict[str, Any]]) -> tuple[list[int], list[tuple[str, l
     if len(stage_counts) < 2:
         return [], []
     cells: dict[str, dict[int, float]] = defaultdict(dict)
-    for r in flat:
-        cells[f"{r['contender']} {r['op']}/{r['algorithm']} {size_text(r['size'])}"][r["stages"]] = \
-            r["total_s"]
+    for r in flat:  # the same case at more stage counts: nodes and network tell cases apart
+        where = "" if r["network"] == "none" else f", {r['network']}"
+        cells[f"{r['contender']} {r['op']}/{r['algorithm']} {r['nodes']} nodes "
+              f"{size_text(r['size'])}{where}"][r["stages"]] = r["total_s"]
     return stage_counts, [(name, [f"{by[n]:.2f}" if n in by else "-" for n in stage_counts])
                           for name, by in sorted(cells.items())]
 

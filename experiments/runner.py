@@ -31,7 +31,7 @@ from apps.stages import parse_output
 from experiments import beside, caselog, commands, counters, ddp, elastic, fleet, netem, srun
 from experiments import progress as progress_mod
 from experiments.commands import TIMED_OUT, case_timeout
-from experiments.spec import LAUNCHERS, SPECS, Spec
+from experiments.spec import LAUNCHERS, SPECS, Spec, launcher_problem
 from infra.inventory import Host, Inventory
 
 NOT_RDMA = "moved no packets over the RDMA device: this run did not use RDMA"
@@ -57,9 +57,9 @@ class Runner:
         self.launcher = launcher or spec.launcher  # how the ranks start: ssh or srun
         if self.launcher not in LAUNCHERS:
             raise fleet.FleetError(f"launcher {self.launcher!r}: must be one of {', '.join(LAUNCHERS)}")
-        if self.launcher == "srun" and (spec.elastic is not None or spec.ddp is not None):
-            raise fleet.FleetError(f"spec {spec.name} is a scenario ([elastic] or [ddp]): it "
-                                   "starts its own ranks over SSH, not through srun")
+        problem = launcher_problem(spec, self.launcher)
+        if problem:
+            raise fleet.FleetError(problem)
         self.hosts = list(inv.hosts[:spec.max_nodes])  # the only nodes this run touches
         self.run_id = secrets.token_hex(6)
         self.original_mtu: dict[str, int] = {}  # per node, as found before the first change
@@ -119,6 +119,12 @@ class Runner:
                         for line in load:
                             loads.write(json.dumps(line) + "\n")
                         shown.end(i, record)
+                        if record.get("busy_left"):
+                            raise fleet.FleetError(
+                                "a busy neighbour's CPU loop may still run ("
+                                + "; ".join(record["busy_left"]) + "): the run stops here, so "
+                                "no case is measured beside it; it ends by itself within "
+                                f"{commands.case_timeout(case) + beside.GRACE_S:.0f} s")
             state["complete"] = True
         except KeyboardInterrupt:
             self.say("interrupted: partial results kept, marked incomplete")
@@ -283,7 +289,9 @@ class Runner:
             record.update(status="failed", error=str(err))
         finally:
             record["wall_seconds"] = time.monotonic() - started
-            beside.stop_loops(self, loaded)
+            left = beside.stop_loops(self, loaded)
+            if left:  # the run stops after this record (run): nothing measured beside them
+                record["busy_left"] = left
             load = beside.stop_samplers(self, samplers, index)
             after = self._restore(hosts)
             # a failed or timed-out case, or one whose job ended badly after its figures, leaves

@@ -131,7 +131,7 @@ from infra.documents import spell
 __all__ = ["APPS", "BOUNDS", "GLOO_ALGORITHMS", "KEYS", "LAUNCHERS", "LIBRARY", "MAX_BYTES",
            "MAX_ENTRIES", "MTU_RANGE", "NAME", "ONLY", "OPS",
            "RXELAB_ONLY", "SPECS", "TOOLS", "TRANSPORTS", "Run", "Spec",
-           "SpecError", "contender", "find", "load", "parse", "ranks"]
+           "SpecError", "contender", "find", "launcher_problem", "load", "parse", "ranks"]
 
 __doc__ = __doc__.replace("{options}", "\n".join(  # type: ignore[union-attr]
     f"    {o.name} = {library.show(o.default)}".ljust(30) + f"# {o.meaning}, {o.low}..{o.high}"
@@ -236,13 +236,29 @@ def parse(doc: dict[str, Any], source: str = "spec", folder: Path = SPECS) -> Sp
     if crowded:
         raise SpecError(f"{source}: nodes {max(crowded[0].nodes)} and busy_neighbours "
                         f"{crowded[0].busy_neighbours}: at most {BOUNDS['nodes'][1]} nodes in all")
-    if checked.launcher == "srun" and any(r.busy_neighbours for r in runs):
-        raise SpecError(f"{source}: busy_neighbours (its own or an included spec's) loads "
-                        "nodes beside a case's, and under launcher = \"srun\" those are other "
-                        "jobs': run it with launcher = \"ssh\" on nodes of your own")
-    return Spec(checked.name, checked.description, runs, source, checked.rounds,
-                checked.elastic.model_dump(exclude_none=True) if checked.elastic else None,
-                checked.launcher, checked.ddp.model_dump() if checked.ddp else None)
+    got = Spec(checked.name, checked.description, runs, source, checked.rounds,
+               checked.elastic.model_dump(exclude_none=True) if checked.elastic else None,
+               checked.launcher, checked.ddp.model_dump() if checked.ddp else None)
+    problem = launcher_problem(got, got.launcher)
+    if problem:
+        raise SpecError(f"{source}: {problem}")
+    return got
+
+
+def launcher_problem(s: Spec, launcher: str) -> str | None:
+    """Why a spec cannot run under a launcher, its own or one given on the command line (None:
+    it can). Under srun a scenario's own ranks would start over SSH beside Slurm's, and a busy
+    neighbour's loop would load a node of another job."""
+    if launcher != "srun":
+        return None
+    if s.elastic is not None or s.ddp is not None:
+        return (f"spec {s.name} is a scenario ([elastic] or [ddp]): it starts its own ranks "
+                "over SSH, not through srun")
+    if any(r.busy_neighbours for r in s.runs):
+        return (f"spec {s.name} has busy_neighbours (its own or an included spec's), which load "
+                "nodes beside a case's, and under launcher = \"srun\" those are other jobs': "
+                "run it with launcher = \"ssh\" on nodes of your own")
+    return None
 
 
 def _included(name: str, source: str, folder: Path) -> Spec:

@@ -2,8 +2,7 @@
 vocabulary and ranges, and the pydantic models that check a TOML document against them.
 
 A field's description is the message for any problem with its value; the cross-field rules
-raise their own (bad). Either way experiments.spec's SpecError names the field.
-"""
+raise their own (bad). Either way experiments.spec's SpecError names the field."""
 
 import reprlib
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
@@ -64,10 +63,9 @@ LIBRARY = {o.name: (o.low, o.high) for o in library.OPTIONS}
 RXELAB_ONLY = {"ranks_per_node": (1, 8), **LIBRARY}
 MTU_RANGE = lab_settings.BY_NAME["MTU"].bounds  # what a lab's data network can be set to
 # Whole numbers' ranges: what the lab can do, far below where a deadline or a buffer overflows.
-BOUNDS = {"nodes": (1, 64), "sizes": (0, 1 << 30), "stages": (1, 10_000_000),
+BOUNDS = {"nodes": (1, 64), "sizes": (0, 1 << 30), "stages": (1, 10_000_000), "rounds": (1, 20),
           "warmup": (0, 1_000_000), "timeout_s": (10, 604_800), "mtu": MTU_RANGE,
-          "pairs": (1, 64 * 8 * (64 * 8 - 1) // 2), "rounds": (1, 20), "busy_neighbours": (0, 63),
-          **RXELAB_ONLY}
+          "pairs": (1, 64 * 8 * (64 * 8 - 1) // 2), "busy_neighbours": (0, 63), **RXELAB_ONLY}
 MAX_ENTRIES = 64  # of every list
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # pydantic's regex: $ is the very end, no newline
 
@@ -137,7 +135,7 @@ def algorithms(app: str | None, op: str | None) -> tuple[str, ...]:
 ONLY = {"tools": ("perftest", "only perftest runs take `tools`"),
         "transport": ("mpi", "only mpi runs choose a transport"),
         "compression": ("rxelab", "only rxelab runs compress"),
-        **{key: ("rxelab", "only rxelab runs take it") for key in RXELAB_ONLY}}
+        **{k: ("rxelab", "only rxelab runs take it") for k in (*RXELAB_ONLY, "busy_neighbours")}}
 
 
 # --- the models ----------------------------------------------------------------------------

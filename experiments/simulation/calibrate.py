@@ -69,8 +69,9 @@ def measurements(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], Spr
     """The calibrate run's figures by what they are: ("call", op, algorithm, ranks, size) ->
     seconds per call; ("link", tool, size) -> MB/s (ib_write_bw, both ways summed) or
     microseconds (ib_send_lat); ("loop", tool, size): the same within one node; ("busy", op,
-    algorithm, ranks, size): the share of a node's CPUs busy during the calls. Over the
-    rounds that finished well."""
+    algorithm, ranks, size): the share of a node's CPUs busy during the calls; ("beside", op,
+    algorithm, ranks, size, nodes loaded): seconds per call with that many nodes busy beside
+    (busy_neighbours), never taken for the call alone. Over the rounds that finished well."""
     got: dict[tuple[Any, ...], list[float]] = defaultdict(list)
     for r in records:
         s = r.get("summary") or {}

@@ -148,21 +148,26 @@ def wake(m: dict[tuple[Any, ...], Spread], profile: Profile,
          notes: list[str]) -> tuple[float | None, dict[str, Any]]:
     """The seconds a blocked rank takes to run again when the lab's VMs outnumber its cores,
     solved so the replay of the exchange beside busy nodes (a CPU loop on each of the lab's
-    other nodes) takes the lab's time, with the rest of `profile` as fitted; with that fit
-    beside its lab figure. None, said in `notes`, where the calibration did not run it or its
-    VMs did not outnumber the cores (then no rank waits for one)."""
+    next nodes) takes the lab's time, with the rest of `profile` as fitted; with that fit
+    beside its lab figure. One figure for any crowding: measured with a node or two busy,
+    it stands for a lab of any size. None, said in `notes`, where it cannot be measured: the
+    calibration did not run that case, its VMs did not outnumber the cores (none waited for
+    one), or the exchange alone already did (the per-message costs hold the waits); 0, said
+    too, where the exchange beside busy nodes was no slower than its replay without it."""
     found = sorted(k for k in m if k[:4] == ("beside", *BESIDE))
     if not found:
-        notes.append("no exchange beside busy nodes (a run from before that case, or a lab "
-                     "with no node beside the exchange's two): a blocked rank runs again at once")
+        notes.append("no exchange beside busy nodes (a calibration run from before that case): "
+                     "a blocked rank runs again at once")
         return None, {}
     key = found[0]
     size, loaded = key[4], key[5]
     platform = profile.lab(2 + loaded)
-    if not platform.crowded:
-        notes.append(f"the exchange beside {loaded} busy nodes: {platform.hosts} VMs of "
-                     f"{platform.cores} CPUs on {platform.machine_cores_or_all} cores, none waits "
-                     "for a core: no wake-up cost")
+    if profile.lab(2).crowded or not platform.crowded:
+        notes.append(f"the exchange beside {loaded} busy node(s): {platform.hosts} VMs of "
+                     f"{platform.cores} CPU(s) on {platform.machine_cores_or_all} cores, where "
+                     + ("two VMs already outnumber the cores (the per-message costs hold the "
+                        "waits)" if profile.lab(2).crowded else "none waits for a core")
+                     + ": a blocked rank's wait for a core is not measured, and not charged")
         return None, {}
     t = trace.record(*BESIDE[:2], 2, size, calls=CALLS)
 
@@ -171,6 +176,10 @@ def wake(m: dict[tuple[Any, ...], Spread], profile: Profile,
                                busy=loaded).seconds / CALLS
     lab = m[key]
     x, then = solve(lab.median, at)
+    if x == 0.0:
+        notes.append(f"the exchange beside {loaded} busy node(s): its {lab.median * 1e3:.3f} ms "
+                     f"is no slower than its replay without a wake-up cost ({then * 1e3:.3f} "
+                     "ms): a blocked rank runs again at once")
     return x, {f"exchange {size} B beside {loaded} busy": lab_row(lab, then)}
 
 

@@ -10,94 +10,35 @@ import shutil
 from dataclasses import replace
 
 import pytest
-from rxelab import trace
 
 from experiments.figure_style import size_text
 from experiments.simulation import calibrate, replayer, validate
 from experiments.simulation import costs as costs_mod
-from experiments.simulation.costs import Costs, Profile
-from experiments.simulation.exchanges import CALLS
+from tests.unit.calibrate_lab import (
+    BANDWIDTH,
+    CALL,
+    COPY,
+    CPU_PER_BYTE,
+    DUPLEX,
+    HOST_CPUS,
+    LATENCY,
+    LOOP,
+    NODE_CPUS,
+    PATH,
+    PING_PONG_SIZES,
+    REDUCE,
+    TRUTH,
+    WAKE,
+    beside,
+    lab,
+    link,
+    made_up_run,
+    record,
+)
 
 pytestmark = pytest.mark.skipif(
     not (replayer.HEADER.exists() and shutil.which("g++")),
     reason="SimGrid's headers (libsimgrid-dev) or g++ missing: `bash infra/install-deps.sh`")
-
-SIZES = [0, 1, 1024, 65536, 1 << 20]
-LATENCY, BANDWIDTH, DUPLEX, LOOP = 300e-6, 30e6, 40e6, 60e6
-NODE_CPUS, HOST_CPUS = 1, 2
-# the made-up lab's truth: per message (both sides together) at each size, as flat from 64 KiB
-# to 1 MiB as the lab's fits (the fit counts growth there as the bytes' CPU), and a byte's CPU
-TRUTH = [(0, 400e-6), (1, 410e-6), (1024, 500e-6), (65536, 4e-3), (1 << 20, 4e-3)]
-CALL, COPY, REDUCE, CPU_PER_BYTE = 150e-6, 2e-9, 6e-9, 10e-9
-PING_PONG_SIZES = [1, 1024, 1 << 20]
-PATH = 60e6  # each VM's data path: faster than perftest's both ways (DUPLEX), as the lab's was
-WAKE = 700e-6  # a blocked rank's wait for a core, where the VMs outnumber the machine's cores
-
-
-def truth() -> Costs:
-    return calibrate.costs(TRUTH, CALL, COPY, REDUCE)
-
-
-def made_lab(host_cpus: int = HOST_CPUS) -> Profile:
-    return Profile("truth", truth(), BANDWIDTH, LATENCY, NODE_CPUS, host_cpus, DUPLEX,
-                   loop_bandwidth=LOOP, cpu_per_byte=CPU_PER_BYTE, path_bandwidth=PATH,
-                   wake=WAKE)
-
-
-def lab(op: str, algorithm: str, p: int, size: int) -> float:
-    return calibrate.replayed(op, algorithm, p, size, made_lab().lab(p), truth())
-
-
-def record(op, algorithm, p, size, seconds, spread=0.05, busy=None, loaded=0):
-    """Three rounds of a case as `fab run-experiment` keeps them: seconds per call (and the
-    share of each node's CPUs busy, where given; the nodes loaded beside it, where any)."""
-    return [{"app": "rxelab", "op": op, "algorithm": algorithm, "nodes": p, "size": size,
-             "status": "ok", "netem": {}, "summary": {"tight": True, "ranks": p,
-                                                     "avg_stage_us": seconds * f * 1e6,
-                                                     **({"node_busy": [busy / f] * p}
-                                                        if busy is not None else {})},
-             **({"busy_neighbours": loaded, "busy_hosts": [f"node{p + 1 + i}" for i in
-                                                           range(loaded)]} if loaded else {})}
-            for f in (1 - spread, 1.0, 1 + spread)]
-
-
-def beside(size: int, loaded: int, host_cpus: int = HOST_CPUS) -> list[dict]:
-    """The 2-rank exchange beside `loaded` nodes each running a CPU loop, as the made-up lab
-    runs it (the machine's cores outnumbered: each blocked rank waits WAKE for one)."""
-    t = trace.record("alltoall", "pairwise", 2, size, calls=CALLS)
-    seconds = replayer.replay(t, made_lab(host_cpus).lab(2 + loaded), truth(),
-                              busy=loaded).seconds / CALLS
-    return record("alltoall", "pairwise", 2, size, seconds, loaded=loaded)
-
-
-def exchange(size: int) -> list[dict]:
-    """The 2-rank exchange as the made-up lab runs it: its time, and each node's CPU busy
-    with its call, its own block's copy, its messages' costs and their bytes both ways."""
-    seconds = lab("alltoall", "pairwise", 2, size)
-    cpu = CALL + COPY * size + truth().send_cpu(size) + truth().recv_cpu(size) \
-        + 2 * size * CPU_PER_BYTE
-    return record("alltoall", "pairwise", 2, size, seconds, busy=cpu / seconds / NODE_CPUS)
-
-
-def link(tool, size, value, nodes=2):
-    key = "lat_us" if tool == "ib_send_lat" else "bw_MBps"
-    return [{"app": "perftest", "algorithm": tool, "size": size, "status": "ok", "nodes": nodes,
-             "summary": {key: value}}] * 3
-
-
-def made_up_run() -> list[dict]:
-    out = record("alltoall", "pairwise", 1, 0, CALL)
-    out += record("alltoall", "pairwise", 1, 1 << 20, CALL + COPY * (1 << 20))
-    for s in SIZES:
-        out += exchange(s)
-    out += record("allreduce", "ring", 2, 1 << 20, lab("allreduce", "ring", 2, 1 << 20))
-    for s in PING_PONG_SIZES:
-        out += record(*calibrate.PING_PONG, 2, s, lab(*calibrate.PING_PONG, 2, s))
-    out += link("ib_send_lat", 1, LATENCY * 1e6) + link("ib_write_bw", 1 << 20, BANDWIDTH / 1e6)
-    out += link("ib_write_bw_bidir", 1 << 20, DUPLEX / 1e6)
-    out += link("ib_write_bw", 1 << 20, LOOP / 1e6, nodes=1)
-    out += beside(1024, 1)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -309,40 +250,6 @@ def test_the_calibrate_spec_measures_what_the_fit_needs():
                                         "exchange 1024 B beside 1 busy"}
     row = got.measured["fit"]["exchange 1024 B beside 1 busy"]  # the wake, fitted on it
     assert got.wake and row["replay_s"] == pytest.approx(row["lab_s"], rel=1e-3)
-
-
-def test_a_run_without_the_exchange_beside_busy_nodes_wakes_at_once_and_says_so(fitted):
-    """Calibration runs from before 2026-11-28's second session, and labs of two nodes (whose
-    busy case failed: no node beside it), fit the rest as before."""
-    got = calibrate.fit([r for r in made_up_run() if not r.get("busy_neighbours")], "older",
-                        NODE_CPUS, HOST_CPUS)
-    assert got.wake is None and got.costs == fitted.costs
-    [note] = got.measured["notes"]
-    assert "no exchange beside busy nodes" in note
-    assert got.lab(3).wake == 0 and "runs again at once" in "\n".join(calibrate.describe(got))
-
-
-def test_a_machine_with_a_core_for_every_vm_fits_no_wake_and_says_so():
-    """Nodes with a core each (eight cores under three VMs) never wait for one: the exchange
-    beside a busy node is not the wake-up's measurement there."""
-    run = [r for r in made_up_run() if not r.get("busy_neighbours")] + beside(1024, 1, 8)
-    got = calibrate.fit(run, "roomy", NODE_CPUS, 8)
-    assert got.wake is None
-    assert any("none waits for a core" in n for n in got.measured["notes"])
-
-
-def test_the_exchange_beside_busy_nodes_is_not_taken_for_the_exchange_alone(fitted):
-    """The same op, algorithm, ranks and size, measured beside busy nodes: a figure of its
-    own, whichever comes first in the records; one that names no loaded node is no figure."""
-    run = made_up_run()
-    m = calibrate.measurements(run[-3:] + run[:-3])
-    assert m[("call", "alltoall", "pairwise", 2, 1024)].median == pytest.approx(
-        lab("alltoall", "pairwise", 2, 1024))
-    assert ("beside", "alltoall", "pairwise", 2, 1024, 1) in m
-    nameless = [{**r, "busy_hosts": []} for r in run[-3:]]
-    m = calibrate.measurements(run[:-3] + nameless)
-    assert not any(k[0] == "beside" for k in m)
-    assert m[("call", "alltoall", "pairwise", 2, 1024)].rounds == 3
 
 
 @pytest.mark.parametrize("size", PING_PONG_SIZES)

@@ -102,13 +102,19 @@ def test_the_share_of_the_link_is_of_each_direction_s_share_when_both_ways_were_
 
 def test_a_case_beside_busy_nodes_reads_apart_from_the_same_case_alone(results):
     """The calibration's exchange beside a busy node is the same op, algorithm, nodes and
-    size as the exchange alone: its row says what it ran beside, so the two never read as
-    one case measured twice."""
+    size as the exchange alone: its row, the seed's table and its progress line say what it
+    ran beside, so the two never read as one case measured twice."""
+    from experiments import caselog
     records = report.load(results)[1]
     first = next(r for r in records if r["app"] == "rxelab")
     loaded = {**json.loads(json.dumps(first)), "case": 999, "busy_neighbours": 1,
-              "busy_hosts": ["node3"]}
-    rows = {r["case"]: r for r in report.rows([first, loaded])}
-    assert rows[999]["network"] == rows[first["case"]]["network"] + ", 1 node busy beside"
-    assert report.beside_label(["a", "b"]) == ", 2 nodes busy beside"
-    assert report.beside_label(None) == report.beside_label([]) == report.beside_label("x") == ""
+              "busy_hosts": ["node3"], "stages": first["stages"] * 10}
+    alone = {**json.loads(json.dumps(first)), "case": 998, "stages": first["stages"] * 10}
+    rows = report.rows([first, loaded, alone])
+    assert {r["case"]: r["network"] for r in rows}[999] == "1 node busy beside"
+    counts, table = report.seed_table(rows)
+    assert len(counts) == 2 and len(table) == 2, "alone at two stage counts; beside: its own row"
+    assert any("1 node busy beside" in name for name, _ in table)
+    assert report.network({"loss": 1}, ["a", "b"]) == "loss 1%, 2 nodes busy beside"
+    assert report.network({}, None) == report.network({}, []) == report.network({}, "x") == "none"
+    assert caselog.label(loaded).endswith(", 1 busy beside") and "busy" not in caselog.label(first)

@@ -67,7 +67,7 @@ def test_the_seed_stages_table_appears_when_runs_differ_in_stages(results):
     _, md_path = report.write(results)
     md = md_path.read_text()
     assert "## Stages (total seconds)" in md and "| run | 3 stages | 100 stages |" in md
-    assert "| rxelab alltoall/sequential 1 KiB |" in md
+    assert "| rxelab alltoall/sequential 3 nodes 1 KiB |" in md
 
 
 def synthetic(results, transform):

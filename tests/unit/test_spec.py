@@ -367,32 +367,6 @@ def test_an_included_spec_runs_first_in_every_round(tmp_path):
     assert "include adds [[runs]]" in _refused(elastic)
 
 
-def test_busy_neighbours_are_counted_in_the_nodes_a_spec_takes():
-    """A case's busy neighbours are nodes of the lab too: the spec takes them (the runner
-    touches no node beyond), and the case says how many it loads; none said, none loaded."""
-    doc = copy.deepcopy(GOOD)
-    doc["runs"][0]["busy_neighbours"] = 2
-    got = spec.parse(doc)
-    assert got.max_nodes == 3 + 2
-    assert {c.get("busy_neighbours") for c in got.cases() if c["app"] == "rxelab"} == {2}
-    assert not any("busy_neighbours" in c for c in got.cases() if c["app"] != "rxelab")
-    assert spec.parse(GOOD).max_nodes == 3
-    assert spec.load("calibrate").max_nodes == 3  # the exchange's two and a busy third
-
-
-@pytest.mark.parametrize(("doc", "said"), [
-    ({**GOOD, "launcher": "srun", "runs": [{**GOOD["runs"][0], "busy_neighbours": 1}]},
-     "under launcher = \"srun\" those are other jobs'"),
-    ({"name": "v", "launcher": "srun", "include": ["calibrate"], "runs": GOOD["runs"][:1]},
-     "busy_neighbours (its own or an included spec's)"),
-    ({**GOOD, "runs": [{**GOOD["runs"][0], "nodes": [60], "busy_neighbours": 5}]},
-     "nodes 60 and busy_neighbours 5: at most 64 nodes in all"),
-])
-def test_busy_neighbours_never_load_other_jobs_nodes_or_more_than_the_lab(doc, said):
-    with pytest.raises(spec.SpecError, match=re.escape(said)):
-        spec.parse(doc, "my.toml")
-
-
 def test_the_validation_specs_measure_their_own_calibration():
     for name in ("validation", "validation-p8"):
         got = spec.load(name)

@@ -1,0 +1,59 @@
+"""The calibration's wake-up cost (a blocked rank's wait for a core where the lab's VMs
+outnumber the machine's cores), on the made-up lab: fitted from the exchange beside a busy
+node, and what an older run, a roomy machine or a record without its loaded nodes give."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from experiments.simulation import calibrate, replayer
+from tests.unit.calibrate_lab import (
+    HOST_CPUS,
+    NODE_CPUS,
+    TRUTH,
+    beside,
+    lab,
+    made_up_run,
+)
+
+pytestmark = pytest.mark.skipif(
+    not (replayer.HEADER.exists() and shutil.which("g++")),
+    reason="SimGrid's headers (libsimgrid-dev) or g++ missing: `bash infra/install-deps.sh`")
+
+
+def test_a_run_without_the_exchange_beside_busy_nodes_wakes_at_once_and_says_so():
+    """Calibration runs from before the exchange beside a busy node (2026-11-28) fit the rest
+    as before."""
+    got = calibrate.fit([r for r in made_up_run() if not r.get("busy_neighbours")], "older",
+                        NODE_CPUS, HOST_CPUS)
+    assert got.wake is None
+    for size, seconds in TRUTH:  # the rest as fitted with it
+        assert got.costs.send_cpu(size) + got.costs.recv_cpu(size) == pytest.approx(seconds, rel=1e-3)
+    [note] = got.measured["notes"]
+    assert "no exchange beside busy nodes" in note
+    assert got.lab(3).wake == 0 and "runs again at once" in "\n".join(calibrate.describe(got))
+
+
+def test_a_machine_with_a_core_for_every_vm_fits_no_wake_and_says_so():
+    """Nodes with a core each (eight cores under three VMs) never wait for one: the exchange
+    beside a busy node is not the wake-up's measurement there."""
+    run = [r for r in made_up_run() if not r.get("busy_neighbours")] + beside(1024, 1, 8)
+    got = calibrate.fit(run, "roomy", NODE_CPUS, 8)
+    assert got.wake is None
+    assert any("none waits for a core" in n for n in got.measured["notes"])
+
+
+def test_the_exchange_beside_busy_nodes_is_not_taken_for_the_exchange_alone():
+    """The same op, algorithm, ranks and size, measured beside busy nodes: a figure of its
+    own, whichever comes first in the records; one that names no loaded node is no figure."""
+    run = made_up_run()
+    m = calibrate.measurements(run[-3:] + run[:-3])
+    assert m[("call", "alltoall", "pairwise", 2, 1024)].median == pytest.approx(
+        lab("alltoall", "pairwise", 2, 1024))
+    assert ("beside", "alltoall", "pairwise", 2, 1024, 1) in m
+    nameless = [{**r, "busy_hosts": []} for r in run[-3:]]
+    m = calibrate.measurements(run[:-3] + nameless)
+    assert not any(k[0] == "beside" for k in m)
+    assert m[("call", "alltoall", "pairwise", 2, 1024)].rounds == 3
