@@ -6,13 +6,12 @@ made away from it)."""
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import replace
 
 import pytest
 
 from experiments.figure_style import size_text
-from experiments.simulation import calibrate, replayer, validate
+from experiments.simulation import calibrate, validate
 from experiments.simulation import costs as costs_mod
 from tests.unit.calibrate_lab import (
     BANDWIDTH,
@@ -35,10 +34,9 @@ from tests.unit.calibrate_lab import (
     made_up_run,
     record,
 )
+from tests.unit.simulator_helpers import needs_simgrid
 
-pytestmark = pytest.mark.skipif(
-    not (replayer.HEADER.exists() and shutil.which("g++")),
-    reason="SimGrid's headers (libsimgrid-dev) or g++ missing: `bash infra/install-deps.sh`")
+pytestmark = needs_simgrid
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,9 @@ node, and what an older run, a roomy machine or a record without its loaded node
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from experiments.simulation import calibrate, replayer
+from experiments.simulation import calibrate
 from tests.unit.calibrate_lab import (
     HOST_CPUS,
     NODE_CPUS,
@@ -17,10 +15,9 @@ from tests.unit.calibrate_lab import (
     lab,
     made_up_run,
 )
+from tests.unit.simulator_helpers import needs_simgrid
 
-pytestmark = pytest.mark.skipif(
-    not (replayer.HEADER.exists() and shutil.which("g++")),
-    reason="SimGrid's headers (libsimgrid-dev) or g++ missing: `bash infra/install-deps.sh`")
+pytestmark = needs_simgrid
 
 
 def test_a_run_without_the_exchange_beside_busy_nodes_wakes_at_once_and_says_so():
