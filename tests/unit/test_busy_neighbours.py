@@ -32,12 +32,16 @@ def test_busy_neighbours_are_counted_in_the_nodes_a_spec_takes():
     assert spec.load("calibrate").max_nodes == 3  # the exchange's two and a busy third
 
 
+RUN: dict[str, object] = {"app": "rxelab", "op": "alltoall", "algorithms": ["pairwise"],
+                          "nodes": [2], "sizes": [8], "stages": 2}
+
+
 @pytest.mark.parametrize(("doc", "said"), [
-    ({**GOOD, "launcher": "srun", "runs": [{**GOOD["runs"][0], "busy_neighbours": 1}]},
+    ({"name": "s", "launcher": "srun", "runs": [{**RUN, "busy_neighbours": 1}]},
      "under launcher = \"srun\" those are other jobs'"),
-    ({"name": "v", "launcher": "srun", "include": ["calibrate"], "runs": GOOD["runs"][:1]},
+    ({"name": "v", "launcher": "srun", "include": ["calibrate"], "runs": [RUN]},
      "busy_neighbours (its own or an included spec's)"),
-    ({**GOOD, "runs": [{**GOOD["runs"][0], "nodes": [60], "busy_neighbours": 5}]},
+    ({"name": "n", "runs": [{**RUN, "nodes": [60], "busy_neighbours": 5}]},
      "nodes 60 and busy_neighbours 5: at most 64 nodes in all"),
 ])
 def test_busy_neighbours_never_load_other_jobs_nodes_or_more_than_the_lab(doc, said):
