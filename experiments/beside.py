@@ -44,14 +44,6 @@ def loop_command(run_id: str, seconds: float) -> str:
             "else echo 'the loop ended at once' >&2; exit 1; fi")
 
 
-def stop_loops_command(run_id: str) -> str:
-    """Stop the run's loops on a node, then say any still there (`left` and their pids)."""
-    tag = shlex.quote(f"{commands.RUN_ID}={loop_id(run_id)}")
-    return (f"{commands.stop_command(loop_id(run_id))}; "
-            f"left=$(grep -lsxzF -e {tag} /proc/[0-9]*/environ | cut -d/ -f3); "
-            '[ -z "$left" ] || echo left $left')
-
-
 def start_loops(runner: Any, hosts: list[Host], seconds: float) -> list[str]:
     """A loop on each host; the problems, by host (none: all run). A host whose loop did not
     start is said, so the case is not measured on a machine less busy than it claims."""
@@ -73,7 +65,8 @@ def stop_loops(runner: Any, hosts: list[Host]) -> list[str]:
     ask for."""
     if not hosts:
         return []
-    results = runner._on_hosts(hosts, lambda h: stop_loops_command(runner.run_id), timeout=60)
+    results = runner._on_hosts(hosts, lambda h: commands.stop_command(
+        loop_id(runner.run_id), say_left=True), timeout=60)
     left = []
     for name, r in results.items():
         if isinstance(r, Exception):

@@ -43,17 +43,18 @@ def started_by(run_id: str) -> str:
     return f"{RUN_ID}={shlex.quote(run_id)} "
 
 
-def stop_command(*run_ids: str) -> str:
+def stop_command(*run_ids: str, say_left: bool = False) -> str:
     """Stop this user's processes that carry one of these run ids in their environment (TERM,
     then KILL after a grace period) and nothing else: a user's own MPI jobs, other runs and
     this shell (which carries no id) are left alone. One grep over every process's environment
     per look (other users' are unreadable to it), so a host with thousands of processes is
-    looked at in a moment."""
+    looked at in a moment. say_left: then print `left` and the pids of any still there."""
     ids = " ".join(f"-e {shlex.quote(f'{RUN_ID}={r}')}" for r in run_ids)
     find = f"ours() {{ grep -lsxzF {ids} /proc/[0-9]*/environ | cut -d/ -f3; }}"
+    left = '; pids=$(ours); [ -z "$pids" ] || echo left $pids' if say_left else ""
     return (f"{find}; pids=$(ours); [ -z \"$pids\" ] || kill -TERM $pids 2>/dev/null; "
             f"for i in $(seq {STOP_GRACE_S * 5}); do [ -z \"$(ours)\" ] && break; sleep 0.2; done; "
-            "pids=$(ours); [ -z \"$pids\" ] || kill -KILL $pids 2>/dev/null; true")
+            f"pids=$(ours); [ -z \"$pids\" ] || kill -KILL $pids 2>/dev/null; true{left}")
 
 
 def app_argv(case: dict[str, Any], script: str) -> list[str]:

@@ -18,7 +18,7 @@ What each measurement gives (each from the median of its alternated rounds):
   the lab's time), half on the sending side and half on the receiving; between the sizes
   measured, linear (SMPI's os/or are piecewise linear too);
 - a 2-rank ring allreduce of 1 MiB: the reduction's cost per byte, solved the same way;
-- the 1 KiB exchange again with a CPU loop on each of the lab's other nodes (`busy_neighbours`):
+- the 1 KiB exchange again with a CPU loop on a third node (`busy_neighbours = 1`):
   where the VMs then outnumber the machine's cores, the time a rank that blocked takes to run
   again once its message came (the host's scheduler gives its VM a core only when a busy one
   lets go), solved the same way with the rest of the profile as fitted (exchanges.wake);

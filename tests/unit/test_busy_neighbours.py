@@ -144,7 +144,7 @@ def test_the_real_loop_starts_checked_and_its_stop_leaves_nothing(tmp_path):
     ends it (by the run's tag) and says nothing is left; a loop that cannot start (no
     `timeout`, no `sleep` on the PATH) fails its command, saying so."""
     run_id = "test-" + secrets.token_hex(4)
-    stop = beside.stop_loops_command(run_id)
+    stop = commands.stop_command(beside.loop_id(run_id), say_left=True)
     try:
         started = subprocess.run(["bash", "-c", beside.loop_command(run_id, 30)],
                                  capture_output=True, text=True, timeout=30)
