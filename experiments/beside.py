@@ -37,9 +37,11 @@ def neighbours(hosts: list[Host], case: dict[str, Any]) -> list[Host]:
 def loop_command(run_id: str, seconds: float) -> str:
     """A CPU loop in the background, ended by the run's stop or, at the latest, after
     `seconds`; says its pid once it is seen running (a loop that ended at once, say for want
-    of `timeout`, fails the command)."""
+    of `timeout`, fails the command, as does a shell that cannot wait to look: no `sleep`)."""
     return (f"{commands.started_by(loop_id(run_id))}nohup timeout {int(seconds)} sh -c "
-            f"{shlex.quote(LOOP)} >/dev/null 2>&1 & p=$!; sleep {SETTLE_S}; "
+            f"{shlex.quote(LOOP)} >/dev/null 2>&1 & p=$!; "
+            f"sleep {SETTLE_S} || "
+            "{ kill $p 2>/dev/null; echo 'cannot wait to look for the loop' >&2; exit 1; }; "
             "if kill -0 $p 2>/dev/null; then echo loop $p; "
             "else echo 'the loop ended at once' >&2; exit 1; fi")
 

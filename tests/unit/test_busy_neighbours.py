@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import re
 import secrets
+import shutil
 import subprocess
 import time
 
@@ -142,7 +143,8 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 def test_the_real_loop_starts_checked_and_its_stop_leaves_nothing(tmp_path):
     """The commands themselves, in a local shell: the loop says its pid once it runs, the stop
     ends it (by the run's tag) and says nothing is left; a loop that cannot start (no
-    `timeout`, no `sleep` on the PATH) fails its command, saying so."""
+    `timeout` on the PATH) fails its command, saying so, as does one with no `sleep` to wait
+    before it looks (that shell would look at once, before a loop that cannot start had ended)."""
     run_id = "test-" + secrets.token_hex(4)
     stop = commands.stop_command(beside.loop_id(run_id), say_left=True)
     try:
@@ -158,6 +160,11 @@ def test_the_real_loop_starts_checked_and_its_stop_leaves_nothing(tmp_path):
     bare = subprocess.run(["/bin/bash", "-c", beside.loop_command(run_id, 30)], capture_output=True,
                           text=True, timeout=30, env={"PATH": str(tmp_path)})
     assert bare.returncode != 0 and "loop " not in bare.stdout
-    assert "ended at once" in bare.stderr or "not found" in bare.stderr
+    assert "cannot wait" in bare.stderr, bare.stderr
+    (tmp_path / "sleep").symlink_to(shutil.which("sleep"))  # a wait, but no `nohup` or `timeout`
+    no_timeout = subprocess.run(["/bin/bash", "-c", beside.loop_command(run_id, 30)],
+                                capture_output=True, text=True, timeout=30, env={"PATH": str(tmp_path)})
+    assert no_timeout.returncode != 0 and "loop " not in no_timeout.stdout
+    assert "ended at once" in no_timeout.stderr, no_timeout.stderr
     assert "left" not in subprocess.run(["bash", "-c", stop], capture_output=True, text=True,
                                         timeout=60).stdout
