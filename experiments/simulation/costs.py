@@ -77,7 +77,8 @@ class Profile:
         measured): a byte costs each side 1/sum. Between two ranks of one VM, a byte costs
         that VM (both sides are on it) what its loopback measured. Where the VMs' CPUs
         outnumber the machine's cores, a rank that blocked runs again `wake` after what it
-        waited for came (the calibration's exchange beside busy VMs)."""
+        waited for came, times the share of the machine's cores the other VMs want then
+        (the calibration's exchange beside busy VMs: all of them)."""
         return Platform("lab", ranks, self.duplex_bandwidth or self.bandwidth, self.latency,
                         cores=self.node_cpus,
                         per_node=per_node, machine_cores=self.host_cpus or 0,

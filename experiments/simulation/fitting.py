@@ -9,7 +9,8 @@ from typing import Any
 from experiments.simulation.costs import Segment
 
 PROBE = 1e-3  # seconds: the second point of the affine solve
-SOLVE_ROUNDS = 8  # secant steps of a solve at most
+SOLVE_ROUNDS = 12  # secant steps of a solve at most (a wake shared by how many VMs want the
+# cores has more pieces: 8 came to 1e-3 of the made-up lab's wake)
 PROBES = 4  # doublings of the probe while a replay does not grow
 LAST = 1 << 62  # the last segment's bound: any size
 

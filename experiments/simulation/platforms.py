@@ -117,8 +117,9 @@ class Platform:
         if self.kind == "lab":
             path = (f", through each VM's data path at {self.path_bandwidth / 1e6:g} MB/s"
                     if self.path_bandwidth else f" ({self.bandwidth / 1e6:g} MB/s)")
-            woken = (f"; a blocked rank runs again {self.wake * 1e3:.3g} ms after its message "
-                     "(more VMs' CPUs than cores)" if self.wake and self.crowded else "")
+            woken = (f"; a blocked rank runs again up to {self.wake * 1e3:.3g} ms after its "
+                     "message, as the other VMs want the cores (more VMs' CPUs than cores)"
+                     if self.wake and self.crowded else "")
             return (f"lab: {self.ranks} ranks on {self.hosts} VMs of {self.cores} CPUs sharing "
                     f"{self.machine_cores_or_all} cores; a message's bytes cost each VM "
                     f"{self.byte_cpu * 1e9:.3g} ns/B of CPU{path}, {self.latency * 1e6:g} us"
@@ -134,7 +135,8 @@ class Platform:
     @property
     def crowded(self) -> bool:
         """lab: whether its VMs' CPUs outnumber the machine's cores (a blocked rank then waits
-        `wake` for the host to run its VM again)."""
+        for the host to run its VM again: `wake` times the share of the cores the other VMs
+        want)."""
         return self.kind == "lab" and self.hosts * self.cores > self.machine_cores_or_all
 
     @property

@@ -26,6 +26,7 @@ from infra.config import cache_dir
 
 SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "replay.cpp"
 INPUT = SOURCE.with_name("recording.hpp")  # the replayer's input, read and checked (included)
+LAB_VMS = SOURCE.with_name("lab_vms.hpp")  # the lab machine's VMs (included)
 HEADER = Path("/usr/include/simgrid/s4u.hpp")
 VERSION = Path("/usr/include/simgrid/version.h")
 DEFAULT_TIMEOUT = 600.0
@@ -91,7 +92,7 @@ def binary() -> Path:
                if not there]
     return built(SOURCE, lambda out: [str(compiler), "-O2", "-std=c++17", "-o", out, str(SOURCE),
                                       "-lsimgrid", f"-l:{allocator}"],
-                 " and ".join(missing) if missing else None, "the replayer", (INPUT,))
+                 " and ".join(missing) if missing else None, "the replayer", (INPUT, LAB_VMS))
 
 
 MEMORY_SHARE = 0.75  # of this machine's memory a simulator process may take

@@ -10,7 +10,7 @@
  *   ranks P hosts H per K flops F
  *                            rank r runs on host "h<r / K>"; a second of CPU work is F flops
  *                            (a host slower than F flop/s per core takes longer)
- *   vms C B L F              (optional: the lab) the hosts are VMs of C cores each on the
+ *   vms C B L F W            (optional: the lab) the hosts are VMs of C cores each on the
  *                            platform's one machine, whose cores they share as they are busy;
  *                            a message's bytes cost B seconds each on the sender's VM and on
  *                            the receiver's at once (under TCG rxe's data path is the VMs'
@@ -19,7 +19,8 @@
  *                            receives share it; 0: none);
  *                            L on the one VM of two ranks of one VM (once: both
  *                            sides are on it), then cross the machine's loopback (the
- *                            link's latency); no porters then: each message has a carrier
+ *                            link's latency); no porters then: each message has a carrier;
+ *                            W: a blocked rank's wait for a core (lab_vms.hpp)
  *   rank r N                 then N moves of rank r:
  *   S dst bytes key waited data cpu  a message (key names it for the receiver, its top 16
  *                                 bits the sender's rank; waited: a
@@ -37,6 +38,7 @@
 #include <simgrid/s4u.hpp>
 #include <xbt/config.hpp>
 
+#include "lab_vms.hpp"
 #include "recording.hpp"
 
 #include <algorithm>
@@ -49,9 +51,8 @@
 #include <unordered_map>
 #include <vector>
 
-namespace sg4 = simgrid::s4u;
-
 static std::vector<std::vector<Move>> moves;
+static std::vector<sg4::Host*> rank_host;
 static std::vector<double> ended;
 /* A rank's bytes in flight as the library's Stats.peak_inflight counts them: sent, and not yet
  * known to have arrived (a send it waits for: until that wait; one it never waits for: until
@@ -61,21 +62,6 @@ static std::vector<char> unclaimed;  // a rank that ended with messages nobody w
 // messages sent to each rank and waited for by it: a porter's send still on its way when the
 // ranks end is cancelled with the porter, so the mailbox alone cannot tell
 static std::vector<long long> sent_to, claimed;
-
-static double flops_per_second = 1e9;
-static int vm_cores = 0;          // 0: the hosts are the platform's own (no VMs)
-static double byte_cpu = 0;       // seconds per byte on each side, with VMs
-static double loop_byte_cpu = 0;  // seconds per byte between two ranks of one VM
-static double path_byte = 0;      // seconds per byte through a VM's data path
-static double ack_latency = 0;    // with VMs: an acknowledgement's way back (the link's latency)
-/* With VMs whose CPUs outnumber the machine's cores, a rank that blocked waits `wake` more once
- * what it waited for came: the host's scheduler runs its VM again only when a busy one gives up
- * a core (a 1 KiB exchange beside busy VMs took 2.1-2.6x as long as alone on the 4-VM lab, where
- * the cores' share alone makes it 1.4-1.8x). */
-static double wake = 0;
-static bool crowded_machine = false;
-static std::unordered_map<sg4::Host*, sg4::Host*> path_of;  // a VM's data path (a VM of `paths`)
-static std::vector<sg4::Host*> rank_host;
 
 /* Sends nobody waits for leave through porters. SimGrid 3.32 keeps every activity an actor
  * takes part in on a list it scans whole whenever one of them ends (std::list::remove, in
@@ -166,55 +152,10 @@ static sg4::Mailbox* pair_box(int to, int from)
   return box;
 }
 
-/* With VMs, a message is carried by an actor of its own on the sender's VM: the bytes' CPU
- * on both VMs and their passage through both VMs' data paths, all at once (pipelined, as
- * rxe's sender and receiver work packet by packet), then the machine's loopback. */
-static void carry(sg4::Mailbox* to, unsigned long long* payload, uint64_t wire, sg4::Host* there,
-                  bool waited)
-{
-  if (there == sg4::this_actor::get_host()) {
-    double flops = loop_byte_cpu * (double)wire * flops_per_second;
-    if (flops > 0)
-      sg4::this_actor::execute(flops);
-    to->put(payload, wire);
-    if (waited)  // RC: the sender learns of it by the acknowledgement, which comes back
-      sg4::this_actor::sleep_for(ack_latency);
-    return;
-  }
-  // each VM's data path (F: its sends and receives share it) beside both sides' CPU
-  double flops = byte_cpu * (double)wire * flops_per_second;
-  double path = path_byte * (double)wire * flops_per_second;
-  std::vector<sg4::ExecPtr> parts;
-  if (flops > 0) {
-    parts.push_back(sg4::this_actor::exec_async(flops));
-    parts.push_back(sg4::Exec::init()->set_flops_amount(flops)->set_host(there));
-    parts.back()->start();
-  }
-  if (path > 0) {
-    for (sg4::Host* vm : {sg4::this_actor::get_host(), there}) {
-      parts.push_back(sg4::Exec::init()->set_flops_amount(path)->set_host(path_of.at(vm)));
-      parts.back()->start();
-    }
-  }
-  // each side's VM stops counting as busy when its own part ends: SimGrid counts a VM's
-  // running execs down only once an exec is waited for, so all are waited for as they end
-  while (!parts.empty())
-    parts.erase(parts.begin() + sg4::Exec::wait_any(parts));
-  to->put(payload, wire);
-  if (waited)
-    sg4::this_actor::sleep_for(ack_latency);
-}
-
 static void work(double seconds)
 {
   if (seconds > 0)
     sg4::this_actor::execute(seconds * flops_per_second);
-}
-
-static void woken(double since)
-{
-  if (crowded_machine && wake > 0 && sg4::Engine::get_clock() > since)
-    sg4::this_actor::sleep_for(wake);
 }
 
 static void rank_main(int r)
@@ -229,6 +170,8 @@ static void rank_main(int r)
    * a busy CPU they take the same time, and each exec is a SimGrid action of its own (a fifth
    * of the replay's time went to starting and ending them). */
   double pending = 0;
+  sg4::Host* const here = rank_host[r];
+  claim(here);  // a rank runs but while it waits (blocked: the library sleeps at once)
   for (const Move& m : moves[r]) {
     switch (m.kind) {
       case 'S': {
@@ -278,14 +221,18 @@ static void rank_main(int r)
         }
         const bool blocked = it == arrived.end();
         const double since = sg4::Engine::get_clock();
+        if (blocked)
+          release(here);
         while (it == arrived.end()) {
           auto* got = box->get<unsigned long long>();
           arrived[*got]++;
           delete got;
           it = arrived.find(m.key);
         }
-        if (blocked)
+        if (blocked) {
+          claim(here);
           woken(since);
+        }
         if (--it->second == 0)
           arrived.erase(it);
         claimed[r]++;
@@ -298,6 +245,7 @@ static void rank_main(int r)
         work(pending);
         pending = 0;
         const double since = sg4::Engine::get_clock();
+        release(here);
         for (int id : m.ids)
           if (by_porter[id]) {
             Handed& h = handed[r][id];
@@ -325,6 +273,7 @@ static void rank_main(int r)
           }
         inflight -= unwaited;
         unwaited = 0;
+        claim(here);
         woken(since);
         break;
       }
@@ -334,6 +283,7 @@ static void rank_main(int r)
     }
   }
   work(pending);
+  release(here);
   if (!arrived.empty())  // a message this rank never waited for: the recording is wrong
     unclaimed[r] = 1;
   ended[r] = sg4::Engine::get_clock();
@@ -392,20 +342,11 @@ int main(int argc, char** argv)
   pair_boxes.assign(moves.size() * moves.size(), nullptr);
   e.load_platform(argv[1]);
   if (vm_cores > 0) {  // the lab: its VMs, on the platform's machine, and their data paths
-    sg4::Host* machine = e.host_by_name_or_null("machine");
-    sg4::Host* paths = e.host_by_name_or_null("paths");
-    if (machine == nullptr || paths == nullptr || (int)paths->get_core_count() < hosts) {
-      std::cerr << "error: VMs need a platform with a host 'machine' and a host 'paths' of a core per VM\n";
+    std::string why;
+    vms = start_vms(e, hosts, why);
+    if (vms.empty()) {
+      std::cerr << "error: " << why << "\n";
       return 2;
-    }
-    crowded_machine = (long long)hosts * vm_cores > machine->get_core_count();
-    for (int h = 0; h < hosts; h++) {
-      sg4::VirtualMachine* vm = machine->create_vm("h" + std::to_string(h), vm_cores);
-      vm->start();
-      vms.push_back(vm);
-      sg4::VirtualMachine* nic = paths->create_vm("path" + std::to_string(h), 1);
-      nic->start();
-      path_of[vm] = nic;
     }
   }
   rank_host.resize(moves.size());

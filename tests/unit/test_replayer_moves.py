@@ -42,23 +42,27 @@ def test_a_messages_bytes_cost_both_vms_cpu(tmp_path):
 
 
 @needs_simgrid
-def test_a_blocked_rank_waits_for_a_core_where_the_vms_outnumber_them(tmp_path):
-    """wake = 5 ms. Rank 1 blocks on rank 0's message (sent after 10 ms of work); rank 0 then
-    blocks on its acknowledgement. With a third VM busy on 2 cores, each runs again 5 ms after
-    what it waited for came; on 2 VMs for 2 cores neither waits for a core. A rank whose
-    message came while it worked (20 ms first) never blocked and pays nothing."""
+def test_a_blocked_rank_waits_for_the_cores_the_other_vms_want(tmp_path):
+    """wake = 5 ms, 3 one-CPU VMs on 2 cores. Rank 1 blocks on rank 0's message (sent after
+    10 ms of work); rank 0 then blocks on its acknowledgement. With the third VM busy: when
+    the message comes, rank 0 is blocked and only the busy VM wants a core, half the
+    machine's: 2.5 ms; when the acknowledgement comes, rank 1 (still waiting for its core)
+    and the busy VM want both: 5 ms. With the third VM idle, no other VM wants a core when
+    either wakes: neither waits; nor on 2 VMs for 2 cores, busy or not. A rank whose message
+    came while it worked (20 ms first) never blocked and pays nothing; the sender, woken
+    beside it and the busy VM, the whole 5 ms."""
     sends = "rank 0 3\nC 0.01\nS 1 1000 7 1 1 0\nW 1 0\n"
 
-    def ends(ranks, receiver, wake, loop=True):
-        lab = platforms.Platform("lab", ranks, 1e9, 1e-4, machine_cores=2, wake=wake)
-        return replay_moves(tmp_path, lab, sends + receiver + ("rank 2 1\nC 10\n" if loop else ""))[:2]
+    def added(ranks, receiver, third=True):  # each rank's end, with the wake less without
+        def ends(wake):
+            lab = platforms.Platform("lab", ranks, 1e9, 1e-4, machine_cores=2, wake=wake)
+            return replay_moves(tmp_path, lab, sends + receiver + ("rank 2 1\nC 10\n" if third else ""))[:2]
+        return [b - a for a, b in zip(ends(0), ends(5e-3), strict=True)]
     blocked = "rank 1 1\nR 7 0\n"
-    assert [b - a for a, b in zip(ends(3, blocked, 0), ends(3, blocked, 5e-3), strict=True)] \
-        == pytest.approx([5e-3, 5e-3], rel=1e-6)
-    assert ends(2, blocked, 5e-3, loop=False) == pytest.approx(ends(2, blocked, 0, loop=False))
-    busy = "rank 1 2\nC 0.02\nR 7 0\n"
-    late, early = ends(3, busy, 0), ends(3, busy, 5e-3)
-    assert early[0] - late[0] == pytest.approx(5e-3, rel=1e-6) and early[1] == pytest.approx(late[1])
+    assert added(3, blocked) == pytest.approx([5e-3, 2.5e-3], rel=1e-6)
+    assert added(3, blocked + "rank 2 0\n", third=False) == pytest.approx([0, 0], abs=1e-12)
+    assert added(2, blocked, third=False) == pytest.approx([0, 0], abs=1e-12)
+    assert added(3, "rank 1 2\nC 0.02\nR 7 0\n") == pytest.approx([5e-3, 0], abs=1e-9)
 
 
 @needs_simgrid
