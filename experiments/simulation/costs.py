@@ -64,7 +64,7 @@ class Profile:
     loop_bandwidth: float | None = None  # bytes/s within one node (ib_write_bw on rxe's loopback)
     cpu_per_byte: float | None = None  # CPU s a byte costs each side (None: all 1/duplex's)
     path_bandwidth: float | None = None  # bytes/s through a VM's data path, sent and received
-    wake: float | None = None  # s a blocked rank takes to run again on a crowded machine (lab)
+    wake: float | None = None  # s a blocked rank waits for a core, the others wanting all (lab)
 
     def lab(self, ranks: int, per_node: int = 1) -> Platform:
         """The `lab` platform of this profile's nodes: VMs of `node_cpus` CPUs on a machine of

@@ -146,15 +146,16 @@ BESIDE = ("alltoall", "pairwise", 2)  # the exchange the calibration also runs b
 
 def wake(m: dict[tuple[Any, ...], Spread], profile: Profile,
          notes: list[str]) -> tuple[float | None, dict[str, Any]]:
-    """The seconds a blocked rank takes to run again when the lab's VMs outnumber its cores,
-    solved so the replay of the exchange beside busy nodes (a CPU loop on each of the lab's
-    next nodes) takes the lab's time, with the rest of `profile` as fitted; with that fit
-    beside its lab figure. One figure, scaled in the replay by the share of the machine's
-    cores the other VMs want at each wake-up (lab_vms.hpp): measured with a node or two
-    busy, it stands for a lab of any size. None, said in `notes`, where it cannot be measured: the
-    calibration did not run that case, its VMs did not outnumber the cores (none waited for
-    one), or the exchange alone already did (the per-message costs hold the waits); 0, said
-    too, where the exchange beside busy nodes was no slower than its replay without it."""
+    """The seconds a blocked rank waits for a core when the lab's VMs outnumber its cores and
+    the other VMs want every core, solved so the replay of the exchange beside busy nodes (a
+    CPU loop on each of the lab's next nodes) takes the lab's time, with the rest of
+    `profile` as fitted; with that fit beside its lab figure. One figure, scaled in the
+    replay by the share of the machine's cores the other VMs want at each wake-up
+    (lab_vms.hpp): measured with a node or two busy, it stands for a lab of any size. None,
+    said in `notes`, where it cannot be measured: the calibration did not run that case, its
+    VMs did not outnumber the cores (none waited for one), or the exchange alone already did
+    (the per-message costs hold the waits); 0, said too, where the exchange beside busy
+    nodes was no slower than its replay without it."""
     found = sorted(k for k in m if k[:4] == ("beside", *BESIDE))
     if not found:
         notes.append("no exchange beside busy nodes (a calibration run from before that case): "

@@ -37,7 +37,10 @@ def solve(measured: float, at: Any) -> tuple[float, float]:
     affine by pieces where a cost spent beside a wait is hidden until it outlasts the wait:
     then secant steps from the last two replays (bisection where those two are level), at
     most SOLVE_ROUNDS, and the nearest replay seen. The probe doubles while the replay does
-    not grow (a wait longer than PROBE hides the cost there), up to PROBE * 2**PROBES."""
+    not grow (a wait longer than PROBE hides the cost there), up to PROBE * 2**PROBES. A
+    replay need not be quite monotone (a longer wake can move another rank's wake-up to an
+    instant where fewer VMs want the cores): the steps still end, and the nearest replay seen
+    is what is kept."""
     x0, y0 = 0.0, at(0.0)
     if measured <= y0:
         return 0.0, y0

@@ -56,7 +56,7 @@ class Platform:
     loop_bandwidth: float = 0.0  # lab: bytes/s between two ranks of one VM (0: half `bandwidth`)
     cpu_per_byte: float = 0.0  # lab: CPU seconds a byte costs each side's VM (0: 1/`bandwidth`)
     path_bandwidth: float = 0.0  # lab: bytes/s through each VM's data path (0: no bound)
-    wake: float = 0.0  # lab: seconds a blocked rank takes to run again, VMs' CPUs past the cores
+    wake: float = 0.0  # lab: a blocked rank's wait for a core, the other VMs wanting all of them
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -7,13 +7,15 @@
 #include <simgrid/s4u.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 namespace sg4 = simgrid::s4u;
 
-static double flops_per_second = 1e9;  // a second of CPU work, in flops (every platform)
+static double flops_per_second = 1e9;  // a second of CPU work, in flops (every platform:
+                                       // replay.cpp's work() too; here for the carriers)
 static int vm_cores = 0;          // 0: the hosts are the platform's own (no VMs)
 static double byte_cpu = 0;       // seconds per byte on each side, with VMs
 static double loop_byte_cpu = 0;  // seconds per byte between two ranks of one VM
@@ -21,35 +23,38 @@ static double path_byte = 0;      // seconds per byte through a VM's data path
 static double ack_latency = 0;    // with VMs: an acknowledgement's way back (the link's latency)
 /* With VMs whose CPUs outnumber the machine's cores, a rank that blocked runs again `wake`
  * after what it waited for came, times the share of the machine's cores the other VMs want
- * at that instant (at most all of them): the host's scheduler runs its VM again only when a
- * busy one gives up a core. Charged in full at every wake-up, the strictly sequential schedule
- * came out 1.5-1.8x too slow on the 3-VM lab, where at most two VMs work at once (the third
- * waits for its turn, idle), and the collectives that keep all three busy about right; with
- * the share, 0.9 (the calibration's exchange beside a busy VM, which fits `wake`, has two
- * other VMs busy: the full wake). */
+ * at that instant (at most all of them; ranks woken at the same instant count each other):
+ * the host's scheduler runs its VM again only when a busy one gives up a core. The share is
+ * an interpolation the lab chose, not a scheduler's law: with a core free, a VM still waited
+ * (the host's own threads, the idle VMs' ticks), and none at all, only where the others
+ * held every core, fitted worse. Charged in full at every wake-up (run 20261128-075021,
+ * p = 3, 1 KiB), the strictly sequential schedule, at most two of the three VMs at work (the
+ * third waits for its turn, idle), came out 1.5-1.8x too slow, and the collectives that keep
+ * all three busy about right; with the share, about 0.9. The calibration's exchange beside a
+ * busy VM, which fits `wake`, has both other VMs wanting a core at each wake-up: all of it. */
 static double wake = 0;
 static bool crowded_machine = false;
 static int machine_cores = 1;
-static std::unordered_map<sg4::Host*, int> claims;  // per VM: its ranks not blocked, its CPU work
+static std::unordered_map<sg4::Host*, int> wanting;  // per VM: its ranks not blocked, its CPU work
 static int cores_wanted = 0;  // by all VMs at this instant: each wants at most its own cores
 static std::unordered_map<sg4::Host*, sg4::Host*> path_of;  // a VM's data path (a VM of `paths`)
 
-static int wanted(int claim) { return std::min(claim, vm_cores); }
+static int wanted(int n) { return std::min(n, vm_cores); }
 
-static void claim(sg4::Host* vm)  // a rank on `vm` runs (or wants to), or a message's CPU does
+static void want_core(sg4::Host* vm)  // a rank on `vm` runs (or wants to), or a message's CPU does
 {
   if (vm_cores == 0)
     return;
-  int& n = claims[vm];
+  int& n = wanting[vm];
   cores_wanted += wanted(n + 1) - wanted(n);
   n++;
 }
 
-static void release(sg4::Host* vm)
+static void drop_core(sg4::Host* vm)
 {
   if (vm_cores == 0)
     return;
-  int& n = claims[vm];
+  int& n = wanting[vm];
   cores_wanted += wanted(n - 1) - wanted(n);
   n--;
 }
@@ -58,8 +63,11 @@ static void woken(double since)  // a rank whose wait began at `since`, now over
 {
   if (!crowded_machine || wake <= 0 || sg4::Engine::get_clock() <= since)
     return;  // it never blocked
+  // the other ranks whose waits end at this instant want their cores too: they run first
+  // (SimGrid runs them in an order of its own; the first would see the others still blocked)
+  sg4::this_actor::yield();
   sg4::Host* here = sg4::this_actor::get_host();
-  const int others = cores_wanted - wanted(claims[here]);
+  const int others = cores_wanted - wanted(wanting[here]);
   const double share = std::min(1.0, (double)others / machine_cores);
   if (share > 0)
     sg4::this_actor::sleep_for(wake * share);
@@ -74,9 +82,9 @@ static void carry(sg4::Mailbox* to, unsigned long long* payload, uint64_t wire, 
   if (there == sg4::this_actor::get_host()) {
     double flops = loop_byte_cpu * (double)wire * flops_per_second;
     if (flops > 0) {
-      claim(there);
+      want_core(there);
       sg4::this_actor::execute(flops);
-      release(there);
+      drop_core(there);
     }
     to->put(payload, wire);
     if (waited)  // RC: the sender learns of it by the acknowledgement, which comes back
@@ -87,30 +95,30 @@ static void carry(sg4::Mailbox* to, unsigned long long* payload, uint64_t wire, 
   double flops = byte_cpu * (double)wire * flops_per_second;
   double path = path_byte * (double)wire * flops_per_second;
   std::vector<sg4::ExecPtr> parts;
-  std::vector<sg4::Host*> claimed_on;  // per part: the VM whose core it takes (a path: none)
+  std::vector<sg4::Host*> wants_on;  // per part: the VM whose core it takes (a path: none)
   if (flops > 0) {
     for (sg4::Host* vm : {sg4::this_actor::get_host(), there}) {
       parts.push_back(sg4::Exec::init()->set_flops_amount(flops)->set_host(vm));
       parts.back()->start();
-      claimed_on.push_back(vm);
-      claim(vm);
+      wants_on.push_back(vm);
+      want_core(vm);
     }
   }
   if (path > 0) {
     for (sg4::Host* vm : {sg4::this_actor::get_host(), there}) {
       parts.push_back(sg4::Exec::init()->set_flops_amount(path)->set_host(path_of.at(vm)));
       parts.back()->start();
-      claimed_on.push_back(nullptr);
+      wants_on.push_back(nullptr);
     }
   }
   // each side's VM stops counting as busy when its own part ends: SimGrid counts a VM's
   // running execs down only once an exec is waited for, so all are waited for as they end
   while (!parts.empty()) {
-    const ssize_t done = sg4::Exec::wait_any(parts);
-    if (claimed_on[done] != nullptr)
-      release(claimed_on[done]);
+    const auto done = (size_t)sg4::Exec::wait_any(parts);
+    if (wants_on[done] != nullptr)
+      drop_core(wants_on[done]);
     parts.erase(parts.begin() + done);
-    claimed_on.erase(claimed_on.begin() + done);
+    wants_on.erase(wants_on.begin() + done);
   }
   to->put(payload, wire);
   if (waited)

@@ -171,7 +171,7 @@ static void rank_main(int r)
    * of the replay's time went to starting and ending them). */
   double pending = 0;
   sg4::Host* const here = rank_host[r];
-  claim(here);  // a rank runs but while it waits (blocked: the library sleeps at once)
+  want_core(here);  // a rank runs but while it waits (blocked: the library sleeps at once)
   for (const Move& m : moves[r]) {
     switch (m.kind) {
       case 'S': {
@@ -222,7 +222,7 @@ static void rank_main(int r)
         const bool blocked = it == arrived.end();
         const double since = sg4::Engine::get_clock();
         if (blocked)
-          release(here);
+          drop_core(here);
         while (it == arrived.end()) {
           auto* got = box->get<unsigned long long>();
           arrived[*got]++;
@@ -230,7 +230,7 @@ static void rank_main(int r)
           it = arrived.find(m.key);
         }
         if (blocked) {
-          claim(here);
+          want_core(here);
           woken(since);
         }
         if (--it->second == 0)
@@ -245,7 +245,7 @@ static void rank_main(int r)
         work(pending);
         pending = 0;
         const double since = sg4::Engine::get_clock();
-        release(here);
+        drop_core(here);
         for (int id : m.ids)
           if (by_porter[id]) {
             Handed& h = handed[r][id];
@@ -273,7 +273,7 @@ static void rank_main(int r)
           }
         inflight -= unwaited;
         unwaited = 0;
-        claim(here);
+        want_core(here);
         woken(since);
         break;
       }
@@ -283,7 +283,7 @@ static void rank_main(int r)
     }
   }
   work(pending);
-  release(here);
+  drop_core(here);
   if (!arrived.empty())  // a message this rank never waited for: the recording is wrong
     unclaimed[r] = 1;
   ended[r] = sg4::Engine::get_clock();

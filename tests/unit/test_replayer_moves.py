@@ -66,6 +66,24 @@ def test_a_blocked_rank_waits_for_the_cores_the_other_vms_want(tmp_path):
 
 
 @needs_simgrid
+def test_ranks_woken_at_one_instant_want_their_cores_together(tmp_path):
+    """Two ranks send each other a message at once and block on the other's, beside a busy
+    third VM (3 one-CPU VMs on 2 cores, wake = 5 ms): both messages come at the same instant,
+    so each rank sees the other's VM and the busy one wanting both cores, whichever SimGrid
+    runs first: 5 ms each. With a fourth VM idle beside them, the same."""
+    back = (1 << 48) | 8  # a key's top bits are its sender's rank
+    pair = f"rank 0 2\nS 1 1000 7 0 1 0\nR {back} 0\nrank 1 2\nS 0 1000 {back} 0 1 0\nR 7 0\n"
+
+    def added(hosts, rest):
+        def ends(wake):
+            lab = platforms.Platform("lab", hosts, 1e9, 1e-4, machine_cores=2, wake=wake)
+            return replay_moves(tmp_path, lab, pair + rest)[:2]
+        return [b - a for a, b in zip(ends(0), ends(5e-3), strict=True)]
+    assert added(3, "rank 2 1\nC 10\n") == pytest.approx([5e-3, 5e-3], rel=1e-6)
+    assert added(4, "rank 2 1\nC 10\nrank 3 0\n") == pytest.approx([5e-3, 5e-3], rel=1e-6)
+
+
+@needs_simgrid
 def test_only_a_sender_that_waits_hears_the_acknowledgement(tmp_path):
     """A send nobody waits for does not hold its sender: rank 0 ends with its second of work
     and the message's millisecond on its one CPU (1.001 s), the receiver when the bytes,
