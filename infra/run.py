@@ -136,6 +136,17 @@ def run_streaming(
     log.debug("+ %s", shlex.join(args))
     log_file.parent.mkdir(parents=True, exist_ok=True)
     tail: deque[str] = deque(maxlen=15)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        with log_file.open("w") as f:
+            for line in proc.stdout:
+                f.write(line)
+                tail.append(line.rstrip())
+                shown = transform(line.rstrip())
+                if shown is not None:
+                    print(f"{prefix}{shown}", flush=True)
+
     try:
         proc = subprocess.Popen(
             args,
@@ -152,18 +163,12 @@ def run_streaming(
     except FileNotFoundError:
         raise missing_program(args[0]) from None
 
-    def pump() -> None:
-        assert proc.stdout is not None
-        with log_file.open("w") as f:
-            for line in proc.stdout:
-                f.write(line)
-                tail.append(line.rstrip())
-                shown = transform(line.rstrip())
-                if shown is not None:
-                    print(f"{prefix}{shown}", flush=True)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    try:  # from here on a signal (Ctrl-C, a closed terminal) is passed on to the program
+    reader: threading.Thread | None = None
+    # from here on a signal (Ctrl-C, a closed terminal) is passed on to the program: nothing
+    # stands between the program's start and this try (a signal in that gap, under CI's
+    # load, once left a Terraform apply running, never told)
+    try:
+        reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -184,7 +189,7 @@ def run_streaming(
         proc.wait()
         raise
     finally:
-        if reader.ident is not None:
+        if reader is not None and reader.ident is not None:
             reader.join(timeout=5)
     if proc.returncode != 0:
         raise CommandError(args, proc.returncode, "\n".join(tail), "")

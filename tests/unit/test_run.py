@@ -1,3 +1,5 @@
+import os
+import signal
 import time
 
 import pytest
@@ -33,6 +35,39 @@ def test_timeout_stops_the_whole_process_group(tmp_path):
     assert time.monotonic() - started < 5
     time.sleep(3.5)
     assert not marker.exists(), "the grandchild was killed with its group"
+
+
+def test_a_signal_while_the_reader_is_made_is_passed_on_to_the_program(tmp_path, monkeypatch):
+    """A signal (here its KeyboardInterrupt) that comes right after the program started, while
+    its output's reader is being made, still interrupts the program with SIGINT and waits for
+    it: it says so and is gone (CI once left a Terraform apply running, never told)."""
+    import threading
+
+    told, pid = tmp_path / "told", tmp_path / "pid"
+    program = (f"trap 'echo interrupted > {told}; exit 130' INT; echo $$ > {pid}.new; "
+               f"mv {pid}.new {pid}; while :; do sleep 0.1; done")
+
+    def signal_now(*args, **kwargs):
+        deadline = time.monotonic() + 30
+        while not pid.exists():  # the program's trap is set
+            assert time.monotonic() < deadline, "the program never started"
+            time.sleep(0.05)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(threading, "Thread", signal_now)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run_streaming(["sh", "-c", program], prefix="", timeout=60,
+                                 log_file=tmp_path / "out.log", interrupt_grace=10)
+        monkeypatch.undo()
+        started = int(pid.read_text())
+        assert told.read_text() == "interrupted\n"
+        assert not os.path.exists(f"/proc/{started}"), "the program was waited for"
+    finally:
+        if pid.exists():  # a program left running is this test's to stop (its own group)
+            try:
+                os.killpg(int(pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_streaming_shows_lines_and_keeps_a_log(tmp_path, capsys):
