@@ -26,7 +26,7 @@ from infra.config import REPO, LabConfig
 from infra.inventory import Host, Inventory
 from infra.ssh import ssh_argv
 from infra.state import LabState
-from tests import lab_sessions
+from tests import lab_sessions, terminate
 
 # tests/torch runs under the distribution's torch, in .venv-torch (the Makefile's second run)
 collect_ignore = [] if importlib.util.find_spec("torch") else ["torch"]
@@ -76,6 +76,9 @@ class Lab:
                 os.killpg(proc.pid, 9)
                 proc.wait()
                 pytest.fail(f"`make {target}` did not finish within {timeout} s; log: {log}")
+            except BaseException:  # the session stops (tests/terminate.py): so does the target
+                terminate.stop_make(proc)
+                raise
         return subprocess.CompletedProcess(["make", target], proc.returncode, log.read_text(), "")
 
 
@@ -118,6 +121,7 @@ def yield_cpu(pid: int, niceness: int = 10) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    terminate.install()
     config.addinivalue_line("markers", "destroys_lab: runs last; tears the shared lab down")
 
 
