@@ -12,10 +12,12 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infra.errors import LabError
 
@@ -86,20 +88,16 @@ def run(
     args = [os.fspath(a) for a in argv]
     log.debug("+ %s", shlex.join(args))
     full_env = {**os.environ, "LANG": "C.UTF-8", **(env or {})}
+    proc, held = _started(
+        args,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+        env=full_env,
+        cwd=cwd,
+    )
     try:
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE if capture else None,
-            stderr=subprocess.PIPE if capture else None,
-            text=True,
-            env=full_env,
-            cwd=cwd,
-            start_new_session=True,
-        )
-    except FileNotFoundError:
-        raise missing_program(args[0]) from None
-    try:
+        held.release()  # a signal held while the program started takes effect here
         out, err = proc.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
@@ -129,7 +127,6 @@ def run_streaming(
 ) -> None:
     """Run a long command whose own output is the best progress report: its lines are shown
     as they come (prefixed), all of them go to log_file, and a failure quotes the tail."""
-    import threading
     from collections import deque
 
     args = [os.fspath(a) for a in argv]
@@ -147,27 +144,23 @@ def run_streaming(
                 if shown is not None:
                     print(f"{prefix}{shown}", flush=True)
 
-    try:
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "LANG": "C.UTF-8", **(env or {})},
-            start_new_session=True,
-            # it is interrupted with SIGINT below, which it cannot catch if it inherited the
-            # signal ignored (a background job of a non-interactive shell, many CI runners)
-            preexec_fn=_default_sigint if interrupt_grace > 0 else None,
-        )
-    except FileNotFoundError:
-        raise missing_program(args[0]) from None
+    proc, held = _started(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "LANG": "C.UTF-8", **(env or {})},
+        # it is interrupted with SIGINT below, which it cannot catch if it inherited the
+        # signal ignored (a background job of a non-interactive shell, many CI runners)
+        preexec_fn=_default_sigint if interrupt_grace > 0 else None,
+    )
 
     reader: threading.Thread | None = None
     # from here on a signal (Ctrl-C, a closed terminal) is passed on to the program: nothing
     # stands between the program's start and this try (a signal in that gap, under CI's
     # load, once left a Terraform apply running, never told)
     try:
+        held.release()  # a signal held while the program started takes effect here
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         proc.wait(timeout=timeout)
@@ -193,6 +186,56 @@ def run_streaming(
             reader.join(timeout=5)
     if proc.returncode != 0:
         raise CommandError(args, proc.returncode, "\n".join(tail), "")
+
+
+class _HeldSignals:
+    """Signals that stop a run, held while a program starts and delivered once it has: one
+    that came inside `subprocess.Popen` after the fork (while it waits to hear that the exec
+    worked) would raise there, before `Popen` returned the pid, and leave the program
+    running in its own session, never told. Blocking the signals (`pthread_sigmask`) would
+    not do: the kernel hands a process's signal to any thread not blocking it, the reader's
+    among them, and Python then runs the handler in the main thread all the same. So the
+    handlers are swapped for one that only notes the signal. Handlers are the main thread's
+    to set; elsewhere nothing is held. An ignored signal stays ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.noted: list[int] = []
+        self.previous: dict[int, object] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self.SIGNALS:
+            handler = signal.getsignal(sig)
+            if handler not in (signal.SIG_IGN, None):  # None: set outside Python, left alone
+                self.previous[sig] = handler
+                signal.signal(sig, self._note)
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.noted.append(signum)
+
+    def release(self) -> None:
+        """Put the handlers back, then raise each noted signal again (at most once each), so
+        that what the handler does (KeyboardInterrupt, a LabError) happens here."""
+        previous, self.previous = self.previous, {}
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        for sig in dict.fromkeys(self.noted):
+            signal.raise_signal(sig)
+
+
+def _started(args: list[str], **popen: Any) -> tuple[subprocess.Popen[str], _HeldSignals]:
+    """The program started in a session of its own, and the signals held meanwhile: the
+    caller releases them first thing inside the try that stops the program."""
+    held = _HeldSignals()
+    try:
+        return subprocess.Popen(args, text=True, start_new_session=True, **popen), held
+    except FileNotFoundError:
+        held.release()
+        raise missing_program(args[0]) from None
+    except BaseException:
+        held.release()
+        raise
 
 
 def _default_sigint() -> None:

@@ -70,6 +70,63 @@ def test_a_signal_while_the_reader_is_made_is_passed_on_to_the_program(tmp_path,
                 pass
 
 
+@pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "run"])
+def test_a_signal_inside_popen_after_the_program_started_is_passed_on_to_it(tmp_path, monkeypatch,
+                                                                            streaming):
+    """A Ctrl-C that comes after the fork, while `subprocess.Popen` has not yet returned the
+    pid, is held until the program is the run's to stop: then it interrupts the program (SIGINT
+    when streaming, SIGKILL for `run`) and waits for it. Unheld, it raised inside Popen and
+    left the program running in its own session."""
+    import subprocess
+
+    told, pid = tmp_path / "told", tmp_path / "pid"
+    program = (f"trap 'echo interrupted > {told}; exit 130' INT; echo $$ > {pid}.new; "
+               f"mv {pid}.new {pid}; while :; do sleep 0.1; done")
+    real_popen = subprocess.Popen
+
+    def popen_then_signal(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        deadline = time.monotonic() + 30
+        while not pid.exists():  # the program's trap is set
+            assert time.monotonic() < deadline, "the program never started"
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # Python runs its handler here, inside "Popen"
+        for _ in range(5):
+            time.sleep(0.01)
+        return proc
+    monkeypatch.setattr(subprocess, "Popen", popen_then_signal)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if streaming:
+                runner.run_streaming(["sh", "-c", program], prefix="", timeout=60,
+                                     log_file=tmp_path / "out.log", interrupt_grace=10)
+            else:
+                runner.run(["sh", "-c", program], timeout=60)
+        monkeypatch.undo()
+        started = int(pid.read_text())
+        if streaming:
+            assert told.read_text() == "interrupted\n"
+        assert not os.path.exists(f"/proc/{started}"), "the program was stopped and waited for"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        if pid.exists():  # a program left running is this test's to stop (its own group)
+            try:
+                os.killpg(int(pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_run_outside_the_main_thread_holds_no_signal(tmp_path):
+    import threading
+
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(runner.run(["sh", "-c", "echo ok"]).stdout))
+    worker.start()
+    worker.join(timeout=30)
+    assert seen == ["ok\n"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_streaming_shows_lines_and_keeps_a_log(tmp_path, capsys):
     log = tmp_path / "out.log"
     runner.run_streaming(["sh", "-c", "echo one; echo two"], prefix="> ", timeout=10, log_file=log,
