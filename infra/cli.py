@@ -104,6 +104,9 @@ def cmd_provision(args: argparse.Namespace) -> None:
 
 
 def _interrupt(signum: int, frame: object) -> None:
+    # one SIGTERM is one interrupt: a second (the group's, after make passed one on to its
+    # child) would cut Terraform's interrupt short, as a second Ctrl-C does on purpose
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -149,6 +152,17 @@ def _running(state: LabState) -> dict[str, bool]:
     return {n.name: vm.is_running(state, n) for n in config.all_nodes()}
 
 
+def cmd_destroy(state: LabState) -> None:
+    """A destroy is the clean-up itself: `kill` (SIGTERM, as a cancelled CI job or a test
+    session's teardown sends it to every process) or a closed terminal lets it finish. Ended
+    there, it would leave Terraform destroying on its own in its session, and the namespace,
+    taps and files after it in place. Ctrl-C still stops it; the ignored SIGTERM is also
+    Terraform's and the node steps'."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, lambda signum, frame: runner.detach_from_terminal())
+    cmd_destroy_state(state)
+
+
 def cmd_destroy_state(state: LabState) -> None:
     had_state = state.root.exists()
     state.check_own()  # before Terraform runs anything its state records
@@ -178,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             case "provision":
                 cmd_provision(args)
             case "destroy":
-                cmd_destroy_state(state)
+                cmd_destroy(state)
             case "status":
                 status.show(status.collect(_inventory(args, state),
                                            None if args.inventory else _running(state)))

@@ -195,31 +195,44 @@ class _HeldSignals:
     running in its own session, never told. Blocking the signals (`pthread_sigmask`) would
     not do: the kernel hands a process's signal to any thread not blocking it, the reader's
     among them, and Python then runs the handler in the main thread all the same. So the
-    handlers are swapped for one that only notes the signal. Handlers are the main thread's
-    to set; elsewhere nothing is held. An ignored signal stays ignored."""
+    handlers are swapped for one that only notes the signal. Only Python handlers are held
+    (KeyboardInterrupt, cli's SIGTERM and SIGHUP during a provision): an ignored signal stays
+    ignored, and one left to its default ends the process at once, held or not. Handlers are
+    the main thread's to set; elsewhere nothing is held."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.noted: list[int] = []
-        self.previous: dict[int, object] = {}
+        self.previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in self.SIGNALS:
-            handler = signal.getsignal(sig)
-            if handler not in (signal.SIG_IGN, None):  # None: set outside Python, left alone
-                self.previous[sig] = handler
-                signal.signal(sig, self._note)
+        try:
+            for sig in self.SIGNALS:
+                handler = signal.getsignal(sig)
+                if callable(handler):  # not SIG_IGN, SIG_DFL or None (set outside Python)
+                    self.previous[sig] = handler
+                    signal.signal(sig, self._note)
+        except BaseException:  # a signal whose handler is not swapped yet: none stays held
+            self._restore()
+            raise
 
     def _note(self, signum: int, frame: object) -> None:
         self.noted.append(signum)
 
+    def _restore(self) -> None:
+        pending, self.previous = self.previous, {}
+        try:
+            for sig in list(pending):
+                signal.signal(sig, pending.pop(sig))
+        finally:  # a signal restored first raised before the others were: they are, still
+            for sig, handler in pending.items():
+                signal.signal(sig, handler)
+
     def release(self) -> None:
         """Put the handlers back, then raise each noted signal again (at most once each), so
         that what the handler does (KeyboardInterrupt, a LabError) happens here."""
-        previous, self.previous = self.previous, {}
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._restore()
         for sig in dict.fromkeys(self.noted):
             signal.raise_signal(sig)
 

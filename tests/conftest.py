@@ -76,8 +76,9 @@ class Lab:
                 os.killpg(proc.pid, 9)
                 proc.wait()
                 pytest.fail(f"`make {target}` did not finish within {timeout} s; log: {log}")
-            except BaseException:  # the session stops (tests/terminate.py): so does the target
-                terminate.stop_make(proc)
+            except BaseException:  # the session stops (tests/terminate.py): so does the target,
+                if target != "destroy":  # but a destroy, the clean-up itself, goes on to its end
+                    terminate.stop_make(proc)
                 raise
         return subprocess.CompletedProcess(["make", target], proc.returncode, log.read_text(), "")
 

@@ -37,6 +37,15 @@ def test_timeout_stops_the_whole_process_group(tmp_path):
     assert not marker.exists(), "the grandchild was killed with its group"
 
 
+def stop_left_running(pid_file):
+    """A program a test left running is the test's to stop (its own group, by its pid)."""
+    if pid_file.exists():
+        try:
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_a_signal_while_the_reader_is_made_is_passed_on_to_the_program(tmp_path, monkeypatch):
     """A signal (here its KeyboardInterrupt) that comes right after the program started, while
     its output's reader is being made, still interrupts the program with SIGINT and waits for
@@ -63,11 +72,7 @@ def test_a_signal_while_the_reader_is_made_is_passed_on_to_the_program(tmp_path,
         assert told.read_text() == "interrupted\n"
         assert not os.path.exists(f"/proc/{started}"), "the program was waited for"
     finally:
-        if pid.exists():  # a program left running is this test's to stop (its own group)
-            try:
-                os.killpg(int(pid.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_left_running(pid)
 
 
 @pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "run"])
@@ -83,6 +88,7 @@ def test_a_signal_inside_popen_after_the_program_started_is_passed_on_to_it(tmp_
     program = (f"trap 'echo interrupted > {told}; exit 130' INT; echo $$ > {pid}.new; "
                f"mv {pid}.new {pid}; while :; do sleep 0.1; done")
     real_popen = subprocess.Popen
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)}
 
     def popen_then_signal(*args, **kwargs):
         proc = real_popen(*args, **kwargs)
@@ -108,12 +114,9 @@ def test_a_signal_inside_popen_after_the_program_started_is_passed_on_to_it(tmp_
             assert told.read_text() == "interrupted\n"
         assert not os.path.exists(f"/proc/{started}"), "the program was stopped and waited for"
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is handlers[signal.SIGTERM]
     finally:
-        if pid.exists():  # a program left running is this test's to stop (its own group)
-            try:
-                os.killpg(int(pid.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_left_running(pid)
 
 
 def test_a_run_outside_the_main_thread_holds_no_signal(tmp_path):
@@ -125,6 +128,52 @@ def test_a_run_outside_the_main_thread_holds_no_signal(tmp_path):
     worker.join(timeout=30)
     assert seen == ["ok\n"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_held_signals_are_raised_once_each_and_their_handlers_put_back(monkeypatch):
+    """Python handlers are held and given back; a signal left to its default or ignored is
+    not touched; a failure while the handlers are swapped leaves none of them swapped."""
+    seen = []
+
+    def mine(signum, frame):
+        seen.append(signum)
+    before = {sig: signal.getsignal(sig) for sig in runner._HeldSignals.SIGNALS}
+    try:
+        signal.signal(signal.SIGTERM, mine)
+        signal.signal(signal.SIGHUP, mine)
+        held = runner._HeldSignals()
+        for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGHUP):
+            os.kill(os.getpid(), sig)
+        time.sleep(0.05)
+        assert seen == [], "a held signal reached its handler before release"
+        held.release()
+        assert seen == [signal.SIGTERM, signal.SIGHUP]
+        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGHUP) is mine
+
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        held = runner._HeldSignals()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        held.release()
+
+        signal.signal(signal.SIGTERM, mine)
+        signal.signal(signal.SIGHUP, mine)
+        real = signal.signal
+
+        def fails_on_sighup(sig, handler):
+            if sig == signal.SIGHUP:
+                raise KeyboardInterrupt  # as a signal arriving just then would
+            return real(sig, handler)
+        monkeypatch.setattr(signal, "signal", fails_on_sighup)
+        with pytest.raises(KeyboardInterrupt):
+            runner._HeldSignals()
+        monkeypatch.undo()
+        assert signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def test_streaming_shows_lines_and_keeps_a_log(tmp_path, capsys):

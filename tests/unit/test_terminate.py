@@ -64,13 +64,13 @@ def wait_for(out: Path, prefix: str, count: int, proc: subprocess.Popen[str]) ->
 
 
 def session(tmp_path: Path, *args: str, teardown_s: float = 0, tests: int = 1,
-            install: bool = True) -> tuple[subprocess.Popen[str], Path]:
+            install: bool = True, source: str | None = None) -> tuple[subprocess.Popen[str], Path]:
     suite = tmp_path / "suite"
     out = tmp_path / "out"
     suite.mkdir()
     out.mkdir()
     (suite / "conftest.py").write_text(CONFTEST if install else "")
-    (suite / "test_held.py").write_text(textwrap.dedent(SESSION).replace(
+    (suite / "test_held.py").write_text(source or textwrap.dedent(SESSION).replace(
         "{teardown_s}", str(teardown_s)).replace("{tests}", str(tests)))
     env = {**os.environ, "OUT": str(out), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args,
@@ -131,15 +131,55 @@ def test_a_second_sigterm_does_not_cut_the_teardown_short(tmp_path: Path, sessio
     assert len(list(out.glob("torn-down-*"))) == 1
 
 
-def test_sigterm_to_an_xdist_session_finalizes_each_workers_fixtures(tmp_path: Path,
-                                                                     sessions: list) -> None:
+DETACHED = """
+import os, subprocess, sys, time
+from pathlib import Path
+import pytest
+
+OUT = Path(os.environ["OUT"])
+
+@pytest.fixture(scope="session")
+def held():
+    (OUT / f"started-{os.getpid()}").touch()
+    try:
+        yield
+    finally:  # as the lab's `make destroy`: a session of its own, waited for
+        mark = OUT / f"torn-down-{os.getpid()}"
+        proc = subprocess.Popen(["sh", "-c", f"sleep {DETACHED_S}; touch {mark}"],
+                                start_new_session=True)
+        (OUT / f"detached-{proc.pid}").touch()
+        proc.wait()
+
+@pytest.mark.parametrize("n", range(2))
+def test_waits(held, n):
+    time.sleep(60)
+"""
+DETACHED_S = 20  # past the 15 s after which xdist's controller has ended its workers
+
+
+def test_under_xdist_a_teardown_in_a_session_of_its_own_outlives_the_workers(tmp_path: Path,
+                                                                            sessions: list) -> None:
+    """SIGTERM to the whole group (as `timeout` or a cancelled CI job sends it): each worker
+    starts its teardown; the controller ends the workers about 15 s later, and what their
+    teardowns started in sessions of their own goes on to its end."""
     pytest.importorskip("xdist")
-    proc, out = session(tmp_path, "-n", "2", tests=2)
+    proc, out = session(tmp_path, "-n", "2", source=textwrap.dedent(DETACHED).replace(
+        "{DETACHED_S}", str(DETACHED_S)))
     sessions.append(proc)
-    wait_for(out, "started", 2, proc)
-    os.killpg(proc.pid, signal.SIGTERM)  # as `timeout` or a cancelled CI job sends it: to all
-    ended(proc)
-    assert len(list(out.glob("torn-down-*"))) == 2
+    try:
+        wait_for(out, "started", 2, proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        ended(proc)
+        deadline = time.monotonic() + WAIT_S
+        while len(list(out.glob("torn-down-*"))) < 2:
+            assert time.monotonic() < deadline, f"the teardowns did not end within {WAIT_S} s"
+            time.sleep(0.2)
+    finally:  # the teardowns' own sessions, should they still run
+        for mark in out.glob("detached-*"):
+            try:
+                os.killpg(int(mark.name.split("-")[1]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_a_make_target_the_session_waited_for_is_told_then_killed(tmp_path: Path) -> None:
