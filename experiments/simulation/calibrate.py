@@ -28,7 +28,7 @@ What each measurement gives (each from the median of its alternated rounds):
   replayed with the profile beside the lab's time, a check of what the exchange (both ranks
   send at once) cannot show; a note names each size whose replay falls outside the lab's
   min-max. (Fitting the share of a send's cost spent after its message left to it did not
-  pay: README, "Validation".)
+  pay: docs/validation-history.md.)
 Costs only grow with size, so the exchanges' medians are first made to grow with it too: sizes
 measured out of order (a bigger one faster, as a noisy lab gives) are fitted to their pooled
 mean (isotonic regression, pool adjacent violators), not to the first of them; a size whose
