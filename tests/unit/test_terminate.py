@@ -28,7 +28,7 @@ def pytest_configure(config):
 """
 
 SESSION = """
-import os, time
+import os, subprocess, time
 from pathlib import Path
 import pytest
 
@@ -40,15 +40,19 @@ def held():
     try:
         yield
     finally:
+{teardown}
+
+@pytest.mark.parametrize("n", range({tests}))
+def test_waits(held, n):
+    time.sleep(60)
+"""
+
+WAITED = """
         (OUT / f"tearing-{os.getpid()}").touch()
         deadline = time.monotonic() + {teardown_s}
         while time.monotonic() < deadline and not (OUT / "go-on").exists():
             time.sleep(0.05)
         (OUT / f"torn-down-{os.getpid()}").touch()
-
-@pytest.mark.parametrize("n", range({tests}))
-def test_waits(held, n):
-    time.sleep(60)
 """
 
 
@@ -64,14 +68,15 @@ def wait_for(out: Path, prefix: str, count: int, proc: subprocess.Popen[str]) ->
 
 
 def session(tmp_path: Path, *args: str, teardown_s: float = 0, tests: int = 1,
-            install: bool = True, source: str | None = None) -> tuple[subprocess.Popen[str], Path]:
+            install: bool = True, teardown: str = WAITED) -> tuple[subprocess.Popen[str], Path]:
     suite = tmp_path / "suite"
     out = tmp_path / "out"
     suite.mkdir()
     out.mkdir()
     (suite / "conftest.py").write_text(CONFTEST if install else "")
-    (suite / "test_held.py").write_text(source or textwrap.dedent(SESSION).replace(
-        "{teardown_s}", str(teardown_s)).replace("{tests}", str(tests)))
+    (suite / "test_held.py").write_text(textwrap.dedent(SESSION).replace(
+        "{teardown}", teardown.strip("\n")).replace("{teardown_s}", str(teardown_s)).replace(
+        "{tests}", str(tests)))
     env = {**os.environ, "OUT": str(out), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args,
                              str(suite)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
@@ -132,27 +137,12 @@ def test_a_second_sigterm_does_not_cut_the_teardown_short(tmp_path: Path, sessio
 
 
 DETACHED = """
-import os, subprocess, sys, time
-from pathlib import Path
-import pytest
-
-OUT = Path(os.environ["OUT"])
-
-@pytest.fixture(scope="session")
-def held():
-    (OUT / f"started-{os.getpid()}").touch()
-    try:
-        yield
-    finally:  # as the lab's `make destroy`: a session of its own, waited for
+        # as the lab's `make destroy`: a session of its own, waited for
         mark = OUT / f"torn-down-{os.getpid()}"
         proc = subprocess.Popen(["sh", "-c", f"sleep {DETACHED_S}; touch {mark}"],
                                 start_new_session=True)
         (OUT / f"detached-{proc.pid}").touch()
         proc.wait()
-
-@pytest.mark.parametrize("n", range(2))
-def test_waits(held, n):
-    time.sleep(60)
 """
 DETACHED_S = 20  # past the 15 s after which xdist's controller has ended its workers
 
@@ -163,8 +153,8 @@ def test_under_xdist_a_teardown_in_a_session_of_its_own_outlives_the_workers(tmp
     starts its teardown; the controller ends the workers about 15 s later, and what their
     teardowns started in sessions of their own goes on to its end."""
     pytest.importorskip("xdist")
-    proc, out = session(tmp_path, "-n", "2", source=textwrap.dedent(DETACHED).replace(
-        "{DETACHED_S}", str(DETACHED_S)))
+    proc, out = session(tmp_path, "-n", "2", tests=2,
+                        teardown=DETACHED.replace("{DETACHED_S}", str(DETACHED_S)))
     sessions.append(proc)
     try:
         wait_for(out, "started", 2, proc)
