@@ -16,7 +16,7 @@ from infra import cli, lab, terraform
 from infra.config import REPO, LabConfig
 from infra.errors import LabError
 from infra.state import MARKER, LabState, write_atomic
-from tests.unit.test_lab_ownership import free_base
+from tests.unit.lab_helpers import free_base
 
 OTHER_UID = 4242
 
