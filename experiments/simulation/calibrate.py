@@ -19,10 +19,10 @@ What each measurement gives (each from the median of its alternated rounds):
   measured, linear (SMPI's os/or are piecewise linear too);
 - a 2-rank ring allreduce of 1 MiB: the reduction's cost per byte, solved the same way;
 - the 1 KiB exchange again with a CPU loop on a third node (`busy_neighbours = 1`):
-  where the VMs then outnumber the machine's cores, the time a rank that blocked takes to run
-  again once its message came with the other VMs wanting every core (the host's scheduler
-  gives its VM a core only when a busy one lets go; with fewer wanted, that share of it),
-  solved the same way with the rest of the profile as fitted (exchanges.wake);
+  where the VMs then outnumber the machine's cores, the CPU a rank that blocked spends to
+  run again once its message came with the other VMs wanting every core (its VM is put back
+  on a core the others held; with fewer wanted, that share of it), solved the same way with
+  the rest of the profile as fitted (exchanges.wake);
 - the library's ping-pong (PING_PONG: a 2-rank star allgather, the leaf's block there and
   both back, calls back to back: one rank always waits for the other's answer): not fitted,
   replayed with the profile beside the lab's time, a check of what the exchange (both ranks
@@ -220,8 +220,10 @@ def fit_run(out: Path, name: str) -> Profile:
     if not isinstance(environment.get("hosts"), dict):
         raise CalibrationError(f"{out}: its environment.json names no hosts: not a run of this "
                                "rxelab")
-    if environment["spec"] != SPEC:  # another spec's run: the cases its include brought in
-        records = [r for r in records if isinstance(r, dict) and r.get("included") == SPEC]
+    if environment["spec"] != SPEC:  # another spec's run: the cases its include brought in,
+        # and its own beside busy nodes (validation-p8's exchange beside two: a check)
+        records = [r for r in records if isinstance(r, dict)
+                   and (r.get("included") == SPEC or r.get("busy_neighbours"))]
     try:
         profile = fit(records, name, *cpus(environment))
     except (KeyError, TypeError, AttributeError) as err:
@@ -270,9 +272,9 @@ def describe(profile: Profile) -> list[str]:
               f"VM's data path at {profile.path_bandwidth / 1e6:.1f} MB/s (sent and received)"
               if profile.cpu_per_byte and profile.path_bandwidth
               else "a byte: all of the link's time charged to the CPU on each side"),
-             (f"a blocked rank, where the VMs outnumber the cores: runs again up to "
-              f"{profile.wake * 1e3:.3f} ms after what it waited for came (all of it with "
-              "the other VMs wanting every core)" if profile.wake
+             (f"a blocked rank, where the VMs outnumber the cores: spends up to "
+              f"{profile.wake * 1e3:.3f} ms of CPU running again once what it waited for "
+              "came (all of it with the other VMs wanting every core)" if profile.wake
               else "a blocked rank: runs again at once"),
              "per message (sender and receiver together): " + ", ".join(
                  f"{size_text(int(s))} {c * 1e6:.0f} us" for s, c in m["per_message_s"].items())]

@@ -64,7 +64,7 @@ class Profile:
     loop_bandwidth: float | None = None  # bytes/s within one node (ib_write_bw on rxe's loopback)
     cpu_per_byte: float | None = None  # CPU s a byte costs each side (None: all 1/duplex's)
     path_bandwidth: float | None = None  # bytes/s through a VM's data path, sent and received
-    wake: float | None = None  # s a blocked rank waits for a core, the others wanting all (lab)
+    wake: float | None = None  # CPU s a blocked rank spends to run again, the others wanting all
 
     def lab(self, ranks: int, per_node: int = 1) -> Platform:
         """The `lab` platform of this profile's nodes: VMs of `node_cpus` CPUs on a machine of
@@ -76,9 +76,9 @@ class Profile:
         (the sum: each VM sends and receives half of it; one way where both were not
         measured): a byte costs each side 1/sum. Between two ranks of one VM, a byte costs
         that VM (both sides are on it) what its loopback measured. Where the VMs' CPUs
-        outnumber the machine's cores, a rank that blocked runs again `wake` after what it
-        waited for came, times the share of the machine's cores the other VMs want then
-        (the calibration's exchange beside busy VMs: all of them)."""
+        outnumber the machine's cores, a rank that blocked spends `wake` of CPU running
+        again once what it waited for came, times the share of the machine's cores the other
+        VMs want then (the calibration's exchange beside busy VMs: all of them)."""
         return Platform("lab", ranks, self.duplex_bandwidth or self.bandwidth, self.latency,
                         cores=self.node_cpus,
                         per_node=per_node, machine_cores=self.host_cpus or 0,

@@ -56,7 +56,7 @@ class Platform:
     loop_bandwidth: float = 0.0  # lab: bytes/s between two ranks of one VM (0: half `bandwidth`)
     cpu_per_byte: float = 0.0  # lab: CPU seconds a byte costs each side's VM (0: 1/`bandwidth`)
     path_bandwidth: float = 0.0  # lab: bytes/s through each VM's data path (0: no bound)
-    wake: float = 0.0  # lab: a blocked rank's wait for a core, the other VMs wanting all of them
+    wake: float = 0.0  # lab: CPU a blocked rank spends to run again, the others wanting all
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -117,8 +117,8 @@ class Platform:
         if self.kind == "lab":
             path = (f", through each VM's data path at {self.path_bandwidth / 1e6:g} MB/s"
                     if self.path_bandwidth else f" ({self.bandwidth / 1e6:g} MB/s)")
-            woken = (f"; a blocked rank runs again up to {self.wake * 1e3:.3g} ms after its "
-                     "message, as the other VMs want the cores (more VMs' CPUs than cores)"
+            woken = (f"; a blocked rank spends up to {self.wake * 1e3:.3g} ms of CPU running "
+                     "again, as the other VMs want the cores (more VMs' CPUs than cores)"
                      if self.wake and self.crowded else "")
             return (f"lab: {self.ranks} ranks on {self.hosts} VMs of {self.cores} CPUs sharing "
                     f"{self.machine_cores_or_all} cores; a message's bytes cost each VM "
@@ -134,9 +134,8 @@ class Platform:
 
     @property
     def crowded(self) -> bool:
-        """lab: whether its VMs' CPUs outnumber the machine's cores (a blocked rank then waits
-        for the host to run its VM again: `wake` times the share of the cores the other VMs
-        want)."""
+        """lab: whether its VMs' CPUs outnumber the machine's cores (a blocked rank then
+        spends CPU to run again: `wake` times the share of the cores the other VMs want)."""
         return self.kind == "lab" and self.hosts * self.cores > self.machine_cores_or_all
 
     @property

@@ -37,7 +37,7 @@ CAVEATS = ["SMPI's reductions cost no time (simulate-computation off); the repla
            "the profile's per-call cost is charged to rxelab only",
            "alltoallv: equal counts here, the test data's uneven ones in the replay"]
 LAB_CAVEAT = ("the lab platform: SMPI's overheads are delays, so MPI's ranks do not compete for "
-              "the host's cores as rxelab's do, nor wait for one (the profile's wake)")
+              "the host's cores as rxelab's do, nor spend the profile's wake")
 
 
 def binary() -> Path:

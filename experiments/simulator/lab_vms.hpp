@@ -21,17 +21,24 @@ static double byte_cpu = 0;       // seconds per byte on each side, with VMs
 static double loop_byte_cpu = 0;  // seconds per byte between two ranks of one VM
 static double path_byte = 0;      // seconds per byte through a VM's data path
 static double ack_latency = 0;    // with VMs: an acknowledgement's way back (the link's latency)
-/* With VMs whose CPUs outnumber the machine's cores, a rank that blocked runs again `wake`
- * after what it waited for came, times the share of the machine's cores the other VMs want
- * at that instant (at most all of them; ranks woken at the same instant count each other):
- * the host's scheduler runs its VM again only when a busy one gives up a core. The share is
- * an interpolation the lab chose, not a scheduler's law: with a core free, a VM still waited
- * (the host's own threads, the idle VMs' ticks), and none at all, only where the others
- * held every core, fitted worse. Charged in full at every wake-up (run 20261128-075021,
- * p = 3, 1 KiB), the strictly sequential schedule, at most two of the three VMs at work (the
- * third waits for its turn, idle), came out 1.5-1.8x too slow, and the collectives that keep
- * all three busy about right; with the share, about 0.9. The calibration's exchange beside a
- * busy VM, which fits `wake`, has both other VMs wanting a core at each wake-up: all of it. */
+/* With VMs whose CPUs outnumber the machine's cores, a rank that blocked spends `wake` of its
+ * VM's CPU to run again once what it waited for came, times the share of the machine's cores
+ * the other VMs want at that instant (at most all of them; ranks woken at the same instant
+ * count each other): its VM is put back on a core that another VM held. CPU, not a wait,
+ * because the host said so: the qemu processes' vCPU threads spent 0.87 ms per 1 KiB message
+ * with two VMs exchanging on the 2 cores, 1.67 ms with four (a 4-rank pairwise all-to-all,
+ * one rank per VM; 0.85 ms with the same four ranks on two VMs), with the machine's cores
+ * nearly full each time (2026-11-28). As a wait, the wake hid under the other VMs' work
+ * wherever all the cores were busy. On two fresh 4-VM runs of the validation (p = 3, 6 and
+ * 8), CPU instead of a wait took the error at p = 8 from 1.314 to 1.251 and from 1.475 to
+ * 1.417, at p = 6 from 1.330 to 1.261 and from 1.440 to 1.392, left p = 3 as it was (1.187
+ * to 1.199, 1.310 to 1.318), and replayed the exchange beside two CPU loops, fitted on one,
+ * at 1.00 and 0.76 of the lab (as a wait 1.06 and 0.72; as CPU past whole 1.25 and 0.84,
+ * so the share stays capped). The share is an interpolation the lab chose, not a
+ * scheduler's law: with a core free a VM still paid some (the host's own threads, the idle
+ * VMs' ticks), and none at all, only where the others held every core, fitted worse. Charged in full at every wake-up (run 20261128-075021, p = 3, 1 KiB), the
+ * strictly sequential schedule, at most two of the three VMs at work (the third waits for
+ * its turn, idle), came out 1.5-1.8x too slow; with the share, about 0.9. */
 static double wake = 0;
 static bool crowded_machine = false;
 static int machine_cores = 1;
@@ -69,8 +76,8 @@ static void woken(double since)  // a rank whose wait began at `since`, now over
   sg4::Host* here = sg4::this_actor::get_host();
   const int others = cores_wanted - wanted(wanting[here]);
   const double share = std::min(1.0, (double)others / machine_cores);
-  if (share > 0)
-    sg4::this_actor::sleep_for(wake * share);
+  if (share > 0)  // the rank is counted as wanting its core (replay.cpp: want_core first)
+    sg4::this_actor::execute(wake * share * flops_per_second);
 }
 
 /* With VMs, a message is carried by an actor of its own on the sender's VM: the bytes' CPU

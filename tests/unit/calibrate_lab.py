@@ -18,7 +18,7 @@ TRUTH = [(0, 400e-6), (1, 410e-6), (1024, 500e-6), (65536, 4e-3), (1 << 20, 4e-3
 CALL, COPY, REDUCE, CPU_PER_BYTE = 150e-6, 2e-9, 6e-9, 10e-9
 PING_PONG_SIZES = [1, 1024, 1 << 20]
 PATH = 60e6  # each VM's data path: faster than perftest's both ways (DUPLEX), as the lab's was
-WAKE = 700e-6  # a blocked rank's wait for a core, where the VMs outnumber the machine's cores
+WAKE = 700e-6  # CPU a blocked rank spends to run again, where the VMs outnumber the cores
 
 
 def truth() -> Costs:
@@ -50,7 +50,7 @@ def record(op, algorithm, p, size, seconds, spread=0.05, busy=None, loaded=0):
 
 def beside(size: int, loaded: int, host_cpus: int = HOST_CPUS) -> list[dict]:
     """The 2-rank exchange beside `loaded` nodes each running a CPU loop, as the made-up lab
-    runs it (the machine's cores outnumbered: each blocked rank waits WAKE for one)."""
+    runs it (the machine's cores outnumbered: each blocked rank spends WAKE's share to run again)."""
     t = trace.record("alltoall", "pairwise", 2, size, calls=CALLS)
     seconds = replayer.replay(t, made_lab(host_cpus).lab(2 + loaded), truth(),
                               busy=loaded).seconds / CALLS

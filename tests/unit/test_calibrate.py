@@ -305,6 +305,7 @@ def validation_run(tmp_path, includes=("calibrate",)):
         for size in (1024, 1 << 20):
             run += record("alltoall", algorithm, 3, size, lab("alltoall", algorithm, 3, size))
     run += record("alltoall", "pairwise", 2, 1024, 10 * lab("alltoall", "pairwise", 2, 1024))
+    run += beside(1024, 2)  # its own, as validation-p8's: replayed as a check, not fitted
     (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run))
     hosts = {name: {"cpus": NODE_CPUS} for name in "abc"}
     (tmp_path / "environment.json").write_text(json.dumps(
@@ -327,6 +328,8 @@ def test_a_validation_run_is_predicted_from_its_own_calibration_cases(tmp_path, 
     profile = validate.own_profile(tmp_path)
     assert profile is not None and profile.name == tmp_path.name
     assert profile.costs == fitted.costs, "the spec's own 2-rank case is not a calibration"
+    assert profile.wake == fitted.wake
+    assert "exchange 1024 B beside 2 busy (not fitted)" in profile.measured["fit"]
     assert costs_mod.load(tmp_path / "profile.json").costs == profile.costs
     out = validate.write(tmp_path, profile)
     rows = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]

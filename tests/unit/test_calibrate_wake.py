@@ -1,6 +1,7 @@
-"""The calibration's wake-up cost (a blocked rank's wait for a core where the lab's VMs
-outnumber the machine's cores), on the made-up lab: fitted from the exchange beside a busy
-node, and what an older run, a roomy machine or a record without its loaded nodes give."""
+"""The calibration's wake-up cost (the CPU a blocked rank spends to run again where the lab's
+VMs outnumber the machine's cores), on the made-up lab: fitted from the exchange beside a
+busy node, checked beside two, and what an older run, a roomy machine or a record without
+its loaded nodes give."""
 
 from __future__ import annotations
 
@@ -54,3 +55,21 @@ def test_the_exchange_beside_busy_nodes_is_not_taken_for_the_exchange_alone():
     m = calibrate.measurements(run[:-3] + nameless)
     assert not any(k[0] == "beside" for k in m)
     assert m[("call", "alltoall", "pairwise", 2, 1024)].rounds == 3
+
+
+def test_the_exchange_beside_more_busy_nodes_is_replayed_as_a_check_not_fitted():
+    """validation-p8 runs the exchange beside two loops too (4 VMs on the 2 cores): the wake
+    is still fitted on one loop, and two are replayed with it beside the lab's figure. On the
+    made-up lab the replay is the lab's; where the lab took 1.5x that, a note says so."""
+    alone = calibrate.fit(made_up_run(), "one", NODE_CPUS, HOST_CPUS)
+    two = beside(1024, 2)
+    got = calibrate.fit(made_up_run() + two, "two", NODE_CPUS, HOST_CPUS)
+    assert got.wake == alone.wake
+    row = got.measured["fit"]["exchange 1024 B beside 2 busy (not fitted)"]
+    assert row["replay_s"] == pytest.approx(row["lab_s"], rel=1e-3)
+    assert not any("beside 2" in n for n in got.measured["notes"])
+    slower = [{**r, "summary": {**r["summary"], "avg_stage_us": r["summary"]["avg_stage_us"] * 1.5}}
+              for r in two]
+    off = calibrate.fit(made_up_run() + slower, "slower", NODE_CPUS, HOST_CPUS)
+    [note] = [n for n in off.measured["notes"] if "beside 2 busy nodes" in n]
+    assert "(not fitted)" in note and "0.67x" in note

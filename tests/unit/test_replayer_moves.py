@@ -42,15 +42,18 @@ def test_a_messages_bytes_cost_both_vms_cpu(tmp_path):
 
 
 @needs_simgrid
-def test_a_blocked_rank_waits_for_the_cores_the_other_vms_want(tmp_path):
-    """wake = 5 ms, 3 one-CPU VMs on 2 cores. Rank 1 blocks on rank 0's message (sent after
-    10 ms of work); rank 0 then blocks on its acknowledgement. With the third VM busy: when
-    the message comes, rank 0 is blocked and only the busy VM wants a core, half the
-    machine's: 2.5 ms; when the acknowledgement comes, rank 1 (still waiting for its core)
-    and the busy VM want both: 5 ms. With the third VM idle, no other VM wants a core when
-    either wakes: neither waits; nor on 2 VMs for 2 cores, busy or not. A rank whose message
-    came while it worked (20 ms first) never blocked and pays nothing; the sender, woken
-    beside it and the busy VM, the whole 5 ms."""
+def test_a_blocked_rank_spends_cpu_to_run_again_as_the_other_vms_want_the_cores(tmp_path):
+    """wake = 5 ms, 3 one-CPU VMs on 2 cores, the third busy. Rank 1 blocks on rank 0's
+    message (sent after 10 ms of work); rank 0 then blocks on its acknowledgement, which
+    comes a latency (0.1 ms) after the message. When the message comes, rank 0 is blocked and
+    only the busy VM wants a core, half the machine's: rank 1 spends 2.5 ms of CPU, 0.1 ms of
+    it at full speed; then the acknowledgement wakes rank 0 beside rank 1 and the busy VM: 5
+    ms, and the three VMs share the 2 cores (2/3 each) until rank 1 is done (3.6 ms), rank 0
+    then alone beside the busy VM (2.6 ms). With the third VM idle, no other VM wants a core
+    when either wakes: no cost; nor on 2 VMs for 2 cores, busy or not. A rank whose message
+    came while it worked (20 ms, at 2/3 speed beside the two others) never blocked and pays
+    no wake of its own, but loses to the sender's (woken beside it and the busy VM: 5 ms at
+    2/3 speed, 7.5 ms) the third of a core that the sender's CPU took: 2.5 ms."""
     sends = "rank 0 3\nC 0.01\nS 1 1000 7 1 1 0\nW 1 0\n"
 
     def added(ranks, receiver, third=True):  # each rank's end, with the wake less without
@@ -59,10 +62,10 @@ def test_a_blocked_rank_waits_for_the_cores_the_other_vms_want(tmp_path):
             return replay_moves(tmp_path, lab, sends + receiver + ("rank 2 1\nC 10\n" if third else ""))[:2]
         return [b - a for a, b in zip(ends(0), ends(5e-3), strict=True)]
     blocked = "rank 1 1\nR 7 0\n"
-    assert added(3, blocked) == pytest.approx([5e-3, 2.5e-3], rel=1e-6)
+    assert added(3, blocked) == pytest.approx([6.2e-3, 3.7e-3], abs=1e-5)
     assert added(3, blocked + "rank 2 0\n", third=False) == pytest.approx([0, 0], abs=1e-12)
     assert added(2, blocked, third=False) == pytest.approx([0, 0], abs=1e-12)
-    assert added(3, "rank 1 2\nC 0.02\nR 7 0\n") == pytest.approx([5e-3, 0], abs=1e-9)
+    assert added(3, "rank 1 2\nC 0.02\nR 7 0\n") == pytest.approx([7.5e-3, 2.5e-3], abs=1e-5)
 
 
 @needs_simgrid
@@ -70,17 +73,20 @@ def test_ranks_woken_at_one_instant_want_their_cores_together(tmp_path):
     """Two ranks send each other a message at once and block on the other's, beside a busy
     third VM (3 one-CPU VMs on 2 cores, wake = 5 ms): both messages come at the same instant,
     so each rank sees the other's VM and the busy one wanting both cores, whichever SimGrid
-    runs first: 5 ms each. With a fourth VM idle beside them, the same."""
+    runs first: 5 ms of CPU each, with the three VMs on the 2 cores (2/3 each): 7.5 ms. The
+    busy VM loses the third of a core they took: its 10 s end 2.5 ms later (a wait would
+    not hold it up). With a fourth VM idle beside them, the same."""
     back = (1 << 48) | 8  # a key's top bits are its sender's rank
     pair = f"rank 0 2\nS 1 1000 7 0 1 0\nR {back} 0\nrank 1 2\nS 0 1000 {back} 0 1 0\nR 7 0\n"
 
     def added(hosts, rest):
         def ends(wake):
             lab = platforms.Platform("lab", hosts, 1e9, 1e-4, machine_cores=2, wake=wake)
-            return replay_moves(tmp_path, lab, pair + rest)[:2]
+            return replay_moves(tmp_path, lab, pair + rest)[:3]
         return [b - a for a, b in zip(ends(0), ends(5e-3), strict=True)]
-    assert added(3, "rank 2 1\nC 10\n") == pytest.approx([5e-3, 5e-3], rel=1e-6)
-    assert added(4, "rank 2 1\nC 10\nrank 3 0\n") == pytest.approx([5e-3, 5e-3], rel=1e-6)
+    assert added(3, "rank 2 1\nC 10\n") == pytest.approx([7.5e-3, 7.5e-3, 2.5e-3], abs=1e-5)
+    assert added(4, "rank 2 1\nC 10\nrank 3 0\n") \
+        == pytest.approx([7.5e-3, 7.5e-3, 2.5e-3], abs=1e-5)
 
 
 @needs_simgrid
