@@ -221,9 +221,9 @@ def fit_run(out: Path, name: str) -> Profile:
         raise CalibrationError(f"{out}: its environment.json names no hosts: not a run of this "
                                "rxelab")
     if environment["spec"] != SPEC:  # another spec's run: the cases its include brought in,
-        # and its own beside busy nodes (validation-p8's exchange beside two: a check)
+        # and its own beside two or more busy nodes (validation-p8's: a check, not fitted)
         records = [r for r in records if isinstance(r, dict)
-                   and (r.get("included") == SPEC or r.get("busy_neighbours"))]
+                   and (r.get("included") == SPEC or _beside_more(r))]
     try:
         profile = fit(records, name, *cpus(environment))
     except (KeyError, TypeError, AttributeError) as err:
@@ -231,6 +231,11 @@ def fit_run(out: Path, name: str) -> Profile:
             from None
     profile.measured["run"] = str(out)
     return profile
+
+
+def _beside_more(record: dict[str, Any]) -> bool:
+    loaded = record.get("busy_neighbours")
+    return isinstance(loaded, int) and not isinstance(loaded, bool) and loaded >= 2
 
 
 def save(profile: Profile, path: Path) -> None:

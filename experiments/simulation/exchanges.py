@@ -152,25 +152,29 @@ def wake(m: dict[tuple[Any, ...], Spread], profile: Profile,
     rest of `profile` as fitted; with that fit beside its lab figure, and the same exchange beside
     more busy nodes, where the run has it, replayed as a check. One figure, scaled in the
     replay by the share of the machine's cores the other VMs want at each wake-up
-    (lab_vms.hpp): measured with one node busy, it stands for a lab of any size. None,
-    said in `notes`, where it cannot be measured: the calibration did not run that case, its
-    VMs did not outnumber the cores (none waited for one), or the exchange alone already did
-    (the per-message costs hold the waits); 0, said too, where the exchange beside busy
-    nodes was no slower than its replay without it."""
+    (lab_vms.hpp): measured with one node busy (the calibrate spec's case, the only one
+    fitted), it stands for a lab of any size. None, said in `notes`, where it cannot be
+    measured: the calibration did not run that case (or it failed in every round), its VMs
+    did not outnumber the cores (none paid to run again), or the exchange alone already did
+    (the per-message costs hold it); 0, said too, where the exchange beside busy nodes was no
+    slower than its replay without it."""
     found = sorted(k for k in m if k[:4] == ("beside", *BESIDE))
-    if not found:
-        notes.append("no exchange beside busy nodes (a calibration run from before that case): "
-                     "a blocked rank runs again at once")
+    fitted_on = [k for k in found if k[5] == 1]
+    if not fitted_on:
+        notes.append("no exchange beside one busy node (a calibration run from before that "
+                     "case, or one where it failed in every round): a blocked rank runs again "
+                     "at once")
         return None, {}
-    key = found[0]
+    key = fitted_on[0]
     size, loaded = key[4], key[5]
     platform = profile.lab(2 + loaded)
     if profile.lab(2).crowded or not platform.crowded:
         notes.append(f"the exchange beside {loaded} busy node(s): {platform.hosts} VMs of "
                      f"{platform.cores} CPU(s) on {platform.machine_cores_or_all} cores, where "
                      + ("two VMs already outnumber the cores (the per-message costs hold the "
-                        "waits)" if profile.lab(2).crowded else "none waits for a core")
-                     + ": a blocked rank's wait for a core is not measured, and not charged")
+                        "cost)" if profile.lab(2).crowded else "no VM waits for a core")
+                     + ": what a blocked rank spends to run again is not measured, and not "
+                     "charged")
         return None, {}
     t = trace.record(*BESIDE[:2], 2, size, calls=CALLS)
 
@@ -184,7 +188,7 @@ def wake(m: dict[tuple[Any, ...], Spread], profile: Profile,
                      f"is no slower than its replay without a wake-up cost ({then * 1e3:.3f} "
                      "ms): a blocked rank runs again at once")
     rows = {f"exchange {size} B beside {loaded} busy": lab_row(lab, then)}
-    for other in found[1:]:  # more busy nodes (validation-p8's two): replayed, not fitted
+    for other in (k for k in found if k != key):  # validation-p8's two: replayed, not fitted
         rows.update(beside_check(m[other], other[4], other[5], profile, x, notes))
     return x, rows
 

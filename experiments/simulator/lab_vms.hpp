@@ -1,6 +1,6 @@
 /* The lab's machine in the replayer (replay.cpp includes it once): its ranks run on VMs that
  * share the machine's cores, a message's bytes are CPU on both VMs and a passage through each
- * VM's data path, and a rank that blocked may wait for a core before it runs again. Kept
+ * VM's data path, and a rank that blocked spends CPU to run again on a crowded machine. Kept
  * apart from the replay of the moves, which is the same on every platform. */
 #pragma once
 
@@ -36,9 +36,13 @@ static double ack_latency = 0;    // with VMs: an acknowledgement's way back (th
  * at 1.00 and 0.76 of the lab (as a wait 1.06 and 0.72; as CPU past whole 1.25 and 0.84,
  * so the share stays capped). The share is an interpolation the lab chose, not a
  * scheduler's law: with a core free a VM still paid some (the host's own threads, the idle
- * VMs' ticks), and none at all, only where the others held every core, fitted worse. Charged in full at every wake-up (run 20261128-075021, p = 3, 1 KiB), the
- * strictly sequential schedule, at most two of the three VMs at work (the third waits for
- * its turn, idle), came out 1.5-1.8x too slow; with the share, about 0.9. */
+ * VMs' ticks), and none at all, only where the others held every core, fitted worse.
+ * Charged in full at every wake-up (run 20261128-075021, p = 3, 1 KiB; the wake then a
+ * wait), the strictly sequential schedule, at most two of the three VMs at work (the third
+ * waits for its turn, idle), came out 1.5-1.8x too slow; with the share, about 0.9. The
+ * share counts the other VMs only: a VM of one CPU with two ranks (p = 8 on 4) runs the
+ * wake beside its other rank's work and its messages' CPU, so there the wake takes longer,
+ * and slows that rank, beyond what the share says. */
 static double wake = 0;
 static bool crowded_machine = false;
 static int machine_cores = 1;

@@ -28,7 +28,7 @@ struct Recording {
   double byte_cpu = 0;       // seconds per byte on each side, with VMs
   double loop_byte_cpu = 0;  // seconds per byte between two ranks of one VM
   double path_byte = 0;      // seconds per byte through a VM's data path, beside the CPU
-  double wake = 0;           // a blocked rank's wait for a core on a crowded machine, all wanted
+  double wake = 0;           // CPU a blocked rank spends to run again, crowded, all wanted
   std::vector<std::vector<Move>> moves;  // by rank
 };
 

@@ -20,7 +20,7 @@
  *                            L on the one VM of two ranks of one VM (once: both
  *                            sides are on it), then cross the machine's loopback (the
  *                            link's latency); no porters then: each message has a carrier;
- *                            W: a blocked rank's wait for a core (lab_vms.hpp)
+ *                            W: the CPU a blocked rank spends to run again (lab_vms.hpp)
  *   rank r N                 then N moves of rank r:
  *   S dst bytes key waited data cpu  a message (key names it for the receiver, its top 16
  *                                 bits the sender's rank; waited: a

@@ -30,7 +30,7 @@ def test_a_run_without_the_exchange_beside_busy_nodes_wakes_at_once_and_says_so(
     for size, seconds in TRUTH:  # the rest as fitted with it
         assert got.costs.send_cpu(size) + got.costs.recv_cpu(size) == pytest.approx(seconds, rel=1e-3)
     [note] = got.measured["notes"]
-    assert "no exchange beside busy nodes" in note
+    assert "no exchange beside one busy node" in note
     assert got.lab(3).wake == 0 and "runs again at once" in "\n".join(calibrate.describe(got))
 
 
@@ -40,7 +40,7 @@ def test_a_machine_with_a_core_for_every_vm_fits_no_wake_and_says_so():
     run = [r for r in made_up_run() if not r.get("busy_neighbours")] + beside(1024, 1, 8)
     got = calibrate.fit(run, "roomy", NODE_CPUS, 8)
     assert got.wake is None
-    assert any("none waits for a core" in n for n in got.measured["notes"])
+    assert any("no VM waits for a core" in n for n in got.measured["notes"])
 
 
 def test_the_exchange_beside_busy_nodes_is_not_taken_for_the_exchange_alone():
@@ -73,3 +73,7 @@ def test_the_exchange_beside_more_busy_nodes_is_replayed_as_a_check_not_fitted()
     off = calibrate.fit(made_up_run() + slower, "slower", NODE_CPUS, HOST_CPUS)
     [note] = [n for n in off.measured["notes"] if "beside 2 busy nodes" in n]
     assert "(not fitted)" in note and "0.67x" in note
+    lone = calibrate.fit([r for r in made_up_run() if not r.get("busy_neighbours")] + two,
+                         "lone", NODE_CPUS, HOST_CPUS)  # beside one failed in every round
+    assert lone.wake is None and any("no exchange beside one busy node" in n
+                                     for n in lone.measured["notes"])
