@@ -54,7 +54,7 @@ def qemu_argv(config: LabConfig, state: LabState, image: BaseImage, accel: Accel
         "-drive", f"file={state.seed_iso(node.name)},if=virtio,format=raw,readonly=on",
         "-netdev", f"user,id=mgmt,restrict={restrict},"
                    f"hostfwd=tcp:127.0.0.1:{node.ssh_port}-:22",
-        "-device", f"virtio-net-pci,netdev=mgmt,mac={node.mgmt_mac}",
+        "-device", f"{network.NIC},netdev=mgmt,mac={node.mgmt_mac}",
         *network.qemu_args(config, state, node),
         "-device", "virtio-rng-pci",
         "-serial", f"file:{state.serial_log(node.name)}",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -157,6 +158,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             yield_cpu(pid)
         yield handle
     finally:
+        keep_guest_logs(state, root / "guest-logs")
         if state.root.exists():
             handle.make("destroy", DESTROY_TIMEOUT_S, root / "destroy-finally.log")
         for pid in handle.qemu_pids.values():  # last resort: stop our own VMs by pid
@@ -164,6 +166,17 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 os.kill(pid, 9)
         if handle.config is not None and state.root.exists():
             lab_mod.teardown(state)
+
+
+def keep_guest_logs(state: LabState, to: Path) -> None:
+    """The guests' serial consoles outlive the lab (destroy removes its state): a node that
+    hung or lost its network leaves its kernel's warnings there, and nowhere else."""
+    if not state.logs.is_dir():
+        return
+    to.mkdir(exist_ok=True)
+    for log in state.logs.glob("*.serial.log"):
+        shutil.copy2(log, to / log.name)
+    print(f"\nthe guests' serial logs: {to}")
 
 
 @pytest.fixture(scope="session", autouse=True)

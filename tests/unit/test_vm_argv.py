@@ -35,3 +35,12 @@ def test_the_kernel_boots_quietly_with_cloud_init_enabled_statically(tmp_path, m
     monkeypatch.setattr("os.geteuid", lambda: 0)
     a = argv(tmp_path)
     assert "console=ttyS0 quiet " in a and " cloud-init=enabled" in a
+
+
+def test_both_nics_go_without_virtios_event_index(tmp_path, monkeypatch):
+    """With it, a node's transmit ring stalled for good under bulk RDMA writes (infra/network.py)."""
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    for data_net in (DataNet.BRIDGE, DataNet.VDE):
+        nics = [w for w in argv(tmp_path, data_net=data_net).split() if w.startswith("virtio-net-pci")]
+        assert sorted(n.split("netdev=")[1].split(",")[0] for n in nics) == ["data", "mgmt"]
+        assert all("event_idx=off" in n.split(",") for n in nics), nics
