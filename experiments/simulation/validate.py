@@ -203,6 +203,13 @@ def against_itself(run: Path, table: list[Row], other: Path | None) -> dict[str,
     if other is not None:
         if other.resolve() == run.resolve():
             raise ValidationError(f"{other}: the run itself, not another run of its cases")
+        try:
+            same_id = yardstick.run_id_of(run)
+            if same_id is not None and yardstick.run_id_of(other) == same_id:
+                raise ValidationError(f"{other}: a copy of the run itself (run id {same_id}), "
+                                      "not another run of its cases")
+        except yardstick.YardstickError as err:
+            raise ValidationError(str(err)) from None
         lab = _beside(table, other)
         if not lab:
             raise ValidationError(f"{other} ran none of {run.name}'s cases (calls back to "

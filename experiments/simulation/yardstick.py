@@ -77,14 +77,27 @@ def spec_of(run: Path) -> str | None:
     return spec if isinstance(spec, str) else None
 
 
+def run_id_of(run: Path) -> str | None:
+    """The id the runner gave a run (environment.json), None where it does not say: a
+    directory with this run's id is a copy of it, which would score the lab against itself."""
+    try:
+        run_id = json.loads((run / "environment.json").read_text()).get("run_id")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError) as err:
+        raise YardstickError(f"{run}/environment.json: {err}") from None
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
 def candidates(run: Path) -> list[Path]:
     """The other runs of the same spec in `run`'s results directory, the lab's own second
     opinions: the runs before it, newest first (a run's report then does not change when a
     later run is made), then those after it, oldest first. Runs that do not say their spec
-    are left out."""
+    are left out, and so are copies of `run` (its run id)."""
     spec = spec_of(run)
     if spec is None:
         return []
+    own_id = run_id_of(run)
     here = run.absolute()
     try:
         others = [p for p in here.parent.iterdir()
@@ -94,7 +107,7 @@ def candidates(run: Path) -> list[Path]:
     same = []
     for p in others:
         try:
-            if spec_of(p) == spec:
+            if spec_of(p) == spec and (own_id is None or run_id_of(p) != own_id):
                 same.append(p)
         except YardstickError:
             continue  # a broken run beside this one is no yardstick

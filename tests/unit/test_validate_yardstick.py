@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import statistics
 
 import pytest
@@ -18,11 +19,11 @@ def row(algorithm, lab_s, predicted_s, size=1024, spread=0.1):
                         lab_s * (1 + spread), 3, predicted_s)
 
 
-def run_dir(path, spec, medians):
-    """A lab run's directory: environment.json naming its spec, and three rounds of each
-    (algorithm, size) -> median, at +-5 %."""
+def run_dir(path, spec, medians, run_id=None):
+    """A lab run's directory: environment.json naming its spec (and its run id, if given), and
+    three rounds of each (algorithm, size) -> median, at +-5 %."""
     path.mkdir(parents=True)
-    (path / "environment.json").write_text(json.dumps({"spec": spec}))
+    (path / "environment.json").write_text(json.dumps({"spec": spec, "run_id": run_id}))
     records = [{"app": "rxelab", "op": "alltoall", "algorithm": algorithm, "nodes": 3,
                 "size": size, "status": "ok", "netem": {},
                 "summary": {"tight": True, "ranks": 3, "avg_stage_us": seconds * f * 1e6}}
@@ -170,3 +171,21 @@ def test_a_refused_yardstick_writes_no_validation(tmp_path, monkeypatch):
     assert "against itself" not in (mine / "validation.md").read_text()
     assert sorted(p.name for p in mine.iterdir()) == [
         "environment.json", "records.jsonl", "validation.jsonl", "validation.md"]
+
+
+def test_a_copy_of_the_run_is_no_yardstick(tmp_path):
+    """A directory holding this very run (its run id) beside it scored the lab 74 of 74 inside:
+    passed over when the yardstick is chosen, refused when named; a run of its own id is one."""
+    one = {("pairwise", 1024): 1e-3}
+    mine = run_dir(tmp_path / "20260103-000000-validation", "validation", one, run_id="a1b2c3")
+    copy = tmp_path / "20260103-000000-validation-copy"
+    shutil.copytree(mine, copy)
+    table = [row("pairwise", 1e-3, 1e-3)]
+    assert yardstick.candidates(mine) == []
+    assert validate.against_itself(mine, table, None) is None
+    with pytest.raises(validate.ValidationError, match="a copy of the run itself .run id a1b2c3"):
+        validate.against_itself(mine, table, copy)
+    other = run_dir(tmp_path / "20260101-000000-validation", "validation", one, run_id="d4e5f6")
+    assert yardstick.candidates(mine) == [other]
+    assert validate.against_itself(mine, table, None)["run"] == other.name
+    assert validate.against_itself(mine, table, other)["run"] == other.name
