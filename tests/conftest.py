@@ -68,6 +68,8 @@ class Lab:
         return r.stdout if r.returncode == 0 else None
 
     def make(self, target: str, timeout: float, log: Path) -> subprocess.CompletedProcess[str]:
+        if target == "destroy":
+            keep_guest_logs(self.state, log.parent / "guest-logs")
         with log.open("w") as out:
             proc = subprocess.Popen(["make", target], cwd=REPO, env=self.env, stdout=out,
                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -158,7 +160,6 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             yield_cpu(pid)
         yield handle
     finally:
-        keep_guest_logs(state, root / "guest-logs")
         if state.root.exists():
             handle.make("destroy", DESTROY_TIMEOUT_S, root / "destroy-finally.log")
         for pid in handle.qemu_pids.values():  # last resort: stop our own VMs by pid
@@ -169,13 +170,18 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 
 def keep_guest_logs(state: LabState, to: Path) -> None:
-    """The guests' serial consoles outlive the lab (destroy removes its state): a node that
-    hung or lost its network leaves its kernel's warnings there, and nowhere else."""
-    if not state.logs.is_dir():
+    """The guests' serial consoles outlive the lab (a destroy removes its state): what a node
+    that hung or lost its network printed last is there and nowhere else. A copy that fails
+    is said and stops nothing: the destroy after it must run."""
+    try:
+        if not state.logs.is_dir():
+            return
+        to.mkdir(exist_ok=True)
+        for log in state.logs.glob("*.serial.log"):
+            shutil.copy2(log, to / log.name)
+    except OSError as err:
+        print(f"\nthe guests' serial logs were not kept: {err}")
         return
-    to.mkdir(exist_ok=True)
-    for log in state.logs.glob("*.serial.log"):
-        shutil.copy2(log, to / log.name)
     print(f"\nthe guests' serial logs: {to}")
 
 

@@ -189,3 +189,7 @@ def test_a_copy_of_the_run_is_no_yardstick(tmp_path):
     assert yardstick.candidates(mine) == [other]
     assert validate.against_itself(mine, table, None)["run"] == other.name
     assert validate.against_itself(mine, table, other)["run"] == other.name
+    (other / "environment.json").write_text("{not json")
+    with pytest.raises(validate.ValidationError, match="environment.json"):
+        validate.against_itself(mine, table, other)
+    assert yardstick.candidates(mine) == []  # passed over when chosen
