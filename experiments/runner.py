@@ -28,7 +28,7 @@ from typing import Any
 from invoke.exceptions import CommandTimedOut
 
 from apps.stages import parse_output
-from experiments import beside, caselog, commands, counters, ddp, elastic, fleet, netem, srun
+from experiments import beside, caselog, commands, counters, datapath, ddp, elastic, fleet, netem, srun
 from experiments import progress as progress_mod
 from experiments.commands import TIMED_OUT, case_timeout
 from experiments.spec import LAUNCHERS, SPECS, Spec, launcher_problem
@@ -119,6 +119,8 @@ class Runner:
                         for line in load:
                             loads.write(json.dumps(line) + "\n")
                         shown.end(i, record)
+                        if record.get("status") in datapath.AFTER:
+                            datapath.check(self._on_hosts, self.inv.hosts[:case["nodes"]], i)
                         if record.get("busy_left"):
                             raise fleet.FleetError(
                                 "a busy neighbour's CPU loop may still run ("

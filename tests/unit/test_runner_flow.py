@@ -33,6 +33,7 @@ class FakeNodes:
         self.loop_fails: set[str] = set()  # nodes where a busy neighbour's loop does not start
         self.loop_stuck: set[str] = set()  # nodes where one outlives its stop
         self.slurm = {h.name: ("slurm-" + h.name, "IDLE") for h in HOSTS}  # node -> name, state
+        self.unreachable: set[str] = set()  # nodes no ping over the data network reaches
 
     def connect(self, host):
         return FakeConnection(self, host)
@@ -54,6 +55,10 @@ class FakeConnection:
             if self.host.name in self.nodes.loop_fails:
                 return SimpleNamespace(stdout="", stderr="the loop ended at once", exited=1)
             return SimpleNamespace(stdout="loop 4242\n", stderr="", exited=0)
+        if "ping -c" in cmd:  # experiments.datapath's probe, run on the case's first node
+            out = "".join(f"unreachable {h.name}\n" for h in HOSTS
+                          if h.name in self.nodes.unreachable and f" {h.data_ip} " in cmd)
+            return SimpleNamespace(stdout=out, stderr="", exited=0)
         if "hw_counters" in cmd:
             self.nodes.sent += self.nodes.per_case
             mtu = "" if self.host.name in self.nodes.mtu_unreadable else "9000"
@@ -336,3 +341,25 @@ def test_a_run_says_what_its_spec_included_and_keeps_a_copy(tmp_path, monkeypatc
     assert (first["algorithm"], first["nodes"], first["size"], first["included"]) == \
         ("pairwise", 1, 0, "calibrate"), "the record says which include brought the case in"
 
+
+
+def test_a_failed_case_after_which_a_node_is_unreachable_stops_the_run(tmp_path, monkeypatch):
+    """A node whose data NIC stopped sending would fail every later case after the join
+    timeout: the data path is looked at after each failed case (not after an ok one), and the
+    run stops at the first that finds a node gone, naming it, its records kept."""
+    r, nodes = make_runner(tmp_path, monkeypatch, RXELAB)
+    nodes.outputs += [summary(True), "ranks [2] did not join within 60 s", "Traceback: boom"]
+    out = r.run({"nodes": 3})  # every node still reachable: the run goes on to its end
+    assert [x["status"] for x in records(out)] == ["ok", "failed", "failed"]
+    assert len(cmds(nodes, "ping -c")) == 2, "looked at after the failed cases only"
+    assert all(h == "node1" for h, _ in cmds(nodes, "ping -c"))
+
+    (tmp_path / "b").mkdir()
+    r, nodes = make_runner(tmp_path / "b", monkeypatch, RXELAB)
+    nodes.unreachable.add("node3")
+    nodes.outputs += [summary(True), "ranks [2] did not join within 60 s", summary(True)]
+    with pytest.raises(fleet.FleetError, match="node1 no longer reaches node3 over the data"):
+        r.run({"nodes": 3})
+    assert [x["status"] for x in records(r.dir)] == ["ok", "failed"]
+    assert json.loads((r.dir / "environment.json").read_text())["complete"] is False
+    assert {h for h, _ in stops(nodes, r.run_id)} == {"node1", "node2", "node3"}
