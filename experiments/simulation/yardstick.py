@@ -65,28 +65,28 @@ def beside(table: Sequence[Row], other: dict[tuple[str, str, int, int, int], lis
             for r in table if other.get(r.key)]
 
 
-def spec_of(run: Path) -> str | None:
-    """The spec a run was made from (environment.json), None where it does not say: only a
-    run of the same spec measured the same cases the same way."""
+def _said(run: Path, key: str) -> str | None:
+    """A text the run's environment.json gives under `key`; None where the file or the key
+    is missing (a run made before the runner wrote it), an error where the file is broken."""
     try:
-        spec = json.loads((run / "environment.json").read_text()).get("spec")
+        value = json.loads((run / "environment.json").read_text()).get(key)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, AttributeError) as err:
         raise YardstickError(f"{run}/environment.json: {err}") from None
-    return spec if isinstance(spec, str) else None
+    return value if isinstance(value, str) and value else None
+
+
+def spec_of(run: Path) -> str | None:
+    """The spec a run was made from: only a run of the same spec measured the same cases the
+    same way."""
+    return _said(run, "spec")
 
 
 def run_id_of(run: Path) -> str | None:
-    """The id the runner gave a run (environment.json), None where it does not say: a
-    directory with this run's id is a copy of it, which would score the lab against itself."""
-    try:
-        run_id = json.loads((run / "environment.json").read_text()).get("run_id")
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, AttributeError) as err:
-        raise YardstickError(f"{run}/environment.json: {err}") from None
-    return run_id if isinstance(run_id, str) and run_id else None
+    """The id the runner gave a run: a directory with this run's id is a copy of it, which
+    would score the lab against itself."""
+    return _said(run, "run_id")
 
 
 def candidates(run: Path) -> list[Path]:
