@@ -176,7 +176,7 @@ def keep_guest_logs(state: LabState, to: Path) -> None:
     try:
         if not state.logs.is_dir():
             return
-        to.mkdir(exist_ok=True)
+        to.mkdir(mode=0o700, exist_ok=True)  # like the lab's own directory
         for log in state.logs.glob("*.serial.log"):
             shutil.copy2(log, to / log.name)
     except OSError as err:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import secrets
 import shlex
 import subprocess
 import time
 
 import pytest
 
+from experiments import commands
 from infra import lab as lab_mod
 from infra import network
 from infra import run as runner
@@ -119,8 +121,10 @@ def test_bulk_writes_both_ways_leave_every_transmit_ring_moving(lab):
     caused (that took minutes of one node writing to three): `test_vm_argv` guards the
     setting itself (infra/network.py)."""
     hosts = lab.hosts
+    tag = f"test-bulk-{secrets.token_hex(6)}"  # what this test starts carries it, and only that
     # -u 18: a 1 s transport timeout; at 65 ms (the default) the crowded VMs exhaust rxe's retries
-    base = "timeout 90 ib_write_bw -d rxe0 -x 1 -s 1048576 -b -D 30 -F -u 18 -p {port}"
+    base = (f"{commands.started_by(tag)}timeout 90 "
+            "ib_write_bw -d rxe0 -x 1 -s 1048576 -b -D 30 -F -u 18 -p {port}")
     procs: list[subprocess.Popen[str]] = []
 
     def start(host: Host, command: str) -> subprocess.Popen[str]:
@@ -135,7 +139,8 @@ def test_bulk_writes_both_ways_leave_every_transmit_ring_moving(lab):
         clients = []
         for i, h in enumerate(hosts):
             j = (i + 1) % len(hosts)
-            clients.append(start(h, f"{base.format(port=BULK_PORT + j)} {hosts[j].data_ip}"))
+            clients.append(start(h, f"{base.format(port=BULK_PORT + j)} "
+                                    f"{shlex.quote(hosts[j].data_ip)}"))
         try:
             outs = [c.communicate(timeout=150)[0] for c in clients]
         except subprocess.TimeoutExpired:
@@ -145,15 +150,15 @@ def test_bulk_writes_both_ways_leave_every_transmit_ring_moving(lab):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        for h in hosts:  # what the test started there, by its ports (the brackets: not this shell)
-            lab.try_ssh(h, "pkill -f 'ib_write_b[w] .*-p 1854[0-9]'; true", timeout=30)
+        for h in hosts:  # what the test started there, by its tag: nothing else
+            lab.try_ssh(h, commands.stop_command(tag), timeout=30)
     for h, out, c in zip(hosts, outs, clients, strict=True):
         assert c.returncode == 0 and "1048576" in out, f"{h.name}: {out}"
     for i, h in enumerate(hosts):
         peer = hosts[(i + 1) % len(hosts)]
         r = lab.ssh(h, f"k=$(sudo -n dmesg) && echo kernel-log-read && "
                        f"printf '%s\\n' \"$k\" | grep -F {shlex.quote(TX_STALL)} | head -3; "
-                       f"ping -c 3 -W 3 {peer.data_ip} >/dev/null && echo path-up")
+                       f"ping -c 3 -W 3 {shlex.quote(peer.data_ip)} >/dev/null && echo path-up")
         assert "kernel-log-read" in r.stdout, f"{h.name}: dmesg unreadable: {r.stdout}{r.stderr}"
         assert TX_STALL not in r.stdout, f"{h.name}: {r.stdout}"
         assert "path-up" in r.stdout, f"{h.name} -> {peer.name}: no ping over the data network"
