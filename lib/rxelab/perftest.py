@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rxelab.rc import QP_TIMEOUT
+
 PORT = 18515  # perftest's TCP port for the pair's exchange of QP numbers
 BIDIR = "ib_write_bw_bidir"
 LATENCY = "ib_send_lat"
@@ -31,9 +33,9 @@ def command(tool: str) -> str:
 def argv(tool: str, device: str, port: int, gid_index: int, size: int, iterations: int,
          tcp_port: int = PORT) -> list[str]:
     """One side of the pair (the client adds the server's address): `size` bytes per message,
-    bandwidth in Gb/s."""
+    bandwidth in Gb/s, the library's own ack timeout (rxelab.rc)."""
     out = [*TOOLS[tool], "-d", device, "-i", str(port), "-x", str(gid_index),
-           "-F", "-s", str(max(size, 1 if tool != LATENCY else 2)),
+           "-F", "-u", str(QP_TIMEOUT), "-s", str(max(size, 1 if tool != LATENCY else 2)),
            "-n", str(iterations), "-p", str(tcp_port)]
     return out if tool == LATENCY else [*out, "--report_gbits"]
 

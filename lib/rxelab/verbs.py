@@ -26,9 +26,8 @@ from pyverbs.wr import SGE, RecvWR, SendWR
 
 from rxelab import messages
 from rxelab.errors import ConfigError, RdmaError
+from rxelab.rc import QP_TIMEOUT, RETRY_CNT
 
-QP_TIMEOUT = 16  # 4.096 us * 2^16 = 268 ms per ack timeout: generous under emulation
-RETRY_CNT = 7  # retransmissions (go-back-N) before the QP goes to error
 RNR_RETRY = 7  # 7 = retry forever on receiver-not-ready
 MIN_RNR_TIMER = 12
 ACCESS_LOCAL_WRITE = e.IBV_ACCESS_LOCAL_WRITE

@@ -106,6 +106,8 @@ def test_perftest_argv_and_parsing():
     argv = commands.perftest_argv(case, HOSTS[1])
     assert argv[:7] == ["ib_write_bw", "-d", "rxe0", "-i", "1", "-x", "1"]
     assert "--report_gbits" in argv and argv[argv.index("-s") + 1] == "65536"
+    from rxelab import rc  # the library's own ack timeout: crowded VMs answer late
+    assert argv[argv.index("-u") + 1] == str(rc.QP_TIMEOUT) and rc.QP_TIMEOUT > 14
     bw = """ #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]
  65536      200              0.08               0.07                 0.000138
 """
