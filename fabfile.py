@@ -264,7 +264,7 @@ def validate(c, results=None, profile=None, beside=None):
     without refitting, beside the lab's medians and spread (validation.md in the run's
     directory), and another run of the same cases the same way, as the lab's own yardstick."""
     try:
-        chosen = Path(results) if results else sim_validate.newest(RESULTS)
+        chosen = sim_validate.named_run(Path(results)) if results else sim_validate.newest(RESULTS)
         other = Path(beside) if beside else None
         try:
             lab_run = other is None or (other / "records.jsonl").is_file()

@@ -153,6 +153,24 @@ def newest(root: Path) -> Path:
                           "`fab run-experiment --spec validation` first")
 
 
+def named_run(path: Path) -> Path:
+    """A run directory named on the command line, or ValidationError saying what it is not
+    (a results root given for a run: the run under it to name instead)."""
+    try:
+        if (path / "records.jsonl").is_file():
+            return path
+        found = path.is_dir()
+    except OSError as err:
+        raise ValidationError(f"{path}: {err}") from None
+    hint = ""
+    if found:
+        try:
+            hint = f"; the newest run under it: `--results {newest(path)}`"
+        except ValidationError:
+            pass
+    raise ValidationError(f"{path} is not a lab run's directory (no records.jsonl){hint}")
+
+
 def own_profile(run: Path) -> Profile | None:
     """The profile fitted on the run's own calibration cases (a spec that includes the
     calibrate spec runs them in each of its rounds), saved beside it as profile.json; None

@@ -193,3 +193,20 @@ def test_a_copy_of_the_run_is_no_yardstick(tmp_path):
     with pytest.raises(validate.ValidationError, match="environment.json"):
         validate.against_itself(mine, table, other)
     assert yardstick.candidates(mine) == []  # passed over when chosen
+
+
+def test_a_results_root_named_as_the_run_is_refused_naming_the_run_under_it(tmp_path):
+    """`fab validate --results results` (the root, not a run) used to look for the profile
+    `lab` and fail on that; it names what it was given and the newest run to name instead,
+    before any profile is read."""
+    from invoke import Context
+    from invoke.exceptions import Exit
+
+    import fabfile
+    mine = run_dir(tmp_path / "20260103-000000-validation", "validation",
+                   {("pairwise", 1024): 1e-3})
+    with pytest.raises(Exit, match=f"{tmp_path} is not a lab run's directory .*--results {mine}"):
+        fabfile.validate(Context(), results=str(tmp_path), profile=None, beside=None)
+    with pytest.raises(Exit, match="nowhere is not a lab run's directory .no records.jsonl.$"):
+        fabfile.validate(Context(), results=str(tmp_path / "nowhere"), profile=None, beside=None)
+    assert validate.named_run(mine) == mine
