@@ -147,7 +147,7 @@ def newest(root: Path) -> Path:
                 continue
             if '"tight": true' in (run / "records.jsonl").read_text():
                 return run
-    except OSError as err:
+    except (OSError, UnicodeDecodeError) as err:
         raise ValidationError(f"reading the runs under {root}: {err}") from None
     raise ValidationError(f"no lab run under {root} has rxelab calls back to back: run "
                           "`fab run-experiment --spec validation` first")
@@ -159,9 +159,12 @@ def named_run(path: Path) -> Path:
     try:
         if (path / "records.jsonl").is_file():
             return path
-        found = path.is_dir()
+        found, a_file = path.is_dir(), path.is_file()
     except OSError as err:
         raise ValidationError(f"{path}: {err}") from None
+    if a_file and path.name == "records.jsonl":
+        raise ValidationError(f"{path} is a run's records: name its directory, `--results "
+                              f"{path.parent}`")
     hint = ""
     if found:
         try:

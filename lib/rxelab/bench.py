@@ -140,7 +140,8 @@ def row(r: dict[str, Any]) -> str:
 def perftest(comm: Any, tool: str, m: int, iters: int) -> dict[str, Any] | None:
     """A perftest between rank 0 (client) and rank 1 (server), m bytes per message."""
     dev = comm.dev
-    base = perftest_argv(tool, dev.name, dev.port, dev.gid_index, m, iters)
+    base = perftest_argv(tool, dev.name, dev.port, dev.gid_index, m, iters,
+                         qp_timeout=int(comm.options["qp_timeout"]))
     result = None
     if comm.rank == 1:
         server = subprocess.Popen(base, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

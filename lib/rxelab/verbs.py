@@ -26,8 +26,10 @@ from pyverbs.wr import SGE, RecvWR, SendWR
 
 from rxelab import messages
 from rxelab.errors import ConfigError, RdmaError
-from rxelab.rc import QP_TIMEOUT, RETRY_CNT
+from rxelab.settings import BY_NAME
 
+QP_TIMEOUT = int(BY_NAME["qp_timeout"].default)  # init()'s options: the one place
+RETRY_CNT = int(BY_NAME["retry_cnt"].default)
 RNR_RETRY = 7  # 7 = retry forever on receiver-not-ready
 MIN_RNR_TIMER = 12
 ACCESS_LOCAL_WRITE = e.IBV_ACCESS_LOCAL_WRITE

@@ -106,8 +106,9 @@ def test_perftest_argv_and_parsing():
     argv = commands.perftest_argv(case, HOSTS[1])
     assert argv[:7] == ["ib_write_bw", "-d", "rxe0", "-i", "1", "-x", "1"]
     assert "--report_gbits" in argv and argv[argv.index("-s") + 1] == "65536"
-    from rxelab import rc  # the library's own ack timeout: crowded VMs answer late
-    assert argv[argv.index("-u") + 1] == str(rc.QP_TIMEOUT) and rc.QP_TIMEOUT > 14
+    from rxelab import settings  # the library's own ack timeout: crowded VMs answer late
+    timeout = settings.BY_NAME["qp_timeout"].default
+    assert argv[argv.index("-u") + 1] == str(timeout) and timeout > 14
     bw = """ #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]
  65536      200              0.08               0.07                 0.000138
 """
@@ -232,3 +233,20 @@ def test_a_home_with_a_space_stays_one_word(tmp_path):
                          capture_output=True, text=True, timeout=30).stdout.splitlines()
     assert f"{home}/rxelab/apps/mpi_compare.py" in out and f"{home}/rxelab/venv/bin/python3" in out
     assert json.dumps(out).count(str(home)) == 2
+
+
+def test_the_benchmarks_perftest_takes_the_jobs_own_ack_timeout(monkeypatch):
+    """`rxelab-bench --perftest` with `--qp-timeout 20`: perftest gets -u 20, not the default."""
+    import types
+
+    from rxelab import bench
+    ran = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda argv, **kw: ran.append(argv) or
+                        types.SimpleNamespace(stdout="", returncode=1))
+    monkeypatch.setattr(bench.time, "sleep", lambda s: None)
+    peer = types.SimpleNamespace(remote=types.SimpleNamespace(gid="::ffff:10.0.0.2"))
+    comm = types.SimpleNamespace(
+        rank=0, options={"qp_timeout": 20}, conns={1: peer}, barrier=lambda: None,
+        dev=types.SimpleNamespace(name="rxe0", port=1, gid_index=1))
+    assert bench.perftest(comm, "ib_write_bw", 65536, 10) is None  # no result row: none parsed
+    assert ran and ran[0][ran[0].index("-u") + 1] == "20" and ran[0][-1] == "10.0.0.2"

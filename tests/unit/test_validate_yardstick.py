@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import statistics
 
@@ -205,8 +206,15 @@ def test_a_results_root_named_as_the_run_is_refused_naming_the_run_under_it(tmp_
     import fabfile
     mine = run_dir(tmp_path / "20260103-000000-validation", "validation",
                    {("pairwise", 1024): 1e-3})
-    with pytest.raises(Exit, match=f"{tmp_path} is not a lab run's directory .*--results {mine}"):
+    with pytest.raises(Exit, match=re.escape(f"{tmp_path} is not a lab run's directory")
+                       + f".*{re.escape(f'--results {mine}')}"):
         fabfile.validate(Context(), results=str(tmp_path), profile=None, beside=None)
     with pytest.raises(Exit, match="nowhere is not a lab run's directory .no records.jsonl.$"):
         fabfile.validate(Context(), results=str(tmp_path / "nowhere"), profile=None, beside=None)
     assert validate.named_run(mine) == mine
+    with pytest.raises(validate.ValidationError, match="a run's records: name its directory"):
+        validate.named_run(mine / "records.jsonl")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "records.jsonl").write_bytes(b"\xff\xfe not text")
+    with pytest.raises(validate.ValidationError, match="reading the runs under"):
+        validate.newest(tmp_path)  # refused by name, not a traceback
