@@ -75,6 +75,18 @@ def test_a_signal_while_the_reader_is_made_is_passed_on_to_the_program(tmp_path,
         stop_left_running(pid)
 
 
+@pytest.fixture
+def python_ctrl_c():
+    """Ctrl-C as Python gives it to a program started in a terminal (KeyboardInterrupt),
+    whatever this process inherited: started as a background job of a non-interactive shell
+    (`make test &`, some CI runners) it begins with SIGINT ignored, and these tests' own
+    SIGINT would be lost."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("python_ctrl_c")
 @pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "run"])
 def test_a_signal_inside_popen_after_the_program_started_is_passed_on_to_it(tmp_path, monkeypatch,
                                                                             streaming):
@@ -119,6 +131,7 @@ def test_a_signal_inside_popen_after_the_program_started_is_passed_on_to_it(tmp_
         stop_left_running(pid)
 
 
+@pytest.mark.usefixtures("python_ctrl_c")
 def test_a_run_outside_the_main_thread_holds_no_signal(tmp_path):
     import threading
 
