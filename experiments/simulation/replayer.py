@@ -27,6 +27,7 @@ from infra.config import cache_dir
 SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "replay.cpp"
 INPUT = SOURCE.with_name("recording.hpp")  # the replayer's input, read and checked (included)
 LAB_VMS = SOURCE.with_name("lab_vms.hpp")  # the lab machine's VMs (included)
+MIRROR = SOURCE.with_name("mirror.hpp")  # rank 0 standing for all (included)
 HEADER = Path("/usr/include/simgrid/s4u.hpp")
 VERSION = Path("/usr/include/simgrid/version.h")
 DEFAULT_TIMEOUT = 600.0
@@ -92,7 +93,7 @@ def binary() -> Path:
                if not there]
     return built(SOURCE, lambda out: [str(compiler), "-O2", "-std=c++17", "-o", out, str(SOURCE),
                                       "-lsimgrid", f"-l:{allocator}"],
-                 " and ".join(missing) if missing else None, "the replayer", (INPUT, LAB_VMS))
+                 " and ".join(missing) if missing else None, "the replayer", (INPUT, LAB_VMS, MIRROR))
 
 
 MEMORY_SHARE = 0.75  # of this machine's memory a simulator process may take
@@ -129,13 +130,22 @@ def key(src: int, what: int, tag: int) -> int:
     return (src << 48) | (what << 32) | tag
 
 
+def mirrored(t: tr.Trace, platform: Platform, busy: int = 0) -> bool:
+    """Whether rank 0's replay alone gives every rank's (experiments/simulator/mirror.hpp):
+    on a cluster (every host and its links like every other, a rank each) a recording whose
+    every rank does what rank 0 does, turned by its number."""
+    return platform.kind == "cluster" and platform.per_node == 1 and not busy \
+        and t.turns_of_rank_0()
+
+
 def write_moves(t: tr.Trace, costs: Costs, platform: Platform, path: Path,
-                busy: int = 0) -> None:
+                busy: int = 0, mirror: bool = False) -> None:
     """The replayer's input: every rank's moves with the CPU seconds each costs (at full
     speed: a second is FLOPS flops). A call's own fixed cost is charged where the call
     starts. Each size's costs are written out once (a p = 1024 all-to-all has 5 M moves of a
     handful of sizes). `busy` ranks more, after the trace's, each a CPU loop (BUSY_S of
-    computation, far past any call: the calibration's busy neighbours)."""
+    computation, far past any call: the calibration's busy neighbours). `mirror`: rank 0's
+    moves alone (`mirrored` says when they stand for all)."""
     send_cost = _memo(lambda n: f"{costs.send_cpu(n):.6e}")
     recv_cost = _memo(lambda n: f"{costs.recv_cpu(n):.6e}")
     local_cost = {tr.COPY: _memo(lambda n: f"C {costs.copy_per_byte * n:.6e}"),
@@ -146,8 +156,10 @@ def write_moves(t: tr.Trace, costs: Costs, platform: Platform, path: Path,
         if platform.kind == "lab":
             f.write(f"vms {platform.cores} {platform.byte_cpu:.6e} {platform.loop_byte_cpu:.6e} "
                     f"{platform.path_byte:.6e} {platform.wake:.6e}\n")
+        if mirror:
+            f.write("mirror\n")
         call = f"C {costs.call:.6e}"
-        for r, moves in enumerate(t.ranks):
+        for r, moves in enumerate(t.ranks[:1] if mirror else t.ranks):
             waited = {i for m in moves if m.kind == tr.WAIT for i in m.ids}
             lines = []
             for m in moves:
@@ -183,18 +195,24 @@ def _memo(text: Callable[[int], str]) -> Callable[[int], str]:
 
 
 def replay(t: tr.Trace, platform: Platform, costs: Costs,
-           timeout: float = DEFAULT_TIMEOUT, busy: int = 0) -> Replayed:
+           timeout: float = DEFAULT_TIMEOUT, busy: int = 0, mirror: bool | None = None) -> Replayed:
     """The trace replayed; with `busy` CPU loops beside it (a rank each, after the trace's),
-    its seconds are its own ranks' (the loops run on)."""
+    its seconds are its own ranks' (the loops run on). By rank 0 alone where it stands for all
+    (`mirror` None: where `mirrored` says so; False: every rank, as a check)."""
     if platform.ranks != t.p + busy:
         loops = f" and {busy} loops" if busy else ""
         raise SimulationError(f"a trace of {t.p} ranks{loops} on a platform for {platform.ranks}")
     program = binary()  # a recording whose waits do not pair up fails in it (exit status 3)
+    if mirror is None:
+        mirror = mirrored(t, platform, busy)
+    elif mirror and not mirrored(t, platform, busy):
+        raise SimulationError(f"{t.collective}/{t.algorithm} at p={t.p} on {platform.kind}: "
+                              "rank 0 does not stand for every rank there")
     with tempfile.TemporaryDirectory(prefix="rxelab-sim-") as tmp:
         where = Path(tmp)
         started = time.monotonic()
         (where / "platform.xml").write_text(platform.xml())
-        write_moves(t, costs, platform, where / "moves.txt", busy)
+        write_moves(t, costs, platform, where / "moves.txt", busy, mirror=mirror)
         try:
             done = subprocess.run([str(program), str(where / "platform.xml"),
                                    str(where / "moves.txt"), *platform.config(),

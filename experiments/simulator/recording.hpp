@@ -29,6 +29,7 @@ struct Recording {
   double loop_byte_cpu = 0;  // seconds per byte between two ranks of one VM
   double path_byte = 0;      // seconds per byte through a VM's data path, beside the CPU
   double wake = 0;           // CPU a blocked rank spends to run again, crowded, all wanted
+  bool mirror = false;       // the moves are rank 0's alone, standing for all (mirror.hpp)
   std::vector<std::vector<Move>> moves;  // by rank
 };
 
@@ -70,13 +71,20 @@ inline Recording read_recording(const char* path)
         !(t.path_byte >= 0) || !(t.wake >= 0))
       throw std::runtime_error("trace: expected 'vms C B L F W', C >= 1 cores per VM, B, L and F >= 0 seconds per byte, W >= 0 seconds");
   }
-  t.moves.resize(p);
-  std::vector<char> seen(p, 0);
-  for (int n = 0; n < p; n++) {
+  if (in >> std::ws && in.peek() == 'm') {
+    if (!(in >> word) || word != "mirror" || t.vm_cores > 0 || t.per != 1)
+      throw std::runtime_error("trace: 'mirror' (rank 0's moves alone) on hosts of one rank each, no VMs");
+    t.mirror = true;
+  }
+  const int given = t.mirror ? 1 : p;
+  t.moves.resize(given);
+  std::vector<char> seen(given, 0);
+  for (int n = 0; n < given; n++) {
     int r;
     size_t count;
-    if (!(in >> word >> r >> count) || word != "rank" || r < 0 || r >= p || seen[r])
-      throw std::runtime_error("trace: expected 'rank r N', each rank once");
+    if (!(in >> word >> r >> count) || word != "rank" || r < 0 || r >= given || seen[r])
+      throw std::runtime_error(t.mirror ? "trace: expected 'rank 0 N' alone"
+                                        : "trace: expected 'rank r N', each rank once");
     seen[r] = 1;
     auto& mine = t.moves[r];
     mine.reserve(count);
@@ -121,5 +129,8 @@ inline Recording read_recording(const char* path)
       mine.push_back(std::move(m));
     }
   }
+  if (in >> word)
+    throw std::runtime_error(t.mirror ? "trace: expected 'rank 0 N' alone"
+                                      : "trace: more than the ranks' moves");
   return t;
 }

@@ -21,6 +21,8 @@
  *                            sides are on it), then cross the machine's loopback (the
  *                            link's latency); no porters then: each message has a carrier;
  *                            W: the CPU a blocked rank spends to run again (lab_vms.hpp)
+ *   mirror                   (optional: hosts of one rank each, no VMs) rank 0's moves alone
+ *                            stand for every rank's (mirror.hpp)
  *   rank r N                 then N moves of rank r:
  *   S dst bytes key waited data cpu  a message (key names it for the receiver, its top 16
  *                                 bits the sender's rank; waited: a
@@ -39,6 +41,7 @@
 #include <xbt/config.hpp>
 
 #include "lab_vms.hpp"
+#include "mirror.hpp"
 #include "recording.hpp"
 
 #include <algorithm>
@@ -320,6 +323,8 @@ int main(int argc, char** argv)
   wake = input.wake;
   if (vm_cores > 0)
     ack_latency = simgrid::config::get_value<double>("network/loopback-lat");
+  if (input.mirror)
+    return replay_mirrored(e, argv[1], input);
   moves = std::move(input.moves);
   const size_t p = moves.size();
   ended.assign(p, -1.0);

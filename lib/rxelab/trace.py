@@ -203,6 +203,21 @@ class Trace:
         return Counter((src, m.peer, m.what, m.tag, m.nbytes)
                        for src, moves in enumerate(self.ranks) for m in moves if m.kind == SEND)
 
+    def turns_of_rank_0(self) -> bool:
+        """Whether every rank r's moves are rank 0's with each peer r further on (mod p):
+        then on a platform where every host is like every other (a crossbar cluster), every
+        rank's replay is rank 0's, and the replay of rank 0 alone gives them all."""
+        p, first = self.p, self.ranks[0]
+        for r in range(1, p):
+            moves = self.ranks[r]
+            if len(moves) != len(first):
+                return False
+            for m, m0 in zip(moves, first, strict=True):
+                peer = m0.peer if m0.peer < 0 else (m0.peer + r) % p
+                if m.kind != m0.kind or m.peer != peer or m[2:] != m0[2:]:
+                    return False
+        return True
+
     def matched(self) -> list[tuple[int, int, int, int]]:
         """(source, its SEND's index, destination, its RECV's index) of every message, in the
         order each destination waits (messages of one kind and tag between two ranks pair up

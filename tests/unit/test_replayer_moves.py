@@ -181,6 +181,7 @@ def test_a_rank_with_many_writes_on_the_wire_has_them_share_the_link(tmp_path):
     (f"rank 0 1\nR {2 << 48} 0\nrank 1 0\n", "waits for a rank that does not exist"),
     ("rank 0 0\nrank 1 1\nS 0 1 5 0 1 0\n", "keyed as another rank's"),
     ("rank 0 2\nC 0\n", "cut short"),
+    ("rank 0 0\nrank 1 0\nrank 2 0\n", "more than the ranks' moves"),
     ("", "H x K >= P"),  # 2 ranks on 1 host of 1
     ("vms 0 1e-9 1e-9 0 0\nrank 0 0\nrank 1 0\n", "C >= 1 cores per VM"),
     ("vms 1 -1 0 0 0\nrank 0 0\nrank 1 0\n", "B, L and F >= 0"),

@@ -1,0 +1,169 @@
+/* Rank 0 alone, standing for all p ranks (replay.cpp includes it once), for a recording whose
+ * every rank r does what rank 0 does with each peer r further on (rxelab.trace's
+ * Trace.turns_of_rank_0), on a platform where every host and its links are like every other's
+ * (a crossbar cluster, one rank per host). Turned by r, the whole replay is itself: every
+ * rank is where rank 0 is at every instant, and every link carries, at every instant, the
+ * same flows in the same states as rank 0's own link up (a link down to host j carries one
+ * message of each of rank 0's, the ones sent to j from j - k for each k). So rank 0's
+ * messages on their own routes, sharing its own link up, get the rates and times all p^2 got,
+ * and the message rank s sends rank 0 arrives as rank 0's own to p - s of the same kind and
+ * tag does (the n-th of the n-th). Why: the parallel all-to-all puts all p^2 of its blocks on
+ * the wire at once, and SimGrid's max-min solver goes over every message on the wire at every
+ * start and end (the system is one connected piece): the replay grew as p^4 (1 MiB blocks at
+ * 85 MB/s: 1.3 s at p = 128, 35 s at 256, 356 s at 512), and with rank 0 alone as p^2. */
+#pragma once
+
+#include <simgrid/s4u.hpp>
+
+#include "recording.hpp"
+
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <map>
+#include <utility>
+#include <vector>
+
+namespace sg4 = simgrid::s4u;
+
+static const unsigned long long NAME_BITS = (1ULL << 48) - 1;  // a key's kind and tag
+
+/* For each of rank 0's waits for a message (R), the send of its own that stands for it; -1
+ * where rank 0 never makes that send, or makes it only later (then every rank waits for its
+ * turned self, a deadlock: the full replay too never ends). A send nobody's wait stands on is
+ * a message never waited for. Says which, or "" when they pair up. */
+static std::string mirrored_waits(const std::vector<Move>& mine, int p, std::vector<int>& stands)
+{
+  // (peer, name): (send id, move index) of each of rank 0's sends, in its order
+  std::map<std::pair<int, unsigned long long>, std::deque<std::pair<int, size_t>>> sent;
+  int made = 0;
+  for (size_t i = 0; i < mine.size(); i++)
+    if (mine[i].kind == 'S')
+      sent[{mine[i].peer, mine[i].key & NAME_BITS}].emplace_back(made++, i);
+  stands.assign(mine.size(), -1);
+  for (size_t i = 0; i < mine.size(); i++) {
+    const Move& m = mine[i];
+    if (m.kind != 'R')
+      continue;
+    auto it = sent.find({(p - (int)(m.key >> 48)) % p, m.key & NAME_BITS});
+    if (it == sent.end() || it->second.empty())
+      return "rank 0 never finished: it waits for a message nobody sends";
+    if (it->second.front().second > i)
+      return "rank 0 never finished: it waits for a message nobody sends before it (each "
+             "rank waits for the next)";
+    stands[i] = it->second.front().first;
+    it->second.pop_front();
+  }
+  for (const auto& [name, left] : sent)
+    if (!left.empty())
+      return "rank 0 ended with messages it never waited for";
+  return "";
+}
+
+/* The replay of rank 0 (replay.cpp's rank_main without mailboxes: its sends are host to host,
+ * its waits for messages waits for their stand-ins); writes its end and peak bytes in flight.
+ * The bytes in flight are counted as rank_main counts them. */
+static void mirror_main(const std::vector<Move>& mine, const std::vector<int>& stands,
+                        const std::vector<sg4::Host*>& hosts, double flops, double* end, double* peak_out)
+{
+  sg4::Host* const here = hosts[0];
+  std::vector<sg4::CommPtr> comms;
+  std::vector<char> done;
+  std::vector<double> counted_bytes;
+  double inflight = 0, unwaited = 0, peak = 0, pending = 0;
+  auto work = [&](double seconds) {
+    if (seconds > 0)
+      sg4::this_actor::execute(seconds * flops);
+  };
+  auto arrived = [&](int id) {  // wait_any: see rank_main's 'W'
+    if (!done[id]) {
+      sg4::Comm::wait_any(std::vector<sg4::CommPtr>{comms[id]});
+      comms[id] = nullptr;
+      done[id] = 1;
+    }
+  };
+  std::vector<char> counted;  // a send whose bytes a wait took off those in flight
+  for (size_t i = 0; i < mine.size(); i++) {
+    const Move& m = mine[i];
+    switch (m.kind) {
+      case 'S': {
+        work(pending + m.cpu);
+        pending = 0;
+        const double bytes = m.data ? m.bytes : 0;
+        counted_bytes.push_back(bytes);
+        counted.push_back(0);
+        inflight += bytes;
+        if (!m.waited)
+          unwaited += bytes;
+        peak = std::max(peak, inflight);
+        comms.push_back(sg4::Comm::sendto_async(here, hosts[m.peer], (uint64_t)std::max(m.bytes, 1.0)));
+        done.push_back(0);
+        break;
+      }
+      case 'R': {
+        const int id = stands[i];
+        if (!done[id]) {
+          work(pending);
+          pending = 0;
+        }
+        arrived(id);
+        inflight -= unwaited;
+        unwaited = 0;
+        pending += m.cpu;
+        break;
+      }
+      case 'W': {
+        work(pending);
+        pending = 0;
+        for (int id : m.ids) {
+          arrived(id);
+          if (!counted[id]) {
+            counted[id] = 1;
+            inflight -= counted_bytes[id];
+          }
+        }
+        inflight -= unwaited;
+        unwaited = 0;
+        break;
+      }
+      case 'C':
+        pending += m.cpu;
+        break;
+    }
+  }
+  work(pending);  // every send arrived: each stands for a wait (mirrored_waits)
+  *end = sg4::Engine::get_clock();
+  *peak_out = peak;
+}
+
+/* A mirrored recording (mirror.hpp): rank 0 alone, every rank's end and peak its own. */
+static int replay_mirrored(sg4::Engine& e, const char* platform, const Recording& input)
+{
+  std::vector<int> stands;
+  const std::string unpaired = mirrored_waits(input.moves[0], input.ranks, stands);
+  if (!unpaired.empty()) {
+    std::fprintf(stderr, "error: %s\n", unpaired.c_str());
+    return 3;
+  }
+  e.load_platform(platform);
+  std::vector<sg4::Host*> hosts(input.ranks);
+  for (int r = 0; r < input.ranks; r++)
+    if ((hosts[r] = e.host_by_name_or_null("h" + std::to_string(r))) == nullptr) {
+      std::cerr << "error: the platform has no host h" << r << "\n";
+      return 2;
+    }
+  double end = -1, peak = 0;
+  sg4::Actor::create("rank0", hosts[0], mirror_main, std::cref(input.moves[0]), std::cref(stands),
+                     std::cref(hosts), input.flops_per_second, &end, &peak);
+  e.run();
+  if (end < 0) {
+    std::fprintf(stderr, "error: rank 0 never finished: it waits for a message nobody sends\n");
+    return 3;
+  }
+  std::printf("time %.9g\n", sg4::Engine::get_clock());
+  for (int r = 0; r < input.ranks; r++)
+    std::printf("rank %d %.9g %.17g\n", r, end, peak);
+  return 0;
+}
