@@ -60,6 +60,8 @@ def colour(algorithm: str, contender: str = "rxelab") -> Any:
         family = FAMILIES[contender]
         index = MPI_ORDER.index(name) if name in MPI_ORDER else sum(map(ord, name))
         return family[index % len(family)]
+    if name == "sequential k":  # the palette's next, Dark2's teal, was near parallel's green
+        return matplotlib.colormaps["Dark2"].colors[3]  # type: ignore[attr-defined]
     palette = [c for i, c in enumerate(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
                if i not in (5, 7)] + list(matplotlib.colormaps["Dark2"].colors)  # type: ignore[attr-defined]
     index = RXELAB_ORDER.index(name) if name in RXELAB_ORDER else sum(map(ord, name))

@@ -12,6 +12,12 @@ def test_colours_are_fixed_per_series_and_each_contender_has_its_own_family():
     assert fs.colour("sequential k=16") == fs.colour("sequential k=4") != fs.colour("sequential")
     ours = {fs.colour(n) for n in fs.RXELAB_ORDER}
     assert len(ours) == len(fs.RXELAB_ORDER), "rxelab's algorithms each their own colour"
+    # the all-to-alls, drawn together, far apart (not two greens)
+    import matplotlib.colors as mc
+    drawn = [mc.to_rgb(fs.colour(n)) for n in ("sequential", "sequential k=16", "pairwise",
+                                                 "parallel", "bruck")]
+    assert min(sum((a - b) ** 2 for a, b in zip(x, y, strict=True)) ** 0.5
+               for i, x in enumerate(drawn) for y in drawn[i + 1:]) > 0.3
     for contender in ("mpi-ucx", "mpi-tcp", "gloo"):
         theirs = {fs.colour(n, contender) for n in fs.MPI_ORDER}
         assert len(theirs) == len(fs.MPI_ORDER)
