@@ -114,6 +114,14 @@ def pair_at(k: int, p: int) -> tuple[int, int]:
     return i, i + 1 + k - step_of(i, i + 1, p)
 
 
+def pair_beside(i: int, j: int, d: int, p: int) -> tuple[int, int]:
+    """The pair d steps after (i, j) (before, for d < 0): within its row by arithmetic alone,
+    pair_at only where the step crosses into another row."""
+    if i < j + d < p:
+        return i, j + d
+    return pair_at(step_of(i, j, p) + d, p)
+
+
 def turn_index(pair: tuple[int, int], rank: int) -> int:
     """Which of `rank`'s own turns the step of `pair` is: its pairs come in the walk's order
     (0, r), (1, r), ..., (r-1, r), (r, r+1), ..., (r, p-1)."""
@@ -158,14 +166,14 @@ def sequential_turns(p: int, rank: int, window: int = 1) -> tuple[Turn, ...]:
     for index, (i, j) in enumerate(pairs):
         k = step_of(i, j, p)
         partner = j if i == rank else i
-        before = pair_at(k - window, p) if k >= window else None
+        before = pair_beside(i, j, -window, p) if k >= window else None
         first = None if before is None else _shared((i, j), before)
         role = STARTED if first == rank else ANSWERED if first == partner else BOTH
         token_from = before[0] if role == BOTH and before is not None else None
         hands: tuple[int, ...] = ()
         after: tuple[int, int] | None = None
         if rank == i and k + window < total:  # the leader: who of the step a window on
-            after = pair_at(k + window, p)  # waits for a token from it
+            after = pair_beside(i, j, window, p)  # waits for a token from it
             if _shared(after, (i, j)) is None:
                 hands = after
         # the steps between this rank's last one and this, `window` at a time, plus its own

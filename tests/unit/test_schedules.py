@@ -234,6 +234,16 @@ def test_pair_arithmetic_inverts():
             assert 0 <= i < j < p and s.step_of(i, j, p) == k
 
 
+def test_the_pair_some_steps_away_is_the_walks_own_within_a_row_and_across_rows():
+    for p in (2, 3, 5, 17, 40):
+        total = p * (p - 1) // 2
+        for k in range(total):
+            i, j = s.pair_at(k, p)
+            for d in (-17, -3, -2, -1, 1, 2, 3, 16):
+                if 0 <= k + d < total:
+                    assert s.pair_beside(i, j, d, p) == s.pair_at(k + d, p)
+
+
 def test_a_job_larger_than_the_library_supports_is_refused_at_init():
     from rxelab.bootstrap import MAX_RANKS, discover
     from rxelab.collectives.common import MAX_SUB, STEP0
