@@ -26,7 +26,8 @@ SLOW = (85e6, 168e-6)  # the lab's link (2026-11-28): a megabyte block takes 12 
     ("allreduce", "ring", 8, 1 << 20, True),
     ("allreduce", "ring", 5, 1 << 20, False),  # chunks of unequal size: rank 0's is not rank 1's
     ("alltoall", "sequential", 5, 1024, False),  # one pair at a time, in one fixed order
-    ("alltoall", "pairwise", 4, 1 << 20, False),  # its advertisements go in rank order
+    ("alltoall", "pairwise", 4, 1 << 20, True),  # advertised in the order of its steps
+    ("allgather", "star", 5, 1024, False),  # gathered to one root
     ("bcast", "binomial", 8, 1024, False),  # the root is not like the others
 ])
 def test_a_recording_says_whether_every_rank_is_rank_0_turned(collective, algorithm, p, size,
@@ -74,6 +75,7 @@ def test_a_mirrored_input_holds_rank_0s_moves_alone(tmp_path):
     ("alltoall", "parallel", 12, 1 << 16),
     ("alltoall", "parallel", 40, 1 << 20),  # 39 writes on the wire from each rank, sharing
     ("alltoall", "bruck", 13, 1024),
+    ("alltoall", "pairwise", 10, 1 << 20),
     ("alltoall", "bruck", 16, 1 << 20),
     ("allgather", "ring", 9, 1 << 20),
     ("allgather", "bruck", 11, 1 << 16),
