@@ -28,6 +28,7 @@ SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "replay.cpp"
 INPUT = SOURCE.with_name("recording.hpp")  # the replayer's input, read and checked (included)
 LAB_VMS = SOURCE.with_name("lab_vms.hpp")  # the lab machine's VMs (included)
 MIRROR = SOURCE.with_name("mirror.hpp")  # rank 0 standing for all (included)
+IN_FLIGHT = SOURCE.with_name("in_flight.hpp")  # bytes in flight as the library counts them
 HEADER = Path("/usr/include/simgrid/s4u.hpp")
 VERSION = Path("/usr/include/simgrid/version.h")
 DEFAULT_TIMEOUT = 600.0
@@ -93,7 +94,8 @@ def binary() -> Path:
                if not there]
     return built(SOURCE, lambda out: [str(compiler), "-O2", "-std=c++17", "-o", out, str(SOURCE),
                                       "-lsimgrid", f"-l:{allocator}"],
-                 " and ".join(missing) if missing else None, "the replayer", (INPUT, LAB_VMS, MIRROR))
+                 " and ".join(missing) if missing else None, "the replayer",
+                 (INPUT, LAB_VMS, MIRROR, IN_FLIGHT))
 
 
 MEMORY_SHARE = 0.75  # of this machine's memory a simulator process may take

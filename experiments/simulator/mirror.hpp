@@ -15,6 +15,7 @@
 
 #include <simgrid/s4u.hpp>
 
+#include "in_flight.hpp"
 #include "recording.hpp"
 
 #include <cstdio>
@@ -63,16 +64,15 @@ static std::string mirrored_waits(const std::vector<Move>& mine, int p, std::vec
 }
 
 /* The replay of rank 0 (replay.cpp's rank_main without mailboxes: its sends are host to host,
- * its waits for messages waits for their stand-ins); writes its end and peak bytes in flight.
- * The bytes in flight are counted as rank_main counts them. */
+ * its waits for messages wait for their stand-ins); writes its end and peak bytes in flight. */
 static void mirror_main(const std::vector<Move>& mine, const std::vector<int>& stands,
                         const std::vector<sg4::Host*>& hosts, double flops, double* end, double* peak_out)
 {
   sg4::Host* const here = hosts[0];
   std::vector<sg4::CommPtr> comms;
   std::vector<char> done;
-  std::vector<double> counted_bytes;
-  double inflight = 0, unwaited = 0, peak = 0, pending = 0;
+  InFlight flight;
+  double pending = 0;
   auto work = [&](double seconds) {
     if (seconds > 0)
       sg4::this_actor::execute(seconds * flops);
@@ -84,20 +84,13 @@ static void mirror_main(const std::vector<Move>& mine, const std::vector<int>& s
       done[id] = 1;
     }
   };
-  std::vector<char> counted;  // a send whose bytes a wait took off those in flight
   for (size_t i = 0; i < mine.size(); i++) {
     const Move& m = mine[i];
     switch (m.kind) {
       case 'S': {
         work(pending + m.cpu);
         pending = 0;
-        const double bytes = m.data ? m.bytes : 0;
-        counted_bytes.push_back(bytes);
-        counted.push_back(0);
-        inflight += bytes;
-        if (!m.waited)
-          unwaited += bytes;
-        peak = std::max(peak, inflight);
+        flight.sent(m);
         comms.push_back(sg4::Comm::sendto_async(here, hosts[m.peer], (uint64_t)std::max(m.bytes, 1.0)));
         done.push_back(0);
         break;
@@ -109,8 +102,7 @@ static void mirror_main(const std::vector<Move>& mine, const std::vector<int>& s
           pending = 0;
         }
         arrived(id);
-        inflight -= unwaited;
-        unwaited = 0;
+        flight.polled();
         pending += m.cpu;
         break;
       }
@@ -119,13 +111,9 @@ static void mirror_main(const std::vector<Move>& mine, const std::vector<int>& s
         pending = 0;
         for (int id : m.ids) {
           arrived(id);
-          if (!counted[id]) {
-            counted[id] = 1;
-            inflight -= counted_bytes[id];
-          }
+          flight.waited_for(id);
         }
-        inflight -= unwaited;
-        unwaited = 0;
+        flight.polled();
         break;
       }
       case 'C':
@@ -135,7 +123,7 @@ static void mirror_main(const std::vector<Move>& mine, const std::vector<int>& s
   }
   work(pending);  // every send arrived: each stands for a wait (mirrored_waits)
   *end = sg4::Engine::get_clock();
-  *peak_out = peak;
+  *peak_out = flight.peak;
 }
 
 /* A mirrored recording (mirror.hpp): rank 0 alone, every rank's end and peak its own. */

@@ -40,6 +40,7 @@
 #include <simgrid/s4u.hpp>
 #include <xbt/config.hpp>
 
+#include "in_flight.hpp"
 #include "lab_vms.hpp"
 #include "mirror.hpp"
 #include "recording.hpp"
@@ -57,10 +58,7 @@
 static std::vector<std::vector<Move>> moves;
 static std::vector<sg4::Host*> rank_host;
 static std::vector<double> ended;
-/* A rank's bytes in flight as the library's Stats.peak_inflight counts them: sent, and not yet
- * known to have arrived (a send it waits for: until that wait; one it never waits for: until
- * the rank next waits for anything, as the library polls completions only then). */
-static std::vector<double> peak_inflight;
+static std::vector<double> peak_inflight;  // per rank (in_flight.hpp)
 static std::vector<char> unclaimed;  // a rank that ended with messages nobody waited for
 // messages sent to each rank and waited for by it: a porter's send still on its way when the
 // ranks end is cancelled with the porter, so the mailbox alone cannot tell
@@ -166,9 +164,8 @@ static void rank_main(int r)
   std::unordered_map<unsigned long long, int> arrived;
   std::vector<sg4::CommPtr> sends;
   std::vector<sg4::ActorPtr> carried;  // with VMs: the carrier of each send (waited ones)
-  std::vector<double> sent_bytes;
+  InFlight flight;
   std::vector<char> by_porter;  // a send this rank waits for, posted by a porter (crowded)
-  double inflight = 0, unwaited = 0, peak = 0;
   /* CPU work is run when the rank next sends, waits or ends, as one exec: one after another on
    * a busy CPU they take the same time, and each exec is a SimGrid action of its own (a fifth
    * of the replay's time went to starting and ending them). */
@@ -180,15 +177,9 @@ static void rank_main(int r)
       case 'S': {
         work(pending + m.cpu);
         pending = 0;
-        double counted = m.data ? m.bytes : 0;  // as the library counts: blocks, not control
-        sent_bytes.push_back(counted);
+        flight.sent(m);
         by_porter.push_back(vm_cores == 0 && m.waited && crowded[r]);
         sent_to[m.peer]++;
-        inflight += counted;
-        if (!m.waited)
-          unwaited += counted;
-        if (inflight > peak)
-          peak = inflight;
         auto* payload = new unsigned long long(m.key);
         sg4::Mailbox* to = pair_box(m.peer, r);
         // a message of 0 bytes still crosses the link (SimGrid would deliver it at once)
@@ -201,7 +192,7 @@ static void rank_main(int r)
         } else if (by_porter.back()) {
           sends.push_back(nullptr);
           Porter& porter = porters[r][m.peer % PORTERS];
-          porter.jobs.push_back({to, payload, wire, (int)sent_bytes.size() - 1});
+          porter.jobs.push_back({to, payload, wire, (int)flight.bytes.size() - 1});
           porter.ready->release();
         } else if (m.waited) {
           sends.push_back(to->put_async(payload, wire));
@@ -239,8 +230,7 @@ static void rank_main(int r)
         if (--it->second == 0)
           arrived.erase(it);
         claimed[r]++;
-        inflight -= unwaited;
-        unwaited = 0;
+        flight.polled();
         pending += m.cpu;
         break;
       }
@@ -264,18 +254,17 @@ static void rank_main(int r)
             sg4::Comm::wait_any(std::vector<sg4::CommPtr>{h.comm});
             h.comm = nullptr;
             h.done = true;
-            inflight -= sent_bytes[id];
+            flight.waited_for(id);
           } else if (sends[id]) {
             sends[id]->wait();
             sends[id] = nullptr;  // done: its memory goes now, not at the rank's end
-            inflight -= sent_bytes[id];
+            flight.waited_for(id);
           } else if (carried[id]) {
             carried[id]->join();
             carried[id] = nullptr;
-            inflight -= sent_bytes[id];
+            flight.waited_for(id);
           }
-        inflight -= unwaited;
-        unwaited = 0;
+        flight.polled();
         want_core(here);
         woken(since);
         break;
@@ -290,7 +279,7 @@ static void rank_main(int r)
   if (!arrived.empty())  // a message this rank never waited for: the recording is wrong
     unclaimed[r] = 1;
   ended[r] = sg4::Engine::get_clock();
-  peak_inflight[r] = peak;
+  peak_inflight[r] = flight.peak;
 }
 
 int main(int argc, char** argv)
