@@ -147,7 +147,10 @@ def write_moves(t: tr.Trace, costs: Costs, platform: Platform, path: Path,
     starts. Each size's costs are written out once (a p = 1024 all-to-all has 5 M moves of a
     handful of sizes). `busy` ranks more, after the trace's, each a CPU loop (BUSY_S of
     computation, far past any call: the calibration's busy neighbours). `mirror`: rank 0's
-    moves alone (`mirrored` says when they stand for all)."""
+    moves alone, refused where they do not stand for all (`mirrored`)."""
+    if mirror and not mirrored(t, platform, busy):
+        raise SimulationError(f"{t.collective}/{t.algorithm} at p={t.p} on {platform.kind}: "
+                              "rank 0 does not stand for every rank there")
     send_cost = _memo(lambda n: f"{costs.send_cpu(n):.6e}")
     recv_cost = _memo(lambda n: f"{costs.recv_cpu(n):.6e}")
     local_cost = {tr.COPY: _memo(lambda n: f"C {costs.copy_per_byte * n:.6e}"),
@@ -207,9 +210,6 @@ def replay(t: tr.Trace, platform: Platform, costs: Costs,
     program = binary()  # a recording whose waits do not pair up fails in it (exit status 3)
     if mirror is None:
         mirror = mirrored(t, platform, busy)
-    elif mirror and not mirrored(t, platform, busy):
-        raise SimulationError(f"{t.collective}/{t.algorithm} at p={t.p} on {platform.kind}: "
-                              "rank 0 does not stand for every rank there")
     with tempfile.TemporaryDirectory(prefix="rxelab-sim-") as tmp:
         where = Path(tmp)
         started = time.monotonic()

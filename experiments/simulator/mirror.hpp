@@ -14,6 +14,7 @@
 #pragma once
 
 #include <simgrid/s4u.hpp>
+#include <xbt/config.hpp>
 
 #include "in_flight.hpp"
 #include "recording.hpp"
@@ -24,6 +25,7 @@
 #include <iostream>
 #include <string>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -64,13 +66,25 @@ static std::string mirrored_waits(const std::vector<Move>& mine, int p, std::vec
 }
 
 /* The replay of rank 0 (replay.cpp's rank_main without mailboxes: its sends are host to host,
- * its waits for messages wait for their stand-ins); writes its end and peak bytes in flight. */
+ * its waits for messages wait for their stand-ins); writes its end and peak bytes in flight.
+ * A peer's messages are taken in the order it sent them, as rank_main takes them from the
+ * pair's mailbox (RC's order): a wait for one also waits for every earlier one from that peer
+ * not yet taken, that is for rank 0's own earlier sends to the stand-in's peer. */
 static void mirror_main(const std::vector<Move>& mine, const std::vector<int>& stands,
                         const std::vector<sg4::Host*>& hosts, double flops, double* end, double* peak_out)
 {
   sg4::Host* const here = hosts[0];
   std::vector<sg4::CommPtr> comms;
   std::vector<char> done;
+  std::vector<int> peer_of;                  // by send id
+  std::vector<std::vector<int>> to(hosts.size());  // by peer: the send ids to it, in order
+  for (const Move& m : mine)
+    if (m.kind == 'S') {
+      to[m.peer].push_back((int)peer_of.size());
+      peer_of.push_back(m.peer);
+    }
+  std::vector<size_t> taken(hosts.size(), 0);  // by peer: how many of `to` were taken
+  std::vector<char> in_hand(peer_of.size(), 0);  // a stand-in taken, as if from its mailbox
   InFlight flight;
   double pending = 0;
   auto work = [&](double seconds) {
@@ -97,11 +111,15 @@ static void mirror_main(const std::vector<Move>& mine, const std::vector<int>& s
       }
       case 'R': {
         const int id = stands[i];
-        if (!done[id]) {
+        if (!in_hand[id]) {  // the work before it is done before it waits (rank_main's order)
           work(pending);
           pending = 0;
         }
-        arrived(id);
+        for (const std::vector<int>& queue = to[peer_of[id]]; !in_hand[id];) {
+          const int next = queue[taken[peer_of[id]]++];
+          arrived(next);
+          in_hand[next] = 1;
+        }
         flight.polled();
         pending += m.cpu;
         break;
@@ -126,6 +144,36 @@ static void mirror_main(const std::vector<Move>& mine, const std::vector<int>& s
   *peak_out = flight.peak;
 }
 
+/* Why every host's place is not like rank 0's on this platform, or "": rank 0 stands for all
+ * only where each host is as fast and has as many cores, each route from h0 is h0's own link
+ * up and the other host's own link down, all alike, and a message loads no link the other
+ * way (SimGrid's cross-traffic: rank 0's link up would then carry the acknowledgements of
+ * every message sent to it, which rank 0 alone never sends). The cluster of
+ * experiments/simulation/platforms.py is such a platform; the fat tree and the torus are not. */
+static std::string not_alike(const std::vector<sg4::Host*>& hosts)
+{
+  if (simgrid::config::get_value<bool>("network/crosstraffic"))
+    return "messages load the links the other way (--cfg=network/crosstraffic:0)";
+  std::vector<sg4::Link*> first;
+  std::set<sg4::Link*> downs;
+  for (size_t j = 1; j < hosts.size(); j++) {
+    if (hosts[j]->get_speed() != hosts[0]->get_speed() ||
+        hosts[j]->get_core_count() != hosts[0]->get_core_count())
+      return "host " + hosts[j]->get_name() + " is not like h0";
+    std::vector<sg4::Link*> links;
+    double latency = 0;
+    hosts[0]->route_to(hosts[j], links, &latency);
+    if (j == 1)
+      first = links;
+    if (links.size() != 2 || links[0] != first[0] || links[1] == links[0] ||
+        !downs.insert(links[1]).second ||
+        links[0]->get_bandwidth() != links[1]->get_bandwidth() ||
+        links[0]->get_latency() != links[1]->get_latency())
+      return "the route to " + hosts[j]->get_name() + " is not h0's link up and its own down, alike";
+  }
+  return "";
+}
+
 /* A mirrored recording (mirror.hpp): rank 0 alone, every rank's end and peak its own. */
 static int replay_mirrored(sg4::Engine& e, const char* platform, const Recording& input)
 {
@@ -136,12 +184,21 @@ static int replay_mirrored(sg4::Engine& e, const char* platform, const Recording
     return 3;
   }
   e.load_platform(platform);
+  if (e.get_host_count() < (size_t)input.ranks) {
+    std::cerr << "error: the platform has fewer hosts than the recording's " << input.ranks << " ranks\n";
+    return 2;
+  }
   std::vector<sg4::Host*> hosts(input.ranks);
   for (int r = 0; r < input.ranks; r++)
     if ((hosts[r] = e.host_by_name_or_null("h" + std::to_string(r))) == nullptr) {
       std::cerr << "error: the platform has no host h" << r << "\n";
       return 2;
     }
+  const std::string unlike = not_alike(hosts);
+  if (!unlike.empty()) {
+    std::cerr << "error: rank 0 cannot stand for all here: " << unlike << "\n";
+    return 2;
+  }
   double end = -1, peak = 0;
   sg4::Actor::create("rank0", hosts[0], mirror_main, std::cref(input.moves[0]), std::cref(stands),
                      std::cref(hosts), input.flops_per_second, &end, &peak);

@@ -21,6 +21,8 @@ struct Move {
   std::vector<int> ids;
 };
 
+static const int MAX_RANKS = 1 << 16;  // a message's key holds its sender in 16 bits
+
 struct Recording {
   int ranks = 0, hosts = 0, per = 1;  // rank r runs on host r / per
   double flops_per_second = 1e9;
@@ -65,6 +67,8 @@ inline Recording read_recording(const char* path)
       p <= 0 || t.hosts <= 0 || t.per <= 0 || (long long)t.hosts * t.per < p ||
       !(t.flops_per_second > 0))
     throw std::runtime_error("trace: expected 'ranks P hosts H per K flops F', H x K >= P");
+  if (p > MAX_RANKS || t.hosts > MAX_RANKS)
+    throw std::runtime_error("trace: more than " + std::to_string(MAX_RANKS) + " ranks or hosts (a key's sender is 16 bits)");
   if (in >> std::ws && in.peek() == 'v') {
     if (!(in >> word >> t.vm_cores >> t.byte_cpu >> t.loop_byte_cpu >> t.path_byte >> t.wake) ||
         word != "vms" || t.vm_cores <= 0 || !(t.byte_cpu >= 0) || !(t.loop_byte_cpu >= 0) ||
@@ -87,8 +91,9 @@ inline Recording read_recording(const char* path)
                                         : "trace: expected 'rank r N', each rank once");
     seen[r] = 1;
     auto& mine = t.moves[r];
-    mine.reserve(count);
+    mine.reserve(std::min(count, (size_t)1 << 20));  // a count past the input is cut short
     int sent = 0;
+    std::vector<char> waited_flag;  // by send id: its S line's `waited`
     for (size_t i = 0; i < count; i++) {
       Move m;
       in >> m.kind;
@@ -97,6 +102,7 @@ inline Recording read_recording(const char* path)
         in >> m.peer >> m.bytes >> m.key >> waited >> data >> m.cpu;
         m.waited = waited != 0;
         m.data = data != 0;
+        waited_flag.push_back(m.waited);
         sent++;
         if (m.peer < 0 || m.peer >= p)
           throw std::runtime_error("trace: a message to a rank that does not exist");
@@ -109,13 +115,17 @@ inline Recording read_recording(const char* path)
         if (in && (m.key >> 48) >= (unsigned long long)p)
           throw std::runtime_error("trace: rank " + std::to_string(r) + " waits for a rank that does not exist");
       } else if (m.kind == 'W') {
-        int k;
+        int k = -1;
         in >> k;
-        m.ids.resize(k);
+        if (in && (k < 0 || k > sent))
+          throw std::runtime_error("trace: rank " + std::to_string(r) + " waits for more sends than it made");
+        m.ids.resize(in ? k : 0);
         for (int& id : m.ids) {
           in >> id;
           if (in && (id < 0 || id >= sent))
             throw std::runtime_error("trace: rank " + std::to_string(r) + " waits for a send it has not made");
+          if (in && !waited_flag[id])
+            throw std::runtime_error("trace: rank " + std::to_string(r) + " waits for a send marked as never waited for");
         }
       } else if (m.kind == 'C') {
         in >> m.cpu;

@@ -100,12 +100,18 @@ def test_rank_0_alone_is_refused_where_it_does_not_stand_for_all():
         replayer.replay(t, platforms.Platform("cluster", 4, 1e9, 1e-6), COSTS, mirror=True)
 
 
-def _run(tmp_path, head: str, moves: str) -> subprocess.CompletedProcess[str]:
-    cluster = platforms.Platform("cluster", 4, 1e9, 1e-6)
-    (tmp_path / "p.xml").write_text(cluster.xml())
+def _run(tmp_path, head: str, moves: str, platform: platforms.Platform | None = None,
+         config: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    platform = platform or platforms.Platform("cluster", 4, 1e9, 1e-6)
+    (tmp_path / "p.xml").write_text(platform.xml())
     (tmp_path / "m.txt").write_text(head + moves)
     return subprocess.run([str(replayer.binary()), str(tmp_path / "p.xml"), str(tmp_path / "m.txt"),
-                           *cluster.config()], capture_output=True, text=True, timeout=60)
+                           *platform.config(), *config], capture_output=True, text=True, timeout=60)
+
+
+def _ends(done: subprocess.CompletedProcess[str]) -> list[float]:
+    assert done.returncode == 0, done.stderr
+    return [float(line.split()[2]) for line in done.stdout.splitlines() if line.startswith("rank")]
 
 
 HEAD = "ranks 4 hosts 4 per 1 flops 1e9\n"
@@ -138,6 +144,60 @@ def test_a_mirrored_recording_that_pairs_up_takes_its_messages_time(tmp_path):
     """Rank 0 sends 1 MB to 3 and waits for rank 1's (its stand-in: that very message): 1 ms at
     1 GB/s plus the latency, for every rank."""
     done = _run(tmp_path, HEAD, f"mirror\nrank 0 2\nS 3 1000000 7 0 1 0\nR {1 << 48 | 7} 0\n")
-    assert done.returncode == 0, done.stderr
-    ends = [float(line.split()[2]) for line in done.stdout.splitlines() if line.startswith("rank")]
-    assert ends == pytest.approx([0.001001] * 4, rel=1e-4)
+    assert _ends(done) == pytest.approx([0.001001] * 4, rel=1e-4)
+
+
+@needs_simgrid
+def test_a_peers_messages_are_taken_in_the_order_it_sent_them_by_rank_0_alone_too(tmp_path):
+    """Every rank sends its left neighbour a megabyte, then a byte, and waits for the byte from
+    its right one first, then works 10 ms: RC delivers a pair's messages in order, so the byte
+    is taken after the megabyte (1 ms at 1 GB/s), not at once: 11 ms. Rank 0 alone, waiting on
+    its own byte's stand-in, must wait for its megabyte too (else 10 ms): the same ends as the
+    replay of all four."""
+    big, small = 5, 6
+
+    def moves(r: int) -> str:
+        right = (r + 1) % 4
+        return (f"rank {r} 4\nS {(r + 3) % 4} 1000000 {r << 48 | big} 0 1 0\n"
+                f"S {(r + 3) % 4} 1 {r << 48 | small} 0 0 0\n"
+                f"R {right << 48 | small} 0.01\nR {right << 48 | big} 0\n")
+    every = _ends(_run(tmp_path, HEAD, "".join(moves(r) for r in range(4))))
+    alone = _ends(_run(tmp_path, HEAD, "mirror\n" + moves(0)))
+    assert every == pytest.approx([0.011001] * 4, rel=1e-4)
+    assert alone == pytest.approx(every, rel=1e-12, abs=0)
+
+
+@needs_simgrid
+@pytest.mark.parametrize(("platform", "config", "said"), [
+    (platforms.Platform("fat-tree", 2 * platforms.LEAF, 1e9, 1e-6, oversubscription=4), (),
+     "is not h0's link up"),
+    (platforms.Platform("torus", 8, 1e9, 1e-6), (), "is not h0's link up"),
+    (platforms.Platform("cluster", 4, 1e9, 1e-6), ("--cfg=network/crosstraffic:1",),
+     "the other way"),
+])
+def test_rank_0_alone_on_a_platform_whose_hosts_differ_is_refused_by_the_replayer(
+        tmp_path, platform, config, said):
+    head = f"ranks {platform.ranks} hosts {platform.hosts} per 1 flops 1e9\n"
+    done = _run(tmp_path, head, "mirror\nrank 0 1\nC 1\n", platform, config)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+
+
+@needs_simgrid
+@pytest.mark.parametrize(("head", "moves", "said"), [
+    ("ranks 70000 hosts 70000 per 1 flops 1e9\n", "mirror\nrank 0 0\n", "more than 65536"),
+    (HEAD, "rank 0 2\nS 1 1 0 1 1 0\nW 2 0 0\nrank 1 1\nR 0 0\nrank 2 0\nrank 3 0\n",
+     "waits for more sends than it made"),
+    (HEAD, "rank 0 2\nS 1 1 0 0 1 0\nW 1 0\nrank 1 1\nR 0 0\nrank 2 0\nrank 3 0\n",
+     "marked as never waited for"),
+])
+def test_the_replayers_reader_refuses_what_it_cannot_hold_to(tmp_path, head, moves, said):
+    done = _run(tmp_path, head, moves)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+
+
+def test_rank_0_alone_is_not_written_for_a_recording_that_does_not_turn(tmp_path):
+    t = trace.record("alltoall", "sequential", 4, 1024)
+    with pytest.raises(replayer.SimulationError, match="does not stand for every rank"):
+        replayer.write_moves(t, COSTS, platforms.Platform("cluster", 4, 1e9, 1e-6),
+                             tmp_path / "m.txt", mirror=True)
+    assert not (tmp_path / "m.txt").exists()

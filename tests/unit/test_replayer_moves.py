@@ -174,7 +174,8 @@ def test_a_rank_with_many_writes_on_the_wire_has_them_share_the_link(tmp_path):
 
 @needs_simgrid
 @pytest.mark.parametrize(("moves", "said"), [
-    ("rank 0 1\nW 1 0\nrank 1 0\n", "waits for a send it has not made"),
+    ("rank 0 1\nW 1 0\nrank 1 0\n", "waits for more sends than it made"),
+    ("rank 0 2\nS 1 1 0 1 1 0\nW 1 5\nrank 1 1\nR 0 0\n", "waits for a send it has not made"),
     ("rank 0 1\nS 1 -5 1 0 1 0\nrank 1 0\n", "fewer than 0 bytes"),
     ("rank 0 0\nrank 0 0\n", "each rank once"),
     ("rank 0 1\nC -1\nrank 1 0\n", "below 0"),
