@@ -141,14 +141,16 @@ def mirrored(t: tr.Trace, platform: Platform, busy: int = 0) -> bool:
 
 
 def write_moves(t: tr.Trace, costs: Costs, platform: Platform, path: Path,
-                busy: int = 0, mirror: bool = False) -> None:
+                busy: int = 0, mirror: bool | None = False) -> None:
     """The replayer's input: every rank's moves with the CPU seconds each costs (at full
     speed: a second is FLOPS flops). A call's own fixed cost is charged where the call
     starts. Each size's costs are written out once (a p = 1024 all-to-all has 5 M moves of a
     handful of sizes). `busy` ranks more, after the trace's, each a CPU loop (BUSY_S of
     computation, far past any call: the calibration's busy neighbours). `mirror`: rank 0's
-    moves alone, refused where they do not stand for all (`mirrored`)."""
-    if mirror and not mirrored(t, platform, busy):
+    moves alone, refused where they do not stand for all (`mirrored`); None: where they do."""
+    if mirror is None:
+        mirror = mirrored(t, platform, busy)
+    elif mirror and not mirrored(t, platform, busy):
         raise SimulationError(f"{t.collective}/{t.algorithm} at p={t.p} on {platform.kind}: "
                               "rank 0 does not stand for every rank there")
     send_cost = _memo(lambda n: f"{costs.send_cpu(n):.6e}")
@@ -208,8 +210,6 @@ def replay(t: tr.Trace, platform: Platform, costs: Costs,
         loops = f" and {busy} loops" if busy else ""
         raise SimulationError(f"a trace of {t.p} ranks{loops} on a platform for {platform.ranks}")
     program = binary()  # a recording whose waits do not pair up fails in it (exit status 3)
-    if mirror is None:
-        mirror = mirrored(t, platform, busy)
     with tempfile.TemporaryDirectory(prefix="rxelab-sim-") as tmp:
         where = Path(tmp)
         started = time.monotonic()
