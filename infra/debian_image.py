@@ -15,12 +15,12 @@ import tarfile
 import time
 from pathlib import Path
 
+from infra import apt_sources, settings
 from infra import run as runner
-from infra import settings
 from infra.config import Extras, Image, cache_dir
 from infra.errors import LabError
 from infra.image_cache import BaseImage, fresh_build_dir, images_dir, publish
-from infra.units import rdma_device_unit
+from infra.units import rdma_device_files
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 DEBIAN_SUITE = "bookworm"
@@ -63,8 +63,8 @@ def debian_recipe_key(extras: Extras = Extras.NONE) -> str:
                  f"packages={','.join(extra_packages(extras))}\n".encode())
     for path in sorted((RECIPES / "debian-12").iterdir()):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    name, text = rdma_device_unit()
-    h.update(name.encode() + b"\0" + text.encode() + b"\0")
+    for f in rdma_device_files():
+        h.update(str(f.path).encode() + b"\0" + f.text.encode() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -88,12 +88,8 @@ def ensure_debian(extras: Extras = Extras.NONE) -> BaseImage:
         print(f"image: debian-12 found in cache ({dest})", flush=True)
         return cached
     runner.require("mmdebstrap", "mkfs.ext4")
-    sources = Path(str(settings.value("RXELAB_APT_SOURCES")))
-    if not sources.exists():
-        raise LabError(
-            f"no apt sources file at {sources} to take the Debian mirror from",
-            hint="set RXELAB_APT_SOURCES to a deb822 .sources file naming a Debian mirror",
-        )
+    given = settings.value("RXELAB_APT_SOURCES")
+    sources_text = apt_sources.image_sources(DEBIAN_SUITE, Path(str(given)) if given else None)
     debs = cache_dir() / "debs"
     debs.mkdir(parents=True, exist_ok=True)
     work = fresh_build_dir(dest.name)
@@ -101,10 +97,13 @@ def ensure_debian(extras: Extras = Extras.NONE) -> BaseImage:
     print(f"image: building debian-12 ({len(debian_packages(extras))} packages and their dependencies) "
           f"into {dest}", flush=True)
     try:
+        sources = work / "debian.sources"  # the host's mirror, for this image's suite
+        sources.write_text(sources_text)
         tar = work / "root.tar"
-        unit_name, unit_text = rdma_device_unit()
-        unit = work / unit_name
-        unit.write_text(unit_text)
+        baked = []  # the rxe unit and its udev rule, copied to their places by the hook
+        for f in rdma_device_files():
+            (work / f.name).write_text(f.text)
+            baked += [shlex.quote(str(work / f.name)), shlex.quote(str(f.path))]
         runner.run_streaming(
             [
                 "mmdebstrap",
@@ -114,7 +113,7 @@ def ensure_debian(extras: Extras = Extras.NONE) -> BaseImage:
                 f"--customize-hook=sync-out /var/cache/apt/archives {debs}",
                 # a shell command line: the paths quoted (a cache directory may hold spaces)
                 f'--customize-hook={shlex.quote(str(RECIPES / "debian-12" / "customize.sh"))} '
-                f'"$1" {shlex.quote(str(unit))}',
+                f'"$1" {" ".join(baked)}',
                 DEBIAN_SUITE,
                 tar,
                 sources,

@@ -192,6 +192,7 @@ def host_taps(config: LabConfig) -> list[str]:
 # path gone until the VM restarts). The same load without the index ran clean (field notes,
 # 2026-11-28).
 NIC = "virtio-net-pci,event_idx=off"
+DATA_NIC_ID = "datanic"  # the data NIC's qdev id: QMP unplugs and plugs it by this name
 
 
 def qemu_args(config: LabConfig, state: LabState, node: Node) -> list[str]:
@@ -201,7 +202,7 @@ def qemu_args(config: LabConfig, state: LabState, node: Node) -> list[str]:
         netdev = f"vde,id=data,sock={vde_socket(state)}"
     return [
         "-netdev", netdev,
-        "-device", f"{NIC},netdev=data,mac={node.data_mac}",
+        "-device", f"{NIC},netdev=data,mac={node.data_mac},id={DATA_NIC_ID}",
     ]  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from infra import run as runner
 from infra.config import DATA_NIC, MGMT_NIC, REPO, VM_USER, Image, LabConfig, Node
 from infra.images import UBUNTU_PACKAGES, extra_packages
 from infra.state import LabState, mkdir_private, write_atomic
-from infra.units import rdma_device_unit
+from infra.units import nic_name_link, rdma_device_files
 
 TEMPLATES = REPO / "cloud-init"
 SLURM_CPUS = 4  # ranks Slurm may place on a node (each VM has one vCPU; they share it)
@@ -94,7 +94,8 @@ def render(
         "user": VM_USER,
         "data_nic": DATA_NIC,
         "mgmt_nic": MGMT_NIC,
-        "rdma_unit": dict(zip(("name", "text"), rdma_device_unit(), strict=True)),
+        "rdma_files": rdma_device_files(),
+        "nic_links": [nic_name_link(MGMT_NIC, node.mgmt_mac), nic_name_link(DATA_NIC, node.data_mac)],
         # Debian's image is built here with the unit baked in; Ubuntu's is not ours to build.
         "baked": not ubuntu,
         "host_key": host_keys[node.name],

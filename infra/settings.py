@@ -142,8 +142,11 @@ SETTINGS: tuple[Setting, ...] = (
             "ssh_port_base", int, 1024, 65527),
     Setting("RXELAB_STATE", "", f"the lab's state directory (default {STATE_DIR}/)"),
     Setting("RXELAB_CACHE", "", "image cache (default ~/.cache/rxelab)"),
-    Setting("RXELAB_BOOT_TIMEOUT", "", "seconds to wait for nodes to be ready "
-            "(default 240 + 90 per node under TCG, 300 under KVM)", kind=int, low=10, high=86400),
+    Setting("RXELAB_BOOT_STALL", "300", "seconds a booting node may go without progress (console "
+            "output, a new stage, its VM busy) before provisioning fails; a slow node that keeps "
+            "moving is waited for", kind=int, low=10, high=86400),
+    Setting("RXELAB_BOOT_TIMEOUT", "3600", "seconds the whole wait for the nodes may take, "
+            "progressing or not", kind=int, low=10, high=86400),
     Setting("RXELAB_UBUNTU_URL", "https://cloud-images.ubuntu.com/releases/noble/release/",
             "where IMAGE=ubuntu-24.04 is downloaded from (a mirror of that folder)"),
     Setting("RXELAB_UBUNTU_KEYRING", "/usr/share/keyrings/ubuntu-cloudimage-keyring.gpg",
@@ -152,8 +155,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("RXELAB_ACCEPT_NEW_HOST_KEYS", "0", "1: accept and remember the SSH host key of an "
             "inventory host seen for the first time (ssh's accept-new); 0: refuse unknown host keys. "
             "A changed key is always refused", kind=int, low=0, high=1),
-    Setting("RXELAB_APT_SOURCES", "/etc/apt/sources.list.d/debian.sources",
-            "the apt sources file whose mirror builds the Debian image"),
+    Setting("RXELAB_APT_SOURCES", "", "an apt sources file (deb822 or one-line) naming the Debian "
+            "mirror that builds the Debian image (default: the host's own, /etc/apt/sources.list "
+            "and sources.list.d/, the first Debian entry)"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 LAB_SETTINGS = tuple(s for s in SETTINGS if s.field)

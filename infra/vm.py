@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
 from pathlib import Path
@@ -108,6 +109,19 @@ def processes_named(lab: str) -> list[tuple[int, list[str]]]:
     return found
 
 
+def cpu_seconds(state: LabState, node: Node) -> float | None:
+    """The CPU time the node's qemu has used (all its threads), or None if it is not running:
+    what tells a slow guest from an idle one."""
+    found = pid(state, node)
+    if found is None:
+        return None
+    try:
+        fields = Path(f"/proc/{found}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def is_running(state: LabState, node: Node) -> bool:
     return pid(state, node) is not None
 
@@ -128,7 +142,8 @@ def stop(config: LabConfig, state: LabState, node: Node, timeout: float = 10.0) 
         path.unlink(missing_ok=True)
 
 
-def qmp_command(state: LabState, node: Node, command: str, timeout: float = 10.0) -> object:
+def qmp_command(state: LabState, node: Node, command: str, timeout: float = 10.0,
+                arguments: dict[str, object] | None = None) -> object:
     from qemu.qmp import QMPClient
 
     logging.getLogger("qemu.qmp").setLevel(logging.CRITICAL)
@@ -137,7 +152,7 @@ def qmp_command(state: LabState, node: Node, command: str, timeout: float = 10.0
         client = QMPClient(f"rxelab-{node.name}")
         await asyncio.wait_for(client.connect(str(state.qmp_socket(node.name))), timeout)
         try:
-            return await asyncio.wait_for(client.execute(command), timeout)
+            return await asyncio.wait_for(client.execute(command, arguments), timeout)
         finally:
             await client.disconnect()
 

@@ -38,30 +38,45 @@ def test_user_data_is_valid_cloud_config_for_both_images(tmp_path, image):
     if image is Image.UBUNTU:
         assert "python3-pyverbs" in ud["packages"] and "perftest" in ud["packages"]
         assert any("linux-modules-extra-$(uname -r)" in " ".join(c) for c in ud["runcmd"])
-        unit = files_by_path["/etc/systemd/system/rxe0.service"]["content"]
-        assert unit == units.rdma_device_unit()[1], "the one template, written by cloud-init"
-        assert ["systemctl", "enable", "--now", "rxe0.service"] in ud["runcmd"]
+        for f in units.rdma_device_files():
+            assert files_by_path[str(f.path)]["content"] == f.text, "the one template, by cloud-init"
+        assert ["udevadm", "trigger", "--action=add", "--sysname-match=data0"] in ud["runcmd"]
     else:
         assert "packages" not in ud, "Debian's image has its packages baked in"
         assert "runcmd" not in ud and "/etc/systemd/system/rxe0.service" not in files_by_path, (
-            "Debian's image has the rxe unit baked in and enabled: nothing to run at boot")
+            "Debian's image has the rxe unit baked in: nothing to run at boot")
+    node = config.node(2)
+    for nic, mac in (("mgmt0", node.mgmt_mac), ("data0", node.data_mac)):
+        link = files_by_path[f"/etc/systemd/network/10-rxelab-{nic}.link"]["content"]
+        assert f"MACAddress={mac}\n" in link and f"Name={nic}\n" in link, link
 
 
-def test_the_rxe_unit_comes_back_after_a_reboot_and_waits_only_for_its_nic():
-    name, unit = units.rdma_device_unit()
-    assert name == "rxe0.service"
-    assert "rdma link add rxe0 type rxe netdev data0" in unit
-    assert "WantedBy=multi-user.target" in unit, "enabled, so rxe comes back after a reboot"
-    assert "BindsTo=sys-subsystem-net-devices-data0.device" in unit
-    deps = [line for line in unit.splitlines() if line.startswith(("After=", "Wants=", "Requires="))]
+def test_the_rxe_unit_is_started_by_its_nic_appearing_not_by_a_target_with_a_timeout():
+    """A start job from a target waits for the NIC on systemd's device timeout (90 s) and is
+    never retried: on a busy host the NIC came minutes late and rxe0 never came up."""
+    unit, rule = units.rdma_device_files()
+    assert str(unit.path) == "/etc/systemd/system/rxe0.service"
+    assert "rdma link add rxe0 type rxe netdev data0" in unit.text
+    assert "[Install]" not in unit.text and "WantedBy" not in unit.text
+    assert "BindsTo=sys-subsystem-net-devices-data0.device" in unit.text
+    deps = [line for line in unit.text.splitlines() if line.startswith(("After=", "Wants=", "Requires="))]
     assert deps and not any("network-online" in line for line in deps), deps
+    assert str(rule.path).startswith("/etc/udev/rules.d/") and rule.name.endswith(".rules")
+    rules = [ln for ln in rule.text.splitlines() if ln and not ln.startswith("#")]
+    # named at its add (a .link file), or renamed later (cloud-init's first boot): both pull it in
+    assert any('ACTION=="add"' in ln and 'NAME=="data0"' in ln for ln in rules), rules
+    assert any('ACTION=="move"' in ln and 'KERNEL=="data0"' in ln for ln in rules), rules
+    for ln in rules:
+        assert 'TAG+="systemd"' in ln and 'ENV{SYSTEMD_WANTS}+="rxe0.service"' in ln, ln
 
 
-def test_the_debian_recipe_key_follows_the_rxe_unit(monkeypatch):
+def test_the_debian_recipe_key_follows_the_rxe_unit_and_rule(monkeypatch):
     before = images.debian_recipe_key()
-    monkeypatch.setattr(units, "rdma_device_unit", lambda: ("rxe0.service", "[Unit]\n"))
-    monkeypatch.setattr(debian_image, "rdma_device_unit", units.rdma_device_unit)
-    assert images.debian_recipe_key() != before, "a changed unit builds a new image"
+    unit, rule = units.rdma_device_files()
+    for changed in ((units.GuestFile(unit.path, "[Unit]\n"), rule),
+                    (unit, units.GuestFile(rule.path, "# nothing\n"))):
+        monkeypatch.setattr(debian_image, "rdma_device_files", lambda c=changed: c)
+        assert images.debian_recipe_key() != before, "a changed unit or rule builds a new image"
 
 
 def test_network_config_matches_nics_by_mac(tmp_path):

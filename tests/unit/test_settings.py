@@ -71,7 +71,12 @@ def test_host_settings_are_read_from_the_environment(monkeypatch):
     with pytest.raises(LabError, match="RXELAB_BOOT_TIMEOUT='soon' is not a whole number"):
         settings.value("RXELAB_BOOT_TIMEOUT")
     monkeypatch.delenv("RXELAB_BOOT_TIMEOUT")
-    assert settings.value("RXELAB_BOOT_TIMEOUT") is None
+    assert settings.value("RXELAB_BOOT_TIMEOUT") == 3600, "its default"
+    monkeypatch.setenv("RXELAB_BOOT_STALL", "5")
+    with pytest.raises(LabError, match="RXELAB_BOOT_STALL=5 is out of range"):
+        settings.value("RXELAB_BOOT_STALL")
+    monkeypatch.delenv("RXELAB_CACHE", raising=False)
+    assert settings.value("RXELAB_CACHE") is None, "no default: None"
 
 
 def test_lab_config_takes_its_defaults_from_the_table(tmp_path):

@@ -1,9 +1,9 @@
 #!/bin/sh
-# mmdebstrap customize hook: $1 is the new root, $2 the SoftRoCE unit (rendered from
-# cloud-init/rdma-device.service.j2). Runs inside mmdebstrap's namespace.
+# mmdebstrap customize hook: $1 is the new root, then pairs of (file, its path in the root): the
+# SoftRoCE unit and its udev rule (infra/units.py). Runs inside mmdebstrap's namespace.
 set -eu
 root=$1
-unit=$2
+shift
 here=$(dirname "$0")
 
 echo "/dev/vda / ext4 defaults,noatime 0 1" > "$root/etc/fstab"
@@ -18,9 +18,12 @@ printf '[Service]\nExecStart=\nExecStart=/lib/systemd/systemd-networkd-wait-onli
 chroot "$root" systemctl disable e2scrub_reap.service e2scrub_all.timer apt-daily.timer \
   apt-daily-upgrade.timer fstrim.timer dpkg-db-backup.timer 2>/dev/null || true
 
-# The SoftRoCE device: the same on every node, so enabled here, not by cloud-init at boot.
-install -m 0644 "$unit" "$root/etc/systemd/system/$(basename "$unit")"
-chroot "$root" systemctl enable "$(basename "$unit")"
+# The SoftRoCE device: the same on every node, so baked in here, not written by cloud-init at
+# boot. Its udev rule starts it when the data NIC appears (no target wants it).
+while [ "$#" -ge 2 ]; do
+  install -D -m 0644 "$1" "$root$2"
+  shift 2
+done
 
 # What a lab node never uses, each a unit (and often a process) under emulation at every boot:
 # consoles nobody logs in on, file systems and modules nothing mounts or loads, RDMA node
