@@ -21,6 +21,7 @@ from fabric import task
 from invoke.exceptions import CommandTimedOut, Exit
 
 from experiments import about, ddp_report, did_you_mean, elastic_report, fleet, progress, runner
+from experiments import deploy as deploy_mod
 from experiments import report as report_mod
 from experiments import spec as spec_mod
 from experiments.simulation import calibrate as sim_calibrate
@@ -29,6 +30,7 @@ from experiments.simulation import replayer as sim_replayer
 from experiments.simulation import run as sim_run
 from experiments.simulation import spec as sim_spec
 from experiments.simulation import validate as sim_validate
+from experiments.task_errors import one_line_errors
 from infra import inventory as inventory_mod
 from infra import run as runner_mod
 from infra import status as status_mod
@@ -64,7 +66,7 @@ def _inventory(path: str | None, accept_new_host_keys: bool = False) -> tuple[
 
 def _deploy(inv: inventory_mod.Inventory, hosts: list | None = None) -> None:
     try:
-        checks = fleet.deploy(inv, hosts)
+        checks = deploy_mod.deploy(inv, hosts, say=lambda line: print(f"  {line}", flush=True))
     except fleet.FleetError as err:
         raise Exit(f"error: {err}", code=1) from None
     for c in checks:
@@ -73,6 +75,7 @@ def _deploy(inv: inventory_mod.Inventory, hosts: list | None = None) -> None:
 
 @task(help={"inventory": "inventory file (default: the lab's)",
             "accept_new_host_keys": ACCEPT_NEW})
+@one_line_errors
 def deploy(c, inventory=None, accept_new_host_keys=False):
     """Install rxelab and its apps on every node, and check what they need.
 
@@ -95,6 +98,7 @@ def _interrupt(signum, frame):
             "launcher": "how the ranks start: ssh (ours, mpirun) or srun (Slurm); default: the spec's",
             "accept_new_host_keys": ACCEPT_NEW,
             "no_report": "do not write report.html/report.md at the end (`fab report` can later)"})
+@one_line_errors
 def run_experiment(c, spec="smoke", inventory=None, results=None, launcher=None,
                    accept_new_host_keys=False, no_report=False):
     """Run a spec on the nodes (deploying first), keep its results and write its report."""
@@ -191,6 +195,7 @@ def _run_spec(spec: str, inventory: str | None, results: str | None, launcher: s
 
 
 @task(help={"results": "a results directory (default: the newest in results/)"})
+@one_line_errors
 def report(c, results=None):
     """Write report.html and report.md (with plots) of a run."""
     if results:
@@ -208,6 +213,7 @@ def report(c, results=None):
 
 @task(help={"spec": "a simulation spec: a name from experiments/simulations/ or a .toml path",
             "results": "where result directories go (default: results/)"})
+@one_line_errors
 def simulate(c, spec="smoke", results=None):
     """Predict collectives beyond the lab's size with SimGrid (no lab needed).
 
@@ -230,6 +236,7 @@ def simulate(c, spec="smoke", results=None):
             "inventory": "inventory file (default: the lab's)",
             "results": "where the run's directory goes (default: results/)",
             "accept_new_host_keys": ACCEPT_NEW})
+@one_line_errors
 def calibrate(c, name="lab", measured=None, inventory=None, results=None,
               accept_new_host_keys=False):
     """Measure the lab's costs for the simulator (about 13 minutes).
@@ -257,6 +264,7 @@ def calibrate(c, name="lab", measured=None, inventory=None, results=None,
             "beside": "another lab run's directory, scored as a prediction too: the lab "
                       "against itself (default: the newest run of the same spec before it, else "
                       "the first after it)"})
+@one_line_errors
 def validate(c, results=None, profile=None, beside=None):
     """Set the simulator's predictions beside what a lab run took.
 
@@ -286,6 +294,7 @@ def validate(c, results=None, profile=None, beside=None):
 
 @task(help={"inventory": "inventory file (default: the lab's)",
             "accept_new_host_keys": ACCEPT_NEW})
+@one_line_errors
 def status(c, inventory=None, accept_new_host_keys=False):
     """Show the inventory's nodes and their RDMA port state."""
     inv, _ = _inventory(inventory, accept_new_host_keys)

@@ -188,9 +188,12 @@ def wait_ready(
             if not console.finished and time.monotonic() - last_probe < patience:
                 stop.wait(0.5)
                 continue
-            r = ssh_run(host, probe, timeout=PROBE_TIMEOUT_S, check=False)
+            try:
+                r = ssh_run(host, probe, timeout=PROBE_TIMEOUT_S, check=False)
+            except LabError:  # the probe ran out of time: the node did not answer, this once
+                r = None
             last_probe = time.monotonic()
-            if r.returncode == 0:
+            if r is not None and r.returncode == 0:
                 stage, error, done = parse_probe(r.stdout, host.rdma.device)
                 if stage != p.stage:
                     show(p, host, stage)

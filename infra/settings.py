@@ -147,6 +147,9 @@ SETTINGS: tuple[Setting, ...] = (
             "moving is waited for", kind=int, low=10, high=86400),
     Setting("RXELAB_BOOT_TIMEOUT", "3600", "seconds the whole wait for the nodes may take, "
             "progressing or not", kind=int, low=10, high=86400),
+    Setting("RXELAB_DEPLOY_STALL", "300", "seconds a node's step of `fab deploy` may go without "
+            "progress (output, its CPU busy) before the node is failed; a slow node that works is "
+            "waited for (12 times this at most)", kind=int, low=10, high=86400),
     Setting("RXELAB_UBUNTU_URL", "https://cloud-images.ubuntu.com/releases/noble/release/",
             "where IMAGE=ubuntu-24.04 is downloaded from (a mirror of that folder)"),
     Setting("RXELAB_UBUNTU_KEYRING", "/usr/share/keyrings/ubuntu-cloudimage-keyring.gpg",

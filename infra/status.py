@@ -10,10 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from infra import rdmaport
+from infra.errors import LabError
 from infra.inventory import Host, Inventory
 from infra.ssh import shell_vars, ssh_run
 
 MISSING = "missing"
+PROBE_TIMEOUT_S = 60  # a busy TCG guest takes seconds of its CPU for one SSH login
 
 
 def probe_command(host: Host) -> str:
@@ -37,7 +39,7 @@ def probe_command(host: Host) -> str:
 @dataclass(frozen=True)
 class NodeStatus:
     host: Host
-    state: str  # running | unreachable | stopped
+    state: str  # running | unreachable | no answer (SSH did not finish in time) | stopped
     rdma: str
     data_ip_ok: bool
     mtu: str = "-"  # "data0 9000 / rdma 4096": the netdev, its MTU, the port's active MTU
@@ -47,7 +49,10 @@ class NodeStatus:
 def probe(host: Host, running: bool | None) -> NodeStatus:
     if running is False:
         return NodeStatus(host, "stopped", "-", False)
-    r = ssh_run(host, probe_command(host), timeout=20, check=False)
+    try:
+        r = ssh_run(host, probe_command(host), timeout=PROBE_TIMEOUT_S, check=False)
+    except LabError:  # it did not answer in time: a row that says so, not a failure of all
+        return NodeStatus(host, "no answer", "?", False)
     if r.returncode != 0:
         return NodeStatus(host, "unreachable", "?", False)
     lines = r.stdout.split("\n")

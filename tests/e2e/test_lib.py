@@ -21,10 +21,10 @@ SIZES = "0,1,7,4096,1048576"
 def deployed(lab):
     """lib/ and apps/ on every node, the way `fab deploy` puts them; skips with the reason if a
     node lacks an RDMA device or pyverbs (an unreachable node is a failure)."""
-    from experiments import fleet
+    from experiments import deploy, fleet
 
     try:
-        fleet.deploy(lab.inventory)
+        deploy.deploy(lab.inventory)
     except fleet.FleetError as err:
         if "unreachable" in str(err):
             raise

@@ -15,7 +15,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from experiments import fleet
+from experiments import deploy, fleet
 from infra.inventory import Host, RdmaEndpoint, SSHEndpoint
 from infra.ssh import ssh_argv
 
@@ -78,7 +78,7 @@ def test_an_unknown_host_key_is_refused_by_default(server, tmp_path, monkeypatch
                 RdmaEndpoint())
     with pytest.raises(paramiko.SSHException, match="is not in .*RXELAB_ACCEPT_NEW_HOST_KEYS=1"):
         connect_once(host)
-    check = fleet.deploy_one(host, b"", "0" * 64)
+    check = deploy.deploy_one(host, b"", "0" * 64)
     assert "is not in" in check.problems[0] and known.read_text() == ""
 
 
@@ -110,7 +110,7 @@ def test_accept_new_remembers_a_first_key_and_still_refuses_a_changed_one(server
     server["key"] = host_key(tmp_path, "b")  # the host now shows another key
     with pytest.raises(paramiko.BadHostKeyException):
         connect_once(host)
-    assert "changed" in fleet.deploy_one(host, b"", "0" * 64).problems[0].lower()
+    assert "changed" in deploy.deploy_one(host, b"", "0" * 64).problems[0].lower()
 
 
 def test_ssh_command_lines_refuse_unknown_keys_unless_told(monkeypatch, tmp_path):

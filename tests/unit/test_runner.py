@@ -157,12 +157,12 @@ def test_peak_to_mean_of_load_samples():
 
 
 def test_unreachable_hosts_are_named_not_a_traceback():
-    from experiments import fleet
+    from experiments import deploy, fleet
     from infra.inventory import Inventory
 
     dead = Host("ghost", SSHEndpoint("127.0.0.1", 1, "lab"), "10.10.0.99", RdmaEndpoint())
     with pytest.raises(fleet.FleetError) as e:
-        fleet.deploy(Inventory("t", (dead,)))
+        deploy.deploy(Inventory("t", (dead,)))
     assert "ghost: unreachable over SSH" in str(e.value)
 
 

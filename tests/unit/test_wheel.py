@@ -25,9 +25,9 @@ FAKEVERBS = REPO / "tests" / "fakeverbs"
 def wheel(tmp_path_factory) -> Path:
     """`pip wheel lib/`, as fab deploy runs it (on a copy of lib/: no build files left in the
     checkout)."""
-    from experiments import fleet
+    from experiments import deploy
 
-    found = fleet.build_wheel(tmp_path_factory.mktemp("dist"))
+    found = deploy.build_wheel(tmp_path_factory.mktemp("dist"))
     assert not (REPO / "lib" / "build").exists(), "the build wrote into the checkout"
     return found
 
@@ -128,18 +128,18 @@ def test_deploys_own_steps_install_the_wheel_and_say_its_version(tmp_path):
     """What `fab deploy` runs on a node, run here in a home of its own: the bundle unpacked,
     the venv made (seeing the system's packages), the wheel installed offline, and the check
     reads the installed version back (before, a quoting slip made it say "not installed")."""
-    from experiments import fleet
+    from experiments import deploy, fleet
 
-    data, digest = fleet.bundle()
+    data, digest = deploy.bundle()
     home = tmp_path / "home"
     (home / fleet.REMOTE_HOME).mkdir(parents=True)
     (home / fleet.REMOTE_HOME / f".bundle-{digest}.tgz").write_bytes(data)
     env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin"}
-    unpack = subprocess.run(["sh", "-c", fleet.UNPACK.format(home=fleet.REMOTE_HOME, digest=digest)],
+    unpack = subprocess.run(["sh", "-c", deploy.UNPACK.format(home=fleet.REMOTE_HOME, digest=digest)],
                             env=env, capture_output=True, text=True, timeout=300)
     assert unpack.returncode == 0 and "PROBLEM" not in unpack.stdout, unpack.stdout + unpack.stderr
     assert (home / fleet.REMOTE_HOME / ".deployed").read_text().strip() == digest
-    check = subprocess.run(["sh", "-c", "dev=fake0; port=1; " + fleet.CHECK.format(
+    check = subprocess.run(["sh", "-c", "dev=fake0; port=1; " + deploy.CHECK.format(
         home=fleet.REMOTE_HOME)], env=env, capture_output=True, text=True, timeout=120)
     assert f"VERSION: {rxelab.__version__}" in check.stdout, check.stdout + check.stderr
     assert "wheel is not installed" not in check.stdout

@@ -1,0 +1,63 @@
+"""What an expected failure of a `fab` task looks like: one line that says what happened and
+what to do, never a traceback. A timeout, a node that is gone or will not answer, a missing
+tool, bad input: each is expected on the machines people have. `fab --debug` (or
+INVOKE_DEBUG=1) shows the traceback instead, for a bug report.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import paramiko
+from invoke.exceptions import CommandTimedOut, Exit, Failure, UnexpectedExit
+
+from experiments.deploy import STALL_SETTING
+from experiments.fleet import FleetError
+from experiments.spec import SpecError
+from experiments.watched import Stalled
+from infra.errors import LabError
+
+EXPECTED = (LabError, FleetError, SpecError, Stalled, Failure, paramiko.SSHException, EOFError,
+            OSError)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def debugging() -> bool:
+    """`fab -d/--debug` turns on invoke's debug logging, on the root logger."""
+    return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+def describe(err: BaseException) -> str:
+    """One line for an expected failure."""
+    if isinstance(err, CommandTimedOut):
+        host = getattr(getattr(err.result, "connection", None), "host", "a node")
+        return (f"a command on {host} did not finish within {err.timeout:.0f} s and was stopped "
+                f"(a busy node needs longer: {STALL_SETTING})")
+    if isinstance(err, UnexpectedExit):
+        host = getattr(getattr(err.result, "connection", None), "host", "a node")
+        return f"a command on {host} failed (exit {err.result.exited}): {err.result.command[:120]}"
+    if isinstance(err, paramiko.SSHException | EOFError | ConnectionError | TimeoutError):
+        return f"lost a node over SSH: {err or type(err).__name__}"
+    return str(err).strip() or type(err).__name__
+
+
+def one_line_errors(task_body: F) -> F:
+    """Wrap a task's body: its expected failures end it with `error: ...` and exit 1."""
+    @functools.wraps(task_body)
+    def body(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return task_body(*args, **kwargs)
+        except Exit:
+            raise
+        except KeyboardInterrupt:
+            if debugging():
+                raise
+            raise Exit("interrupted", code=130) from None
+        except EXPECTED as err:
+            if debugging():
+                raise
+            raise Exit(f"error: {describe(err)}", code=1) from None
+    return body  # type: ignore[return-value]
