@@ -19,7 +19,8 @@ FAB = [sys.executable, "-m", "fabric"]
 STALL_S = 10  # RXELAB_DEPLOY_STALL's least
 
 
-def fab(args: list[str], env: dict[str, str], results: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+def fab(args: list[str], env: dict[str, str],
+        results: Path) -> tuple[subprocess.CompletedProcess[str], float]:
     began = time.monotonic()
     r = subprocess.run([*FAB, *args], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=300, stdin=subprocess.DEVNULL)
