@@ -2,11 +2,12 @@
 # README): NODES IMAGE EXTRAS ACCEL MEM_MB DATA_NET MTU LAB SSH_PORT_BASE and the RXELAB_* ones.
 PY := .venv/bin/python
 export NODES IMAGE EXTRAS ACCEL MEM_MB DATA_NET MTU LAB SSH_PORT_BASE INVENTORY
-export RXELAB_STATE RXELAB_CACHE RXELAB_BOOT_STALL RXELAB_BOOT_TIMEOUT RXELAB_DEPLOY_STALL RXELAB_UBUNTU_URL RXELAB_UBUNTU_KEYRING RXELAB_APT_SOURCES
+export RXELAB_STATE RXELAB_CACHE RXELAB_STALL RXELAB_BOOT_TIMEOUT RXELAB_UBUNTU_URL RXELAB_UBUNTU_KEYRING RXELAB_APT_SOURCES
 export RXELAB_ACCEPT_NEW_HOST_KEYS
 
-.PHONY: help deps test-deps provision status boot-profile ssh destroy test test-unit
+.PHONY: help check deps test-deps provision status boot-profile ssh destroy test test-unit
 help:
+	@echo "make check       # can this host run the lab? (Terraform or OpenTofu, Python, disk, memory; seconds)"
 	@echo "make provision   # boot the lab ($$($(PY) -m infra.settings 2>/dev/null || python3 -m infra.settings 2>/dev/null || echo 'settings: README'))"
 	@echo "make status      # node, state, SSH endpoint, data IP, RDMA port state"
 	@echo "make boot-profile # where each node's boot went: kernel, systemd, cloud-init, readiness"
@@ -20,13 +21,16 @@ help:
 	@echo "make destroy     # remove VMs, network, overlays and state"
 	@echo "make test        # the whole test suite (boots its own lab); test-unit: no VMs"
 
+check:
+	@bash infra/check-host.sh
+
 deps: .venv/.deps-ok
-.venv/.deps-ok: pyproject.toml lib/pyproject.toml infra/install-deps.sh
+.venv/.deps-ok: pyproject.toml lib/pyproject.toml infra/install-deps.sh infra/check-host.sh
 	bash infra/install-deps.sh
 	touch $@
 
 test-deps: .venv/.test-deps-ok
-.venv/.test-deps-ok: pyproject.toml lib/pyproject.toml infra/install-deps.sh
+.venv/.test-deps-ok: pyproject.toml lib/pyproject.toml infra/install-deps.sh infra/check-host.sh
 	bash infra/install-deps.sh test
 	touch .venv/.deps-ok $@
 

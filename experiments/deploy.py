@@ -40,7 +40,7 @@ from infra.inventory import Host, Inventory
 # The deploy directory is ours only if it carries this file: a ~/rxelab of the user's own is
 # refused, never replaced.
 DEPLOY_MARK = ".rxelab-deploy"
-STALL_SETTING = "RXELAB_DEPLOY_STALL"
+STALL_SETTING = settings.STALL
 
 
 def build_wheel(out: Path) -> Path:
@@ -150,15 +150,11 @@ UNPACK = (
 )
 
 
-def stall_window() -> float:
-    return float(settings.value(STALL_SETTING))  # type: ignore[arg-type]
-
-
 def deploy_one(host: Host, data: bytes, digest: str,
                say: Callable[[str], None] = lambda line: None) -> NodeCheck:
     """One node's deploy and check; what went wrong is in the NodeCheck's problems, one line
     each, never an exception."""
-    stall = stall_window()
+    stall = settings.stall_window()
     began = time.monotonic()
 
     def step(what: str) -> None:

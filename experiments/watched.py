@@ -16,12 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from infra.run import BUSY_SHARE
+from infra.settings import CAP_STALLS
+
 TICK_MARK = "@rxelab-tick"
 STEP_MARK = "@rxelab-step"
 TICK_S = 5
 USER_HZ = 100  # /proc/stat's unit (Linux's USER_HZ on every architecture we meet)
-BUSY_SHARE = 0.05  # a node busier than this share of one CPU is working
-CAP_STALLS = 12  # the whole command's cap, in stall windows: nothing waits for ever
 # user + nice + system + irq + softirq: what a working node spends (idle and iowait are not)
 _BUSY = "awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat"
 

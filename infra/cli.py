@@ -71,7 +71,8 @@ def _inventory(args: argparse.Namespace, state: LabState) -> inventory.Inventory
 def cmd_provision(args: argparse.Namespace) -> None:
     config = _config(args)
     state = LabState(config.state_dir)
-    runner.require("terraform", vm.QEMU, "qemu-img", "ssh", "ssh-keygen")
+    terraform.binary()  # Terraform or OpenTofu, before anything is touched
+    runner.require(vm.QEMU, "qemu-img", "ssh", "ssh-keygen")
     kind, _ = images.resolve(config.image)
     if kind is Image.DEBIAN and not images.cached_debian(config.extras):
         runner.require("mmdebstrap", "mkfs.ext4")

@@ -119,7 +119,9 @@ def ensure_debian(extras: Extras = Extras.NONE) -> BaseImage:
                 sources,
             ],
             prefix="image: ",
-            timeout=1800,
+            # a busy host builds for long but keeps moving: stopped only when it stands still
+            timeout=settings.CAP_STALLS * settings.stall_window(),
+            stall=settings.stall_window(),
             log_file=work / "mmdebstrap.log",
         )
         kernel, initrd = _extract_boot_files(tar, work)
@@ -144,7 +146,8 @@ def _tar_to_ext4(tar: Path, disk: Path, scratch: Path, size: str = DEBIAN_DISK_S
         runner.require("fakeroot")
         argv = ["fakeroot", *argv]
     try:
-        runner.run(argv, timeout=900)
+        runner.run_streaming(argv, prefix="image: ", timeout=settings.CAP_STALLS * settings.stall_window(),
+                             stall=settings.stall_window(), log_file=scratch.parent / "ext4.log")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

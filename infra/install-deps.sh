@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# What apt cannot install (Terraform or OpenTofu, Python, disk, memory) first: a missing one is
+# said in seconds, before minutes of apt and pip.
+bash infra/check-host.sh "${1:-}"
+
 APT_PACKAGES=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs fakeroot vde2 iproute2
               openssh-client python3-venv gpgv
               libsimgrid-dev g++ libjemalloc2)  # fab simulate: SimGrid (3.32 in Debian 12), its
@@ -42,10 +46,5 @@ if [ "${1:-}" = test ]; then
   .venv-torch/bin/python -m pip install -q --disable-pip-version-check -e ./lib -e ".[test]" "numpy<2"
   .venv-torch/bin/python -c 'import torch, torch.distributed as d; assert d.is_available()' || {
     echo "deps: .venv-torch cannot import the system's torch (python3-torch)" >&2; exit 1; }
-fi
-if ! command -v terraform >/dev/null; then
-  echo "deps: terraform is not installed: install Terraform >= 1.4 from HashiCorp" \
-       "(it is not in Debian's archive); everything else is in place" >&2
-  exit 1
 fi
 echo "deps: ready"

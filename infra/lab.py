@@ -68,7 +68,7 @@ def node_down(state: LabState, index: int) -> None:
 
 def boot_deadlines() -> readiness.Deadlines:
     """How long a node may stand still, and the whole wait at most (infra/settings.py)."""
-    return readiness.Deadlines(stall=float(settings.value("RXELAB_BOOT_STALL")),  # type: ignore[arg-type]
+    return readiness.Deadlines(stall=settings.stall_window(),
                                total=float(settings.value("RXELAB_BOOT_TIMEOUT")))  # type: ignore[arg-type]
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from infra import rdmaport
 from infra.errors import LabError
 from infra.inventory import Host
+from infra.run import BUSY_SHARE, CPU_WINDOW_S
 from infra.ssh import ssh_run
 
 POLL_S = 3.0
@@ -44,10 +45,6 @@ CONSOLE_STAGES = (
 )
 HEARTBEAT_S = 15.0
 NO_DEVICE = "no-rdma-device"
-# A VM busier than this share of one core is working (an idle TCG guest takes ~1 %; a booting
-# one all it is given, still ~15 % at a load of 13 on 2 cores); sampled over CPU_WINDOW_S.
-BUSY_SHARE = 0.05
-CPU_WINDOW_S = 10.0
 PROBE_TIMEOUT_S = 60.0  # one SSH probe; a busy guest's handshake takes seconds of its CPU
 
 
@@ -58,7 +55,7 @@ class Deadlines:
 
     stall: float
     total: float
-    stall_setting: str = "RXELAB_BOOT_STALL"
+    stall_setting: str = "RXELAB_STALL"
     total_setting: str = "RXELAB_BOOT_TIMEOUT"
 
 

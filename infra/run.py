@@ -22,6 +22,10 @@ from typing import Any
 from infra.errors import LabError
 
 log = logging.getLogger("rxelab")
+# A process (a build, a VM, a node) using more than this share of one core is working: an idle
+# TCG guest takes ~1 %; a busy one all it is given, still ~15 % at a load of 13 on 2 cores.
+BUSY_SHARE = 0.05
+CPU_WINDOW_S = 10.0  # CPU use is judged over windows this long
 
 # program -> where it comes from; used only to phrase the error when it is missing.
 PROVIDERS: dict[str, str] = {
@@ -34,7 +38,6 @@ PROVIDERS: dict[str, str] = {
     "ip": "apt-get install iproute2",
     "vde_switch": "apt-get install vde2",
     "fakeroot": "apt-get install fakeroot",
-    "terraform": "install Terraform >= 1.4 from HashiCorp (it is not in Debian's archive)",
 }
 
 
@@ -115,6 +118,24 @@ def run(
     return result
 
 
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name (state first), or None if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def session_cpu_seconds(sid: int) -> float:
+    """The CPU time of a session's processes, with what their reaped children used: how a
+    silent build shows it is working."""
+    ticks = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and (f := stat_fields(int(entry.name))) and f[3] == str(sid):
+            ticks += sum(int(x) for x in f[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def run_streaming(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -124,20 +145,26 @@ def run_streaming(
     env: Mapping[str, str] | None = None,
     transform: Callable[[str], str | None] = lambda line: line,
     interrupt_grace: float = 0,
+    stall: float | None = None,
+    stall_setting: str = "RXELAB_STALL",
 ) -> None:
     """Run a long command whose own output is the best progress report: its lines are shown
-    as they come (prefixed), all of them go to log_file, and a failure quotes the tail."""
+    as they come (prefixed), all of them go to log_file, and a failure quotes the tail. With
+    `stall`, it is stopped when it stands still that long (no output, its session's CPU idle),
+    and `timeout` is only the cap of a run that keeps moving."""
     from collections import deque
 
     args = [os.fspath(a) for a in argv]
     log.debug("+ %s", shlex.join(args))
     log_file.parent.mkdir(parents=True, exist_ok=True)
     tail: deque[str] = deque(maxlen=15)
+    last_output = [time.monotonic()]
 
     def pump() -> None:
         assert proc.stdout is not None
         with log_file.open("w") as f:
             for line in proc.stdout:
+                last_output[0] = time.monotonic()
                 f.write(line)
                 tail.append(line.rstrip())
                 shown = transform(line.rstrip())
@@ -163,7 +190,16 @@ def run_streaming(
         held.release()  # a signal held while the program started takes effect here
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        proc.wait(timeout=timeout)
+        if stall is None:
+            proc.wait(timeout=timeout)
+        else:
+            _wait_while_moving(proc, timeout, stall, last_output)
+    except _Stalled as why:
+        _kill_group(proc)
+        proc.wait()
+        raise LabError(f"`{args[0]}` {why} and was stopped",
+                       hint=f"its full output is in {log_file}; a slow run that keeps moving is "
+                            f"waited for: if it needs longer, set {stall_setting}=<seconds>") from None
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         proc.wait()
@@ -186,6 +222,35 @@ def run_streaming(
             reader.join(timeout=5)
     if proc.returncode != 0:
         raise CommandError(args, proc.returncode, "\n".join(tail), "")
+
+
+class _Stalled(Exception):
+    pass
+
+
+def _wait_while_moving(proc: subprocess.Popen[str], cap: float, stall: float,
+                       last_output: list[float]) -> None:
+    """Wait for proc while it prints or uses CPU (its session's); _Stalled when it stands
+    still for `stall` seconds or runs past `cap`."""
+    began = moved = time.monotonic()
+    cpu = (began, session_cpu_seconds(proc.pid))
+    while True:
+        try:
+            proc.wait(timeout=1.0)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if now - cpu[0] >= CPU_WINDOW_S:
+            used = session_cpu_seconds(proc.pid)
+            if used - cpu[1] >= BUSY_SHARE * (now - cpu[0]):
+                moved = now
+            cpu = (now, used)
+        moved = max(moved, last_output[0])
+        if now - moved > stall:
+            raise _Stalled(f"made no progress for {stall:.0f} s (no output, no CPU used)")
+        if now - began > cap:
+            raise _Stalled(f"was still running after {cap:.0f} s")
 
 
 class _HeldSignals:

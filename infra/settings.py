@@ -142,14 +142,12 @@ SETTINGS: tuple[Setting, ...] = (
             "ssh_port_base", int, 1024, 65527),
     Setting("RXELAB_STATE", "", f"the lab's state directory (default {STATE_DIR}/)"),
     Setting("RXELAB_CACHE", "", "image cache (default ~/.cache/rxelab)"),
-    Setting("RXELAB_BOOT_STALL", "300", "seconds a booting node may go without progress (console "
-            "output, a new stage, its VM busy) before provisioning fails; a slow node that keeps "
-            "moving is waited for", kind=int, low=10, high=86400),
-    Setting("RXELAB_BOOT_TIMEOUT", "3600", "seconds the whole wait for the nodes may take, "
+    Setting("RXELAB_STALL", "300", "seconds a long step may go without progress before it is "
+            "failed: the image build, a booting node, a node's step of `fab deploy` (progress: "
+            "output, a new stage, CPU in use). A slow step that keeps moving is waited for; on a "
+            "busy host raise this, not a timeout", kind=int, low=10, high=86400),
+    Setting("RXELAB_BOOT_TIMEOUT", "3600", "seconds the whole wait for the nodes to boot may take, "
             "progressing or not", kind=int, low=10, high=86400),
-    Setting("RXELAB_DEPLOY_STALL", "300", "seconds a node's step of `fab deploy` may go without "
-            "progress (output, its CPU busy) before the node is failed; a slow node that works is "
-            "waited for (12 times this at most)", kind=int, low=10, high=86400),
     Setting("RXELAB_UBUNTU_URL", "https://cloud-images.ubuntu.com/releases/noble/release/",
             "where IMAGE=ubuntu-24.04 is downloaded from (a mirror of that folder)"),
     Setting("RXELAB_UBUNTU_KEYRING", "/usr/share/keyrings/ubuntu-cloudimage-keyring.gpg",
@@ -163,6 +161,13 @@ SETTINGS: tuple[Setting, ...] = (
             "and sources.list.d/, the first Debian entry)"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
+STALL = "RXELAB_STALL"
+CAP_STALLS = 12  # a step that keeps moving is still stopped after this many stall windows
+
+
+def stall_window() -> float:
+    """RXELAB_STALL, in seconds: how long any long step may stand still."""
+    return float(value(STALL))  # type: ignore[arg-type]
 LAB_SETTINGS = tuple(s for s in SETTINGS if s.field)
 BY_FIELD = {s.field: s for s in LAB_SETTINGS}
 

@@ -1,4 +1,5 @@
-"""Driving Terraform for `make provision` / `make destroy`.
+"""Driving Terraform (or OpenTofu, its open drop-in: whichever is installed) for
+`make provision` / `make destroy`.
 
 Terraform owns the lifecycle (terraform/*.tf); this module only runs it, keeps its state and
 plugin directory inside the lab's state directory, never lets it phone home
@@ -12,21 +13,55 @@ the config from the state directory.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from infra import run as runner
 from infra.config import REPO, LabConfig
+from infra.errors import LabError
 from infra.state import LabState, mkdir_private, write_atomic
 
 TF_DIR = REPO / "terraform"
 NOISE = re.compile(r"\(local-exec\): Executing: |Still creating\.\.\.|Still destroying\.\.\.|"
                    r"^\s*$|Provisioning with 'local-exec'")
 PREFIX = re.compile(r"^terraform_data\.[\w\[\]\d]+ \(local-exec\): ")
+
+
+# Every step Terraform runs has deadlines of its own that follow progress (the image build, the
+# boot); this only bounds Terraform itself, past the longest those allow.
+APPLY_CAP_S = 6 * 3600
+# terraform_data came with Terraform 1.4; OpenTofu has it from its first release, 1.6.
+LEAST = {"terraform": (1, 4), "tofu": (1, 6)}
+INSTALL_HINT = ("install Terraform >= 1.4 or OpenTofu >= 1.6 (`tofu`), a single binary on the PATH "
+                "(neither is in Debian's or Ubuntu's archive); `make check` says what else is missing")
+
+
+@functools.cache
+def binary() -> str:
+    """The Terraform to run: `terraform` if it is new enough, else `tofu`."""
+    seen = []
+    for name, least in LEAST.items():
+        if shutil.which(name) is None:
+            continue
+        r = runner.run([name, "version", "-json"], check=False, timeout=120)
+        try:
+            text = json.loads(r.stdout)["terraform_version"]  # OpenTofu says it the same way
+            version = tuple(int(x) for x in text.split(".")[:2])
+        except (ValueError, KeyError, TypeError):
+            seen.append(f"{name} (its version unreadable)")
+            continue
+        if version >= least:
+            return name
+        seen.append(f"{name} {text}")
+    found = f" (found: {', '.join(seen)})" if seen else ""
+    raise LabError(f"neither Terraform >= 1.4 nor OpenTofu >= 1.6 is installed{found}",
+                   hint=INSTALL_HINT)
 
 
 def variables(state: LabState, config_digest: str) -> dict[str, object]:
@@ -80,7 +115,7 @@ def _quiet(line: str) -> str | None:
 def _terraform(state: LabState, *args: str, timeout: float, interrupt_grace: float = 30,
                relay: Callable[[str], str | None] | None = None) -> None:
     runner.run_streaming(
-        ["terraform", f"-chdir={TF_DIR}", *args],
+        [binary(), f"-chdir={TF_DIR}", *args],
         prefix="",
         timeout=timeout,
         log_file=state.terraform / "last-run.log",
@@ -91,7 +126,6 @@ def _terraform(state: LabState, *args: str, timeout: float, interrupt_grace: flo
 
 
 def init(state: LabState) -> None:
-    runner.require("terraform")
     mkdir_private(state.terraform)
     _terraform(state, "init", "-input=false", "-no-color",
                f"-backend-config=path={state.terraform / 'terraform.tfstate'}", timeout=300,
@@ -107,7 +141,7 @@ def apply(config: LabConfig, state: LabState) -> None:
     digest = state.save_request(config)
     write_atomic(vars_file(state), json.dumps(variables(state, digest), indent=2) + "\n")
     _terraform(state, "apply", "-input=false", "-auto-approve", "-no-color",
-               f"-var-file={vars_file(state)}", timeout=5400)
+               f"-var-file={vars_file(state)}", timeout=APPLY_CAP_S)
 
 
 def has_state(state: LabState) -> bool:

@@ -113,11 +113,8 @@ def cpu_seconds(state: LabState, node: Node) -> float | None:
     """The CPU time the node's qemu has used (all its threads), or None if it is not running:
     what tells a slow guest from an idle one."""
     found = pid(state, node)
-    if found is None:
-        return None
-    try:
-        fields = Path(f"/proc/{found}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = runner.stat_fields(found) if found is not None else None
+    if fields is None:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 

@@ -16,7 +16,7 @@ from tests.unit.fakenode import frozen_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 FAB = [sys.executable, "-m", "fabric"]
-STALL_S = 10  # RXELAB_DEPLOY_STALL's least
+STALL_S = 10  # RXELAB_STALL's least
 
 
 def fab(args: list[str], env: dict[str, str],
@@ -29,7 +29,7 @@ def fab(args: list[str], env: dict[str, str],
 
 def test_every_node_task_ends_in_one_line_per_node_when_the_nodes_freeze(tmp_path):
     with frozen_nodes(tmp_path) as served:
-        env = {**os.environ, "RXELAB_DEPLOY_STALL": str(STALL_S), "INVENTORY": str(served.inventory)}
+        env = {**os.environ, "RXELAB_STALL": str(STALL_S), "INVENTORY": str(served.inventory)}
         env.pop("INVOKE_DEBUG", None)
         results = tmp_path / "results"
         tasks = {
@@ -53,6 +53,6 @@ def test_every_node_task_ends_in_one_line_per_node_when_the_nodes_freeze(tmp_pat
         assert lines[0] == "error: some nodes cannot run the experiments:", f"{name}: {lines}"
         for i in (1, 2, 3):
             (line,) = [ln for ln in lines if ln.strip().startswith(f"frozen{i}:")]
-            assert f"no progress for {STALL_S} s" in line and "RXELAB_DEPLOY_STALL=" in line, line
+            assert f"no progress for {STALL_S} s" in line and "RXELAB_STALL=" in line, line
         assert len(lines) == 4, f"{name}: one line per node: {lines}"
         assert took < 120, f"{name} took {took:.0f} s against a stall window of {STALL_S} s"

@@ -1,5 +1,7 @@
 import os
+import shlex
 import signal
+import sys
 import time
 
 import pytest
@@ -11,11 +13,11 @@ from infra.errors import LabError
 def test_missing_programs_are_named_with_what_to_install(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(LabError) as e:
-        runner.require("mmdebstrap", "qemu-system-x86_64", "terraform")
-    assert "mmdebstrap, qemu-system-x86_64, terraform" in str(e.value)
+        runner.require("mmdebstrap", "qemu-system-x86_64", "vde_switch")
+    assert "mmdebstrap, qemu-system-x86_64, vde_switch" in str(e.value)
     assert "apt-get install mmdebstrap" in e.value.hint
     assert "apt-get install qemu-system-x86" in e.value.hint
-    assert "HashiCorp" in e.value.hint
+    assert "apt-get install vde2" in e.value.hint
     with pytest.raises(LabError, match="qemu-img is not installed"):
         runner.run(["qemu-img", "info"])
 
@@ -195,3 +197,27 @@ def test_streaming_shows_lines_and_keeps_a_log(tmp_path, capsys):
                          transform=lambda line: None if line == "two" else line)
     assert capsys.readouterr().out == "> one\n"
     assert log.read_text() == "one\ntwo\n"
+
+
+def test_a_silent_busy_command_is_waited_for_past_the_stall_window_and_an_idle_one_stopped(
+        tmp_path, monkeypatch):
+    """A build on a busy host may print nothing for minutes while it works (mkfs, dpkg): its
+    session's CPU says so. One that only sleeps stands still and is stopped, with the setting
+    that would extend the window; a cap still bounds one that keeps moving."""
+    monkeypatch.setattr(runner, "CPU_WINDOW_S", 0.3)
+    busy = "import time; t = time.monotonic()\nwhile time.monotonic() - t < 3: pass\nprint('done')"
+    started = time.monotonic()
+    runner.run_streaming([sys.executable, "-c", busy], prefix="", timeout=60, stall=1,
+                          log_file=tmp_path / "busy.log")
+    assert time.monotonic() - started >= 3 and "done" in (tmp_path / "busy.log").read_text()
+    # the work is in a child of a child: the session's CPU counts it
+    nested = ["sh", "-c", f'{shlex.quote(sys.executable)} -c {shlex.quote(busy)} >/dev/null']
+    runner.run_streaming(nested, prefix="", timeout=60, stall=1, log_file=tmp_path / "nested.log")
+    with pytest.raises(LabError) as e:
+        runner.run_streaming(["sh", "-c", "echo start; sleep 30"], prefix="", timeout=60, stall=1.5,
+                              log_file=tmp_path / "idle.log")
+    assert "made no progress for 2 s (no output, no CPU used) and was stopped" in e.value.message
+    assert "RXELAB_STALL=" in (e.value.hint or "")
+    with pytest.raises(LabError, match="was still running after 2 s"):
+        runner.run_streaming([sys.executable, "-c", busy], prefix="", timeout=1.5, stall=1,
+                              log_file=tmp_path / "capped.log")

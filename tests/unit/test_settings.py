@@ -72,9 +72,9 @@ def test_host_settings_are_read_from_the_environment(monkeypatch):
         settings.value("RXELAB_BOOT_TIMEOUT")
     monkeypatch.delenv("RXELAB_BOOT_TIMEOUT")
     assert settings.value("RXELAB_BOOT_TIMEOUT") == 3600, "its default"
-    monkeypatch.setenv("RXELAB_BOOT_STALL", "5")
-    with pytest.raises(LabError, match="RXELAB_BOOT_STALL=5 is out of range"):
-        settings.value("RXELAB_BOOT_STALL")
+    monkeypatch.setenv("RXELAB_STALL", "5")
+    with pytest.raises(LabError, match="RXELAB_STALL=5 is out of range"):
+        settings.value("RXELAB_STALL")
     monkeypatch.delenv("RXELAB_CACHE", raising=False)
     assert settings.value("RXELAB_CACHE") is None, "no default: None"
 
