@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import subprocess
 import time
 
@@ -14,7 +15,7 @@ import pytest
 
 from experiments import commands
 from infra import lab as lab_mod
-from infra import network
+from infra import network, vm
 from infra import run as runner
 from infra.config import REPO
 from infra.inventory import Host
@@ -22,6 +23,26 @@ from infra.readiness import Console
 from infra.ssh import ssh_argv
 
 pytestmark = pytest.mark.vm
+
+
+def test_the_lab_came_up_and_deployed_beside_cpu_hogs_driven_by_opentofu(lab):
+    """Issue 53: `make provision` and `fab deploy`, with their defaults, beside CPU-bound
+    processes twice as many as the cores (tests/conftest.py) - on a busy host fixed timeouts
+    tuned on a quiet one had failed both - and with OpenTofu, not Terraform, on the PATH."""
+    if lab.borrowed:
+        pytest.skip("RXELAB_TEST_STATE names a developer's lab: it was not booted here")
+    busy = lab.busy
+    print(f"provision {busy['provision_s']:.0f} s, deploy {busy['deploy_s']:.0f} s beside "
+          f"{busy['hogs']:.0f} CPU hogs (each used {busy['hog_cpu_s']:.0f} s of CPU or more)")
+    assert busy["hogs"] >= 2 * (os.cpu_count() or 1) or os.environ.get("RXELAB_TEST_HOGS")
+    # each hog really competed: at least 5 % of a core through the boot and the deploy
+    assert busy["hog_cpu_s"] >= 0.05 * (busy["provision_s"] + busy["deploy_s"]), busy
+    assert shutil.which("terraform", path=lab.env["PATH"]) is None
+    assert shutil.which("tofu", path=lab.env["PATH"]) is not None
+    standin_log = lab.state.root.parent / "tofu.log"
+    if standin_log.exists():
+        calls = standin_log.read_text()
+        assert "init" in calls and "apply" in calls, calls
 
 
 def test_make_status_shows_every_node_running_with_rxe_active(lab):
@@ -164,12 +185,52 @@ def test_bulk_writes_both_ways_leave_every_transmit_ring_moving(lab):
         assert "path-up" in r.stdout, f"{h.name} -> {peer.name}: no ping over the data network"
 
 
-def test_rxe_survives_a_reboot(lab):
+def qmp_data_nic(lab, node_name: str, command: str) -> None:
+    """Unplug (device_del) or plug (device_add) a node's data NIC, as a hot-plug would."""
+    node = next(n for n in lab.config.all_nodes() if n.name == node_name)
+    if command == "device_del":
+        vm.qmp_command(lab.state, node, "device_del", arguments={"id": network.DATA_NIC_ID})
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the guest acknowledges the unplug (ACPI) first
+            present = vm.qmp_command(lab.state, node, "qom-list",
+                                     arguments={"path": "/machine/peripheral"})
+            assert isinstance(present, list), present
+            if not any(p["name"] == network.DATA_NIC_ID for p in present):
+                return
+            time.sleep(1)
+        pytest.fail(f"{node_name}: the guest did not let its data NIC go within 120 s")
+    driver, *options = network.NIC.split(",")
+    props = {k: {"on": True, "off": False}.get(v, v) for k, v in (o.split("=") for o in options)}
+    vm.qmp_command(lab.state, node, "device_add", arguments={
+        "driver": driver, **props, "netdev": "data", "mac": node.data_mac, "id": network.DATA_NIC_ID})
+
+
+def wait_for_rxe(lab, node: Host, what: str, limit: float = 240) -> None:
+    """Until rxe0 is ACTIVE on data0 with the node's address, or fail naming what it waited for."""
+    deadline = time.monotonic() + limit
+    out = None
+    while time.monotonic() < deadline:
+        out = lab.try_ssh(node, "rdma link show rxe0/1; ip -4 -br addr show dev data0")
+        if out and "state ACTIVE" in out and f"{node.data_ip}/" in out:
+            return
+        time.sleep(2)
+    pytest.fail(f"{node.name}: rxe0 not ACTIVE on data0 {limit:.0f} s after {what}: {out!r}")
+
+
+def test_rxe_follows_its_nic_across_a_reboot_a_late_plug_and_a_replug(lab):
+    """Issue 53: on a busy host the data NIC was renamed minutes into the boot, past systemd's
+    90 s device timeout; rxe0.service, wanted by multi-user.target and bound to that device,
+    failed by dependency and nothing started it again. Here the NIC is not there at all when
+    the node reboots and is plugged in only after that timeout (hot-plug over QMP), then
+    unplugged and plugged again: rxe0 comes up every time with no manual step."""
     if lab.borrowed:
         pytest.skip("RXELAB_TEST_STATE names a developer's lab, which the tests do not reboot")
     node = lab.hosts[2]
     before = lab.ssh(node, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
     assert before
+    qmp_data_nic(lab, node.name, "device_del")
+    gone = lab.ssh(node, "rdma link show rxe0/1 2>&1; systemctl is-active rxe0.service")
+    assert "inactive" in gone.stdout and "state ACTIVE" not in gone.stdout, gone.stdout
     # The serial log goes on across the reboot: its new part says when cloud-init has finished
     # again, so SSH (which costs a booting guest CPU) is asked only then.
     console = Console(lab.state.serial_log(node.name))
@@ -177,18 +238,31 @@ def test_rxe_survives_a_reboot(lab):
     lab.try_ssh(node, "sudo systemctl reboot", timeout=30)  # the connection may just drop
     deadline = time.monotonic() + 420
     state = "waiting for cloud-init to finish again on the console"
+    uptime = 0.0
     while time.monotonic() < deadline:
         console.look()
         if console.finished:
-            state = "cloud-init finished again, waiting for SSH and rxe0 ACTIVE"
-            out = lab.try_ssh(node, "cat /proc/sys/kernel/random/boot_id; rdma link show rxe0/1")
-            now = out.split("\n")[0].strip() if out else ""
-            if now and now != before and "state ACTIVE" in out:
+            state = "cloud-init finished again, waiting for SSH"
+            out = lab.try_ssh(node, "cat /proc/sys/kernel/random/boot_id /proc/uptime")
+            if out and out.split("\n")[0].strip() not in ("", before):
+                uptime = float(out.split("\n")[1].split()[0])
                 break
         time.sleep(1)
     else:
         pytest.fail(f"{node.name}: {state} (7 min)")
+    time.sleep(max(0.0, 100 - uptime))  # past systemd's 90 s wait for a device
+    waiting = lab.ssh(node, "systemctl is-active rxe0.service; systemctl is-failed rxe0.service; "
+                            "systemctl --failed --no-legend --plain")
+    assert waiting.stdout.split()[:2] == ["inactive", "inactive"], (
+        f"with no NIC, rxe0 waits for it, not failed: {waiting.stdout}")
+    assert "rxe0" not in waiting.stdout.split("\n", 2)[-1], f"a failed unit: {waiting.stdout}"
+    qmp_data_nic(lab, node.name, "device_add")
+    wait_for_rxe(lab, node, "its NIC was plugged in 100 s after boot")
     pingpong(lab, lab.hosts[0], node, port=18600)
+    qmp_data_nic(lab, node.name, "device_del")  # and once more while it runs
+    qmp_data_nic(lab, node.name, "device_add")
+    wait_for_rxe(lab, node, "its NIC was unplugged and plugged again")
+    pingpong(lab, lab.hosts[0], node, port=18602)
 
 
 @pytest.mark.destroys_lab
