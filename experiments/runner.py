@@ -350,7 +350,8 @@ class Runner:
                 record["partial"] = progress[-1]
         if summary is None and exit_code == TIMED_OUT:
             record.update(status="timeout",
-                          error=f"passed its deadline of {deadline:.0f} s; " + caselog.tail(text, 5))
+                          error=f"passed its deadline of {deadline:.0f} s (the spec's timeout_s "
+                                f"extends it); " + caselog.tail(text, 5))
         elif summary is None:
             record.update(status="failed", error=caselog.tail(text))
         else:

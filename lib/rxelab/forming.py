@@ -101,7 +101,9 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
                                     + (f" (connections dropped: {'; '.join(dropped[-3:])})"
                                        if dropped else ""), peer=missing[0], reason=Reason.SILENT,
                                     hint=f"are they started, with MASTER_ADDR={job.master_addr} "
-                                         f"and MASTER_PORT={job.master_port}?")
+                                         f"and MASTER_PORT={job.master_port}? A slow start "
+                                         f"(a busy host) needs a longer RXELAB_TIMEOUT "
+                                         f"(init(timeout=...))")
                 if watch is not None and (gone := watch.gone(missing)):
                     r = min(gone)
                     raise PeerError(f"rank {r} is gone (its listener no longer answers) before "

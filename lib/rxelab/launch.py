@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                 status = failed[0]
                 deadline = min(deadline, time.monotonic() + 90)  # the rest notice and end
             if time.monotonic() > deadline:
-                print(f"launch: stopping the job after {args.timeout:g} s", file=sys.stderr)
+                print(f"launch: stopping the job after {args.timeout:g} s (--timeout extends it)",
+                      file=sys.stderr)
                 status = status or 124
                 break
             time.sleep(0.2)

@@ -117,6 +117,7 @@ def test_missing_ranks_are_named_with_what_was_dropped():
         t.join(10)
     assert result and "ranks [1, 2] did not join within 1.5 s" in result[0], result
     assert "not an rxelab message" in result[0]
+    assert "RXELAB_TIMEOUT" in result[0], "the wait names the setting that extends it"
 
 
 def test_a_port_in_use_is_named():
