@@ -99,15 +99,25 @@ class NodeCheck:
     version: str = ""  # the rxelab the node's venv imports
 
 
-CHECK = (
-    'py="$HOME/{home}/venv/bin/python3"; '
-    '"$py" -c "import sys; assert sys.version_info >= (3, 11)" 2>/dev/null '
-    "|| echo 'PROBLEM: python3 >= 3.11 missing'; "
-    '"$py" -c "import numpy" 2>/dev/null || echo "PROBLEM: numpy missing (python3-numpy)"; '
-    '"$py" -c "import pyverbs" 2>/dev/null || echo "PROBLEM: pyverbs missing (python3-pyverbs)"; '
-    '"$py" -c "import rxelab; print(\'VERSION:\', rxelab.__version__)" 2>/dev/null '
-    "|| echo 'PROBLEM: the rxelab wheel is not installed'; "
-)
+# What the node's venv can import, in one interpreter (each start of Python costs seconds of a
+# busy TCG node's CPU: four starts took a minute beside CPU hogs).
+_IMPORTS = """
+import sys
+if sys.version_info < (3, 11):
+    print("PROBLEM: python3 >= 3.11 missing")
+for module, package in (("numpy", "python3-numpy"), ("pyverbs", "python3-pyverbs")):
+    try:
+        __import__(module)
+    except Exception:
+        print(f"PROBLEM: {module} missing ({package})")
+try:
+    import rxelab
+    print("VERSION:", rxelab.__version__)
+except Exception:
+    print("PROBLEM: the rxelab wheel is not installed")
+"""
+CHECK = ('"$HOME/{home}/venv/bin/python3" -c ' + shlex.quote(_IMPORTS).replace("{", "{{").replace("}", "}}")
+         + " 2>/dev/null || echo 'PROBLEM: python3 >= 3.11 missing (no venv python)'; ")
 
 
 def check_command(host: Host) -> str:
