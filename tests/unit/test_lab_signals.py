@@ -19,6 +19,7 @@ from tests.unit.lab_helpers import unique_lab
 FAKE_TERRAFORM = """#!/bin/sh
 # stands in for Terraform: init passes, apply runs until interrupted and says it was
 case " $* " in *" init "*) exit 0;; esac
+case " $* " in *" version "*) echo '{"terraform_version": "1.11.4"}'; exit 0;; esac
 trap 'echo interrupted-by-INT >> "$TF_FAKE_LOG"; exit 130' INT
 echo $$ > "$TF_FAKE_PID"
 while :; do sleep 0.2; done
@@ -79,6 +80,7 @@ SLOW_TERRAFORM = """#!/bin/sh
 # stands in for Terraform: init passes; destroy, or apply until interrupted, takes a while,
 # and says when it has finished
 case " $* " in *" init "*) exit 0;; esac
+case " $* " in *" version "*) echo '{"terraform_version": "1.11.4"}'; exit 0;; esac
 echo $$ > "$TF_FAKE_PID"
 case " $* " in *" destroy "*) sleep 2; echo destroyed >> "$TF_FAKE_LOG"; exit 0;; esac
 trap 'echo interrupted >> "$TF_FAKE_LOG"; sleep 2; echo finished >> "$TF_FAKE_LOG"; exit 130' INT
