@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import rxelab.torch as rt
+import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from pyverbs import _fabric
@@ -25,10 +26,23 @@ def make_group(backend: str, store: Any, rank: int, p: int, **options: Any) -> A
         group = rt.new_group(store, rank, p, timedelta(seconds=30),
                              rt.Options(**options) if options else None)
     else:
-        group = dist.ProcessGroupGloo(store, rank, p, timedelta(seconds=30))
+        group = gloo_group(store, rank, p)
     # torch's calls that name a rank (broadcast's src, send's dst) look the group up here;
     # each thread's group is the whole job, so its ranks are the job's
     c10d._pg_group_ranks[group] = {r: r for r in range(p)}
+    return group
+
+
+def gloo_group(store: Any, rank: int, p: int) -> Any:
+    """Gloo as a process group DDP takes: torch 1.13's ProcessGroupGloo is one; torch 2's is a
+    backend, registered for the CPU in a ProcessGroup as init_process_group does."""
+    backend = dist.ProcessGroupGloo(store, rank, p, timedelta(seconds=30))
+    if isinstance(backend, dist.ProcessGroup):
+        return backend
+    group = dist.ProcessGroup(store, rank, p)
+    gloo = dist.ProcessGroup.BackendType.GLOO
+    group._set_default_backend(gloo)
+    group._register_backend(torch.device("cpu"), gloo, backend)
     return group
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
 
 from tests.torch.groups import run_groups
 
@@ -226,3 +227,59 @@ def test_all_to_all_single_where_a_rank_sends_nothing():
     assert got[0][0].tolist() == [1.0, 2.0] and got[1][0].tolist() == [1.0, 2.0]
     assert got[2][0].tolist() == []
     assert all(t.tolist() == [3.0, 3.0] for _, t in got)
+
+
+@pytest.mark.parametrize("root", range(P))
+def test_scatter_gather_and_reduce_from_every_root(root):
+    """Rooted calls (DTensor's distribute_tensor scatters), made of the library's broadcast,
+    allgather and allreduce: only the root's outputs change. (The group's own methods: torch
+    1.13's dist.scatter asks the default group for the rank.)"""
+    def rooted(kind):
+        opts = kind()
+        opts.rootRank = root
+        return opts
+
+    def job(pg):
+        r = pg.rank()
+        out = torch.zeros(4)
+        ins = [data(root, 4, torch.float32, salt=10 * k) for k in range(P)]
+        pg.scatter([out], [ins] if r == root else [], rooted(c10d.ScatterOptions)).wait()
+        gathered = [torch.zeros(4) for _ in range(P)]
+        pg.gather([gathered] if r == root else [], [data(r, 4, torch.float32)],
+                  rooted(c10d.GatherOptions)).wait()
+        red = data(r, 4, torch.float64)
+        opts = rooted(c10d.ReduceOptions)
+        opts.reduceOp = dist.ReduceOp.MAX
+        pg.reduce([red], opts).wait()
+        return r, out, gathered, red
+    for r, out, gathered, red in run_groups(P, job):
+        assert torch.equal(out, data(root, 4, torch.float32, salt=10 * r))
+        if r == root:
+            assert all(torch.equal(g, data(q, 4, torch.float32)) for q, g in enumerate(gathered))
+            assert torch.equal(red, torch.stack([data(q, 4, torch.float64) for q in range(P)]).max(0).values)
+        else:
+            assert all(not g.any() for g in gathered), "only the root's outputs are written"
+            assert torch.equal(red, data(r, 4, torch.float64)), "left alone"
+
+
+def test_coalesced_calls_move_every_tensor_and_complete_together():
+    """What FSDP and functional collectives call under torch 2 (all_reduce_coalesced, and
+    all-gather / reduce-scatter into tensors, several at once): one Work for all of them."""
+    def job(pg):
+        r = pg.rank()
+        a, b = data(r, 5, torch.float32), data(r, 3, torch.float32, salt=50)
+        pg.allreduce_coalesced([a, b], c10d.AllreduceCoalescedOptions()).wait()
+        ins = [data(r, 2, torch.int64), data(r, 4, torch.int64, salt=9)]
+        outs = [torch.zeros(P * 2, dtype=torch.int64), torch.zeros(P * 4, dtype=torch.int64)]
+        pg.all_gather_single_coalesced(outs, ins, c10d.AllgatherOptions()).wait()
+        whole = [data(r, P * 2, torch.float64), data(r, P, torch.float64, salt=3)]
+        parts = [torch.zeros(2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)]
+        pg.reduce_scatter_single_coalesced(parts, whole, c10d.ReduceScatterOptions()).wait()
+        return r, a, b, outs, parts
+    for r, a, b, outs, parts in run_groups(P, job):
+        assert torch.equal(a, sum(data(q, 5, torch.float32) for q in range(P)))
+        assert torch.equal(b, sum(data(q, 3, torch.float32, salt=50) for q in range(P)))
+        assert torch.equal(outs[0], torch.cat([data(q, 2, torch.int64) for q in range(P)]))
+        assert torch.equal(outs[1], torch.cat([data(q, 4, torch.int64, salt=9) for q in range(P)]))
+        assert torch.equal(parts[0], sum(data(q, P * 2, torch.float64) for q in range(P))[2 * r:2 * r + 2])
+        assert torch.equal(parts[1], sum(data(q, P, torch.float64, salt=3) for q in range(P))[r:r + 1])

@@ -21,7 +21,7 @@ P = 3
 def args(**over) -> argparse.Namespace:
     base = ddp_train.arguments().parse_args(["--width", "64", "--depth", "3", "--batch", "8",
                                              "--steps", "3", "--warmup", "1",
-                                             "--bucket-mb", "0.05", "--first-bucket-mb", "0.01"])
+                                             "--bucket-mb", "0.02", "--first-bucket-mb", "0.01"])
     return argparse.Namespace(**{**vars(base), **over})
 
 

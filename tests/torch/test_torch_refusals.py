@@ -26,11 +26,9 @@ def refused(job, p: int = 2) -> list[BaseException]:
 
 
 @pytest.mark.parametrize("call,name", [
-    (lambda pg: dist.reduce(torch.ones(3), 0, group=pg), "reduce"),
-    (lambda pg: pg.gather([], [torch.ones(3)], dist.GatherOptions()), "gather"),
-    (lambda pg: pg.scatter([torch.ones(3)], [[torch.ones(3)] * 2], dist.ScatterOptions()),
-     "scatter"),
     (lambda pg: pg.recv_anysource([torch.ones(3)], 0), "recv from any source"),
+    (lambda pg: pg.allgather_coalesced([[torch.ones(3)] * 2], [torch.ones(3)]),
+     "all_gather_coalesced"),
 ])
 def test_an_unsupported_call_is_named_and_never_falls_back_to_gloo(call, name):
     for err in refused(call):

@@ -9,11 +9,13 @@ The ranks meet through the store torch hands the backend (rxelab.torch.rendezvou
 or mpirun, importing it also sets what torch's env:// reads (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT) from the launcher's own variables, where they are not set; options
 come from `pg_options=rxelab.torch.Options(...)` or the environment (rxelab.torch.options);
-what it supports and how is in rxelab.torch.group. Needs torch >= 1.13.
+what it supports and how is in rxelab.torch.group. Needs torch >= 1.13; tested on 1.13 (Debian
+12), 2.6 (Debian 13) and 2.13 (pip).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from datetime import timedelta
 from typing import Any
@@ -55,6 +57,9 @@ def create(backend_options: Any, pg_options: Any = None) -> ProcessGroupRxelab:
 
 
 if BACKEND.upper() not in dist.Backend._plugins:
-    dist.Backend.register_backend(BACKEND, create, extended_api=True)
+    # torch 2 asks which devices a backend serves (and warns when not told); 1.13 cannot be told
+    _devices = ({"devices": ["cpu"]}
+                if "devices" in inspect.signature(dist.Backend.register_backend).parameters else {})
+    dist.Backend.register_backend(BACKEND, create, extended_api=True, **_devices)
 # under srun or mpirun, torch's env:// finds its variables too (torchrun sets its own)
 os.environ.update(torch_environment(os.environ))

@@ -4,10 +4,21 @@ at once (an error is raised by the call itself) and started on the communicator'
 thread; its Work completes when the library is done (rxelab.torch.works), so async_op=True
 overlaps with the caller's work and DDP's buckets go out as their gradients are ready.
 
-What it does not do it refuses, naming the call: it never falls back to Gloo. Point to point
-calls run in the caller's thread after every started collective (send waits for the matching
-recv, as a rendezvous MPI_Send does: torch's batch_isend_irecv, which posts every isend
-first, deadlocks on a ring), and take tag 0 only.
+One class for torch 1.13 and 2.x. torch 2 takes a Python process group as the group itself (a
+pure-Python c10d Backend cannot be made), so every call must land on a method of ours: torch's
+Python calls them by their 2.x names (all_gather_single, reduce_scatter_single,
+all_to_all_single, and the *_coalesced ones FSDP and functional collectives use), its C++ (DDP's
+reducer) through the trampoline's names; 1.13's names are the same methods. The group keeps
+the name torch gives it (getGroupName): device meshes, DTensor and functional collectives find
+groups by name. Every call is kept out of Dynamo: torch.compile(DDP(model)) would otherwise
+trace into DDP's own broadcast here.
+
+What it does not do it refuses, naming the call: it never falls back to Gloo. scatter, gather
+and reduce (DTensor's distribute_tensor scatters) are made of the library's broadcast,
+allgather and allreduce, moving p times the bytes of a rooted algorithm. Point to point calls
+run in the caller's thread after every started collective (send waits for the matching recv,
+as a rendezvous MPI_Send does: torch's batch_isend_irecv, which posts every isend first,
+deadlocks on a ring), and take tag 0 only.
 """
 
 from __future__ import annotations
@@ -23,13 +34,16 @@ import torch.distributed as dist
 
 from rxelab.comm import Communicator
 from rxelab.errors import ConfigError
+from rxelab.torch.composed import ComposedCalls, not_compiled
 from rxelab.torch.options import Options
 from rxelab.torch.tensors import WIDENED, direct, one, reduction, several
-from rxelab.torch.works import Completions, finished
+from rxelab.torch.works import Completions, finished, in_callback
 
 SUPPORTED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
              "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-             "barrier", "send", "recv")
+             "barrier", "send", "recv", "scatter", "gather", "reduce",
+             "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
+             "reduce_scatter_tensor_coalesced")
 # the collectives whose sizes every rank shares: an empty call is empty everywhere
 SAME_SIZE_EVERYWHERE = ("allreduce", "bcast", "allgather", "reduce_scatter")
 _OPEN: weakref.WeakSet[ProcessGroupRxelab] = weakref.WeakSet()
@@ -44,19 +58,34 @@ def _unsupported(call: str) -> Callable[..., Any]:
     return refuse
 
 
-class ProcessGroupRxelab(dist.ProcessGroup):
+class ProcessGroupRxelab(ComposedCalls, dist.ProcessGroup):
     def __init__(self, comm: Communicator, options: Options) -> None:
         super().__init__(comm.rank, comm.size)
         self.comm, self.options = comm, options
         self._lock = threading.Lock()  # torch may call from several threads; the library serves one
         self._completions = Completions()
         self._closed = False
+        self._group_name, self._group_desc = "", ""
         _OPEN.add(self)
         # torch's destroy_process_group() only lets go of the group: closed when it is gone
         self._finalizer = weakref.finalize(self, _close_quietly, comm, self._completions)
 
     def getBackendName(self) -> str:
         return "rxelab"
+
+    # torch 2 names its groups through these (the base class keeps a name only on a C++
+    # backend, which a Python group has none of: "ProcessGroup name not set")
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = str(name)
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = str(desc)
 
     def close(self) -> None:
         """Let started calls finish, then close the communicator (the peers hear a goodbye).
@@ -73,6 +102,7 @@ class ProcessGroupRxelab(dist.ProcessGroup):
             _OPEN.discard(self)
 
     # ---- collectives ----------------------------------------------------------------
+    @not_compiled
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         given = one(tensors, "all_reduce")
         if isinstance(given, torch.Tensor) and given.dtype in WIDENED:
@@ -97,11 +127,13 @@ class ProcessGroupRxelab(dist.ProcessGroup):
                 given.copy_(wide)
         return self._start("allreduce", wide, wide, tensors, narrow, op=op)
 
+    @not_compiled
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         t = direct(one(tensors, "broadcast"), "broadcast", "the tensor")
         root = int(getattr(opts, "rootRank", 0))
         return self._start("bcast", t, None, tensors, root=root)
 
+    @not_compiled
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         given = one(input_tensors, "all_gather")
         mine = direct(given, "all_gather", "the input")
@@ -113,11 +145,16 @@ class ProcessGroupRxelab(dist.ProcessGroup):
         stage = torch.empty(self.size() * mine.numel(), dtype=mine.dtype)
         return self._start("allgather", mine, stage, output_tensors, self._spread(stage, outs))
 
-    def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:
+    @not_compiled
+    def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
         mine = direct(input, "all_gather_into_tensor", "the input")
         out = direct(output, "all_gather_into_tensor", "the output")
         return self._start("allgather", mine, out, [output])
 
+    _allgather_base = all_gather_single  # torch <= 2.12's name
+
+
+    @not_compiled
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         out = direct(one(output_tensors, "reduce_scatter"), "reduce_scatter", "the output",
                      reduced=True)
@@ -130,13 +167,18 @@ class ProcessGroupRxelab(dist.ProcessGroup):
         return self._start("reduce_scatter", stage, out, output_tensors,
                            self._averaged(out) if average else None, op=op)
 
-    def _reduce_scatter_base(self, output: Any, input: Any, opts: Any = None) -> Any:
+    @not_compiled
+    def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
         out = direct(output, "reduce_scatter_tensor", "the output", reduced=True)
         mine = direct(input, "reduce_scatter_tensor", "the input", reduced=True)
         op, average = reduction(opts, out.dtype, "reduce_scatter_tensor")
         return self._start("reduce_scatter", mine, out, [output],
                            self._averaged(out) if average else None, op=op)
 
+    _reduce_scatter_base = reduce_scatter_single  # torch <= 2.12's name
+
+
+    @not_compiled
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         p = self.size()
         outs, ins = several(output_tensors, "all_to_all", p), several(input_tensors, "all_to_all", p)
@@ -153,8 +195,9 @@ class ProcessGroupRxelab(dist.ProcessGroup):
         return self._start("alltoallv", send, recv, output_tensors, after,
                            send_counts=sent, recv_counts=wanted)
 
-    def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any,
-                      input_split_sizes: Any, opts: Any = None) -> Any:
+    @not_compiled
+    def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any,
+                          input_split_sizes: Any, opts: Any = None) -> Any:
         call = "all_to_all_single"
         out, mine = direct(output, call, "the output"), direct(input, call, "the input")
         if not output_split_sizes and not input_split_sizes:
@@ -164,6 +207,9 @@ class ProcessGroupRxelab(dist.ProcessGroup):
         return self._start("alltoallv", mine, out, [output], send_counts=sent,
                            recv_counts=wanted)
 
+    alltoall_base = all_to_all_single  # torch <= 2.12's name
+
+    @not_compiled
     def barrier(self, opts: Any = None) -> Any:
         with self._lock:
             self._check_open()
@@ -171,20 +217,18 @@ class ProcessGroupRxelab(dist.ProcessGroup):
         return finished([])
 
     # ---- point to point ---------------------------------------------------------------
+    @not_compiled
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:
         t = direct(one(tensors, "send"), "send", "the tensor")
         self._p2p(lambda: self.comm.send(t, dstRank), "send", tag)
         return finished(tensors)
 
+    @not_compiled
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:
         t = direct(one(tensors, "recv"), "recv", "the tensor")
         self._p2p(lambda: self.comm.recv(t, srcRank), "recv", tag)
         return finished(tensors)
 
-    reduce = _unsupported("reduce")
-    gather = _unsupported("gather")
-    scatter = _unsupported("scatter")
-    allreduce_coalesced = _unsupported("all_reduce_coalesced")
     allgather_coalesced = _unsupported("all_gather_coalesced")
     recv_anysource = _unsupported("recv from any source")
     monitored_barrier = _unsupported("monitored_barrier")
@@ -199,10 +243,19 @@ class ProcessGroupRxelab(dist.ProcessGroup):
         if collective in SAME_SIZE_EVERYWHERE and send.numel() == 0 and \
                 (recv is None or recv.numel() == 0):
             return finished(value)  # nothing to move on any rank (all-to-alls may still have)
+        if self.options.overlapping and in_callback():
+            raise ConfigError(
+                f"{collective} started in a callback of another call's future (a DDP "
+                "communication hook such as PowerSGD's): with calls overlapping, it may start "
+                "before or after the next gradient bucket's on different ranks",
+                hint="pg_options=rxelab.torch.Options(overlap=False), or RXELAB_TORCH_OVERLAP=0: "
+                     "each call completes before it returns, and such callbacks run in order")
         with self._lock:
             self._check_open()
             request = self.comm.start(collective, send, recv, self.options.algorithm(collective),
                                       **arguments)
+        if not self.options.overlapping:
+            return self._completions.now(request, value, after)
         return self._completions.work(request, value, after)
 
     def _p2p(self, call: Callable[[], None], name: str, tag: int) -> None:

@@ -1,9 +1,10 @@
 """What the torch backend takes beside torch's own arguments: an algorithm per collective, the
-compression, the library's settings (rxelab.settings) and the RDMA device. They come from
+compression, the library's settings (rxelab.settings), the RDMA device, and whether calls
+overlap with the caller's work. They come from
 init_process_group(..., pg_options=rxelab.torch.Options(...)); what that leaves unset comes
 from the environment, for programs that cannot be changed: RXELAB_ALGORITHMS
-("allreduce=ring,alltoall=pairwise"), RXELAB_COMPRESSION, RXELAB_DEVICE and each setting's own
-variable (RXELAB_EAGER_LIMIT, ..., declared with the setting).
+("allreduce=ring,alltoall=pairwise"), RXELAB_COMPRESSION, RXELAB_DEVICE, RXELAB_TORCH_OVERLAP
+(0 or 1) and each setting's own variable (RXELAB_EAGER_LIMIT, ..., declared with the setting).
 
 Pure Python: no torch, no pyverbs (the checks run before anything is opened).
 """
@@ -20,18 +21,24 @@ from rxelab.errors import ConfigError
 ENV_ALGORITHMS = settings.ENV_PREFIX + "ALGORITHMS"
 ENV_COMPRESSION = settings.ENV_PREFIX + "COMPRESSION"
 ENV_DEVICE = settings.ENV_PREFIX + "DEVICE"
+ENV_OVERLAP = settings.ENV_PREFIX + "TORCH_OVERLAP"
 
 
 @dataclass(frozen=True)
 class Options:
     """algorithms: described collective -> algorithm (rxelab.ops; alltoallv takes alltoall's
     unless named itself); compression: a codec of rxelab.codecs; settings: init()'s options
-    by name; device: the RDMA device (None: the one the library finds)."""
+    by name; device: the RDMA device (None: the one the library finds); overlap: a call
+    returns at once and completes while the caller works on (None: True). False: every call
+    completes before it returns, so callbacks chained on its future run in the caller's
+    thread - what a DDP communication hook whose callback starts another collective
+    (PowerSGD) needs for every rank to start them in the same order."""
 
     algorithms: Mapping[str, str] = field(default_factory=dict)
     compression: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     device: str | None = None
+    overlap: bool | None = None
 
     def checked(self) -> Options:
         """The same options, every value checked (a ConfigError names the wrong one)."""
@@ -49,7 +56,13 @@ class Options:
         codecs.lookup(self.compression)
         if self.device is not None and (not isinstance(self.device, str) or not self.device):
             raise ConfigError(f"device={self.device!r} must be an RDMA device's name")
+        if self.overlap is not None and not isinstance(self.overlap, bool):
+            raise ConfigError(f"overlap={self.overlap!r} must be True or False")
         return self
+
+    @property
+    def overlapping(self) -> bool:
+        return self.overlap is not False
 
     def algorithm(self, collective: str) -> str | None:
         """The algorithm chosen for a described collective (None: its default)."""
@@ -88,10 +101,20 @@ def resolve(given: Options | None, env: Mapping[str, str]) -> Options:
     try:
         from_env = Options(parse_algorithms(env.get(ENV_ALGORITHMS, "")),
                            env.get(ENV_COMPRESSION) or None, settings.from_environ(env),
-                           env.get(ENV_DEVICE) or None).checked()
+                           env.get(ENV_DEVICE) or None, parse_overlap(env.get(ENV_OVERLAP))).checked()
     except ConfigError as err:
         raise ConfigError(f"the environment: {err}") from None
     return Options({**from_env.algorithms, **given.algorithms},
                    given.compression if given.compression is not None else from_env.compression,
                    {**from_env.settings, **given.settings},
-                   given.device if given.device is not None else from_env.device).checked()
+                   given.device if given.device is not None else from_env.device,
+                   given.overlap if given.overlap is not None else from_env.overlap).checked()
+
+
+def parse_overlap(raw: str | None) -> bool | None:
+    if raw is None or raw == "":
+        return None
+    if raw not in ("0", "1"):
+        raise ConfigError(f"{ENV_OVERLAP}={raw!r}: 1 (calls overlap the caller's work) or 0 (each "
+                          "completes before it returns)")
+    return raw == "1"

@@ -13,9 +13,10 @@ Two traps of torch 1.13 shape this module:
   would block forever in the base class. So each Work is kept (in OUTSTANDING) until its wait()
   ran, or its future was handed out and is done.
 
-Futures are completed on a thread of their own, not the progress thread: callbacks chained on
+Futures are completed on threads of their own, not the progress thread: callbacks chained on
 them (DDP's reducer, communication hooks) may start the next collective, which must not wait
-behind the request that is finishing.
+behind the request that is finishing. More than one: a callback may also wait for that next
+collective (PowerSGD's hook does), which one completion thread would then never complete.
 """
 
 from __future__ import annotations
@@ -31,8 +32,17 @@ import torch.distributed as dist
 from rxelab.requests import Request
 
 _OK, _FAILED = "ok", "failed"
+# Callbacks that wait for a further collective each hold a thread until it completes: this
+# many may wait at once (threads are made as they are needed).
+COMPLETION_THREADS = 8
 OUTSTANDING: set[Work] = set()  # Works C++ may still call into (see the module's docstring)
 _LOCK = threading.Lock()
+_COMPLETING = threading.local()  # set on a completion thread while it completes a Work
+
+
+def in_callback() -> bool:
+    """Whether this thread is completing a Work: callbacks chained on its future run here."""
+    return bool(getattr(_COMPLETING, "now", False))
 
 
 def _unwrap(fut: Any) -> Any:
@@ -106,11 +116,34 @@ def finished(value: Any) -> Work:
     return Work(value, done=True)
 
 
+def all_of(works: list[Work], value: Any) -> Work:
+    """One Work for several calls (the *_coalesced ones): done when every one is, failed
+    with the first error among them."""
+    together = Work()
+    if not works:
+        together.complete(value)
+        return together
+    left = [len(works)]
+    lock = threading.Lock()
+
+    def one_done(_: Any) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        together.complete(value, next((w._error for w in works if w._error is not None), None))
+
+    for w in works:
+        w.get_future()  # nobody waits on the parts themselves: let them go once done
+        w._base.add_done_callback(one_done)
+    return together
+
+
 class Completions:
-    """One thread that completes a group's Works, in the order their requests end."""
+    """The threads that complete a group's Works, as their requests end."""
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rxelab-torch")
+        self._pool = ThreadPoolExecutor(COMPLETION_THREADS, thread_name_prefix="rxelab-torch")
         self._lock = threading.Lock()
         self._closed = False
 
@@ -121,14 +154,18 @@ class Completions:
         work = Work()
 
         def complete() -> None:
+            _COMPLETING.now = True
             try:
-                request.wait()
-                if after is not None:
-                    after()
-            except BaseException as err:  # the waiter gets it
-                work.complete(None, err)
-                return
-            work.complete(value)
+                try:
+                    request.wait()
+                    if after is not None:
+                        after()
+                except BaseException as err:  # the waiter gets it
+                    work.complete(None, err)
+                    return
+                work.complete(value)
+            finally:
+                _COMPLETING.now = False
 
         def ended(_: Request) -> None:
             with self._lock:
@@ -141,6 +178,20 @@ class Completions:
             complete()
 
         request.when_done(ended)
+        return work
+
+    def now(self, request: Request, value: Any, after: Callable[[], None] | None = None) -> Work:
+        """The Work of `request`, completed here before it is returned (Options(overlap=False)):
+        a callback chained on its future runs at once, in the caller's thread."""
+        work = Work()
+        try:
+            request.wait()
+            if after is not None:
+                after()
+        except BaseException as err:
+            work.complete(None, err)
+            return work
+        work.complete(value)
         return work
 
     def close(self) -> None:
