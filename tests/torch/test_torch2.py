@@ -133,7 +133,10 @@ def model():
     return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 for how in ("fsdp1", "fsdp2"):
     m = model()
-    wrapped = FullyShardedDataParallel(m, device_id=torch.device("cpu")) if how == "fsdp1" else fully_shard(m, mesh=mesh)
+    if how == "fsdp1":
+        wrapped = FullyShardedDataParallel(m, device_id=torch.device("cpu"))
+    else:
+        wrapped = fully_shard(m, mesh=mesh)
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
     for _ in range(2):
         opt.zero_grad()
