@@ -51,11 +51,14 @@ destroy: deps
 	$(PY) -m infra destroy
 
 # Two workers: the VM tests in order on one (tests/conftest.py says how), the unit tests beside;
-# then the torch backend's host tests under the distribution's torch (.venv-torch).
+# then the torch backend's host tests under the distribution's torch (.venv-torch: Debian 12's
+# 1.13) and under a current torch 2 from pip (.venv-torch2).
 test: test-deps
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 	.venv-torch/bin/python -m pytest tests/torch $(PYTEST_ARGS)
+	.venv-torch2/bin/python -m pytest tests/torch $(PYTEST_ARGS)
 
 test-unit: test-deps
 	$(PY) -m pytest -m 'not vm' $(PYTEST_ARGS)
 	.venv-torch/bin/python -m pytest tests/torch $(PYTEST_ARGS)
+	.venv-torch2/bin/python -m pytest tests/torch $(PYTEST_ARGS)

@@ -28,6 +28,7 @@ if ((${#missing[@]})); then
 fi
 
 PYTHON=${PYTHON:-python3}
+TORCH2_CPU="2.13.0+cpu"  # the torch 2 the host tests run under (tests/torch), besides Debian's
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   echo "deps: $PYTHON is $("$PYTHON" --version 2>&1); rxelab needs Python 3.11 or newer" >&2
   exit 1
@@ -46,5 +47,14 @@ if [ "${1:-}" = test ]; then
   .venv-torch/bin/python -m pip install -q --disable-pip-version-check -e ./lib -e ".[test]" "numpy<2"
   .venv-torch/bin/python -c 'import torch, torch.distributed as d; assert d.is_available()' || {
     echo "deps: .venv-torch cannot import the system's torch (python3-torch)" >&2; exit 1; }
+  # .venv-torch2: a current torch 2 from pip, for the same tests; its CPU build where one is at
+  # hand (a fifth of the size), else PyPI's own (with CUDA libraries, about 5.5 GB)
+  [ -x .venv-torch2/bin/python ] || "$PYTHON" -m venv .venv-torch2
+  if ! .venv-torch2/bin/python -c 'import torch' 2>/dev/null; then
+    .venv-torch2/bin/python -m pip install -q --disable-pip-version-check "torch==$TORCH2_CPU" || {
+      echo "deps: no CPU build of torch $TORCH2_CPU at hand: PyPI's torch 2 (about 5.5 GB)"
+      .venv-torch2/bin/python -m pip install -q --disable-pip-version-check "torch>=2.6"; }
+  fi
+  .venv-torch2/bin/python -m pip install -q --disable-pip-version-check -e ./lib -e ".[test]"
 fi
 echo "deps: ready"
