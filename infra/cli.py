@@ -17,7 +17,7 @@ from pathlib import Path
 
 from infra import bootprofile, images, inventory, lab, network, settings, status, terraform, vm
 from infra import run as runner
-from infra.config import DataNet, Image, LabConfig, default_state_dir
+from infra.config import DataNet, LabConfig, default_state_dir
 from infra.errors import LabError
 from infra.ssh import ssh_argv
 from infra.state import LabState
@@ -74,7 +74,7 @@ def cmd_provision(args: argparse.Namespace) -> None:
     terraform.binary()  # Terraform or OpenTofu, before anything is touched
     runner.require(vm.QEMU, "qemu-img", "ssh", "ssh-keygen")
     kind, _ = images.resolve(config.image)
-    if kind is Image.DEBIAN and not images.cached_debian(config.extras):
+    if kind in images.RELEASES and not images.cached_debian(config.extras, kind):
         runner.require("mmdebstrap", "mkfs.ext4")
     if network.resolve(config.data_net) is DataNet.BRIDGE:
         runner.require("ip")

@@ -1,9 +1,10 @@
-"""The debian-12 base image, built here from Debian packages (mmdebstrap, the mirror taken
-from the host's own apt sources), so that the lab works on machines that reach no image
-server: its recipe (infra/recipes/debian-12, EXTRAS' package lists, the rxe unit), the cache
-key that follows every part of the recipe, and the build into a raw disk with the kernel and
-initrd beside it for direct boot. A second provision finds the cached image and builds
-nothing."""
+"""The Debian base images (debian-12, debian-13), built here from Debian packages (mmdebstrap,
+the mirror taken from the host's own apt sources), so that the lab works on machines that
+reach no image server: a release's recipe (its package list in infra/recipes/debian-<n>, the
+files every release shares in infra/recipes/debian, EXTRAS' package lists, the rxe unit and
+its udev rule), the cache key that follows every part of it, and the build into a raw disk
+with the kernel and initrd beside it for direct boot. A second provision finds the cached
+image and builds nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import shlex
 import shutil
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra import apt_sources, settings
@@ -23,13 +25,32 @@ from infra.image_cache import BaseImage, fresh_build_dir, images_dir, publish
 from infra.units import rdma_device_files
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
-DEBIAN_SUITE = "bookworm"
+SHARED = "debian"  # the recipe's files every release shares (customize.sh, the initrd, ...)
 DEBIAN_DISK_SIZE = "3G"
 EXTRAS_DISK_SIZE = {Extras.NONE: DEBIAN_DISK_SIZE, Extras.TORCH: "6G"}  # torch: ~1.3 GB installed
 
 
-def cached_debian(extras: Extras = Extras.NONE) -> BaseImage | None:
-    manifest = images_dir() / debian_image_name(extras) / "image.json"
+@dataclass(frozen=True)
+class Release:
+    image: Image
+    suite: str  # what mmdebstrap builds
+
+    @property
+    def packages_file(self) -> Path:
+        return RECIPES / self.image.value / "packages.txt"
+
+
+RELEASES = {Image.DEBIAN12: Release(Image.DEBIAN12, "bookworm"),
+            Image.DEBIAN13: Release(Image.DEBIAN13, "trixie")}
+DEBIAN_SUITE = RELEASES[Image.DEBIAN12].suite  # the oldest release's, as before
+
+
+def release(image: Image = Image.DEBIAN12) -> Release:
+    return RELEASES[image]
+
+
+def cached_debian(extras: Extras = Extras.NONE, image: Image = Image.DEBIAN12) -> BaseImage | None:
+    manifest = images_dir() / debian_image_name(extras, image) / "image.json"
     return BaseImage.from_json(manifest.read_text()) if manifest.exists() else None
 
 
@@ -43,32 +64,32 @@ def extra_packages(extras: Extras) -> list[str]:
     return [] if extras is Extras.NONE else _package_list(RECIPES / "extras" / f"{extras.value}.txt")
 
 
-def debian_packages(extras: Extras = Extras.NONE) -> list[str]:
-    return _package_list(RECIPES / "debian-12" / "packages.txt") + extra_packages(extras)
+def debian_packages(extras: Extras = Extras.NONE, image: Image = Image.DEBIAN12) -> list[str]:
+    return _package_list(release(image).packages_file) + extra_packages(extras)
 
 
-def debian_image_name(extras: Extras = Extras.NONE) -> str:
+def debian_image_name(extras: Extras = Extras.NONE, image: Image = Image.DEBIAN12) -> str:
     """The cache directory of a Debian image: the base image keeps its name without extras."""
-    key = debian_recipe_key(extras)
-    return f"debian-12-{key}" if extras is Extras.NONE else f"debian-12-{extras.value}-{key}"
+    key = debian_recipe_key(extras, image)
+    return f"{image.value}-{key}" if extras is Extras.NONE else f"{image.value}-{extras.value}-{key}"
 
 
-def debian_recipe_key(extras: Extras = Extras.NONE) -> str:
+def debian_recipe_key(extras: Extras = Extras.NONE, image: Image = Image.DEBIAN12) -> str:
     """Changes whenever anything that goes into the image changes (files, packages, size)."""
     h = hashlib.sha256()
-    h.update(f"suite={DEBIAN_SUITE} size={DEBIAN_DISK_SIZE}\n".encode())
-    h.update(" ".join(debian_mmdebstrap_options()).encode())
+    h.update(f"suite={release(image).suite} size={DEBIAN_DISK_SIZE}\n".encode())
+    h.update(" ".join(debian_mmdebstrap_options(Extras.NONE, image)).encode())
     if extras is not Extras.NONE:  # the base image's key stays what it was
         h.update(f"extras={extras.value} size={EXTRAS_DISK_SIZE[extras]} "
                  f"packages={','.join(extra_packages(extras))}\n".encode())
-    for path in sorted((RECIPES / "debian-12").iterdir()):
+    for path in [*sorted((RECIPES / SHARED).iterdir()), release(image).packages_file]:
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     for f in rdma_device_files():
         h.update(str(f.path).encode() + b"\0" + f.text.encode() + b"\0")
     return h.hexdigest()[:16]
 
 
-def debian_mmdebstrap_options(extras: Extras = Extras.NONE) -> list[str]:
+def debian_mmdebstrap_options(extras: Extras = Extras.NONE, image: Image = Image.DEBIAN12) -> list[str]:
     return [
         "--mode=unshare",  # mounts live in a private namespace: nothing leaks if killed
         "--variant=apt",
@@ -78,24 +99,25 @@ def debian_mmdebstrap_options(extras: Extras = Extras.NONE) -> list[str]:
         "--dpkgopt=path-include=/usr/share/doc/*/copyright",
         "--dpkgopt=path-exclude=/usr/share/man/*",
         "--dpkgopt=path-exclude=/usr/share/locale/*",
-        "--include=" + ",".join(debian_packages(extras)),
+        "--include=" + ",".join(debian_packages(extras, image)),
     ]
 
 
-def ensure_debian(extras: Extras = Extras.NONE) -> BaseImage:
-    dest = images_dir() / debian_image_name(extras)
-    if (cached := cached_debian(extras)) is not None:
-        print(f"image: debian-12 found in cache ({dest})", flush=True)
+def ensure_debian(extras: Extras = Extras.NONE, image: Image = Image.DEBIAN12) -> BaseImage:
+    dest = images_dir() / debian_image_name(extras, image)
+    if (cached := cached_debian(extras, image)) is not None:
+        print(f"image: {image.value} found in cache ({dest})", flush=True)
         return cached
     runner.require("mmdebstrap", "mkfs.ext4")
     given = settings.value("RXELAB_APT_SOURCES")
-    sources_text = apt_sources.image_sources(DEBIAN_SUITE, Path(str(given)) if given else None)
+    suite = release(image).suite
+    sources_text = apt_sources.image_sources(suite, Path(str(given)) if given else None)
     debs = cache_dir() / "debs"
     debs.mkdir(parents=True, exist_ok=True)
     work = fresh_build_dir(dest.name)
     started = time.monotonic()
-    print(f"image: building debian-12 ({len(debian_packages(extras))} packages and their dependencies) "
-          f"into {dest}", flush=True)
+    print(f"image: building {image.value} ({len(debian_packages(extras, image))} packages and their "
+          f"dependencies) into {dest}", flush=True)
     try:
         sources = work / "debian.sources"  # the host's mirror, for this image's suite
         sources.write_text(sources_text)
@@ -107,14 +129,14 @@ def ensure_debian(extras: Extras = Extras.NONE) -> BaseImage:
         runner.run_streaming(
             [
                 "mmdebstrap",
-                *debian_mmdebstrap_options(extras),
+                *debian_mmdebstrap_options(extras, image),
                 '--setup-hook=mkdir -p "$1"/var/cache/apt/archives/',
                 f"--setup-hook=sync-in {debs} /var/cache/apt/archives/",
                 f"--customize-hook=sync-out /var/cache/apt/archives {debs}",
                 # a shell command line: the paths quoted (a cache directory may hold spaces)
-                f'--customize-hook={shlex.quote(str(RECIPES / "debian-12" / "customize.sh"))} '
+                f'--customize-hook={shlex.quote(str(RECIPES / SHARED / "customize.sh"))} '
                 f'"$1" {" ".join(baked)}',
-                DEBIAN_SUITE,
+                suite,
                 tar,
                 sources,
             ],
@@ -127,14 +149,14 @@ def ensure_debian(extras: Extras = Extras.NONE) -> BaseImage:
         kernel, initrd = _extract_boot_files(tar, work)
         _tar_to_ext4(tar, work / "disk.raw", work / "root", EXTRAS_DISK_SIZE[extras])
         tar.unlink()
-        image = publish(work, dest, BaseImage(Image.DEBIAN, dest / "disk.raw", "raw",
+        built = publish(work, dest, BaseImage(image, dest / "disk.raw", "raw",
                                               dest / kernel.name, dest / initrd.name))
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    print(f"image: debian-12{'' if extras is Extras.NONE else ' with ' + extras.value} built in "
+    print(f"image: {image.value}{'' if extras is Extras.NONE else ' with ' + extras.value} built in "
           f"{time.monotonic() - started:.0f} s", flush=True)
-    return image
+    return built
 
 
 def _tar_to_ext4(tar: Path, disk: Path, scratch: Path, size: str = DEBIAN_DISK_SIZE) -> None:

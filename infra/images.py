@@ -2,8 +2,8 @@
 image a lab gets (IMAGE=auto takes a cached Ubuntu image, else Debian's, without touching the
 network) and the one call that makes sure it exists.
 
-debian-12 is built here from Debian packages (infra/debian_image.py), so it works on machines
-that reach no image server. ubuntu-24.04 is the official cloud image, downloaded only when a
+debian-12 and debian-13 are built here from Debian packages (infra/debian_image.py), so they
+work on machines that reach no image server. ubuntu-24.04 is the official cloud image, downloaded only when a
 user asks for it and trusted only once its signed SHA256SUMS has been checked
 (infra/ubuntu_image.py). Both live in the cache (infra/image_cache.py); a second provision
 finds the cached image and builds nothing.
@@ -17,9 +17,9 @@ from __future__ import annotations
 from infra.config import Extras, Image
 from infra.debian_image import (
     DEBIAN_DISK_SIZE,
-    DEBIAN_SUITE,
     EXTRAS_DISK_SIZE,
     RECIPES,
+    RELEASES,
     cached_debian,
     debian_image_name,
     debian_mmdebstrap_options,
@@ -44,7 +44,7 @@ from infra.ubuntu_image import (
 )
 
 __all__ = [
-    "DEBIAN_DISK_SIZE", "DEBIAN_SUITE", "EXTRAS_DISK_SIZE", "RECIPES", "UBUNTU_FILE",
+    "DEBIAN_DISK_SIZE", "EXTRAS_DISK_SIZE", "RECIPES", "RELEASES", "UBUNTU_FILE",
     "UBUNTU_PACKAGES", "UBUNTU_SIGNING_KEY", "BaseImage", "Extras", "Image", "cached_debian",
     "cached_ubuntu", "debian_image_name", "debian_mmdebstrap_options", "debian_packages",
     "debian_recipe_key", "download", "ensure", "ensure_debian", "ensure_ubuntu",
@@ -53,21 +53,25 @@ __all__ = [
 ]
 
 
+AUTO_DEBIAN = Image.DEBIAN12  # IMAGE=auto's Debian release when no Ubuntu image is cached
+
+
 def resolve(requested: Image) -> tuple[Image, str]:
     """Pick the image for IMAGE=auto without touching the network; say which and why."""
     if requested is not Image.AUTO:
         return requested, f"image: {requested.value} (asked for)"
     if cached_ubuntu() is not None:
         return Image.UBUNTU, "image: ubuntu-24.04 (IMAGE=auto, its cloud image is in the cache)"
-    return Image.DEBIAN, (
-        "image: debian-12, built from Debian packages (IMAGE=auto and no Ubuntu image is cached; "
-        "`make provision IMAGE=ubuntu-24.04` downloads it once, where the network allows)"
+    return AUTO_DEBIAN, (
+        f"image: {AUTO_DEBIAN.value}, built from Debian packages (IMAGE=auto and no Ubuntu image "
+        "is cached; `make provision IMAGE=ubuntu-24.04` downloads it once, where the network "
+        "allows)"
     )
 
 
 def ensure(kind: Image, extras: Extras = Extras.NONE) -> BaseImage:
-    if kind is Image.DEBIAN:
-        return ensure_debian(extras)
+    if kind in RELEASES:
+        return ensure_debian(extras, kind)
     if kind is Image.UBUNTU:
         return ensure_ubuntu()  # its extras, as its base set, come by cloud-init (infra/nocloud.py)
     raise LabError(f"image {kind.value!r} must be resolved before it is built")

@@ -25,7 +25,8 @@ from infra.errors import LabError
 class Image(StrEnum):
     AUTO = "auto"
     UBUNTU = "ubuntu-24.04"
-    DEBIAN = "debian-12"
+    DEBIAN12 = "debian-12"
+    DEBIAN13 = "debian-13"
 
 
 class Extras(StrEnum):
@@ -124,8 +125,8 @@ STATE_DIR = ".lab"  # the lab's state directory, in the repository, unless RXELA
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("NODES", "3", "how many VMs", "nodes", int, 2, 8),
-    Setting("IMAGE", "auto", "base image; auto: Ubuntu if its cloud image is cached, else Debian",
-            "image", Image),
+    Setting("IMAGE", "auto", "base image; auto: Ubuntu if its cloud image is cached, else Debian "
+            "12; debian-12 and debian-13 are built here from Debian packages", "image", Image),
     Setting("EXTRAS", "none", "packages baked into the image beside the base set: torch adds "
             "Debian's python3-torch (torch.distributed with Gloo, the `gloo` contender; about "
             "1 GB more); part of the image's cache key", "extras", Extras),

@@ -38,7 +38,7 @@ def fake_qemu(tmp_path, monkeypatch):
 def image(tmp_path):
     kernel = tmp_path / "vmlinuz"
     kernel.write_bytes(b"kernel")
-    return BaseImage(Image.DEBIAN, tmp_path / "disk.raw", "raw", kernel, tmp_path / "initrd")
+    return BaseImage(Image.DEBIAN12, tmp_path / "disk.raw", "raw", kernel, tmp_path / "initrd")
 
 
 def test_probe_sees_a_booting_kernel(fake_qemu, image):

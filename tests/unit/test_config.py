@@ -55,5 +55,5 @@ def test_node_index_outside_the_lab_is_an_error(tmp_path):
 
 
 def test_json_round_trip(tmp_path):
-    c = LabConfig(nodes=4, image=Image.DEBIAN, accel=Accel.TCG, mem_mb=768, state_dir=tmp_path)
+    c = LabConfig(nodes=4, image=Image.DEBIAN12, accel=Accel.TCG, mem_mb=768, state_dir=tmp_path)
     assert LabConfig.from_json(c.to_json()) == c

@@ -41,14 +41,14 @@ def test_packages_list_has_what_the_lab_needs():
 
 def test_auto_prefers_a_cached_ubuntu_image_and_never_downloads(cache):
     kind, why = images.resolve(Image.AUTO)
-    assert kind is Image.DEBIAN and "IMAGE=ubuntu-24.04" in why
+    assert kind is Image.DEBIAN12 and "IMAGE=ubuntu-24.04" in why
     d = cache / "images" / "ubuntu-24.04-0123456789abcdef"
     d.mkdir(parents=True)
     (d / images.UBUNTU_FILE).write_bytes(b"disk")
     (d / "image.json").write_text(images.BaseImage(Image.UBUNTU, d / images.UBUNTU_FILE, "qcow2").to_json())
     kind, why = images.resolve(Image.AUTO)
     assert kind is Image.UBUNTU and "in the cache" in why
-    assert images.resolve(Image.DEBIAN)[0] is Image.DEBIAN
+    assert images.resolve(Image.DEBIAN12)[0] is Image.DEBIAN12
 
 
 def test_sha256sums_parsing():
@@ -291,7 +291,7 @@ def test_an_image_with_extras_is_found_in_the_cache_under_its_own_name(cache, mo
     assert images.cached_debian(Extras.TORCH) is None
     d = images.images_dir() / images.debian_image_name(Extras.TORCH)
     d.mkdir(parents=True)
-    image = images.BaseImage(images.Image.DEBIAN, d / "disk.raw", "raw", d / "vmlinuz", d / "initrd")
+    image = images.BaseImage(images.Image.DEBIAN12, d / "disk.raw", "raw", d / "vmlinuz", d / "initrd")
     (d / "image.json").write_text(image.to_json())
     assert images.cached_debian(Extras.TORCH) == image
     assert images.cached_debian() is None

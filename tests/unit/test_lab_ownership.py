@@ -83,7 +83,7 @@ def configured(tmp_path, monkeypatch):
     monkeypatch.setenv("RXELAB_CACHE", str(tmp_path / "cache"))
     old = os.umask(0o022)  # a user's usual mask: the lab must not depend on a stricter one
     try:
-        config = LabConfig(image=Image.DEBIAN, lab=unique_lab(), state_dir=tmp_path / "lab")
+        config = LabConfig(image=Image.DEBIAN12, lab=unique_lab(), state_dir=tmp_path / "lab")
         lab.configure(config, LabState(config.state_dir))
     finally:
         os.umask(old)

@@ -16,7 +16,7 @@ def keys():
             "munge_key_b64": "bXVuZ2U="}
 
 
-@pytest.mark.parametrize("image", [Image.DEBIAN, Image.UBUNTU])
+@pytest.mark.parametrize("image", [Image.DEBIAN12, Image.UBUNTU])
 def test_user_data_is_valid_cloud_config_for_both_images(tmp_path, image):
     config = LabConfig(nodes=3, image=image, state_dir=tmp_path)
     files = nocloud.render(config, config.node(2), instance_tag="t", **keys())
@@ -102,7 +102,7 @@ def test_meta_data_has_a_per_node_instance_id(tmp_path):
 def test_make_isos_writes_keys_known_hosts_and_cidata_isos(tmp_path):
     import pycdlib
 
-    config = LabConfig(nodes=2, image=Image.DEBIAN, state_dir=tmp_path)
+    config = LabConfig(nodes=2, image=Image.DEBIAN12, state_dir=tmp_path)
     state = LabState(tmp_path)
     nocloud.make_isos(config, state, instance_tag="1")
     assert (state.ssh_key.stat().st_mode & 0o777) == 0o600
@@ -123,7 +123,7 @@ def test_make_isos_writes_keys_known_hosts_and_cidata_isos(tmp_path):
 
 def test_extras_reach_ubuntu_by_cloud_init_and_debian_by_its_image(tmp_path):
     from infra.config import Extras
-    for image, installs in ((Image.UBUNTU, True), (Image.DEBIAN, False)):
+    for image, installs in ((Image.UBUNTU, True), (Image.DEBIAN12, False)):
         config = LabConfig(nodes=3, image=image, extras=Extras.TORCH, state_dir=tmp_path)
         ud = yaml.safe_load(nocloud.render(config, config.node(1), instance_tag="t", **keys())["user-data"])
         assert ("python3-torch" in ud.get("packages", [])) is installs

@@ -4,10 +4,10 @@ from infra.images import BaseImage
 from infra.state import LabState
 
 
-def argv(tmp_path, image_kind=Image.DEBIAN, data_net=DataNet.BRIDGE, monkeypatch=None):
+def argv(tmp_path, image_kind=Image.DEBIAN12, data_net=DataNet.BRIDGE, monkeypatch=None):
     config = LabConfig(nodes=3, image=image_kind, data_net=data_net, state_dir=tmp_path)
-    if image_kind is Image.DEBIAN:
-        image = BaseImage(Image.DEBIAN, tmp_path / "d.raw", "raw", tmp_path / "k", tmp_path / "i")
+    if image_kind is Image.DEBIAN12:
+        image = BaseImage(Image.DEBIAN12, tmp_path / "d.raw", "raw", tmp_path / "k", tmp_path / "i")
     else:
         image = BaseImage(Image.UBUNTU, tmp_path / "u.img", "qcow2")
     return " ".join(vm.qemu_argv(config, LabState(tmp_path), image, Accel.TCG, config.node(2)))

@@ -49,7 +49,12 @@ install -D -m 0755 "$here/cloud-init-stages" "$root/usr/local/libexec/rxelab-clo
 mkdir -p "$root/etc/systemd/system/cloud-init-local.service.d"
 printf '[Service]\nExecStart=\nExecStart=/usr/local/libexec/rxelab-cloud-init-stages\n' \
   > "$root/etc/systemd/system/cloud-init-local.service.d/rxelab-one-process.conf"
-chroot "$root" systemctl mask cloud-init.service cloud-config.service cloud-final.service
+# (Debian 13's cloud-init 25 runs its stages in one process of its own too, cloud-init-main,
+# but only as far as systemd lets each stage's unit start: network-online, multi-user. Ours
+# does not wait for those; its units are masked with the rest. A name a release lacks is
+# masked all the same.)
+chroot "$root" systemctl mask cloud-init.service cloud-init-network.service cloud-config.service \
+  cloud-final.service cloud-init-main.service
 mkdir -p "$root/etc/systemd/system-generators" "$root/etc/systemd/system/multi-user.target.wants"
 ln -sf /dev/null "$root/etc/systemd/system-generators/cloud-init-generator"
 ln -sf /lib/systemd/system/cloud-init.target "$root/etc/systemd/system/multi-user.target.wants/cloud-init.target"
