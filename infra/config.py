@@ -54,6 +54,13 @@ class Node:
     data_mac: str
     tap: str
 
+    @property
+    def mgmt_net(self) -> str:
+        """The node's own user-net subnet: every node's management address differs (10.0.2.15,
+        10.0.3.15, ...), as on a real cluster. Open MPI 5's runtime (PRRTE) matches a node by
+        every address it has, so one address shared by all made two nodes one."""
+        return f"10.0.{self.index + 1}.0/24"
+
 
 def _default(name: str) -> Any:
     """A lab setting's default, from the settings table (infra/settings.py)."""

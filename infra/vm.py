@@ -53,7 +53,7 @@ def qemu_argv(config: LabConfig, state: LabState, image: BaseImage, accel: Accel
         *boot,
         "-drive", f"file={state.overlay(node.name)},if=virtio,format=qcow2,cache=unsafe",
         "-drive", f"file={state.seed_iso(node.name)},if=virtio,format=raw,readonly=on",
-        "-netdev", f"user,id=mgmt,restrict={restrict},"
+        "-netdev", f"user,id=mgmt,restrict={restrict},net={node.mgmt_net},"
                    f"hostfwd=tcp:127.0.0.1:{node.ssh_port}-:22",
         "-device", f"{network.NIC},netdev=mgmt,mac={node.mgmt_mac}",
         *network.qemu_args(config, state, node),

@@ -17,7 +17,7 @@ def test_debian_node_boots_its_kernel_directly_with_a_locked_down_mgmt_nic(tmp_p
     monkeypatch.setattr("os.geteuid", lambda: 0)
     a = argv(tmp_path)
     assert "-kernel" in a and "root=/dev/vda" in a
-    assert "user,id=mgmt,restrict=on,hostfwd=tcp:127.0.0.1:2222-:22" in a
+    assert "user,id=mgmt,restrict=on,net=10.0.3.0/24,hostfwd=tcp:127.0.0.1:2222-:22" in a
     assert "tap,id=data,ifname=rxelabt2,script=no" in a
     assert "mac=52:54:00:" in a and "-qmp unix:" in a and "-daemonize" in a
     assert "-serial file:" in a and "node2.serial.log" in a
@@ -44,3 +44,12 @@ def test_both_nics_go_without_virtios_event_index(tmp_path, monkeypatch):
         nics = [w for w in argv(tmp_path, data_net=data_net).split() if w.startswith("virtio-net-pci")]
         assert sorted(n.split("netdev=")[1].split(",")[0] for n in nics) == ["data", "mgmt"]
         assert all("event_idx=off" in n.split(",") for n in nics), nics
+
+
+def test_every_node_has_a_management_address_of_its_own(tmp_path):
+    """Open MPI 5's runtime matches nodes by every address they have: one user-net address
+    shared by all (qemu's 10.0.2.15) merged two nodes into one ("not enough slots")."""
+    config = LabConfig(nodes=8, state_dir=tmp_path)
+    nets = [n.mgmt_net for n in config.all_nodes()]
+    assert len(set(nets)) == 8 and nets[0] == "10.0.2.0/24"
+    assert all(not n.startswith("10.10.") for n in nets), "apart from the data network"
