@@ -13,6 +13,7 @@ reach the shell quoted.
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
 from typing import Any
 
@@ -98,10 +99,24 @@ def gloo_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str
     return started_by(run_id) + remote_join(argv)
 
 
+# What a remote shell expands itself in an argument of ours: each stays one word ("$HOME": a
+# home with a space in it; "$(hostname)": the node's own name).
+LEFT_TO_THE_NODE = ("$HOME", "$(hostname)")
+_LEFT = re.compile("(" + "|".join(re.escape(w) for w in LEFT_TO_THE_NODE) + ")")
+
+
 def remote_word(arg: str) -> str:
-    """One argument for a remote shell, quoted, with each $HOME in it left for that shell to
-    expand - as "$HOME", so a home with a space in it stays one word."""
-    return '"$HOME"'.join(shlex.quote(part) if part else "" for part in arg.split("$HOME"))
+    """One argument for a remote shell, quoted, with each word of LEFT_TO_THE_NODE in it left
+    for that shell to expand (double-quoted)."""
+    return "".join(f'"{part}"' if part in LEFT_TO_THE_NODE else (shlex.quote(part) if part else "")
+                   for part in _LEFT.split(arg))
+
+
+def mpi_hosts(hosts: list[Host], slots: int = 1) -> str:
+    """mpirun's --host list: the first node (where mpirun runs) by its own hostname, the others
+    by their data addresses. Open MPI 5's runtime knows its own node only by name, so its data
+    address alone matched no node ("not enough slots")."""
+    return ",".join([f"$(hostname):{slots}"] + [f"{h.data_ip}:{slots}" for h in hosts[1:]])
 
 
 def remote_join(argv: list[str]) -> str:
@@ -149,7 +164,7 @@ def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: s
     10.10.0.0/24, or interface names), found on the hosts themselves, never assumed."""
     mca, env = mpi_settings(case, hosts, network)
     argv = ["timeout", f"{case_timeout(case):.0f}", "mpirun", "-np", str(len(hosts)),
-            "--host", ",".join(h.data_ip for h in hosts), "--mca", "oob_tcp_if_include", network,
+            "--host", mpi_hosts(hosts), "--mca", "oob_tcp_if_include", network,
             "-x", RUN_ID,  # the ranks carry the run's id too: the clean-up finds them
             *(a for k, v in mca.items() for a in ("--mca", k, v)),
             *(a for k, v in env.items() for a in ("-x", f"{k}={v}")), *mpi_app(case)]

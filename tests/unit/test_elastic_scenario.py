@@ -35,7 +35,7 @@ def test_the_job_is_elastic_and_carries_the_run_id_and_the_secret_file():
     assert "--hosts 10.10.0.12" in new and "--join --master 10.10.0.11" in new
     assert new.rstrip().endswith("--join --join-timeout 900")
     mpi = elastic.mpi_command(EL, HOSTS, "10.10.0.0/24", RUN)
-    assert "mpirun -np 6 --host 10.10.0.11:2,10.10.0.12:2,10.10.0.13:2" in mpi
+    assert "mpirun -np 6 --host \"$(hostname)\":2,10.10.0.12:2,10.10.0.13:2" in mpi
     assert "--mpi" in mpi and "--kill 10:3" in mpi and "UCX_TLS=rc_v,self,sm" in mpi
 
 
