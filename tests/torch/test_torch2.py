@@ -94,6 +94,12 @@ def test_powersgd_with_overlapping_calls_is_refused_naming_what_to_set():
 
 def test_compiled_ddp_runs_without_tracing_into_the_backend():
     """torch.compile(DDP(model)): Dynamo traced DDP's own broadcast into the backend before."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    # Dynamo sizes its DDP optimizer by DDP's class-wide "active module", which each forward
+    # saves and restores: ranks that are threads interleave those, so an earlier test's DDP
+    # (2 KB buckets, under DDP's 1 MB first bucket) could be left there, and Dynamo refused it.
+    DistributedDataParallel._active_ddp_module = None
     # DDP's default buckets: Dynamo's DDP optimizer wants the first no larger than the rest
     plain = run_groups(2, lambda pg: ddp_steps(pg, bucket_mb=None), deadline=120)
     compiled = run_groups(2, lambda pg: ddp_steps(pg, compiled=True, bucket_mb=None), deadline=240)
