@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 
-AUTO_DEBIAN = Image.DEBIAN12  # IMAGE=auto's Debian release when no Ubuntu image is cached
+AUTO_DEBIAN = Image.DEBIAN13  # IMAGE=auto's Debian release when no Ubuntu image is cached (issue 54)
 
 
 def resolve(requested: Image) -> tuple[Image, str]:

@@ -126,7 +126,7 @@ STATE_DIR = ".lab"  # the lab's state directory, in the repository, unless RXELA
 SETTINGS: tuple[Setting, ...] = (
     Setting("NODES", "3", "how many VMs", "nodes", int, 2, 8),
     Setting("IMAGE", "auto", "base image; auto: Ubuntu if its cloud image is cached, else Debian "
-            "12; debian-12 and debian-13 are built here from Debian packages", "image", Image),
+            "13; debian-12 and debian-13 are built here from Debian packages", "image", Image),
     Setting("EXTRAS", "none", "packages baked into the image beside the base set: torch adds "
             "Debian's python3-torch (torch.distributed with Gloo, the `gloo` contender; about "
             "1 GB more); part of the image's cache key", "extras", Extras),

@@ -23,7 +23,7 @@ except ImportError:
 from infra import inventory as inventory_mod
 from infra import lab as lab_mod
 from infra import run as runner
-from infra.config import REPO, LabConfig
+from infra.config import REPO, Image, LabConfig
 from infra.inventory import Host, Inventory
 from infra.ssh import ssh_argv
 from infra.state import LabState
@@ -135,8 +135,21 @@ def yield_cpu(pid: int, niceness: int = 10) -> None:
             pass
 
 
+def lab_image() -> str:
+    """The image every lab of the session boots: RXELAB_TEST_IMAGE (debian-12, debian-13,
+    ubuntu-24.04), else the default (`auto`) that CI's lab boots. The setting is the tests' own,
+    so an IMAGE left in a developer's shell does not change what `make test` tests."""
+    name = os.environ.get("RXELAB_TEST_IMAGE", Image.AUTO.value)
+    try:
+        return Image(name).value
+    except ValueError:
+        raise pytest.UsageError(f"RXELAB_TEST_IMAGE={name!r} is no image: one of "
+                                f"{', '.join(i.value for i in Image)}") from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     terminate.install()
+    os.environ["IMAGE"] = lab_image()  # every lab a test provisions, the shared one and its own
     config.addinivalue_line("markers", "destroys_lab: runs last; tears the shared lab down")
 
 

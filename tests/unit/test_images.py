@@ -41,7 +41,7 @@ def test_packages_list_has_what_the_lab_needs():
 
 def test_auto_prefers_a_cached_ubuntu_image_and_never_downloads(cache):
     kind, why = images.resolve(Image.AUTO)
-    assert kind is Image.DEBIAN12 and "IMAGE=ubuntu-24.04" in why
+    assert kind is Image.DEBIAN13 and "IMAGE=ubuntu-24.04" in why
     d = cache / "images" / "ubuntu-24.04-0123456789abcdef"
     d.mkdir(parents=True)
     (d / images.UBUNTU_FILE).write_bytes(b"disk")
