@@ -12,7 +12,8 @@ The first backend of --backends is the job's default group (dist.init_process_gr
 others are groups beside it (dist.new_group). Variants: each backend with each of DDP's own
 hooks (--hooks none,fp16,bf16: torch's allreduce, fp16 and bf16 compression hooks, the same
 for every backend), and with --codec rxelab's own fp16 codec on the wire (the library codes
-float sums; DDP's hook stays the plain allreduce).
+float sums; DDP's hook stays the plain allreduce). With --wraps, the same model sharded by FSDP
+or FSDP2 is a variant per backend too (apps/sharded.py), compared with Gloo's alike.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from typing import TYPE_CHECKING, Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 if TYPE_CHECKING:  # the same module as mypy reaches it from the tree (the node runs this file)
-    from apps import gloo_compare
+    from apps import gloo_compare, sharded
 else:
     import gloo_compare
+    import sharded
 
 HOOKS = ("none", "fp16", "bf16")
 CODEC = "codec-fp16"  # rxelab's fp16 codec on the wire, DDP's plain allreduce hook
@@ -48,15 +50,18 @@ INIT_TIMEOUT_S = 120
 class Variant:
     backend: str
     hook: str  # one of HOOKS, or CODEC
+    wrap: str = "ddp"  # one of sharded.WRAPS; FSDP's variants have no hook
 
     @property
     def name(self) -> str:
+        if self.wrap != "ddp":
+            return f"{self.backend}+{self.wrap}"
         return self.backend if self.hook == "none" else f"{self.backend}+{self.hook}"
 
     def reference(self) -> Variant:
-        """What it is compared with: Gloo with the same hook; the codec, and bf16 (torch
-        1.13's Gloo has no bfloat16 all_reduce), with Gloo uncompressed."""
-        return Variant("gloo", "none" if self.hook in (CODEC, "bf16") else self.hook)
+        """What it is compared with: Gloo with the same hook and wrap; the codec, and bf16
+        (torch 1.13's Gloo has no bfloat16 all_reduce), with Gloo uncompressed."""
+        return Variant("gloo", "none" if self.hook in (CODEC, "bf16") else self.hook, self.wrap)
 
 
 @dataclass
@@ -111,18 +116,22 @@ def timed(hook: Any, result: Result) -> Any:
     return run
 
 
-def train(group: Any, hook: str, args: argparse.Namespace, rank: int) -> Result:
-    """args.steps steps of SGD on the model with DDP over `group`; the last ones timed."""
+def train(group: Any, hook: str, args: argparse.Namespace, rank: int, wrap: str = "ddp") -> Result:
+    """args.steps steps of SGD on the model with DDP (or FSDP: `wrap`) over `group`; the last
+    ones timed."""
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     model = build_model(args.width, args.depth, args.seed)
-    ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=args.bucket_mb)
     result = Result(None)
-    chosen = {"fp16": default_hooks.fp16_compress_hook,
-              "bf16": default_hooks.bf16_compress_hook}.get(hook, default_hooks.allreduce_hook)
-    ddp.register_comm_hook(group, timed(chosen, result))
+    if wrap == "ddp":
+        ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=args.bucket_mb)
+        chosen = {"fp16": default_hooks.fp16_compress_hook,
+                  "bf16": default_hooks.bf16_compress_hook}.get(hook, default_hooks.allreduce_hook)
+        ddp.register_comm_hook(group, timed(chosen, result))
+    else:
+        ddp = sharded.shard(model, group, wrap)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
     for step in range(args.warmup + args.steps):
         x, y = batch(rank, step, args.batch, args.seed)
@@ -134,7 +143,8 @@ def train(group: Any, hook: str, args: argparse.Namespace, rank: int) -> Result:
             result.step_s.append(time.perf_counter() - started)
         else:  # the warm-up's buckets (DDP rebuilds them after the first step) are not kept
             result.bucket_s.clear()
-    result.params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+    result.params = (torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+                     if wrap == "ddp" else sharded.whole_parameters(model, ddp, wrap))
     return result
 
 
@@ -160,7 +170,7 @@ def gloo_sums_bf16(group: Any) -> bool:
 
 
 def variants(backends: list[str], hooks: list[str], codec: bool,
-             gloo_bf16: bool = True) -> list[Variant]:
+             gloo_bf16: bool = True, wraps: tuple[str, ...] = ()) -> list[Variant]:
     out = [Variant(b, h) for h in hooks for b in backends
            if not (b == "gloo" and h == "bf16" and not gloo_bf16)]
     if "bf16" in hooks and "rxelab" in backends and "gloo" in backends and \
@@ -168,7 +178,7 @@ def variants(backends: list[str], hooks: list[str], codec: bool,
         out.append(Variant("gloo", "none"))  # bf16's reference where Gloo cannot run it
     if codec and "rxelab" in backends:
         out.append(Variant("rxelab", CODEC))
-    return out
+    return out + [Variant(b, "none", w) for w in wraps for b in backends]
 
 
 def digest(params: Any) -> str:
@@ -201,6 +211,9 @@ def arguments() -> argparse.ArgumentParser:
                     help=f"comma-separated DDP hooks, each a variant per backend: {', '.join(HOOKS)}")
     ap.add_argument("--codec", action="store_true",
                     help="one more variant: rxelab with its fp16 codec on the wire")
+    ap.add_argument("--wraps", default="",
+                    help="comma-separated sharded variants beside DDP's, one per backend: "
+                         "fsdp (FullyShardedDataParallel), fsdp2 (fully_shard, torch >= 2.6)")
     ap.add_argument("--width", type=int, default=1024, help="hidden width (default 1024: 2.4 M "
                                                             "parameters at depth 4)")
     ap.add_argument("--depth", type=int, default=4, help="linear layers (default 4)")
@@ -217,9 +230,13 @@ def arguments() -> argparse.ArgumentParser:
     return ap
 
 
-def check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], list[str]]:
+def check(ap: argparse.ArgumentParser,
+          args: argparse.Namespace) -> tuple[list[str], list[str], tuple[str, ...]]:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     hooks = [h.strip() for h in args.hooks.split(",") if h.strip()]
+    wraps = tuple(w.strip() for w in args.wraps.split(",") if w.strip())
+    if len(set(wraps)) != len(wraps) or any(w not in sharded.WRAPS[1:] for w in wraps):
+        ap.error(f"--wraps {args.wraps!r}: comma-separated, of {', '.join(sharded.WRAPS[1:])}")
     if not backends or len(set(backends)) != len(backends) or \
             any(b not in ("rxelab", "gloo") for b in backends):
         ap.error(f"--backends {args.backends!r}: distinct names of rxelab and gloo")
@@ -233,7 +250,7 @@ def check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[s
     for name in ("bucket_mb", "first_bucket_mb"):
         if not 0 < getattr(args, name) <= 1024:
             ap.error(f"--{name.replace('_', '-')} must be above 0 and at most 1024")
-    return backends, hooks
+    return backends, hooks, wraps
 
 
 def summary(v: Variant, rounds: list[Result], p: int, same: bool, vs: dict[str, Any],
@@ -243,7 +260,8 @@ def summary(v: Variant, rounds: list[Result], p: int, same: bool, vs: dict[str, 
     buckets = sorted(rounds[-1].bucket_bytes)
     bucket_ms = {str(i): round(1e3 * statistics.median(
         statistics.median(r.bucket_s[i]) for r in rounds if r.bucket_s.get(i)), 3) for i in buckets}
-    return {"app": "ddp", "variant": v.name, "backend": v.backend, "hook": v.hook, "ranks": p,
+    return {"app": "ddp", "variant": v.name, "backend": v.backend, "hook": v.hook, "wrap": v.wrap,
+            "ranks": p,
             "params": int(rounds[-1].params.numel()), "bucket_mb": args.bucket_mb,
             "first_bucket_mb": args.first_bucket_mb,
             "bucket_bytes": [rounds[-1].bucket_bytes[i] for i in buckets],
@@ -258,7 +276,7 @@ def summary(v: Variant, rounds: list[Result], p: int, same: bool, vs: dict[str, 
 def main(argv: list[str] | None = None) -> int:
     ap = arguments()
     args = ap.parse_args(argv)
-    backends, hooks = check(ap, args)
+    backends, hooks, wraps = check(ap, args)
     gloo_compare.launched(ap)
     try:
         import rxelab.torch as rxelab_torch
@@ -285,7 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     gloo_bf16 = "gloo" not in groups or "bf16" not in hooks or gloo_sums_bf16(groups["gloo"])
     if not gloo_bf16 and rank == 0:
         print("# gloo+bf16 is not run: this torch's Gloo has no bfloat16 all_reduce", flush=True)
-    chosen = variants(backends, hooks, args.codec, gloo_bf16)
+    # a wrap this torch cannot run is a line per backend that says why (every rank alike)
+    cannot = {w: why for w in wraps if (why := sharded.unsupported(w)) is not None}
+    for w, why in cannot.items():
+        for b in backends:
+            if rank == 0:
+                print(json.dumps({"app": "ddp", "variant": Variant(b, "none", w).name,
+                                  "backend": b, "wrap": w, "skipped": why}), flush=True)
+    chosen = variants(backends, hooks, args.codec, gloo_bf16,
+                      tuple(w for w in wraps if w not in cannot))
     if any(v.hook == CODEC for v in chosen):
         groups[CODEC] = dist.new_group(backend="rxelab", timeout=timeout,
                                        pg_options=rxelab_torch.Options(compression="fp16"))
@@ -293,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for v in chosen:  # A, B, A, B: each round in the same order
             group = groups[CODEC if v.hook == CODEC else v.backend]
-            results[v].append(train(group, "none" if v.hook == CODEC else v.hook, args, rank))
+            results[v].append(train(group, "none" if v.hook == CODEC else v.hook, args, rank,
+                                    v.wrap))
             if rank == 0:
                 print(f"# round {r + 1}/{args.rounds} {v.name}: "
                       f"{1e3 * statistics.median(results[v][-1].step_s):.1f} ms/step", flush=True)

@@ -61,7 +61,7 @@ def table(records: list[Record]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for r in records:
         if r.get("status") != "ok":
-            rows.append([_mb(r["bucket_mb"]), "-", "-", r.get("status", "?"), "-", "-",
+            rows.append([_mb(r["bucket_mb"]), r.get("variant", "-"), "-", r.get("status", "?"), "-", "-",
                          str(r.get("error", ""))[:200]])
             continue
         buckets = " / ".join(f"{v:.0f}" for _, v in sorted(r["bucket_ms"].items(),
@@ -70,7 +70,7 @@ def table(records: list[Record]) -> tuple[list[str], list[list[str]]]:
         match = ("" if "matches" not in r else
                  f"; {'matches' if r['matches'] else 'DOES NOT MATCH'} {r['reference']} "
                  f"(max diff {r['max_abs_diff']:.2g})")
-        rows.append([_mb(r["bucket_mb"]), r["variant"], str(len(r["bucket_bytes"])),
+        rows.append([_mb(r["bucket_mb"]), r["variant"], str(len(r["bucket_bytes"]) or "-"),
                      f"{r['step_ms']:.0f} ({r['step_ms_min']:.0f}-{r['step_ms_max']:.0f})",
                      buckets, _ratio(ratio(r, records)), same + match])
     return HEAD, rows

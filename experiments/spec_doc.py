@@ -355,12 +355,14 @@ class DdpDoc(_Strict):
         min_length=1, max_length=3, description=(
             f"must be a list of DDP hooks, of {', '.join(DDP_HOOKS)}"))] = ["none"]
     codec: Annotated[bool, Field(strict=True, description="must be true or false")] = False
+    wraps: Annotated[list[Literal["fsdp", "fsdp2"]], Field(max_length=2, description=(
+        "must be a list of sharded variants beside DDP's, of fsdp, fsdp2"))] = []
     timeout_s: Annotated[int, _span(10, 604_800)] = 3600
 
     @model_validator(mode="after")
     def _distinct(self) -> "DdpDoc":
-        if len(set(self.hooks)) != len(self.hooks) or len(set(self.bucket_mb)) != len(self.bucket_mb):
-            raise bad("hooks and bucket_mb each name a value once")
+        if any(len(set(v)) != len(v) for v in (self.hooks, self.bucket_mb, self.wraps)):
+            raise bad("hooks, bucket_mb and wraps each name a value once")
         return self
 
 

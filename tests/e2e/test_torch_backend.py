@@ -42,7 +42,7 @@ def ddp_lines(lab, has_torch):  # noqa: F811
     before = sent_packets(lab)
     cmd = (f"timeout 500 {p['python']} -m rxelab.launch --hosts {hosts} --port {PORT} "
            f"--timeout 450 -- {p['python']} {p['apps']}/ddp_train.py --width 256 --steps 2 "
-           "--rounds 1 --hooks none,fp16")
+           "--rounds 1 --hooks none,fp16 --wraps fsdp,fsdp2")
     r = lab.ssh("node1", cmd, timeout=560)
     after = sent_packets(lab)
     lines = [json.loads(line.split("] ", 1)[1]) for line in r.stdout.splitlines()
@@ -54,11 +54,15 @@ def test_ddp_under_rxelab_ends_with_glooss_parameters_on_every_rank(ddp_lines):
     r, lines, _ = ddp_lines
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     by = {x["variant"]: x for x in lines}
-    assert set(by) == {"rxelab", "gloo", "rxelab+fp16", "gloo+fp16"}, r.stdout[-2000:]
-    for v in by.values():
+    sharded = {f"{b}+{w}" for b in ("rxelab", "gloo") for w in ("fsdp", "fsdp2")}
+    assert set(by) == {"rxelab", "gloo", "rxelab+fp16", "gloo+fp16"} | sharded, r.stdout[-2000:]
+    ran = [v for v in by.values() if "skipped" not in v]
+    for v in ran:
         assert v["same_on_every_rank"] and v["ranks"] == 3 and v["step_ms"] > 0
-    for v in ("rxelab", "rxelab+fp16"):
-        assert by[v]["matches"], by[v]
+    for v in ("rxelab", "rxelab+fp16", "rxelab+fsdp", "rxelab+fsdp2"):
+        assert "skipped" in by[v] or by[v]["matches"], by[v]
+    skipped = {v["variant"] for v in by.values() if "skipped" in v}
+    assert skipped in (set(), sharded), "torch 2.6 runs both; 1.13 on Python 3.11 neither"
     assert by["rxelab"]["params"] > 200_000
 
 
@@ -132,6 +136,7 @@ warmup = 1
 rounds = 1
 bucket_mb = [4]
 hooks = ["none"]
+wraps = ["fsdp", "fsdp2"]
 timeout_s = 600
 """
 
@@ -147,6 +152,12 @@ def test_the_ddp_spec_runs_through_fab_and_its_report_says_where_it_stands(lab, 
         return
     assert "| 4 MB | rxelab | 1 |" in md and "matches gloo (max diff" in md, md
     assert "buckets of 4 MB: rxelab " in md and "PROBLEMS" not in md
+    torch2 = lab.ssh("node1", "python3 -c 'import torch; print(torch.__version__)'").stdout[:2] != "1."
+    if torch2:  # Debian 13's torch 2.6: FSDP and FSDP2 train alike on both backends
+        assert "| 4 MB | rxelab+fsdp | - |" in md and "matches gloo+fsdp (max diff" in md, md
+        assert "| 4 MB | rxelab+fsdp2 | - |" in md and "matches gloo+fsdp2 (max diff" in md, md
+    else:  # Debian 12's torch 1.13 on Python 3.11: its FSDP does not import, and says so
+        assert "| 4 MB | rxelab+fsdp | - | skipped |" in md and "FSDP does not import" in md, md
 
 
 SRUN_JOB = """

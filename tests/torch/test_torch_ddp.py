@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from apps import ddp_train
+from apps import ddp_train, sharded
 from tests.torch.groups import environ, run_groups
 
 P = 3
@@ -25,13 +25,13 @@ def args(**over) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(base), **over})
 
 
-def run(backend: str, hook: str, **options) -> list[ddp_train.Result]:
+def run(backend: str, hook: str, wrap: str = "ddp", **options) -> list[ddp_train.Result]:
     a = args()
     first = dist._DEFAULT_FIRST_BUCKET_BYTES
     ddp_train.first_bucket(a.first_bucket_mb)
     try:
         with environ(GLOO_SOCKET_IFNAME="lo"):
-            return run_groups(P, lambda pg: ddp_train.train(pg, hook, a, pg.rank()), backend,
+            return run_groups(P, lambda pg: ddp_train.train(pg, hook, a, pg.rank(), wrap), backend,
                               deadline=60, **options)
     finally:
         dist._DEFAULT_FIRST_BUCKET_BYTES = first
@@ -71,3 +71,37 @@ def test_a_wrong_parameter_is_found():
     got = ddp_train.compare({ddp_train.Variant("rxelab", "none"): mine[0],
                              ddp_train.Variant("gloo", "none"): gloo[0]})
     assert not got[ddp_train.Variant("rxelab", "none")]["matches"]
+
+
+def test_fsdp_is_refused_in_one_line_where_this_torch_cannot_run_it():
+    import sys
+    why = sharded.unsupported("fsdp")
+    if torch.__version__.startswith("1.") and sys.version_info >= (3, 11):  # Debian 12's
+        assert why is not None and "FSDP does not import" in why, why
+    else:
+        assert why is None, why
+    assert (sharded.unsupported("fsdp2") is None) == (sharded.torch_major_minor() >= (2, 6))
+
+
+@pytest.mark.skipif(sharded.unsupported("fsdp") is not None, reason="no FSDP under this torch")
+def test_fsdp_on_rxelab_ends_where_fsdp_on_gloo_and_ddp_do():
+    """FSDP's traffic is all_gather_into_tensor and reduce_scatter_tensor, layer by layer: the
+    same training as DDP's all_reduce, so the same parameters within the tolerance."""
+    mine, gloo, ddp = run("rxelab", "none", "fsdp"), run("gloo", "none", "fsdp"), run("rxelab", "none")
+    assert all(torch.equal(r.params, mine[0].params) for r in mine), "every rank the same"
+    fsdp = ddp_train.Variant("rxelab", "none", "fsdp")
+    assert fsdp.name == "rxelab+fsdp" and fsdp.reference() == ddp_train.Variant("gloo", "none", "fsdp")
+    verdict = ddp_train.compare({fsdp: mine[0], fsdp.reference(): gloo[0]})[fsdp]
+    assert verdict["matches"] and verdict["reference"] == "gloo+fsdp", verdict
+    assert mine[0].params.shape == ddp[0].params.shape, "every parameter, gathered whole"
+    assert torch.allclose(mine[0].params, ddp[0].params, rtol=1e-4, atol=1e-5), \
+        "sharded or not, the same training"
+    mine[0].params[3] += 1e-2
+    assert not ddp_train.compare({fsdp: mine[0], fsdp.reference(): gloo[0]})[fsdp]["matches"]
+
+
+def test_the_app_refuses_an_unknown_wrap_in_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        ddp_train.main(["--wraps", "fsdp,zero3"])
+    assert e.value.code == 2 and "--wraps 'fsdp,zero3': comma-separated, of fsdp, fsdp2" in \
+        capsys.readouterr().err

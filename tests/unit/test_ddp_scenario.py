@@ -95,3 +95,46 @@ def test_the_report_has_the_table_the_summary_and_the_plot(tmp_path: Path):
     png = (tmp_path / "ddp.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10000
     assert "DDP against Gloo" in html_path.read_text()
+
+
+def test_fsdp_variants_are_asked_for_and_a_torch_without_them_is_a_skipped_row(tmp_path: Path):
+    dd = {**spec.load("ddp").ddp, "wraps": ["fsdp", "fsdp2"]}
+    hosts = [Host(name="node1", ssh={"host": "127.0.0.1", "port": 2221, "user": "lab", "key": "/k",
+                                     "known_hosts": "/kh"}, data_ip="10.0.0.1")]
+    words = shlex.split(ddp.job_command(dd, hosts, "abc123", 4.0).replace("$HOME", "/home/lab"))
+    assert words[words.index("--wraps") + 1] == "fsdp,fsdp2"
+    assert "--wraps" not in ddp.job_command({**dd, "wraps": []}, hosts, "abc123", 4.0)
+
+    class Runner:  # what the scenario reads of experiments.runner's
+        spec = type("S", (), {"ddp": dd})()
+        with_torch = {"node1"}
+        run_id = "abc123"
+        said: list[str] = []
+
+        def __init__(self) -> None:
+            self.hosts = hosts
+
+        def say(self, text: str) -> None:
+            self.said.append(text)
+
+        def _connection(self, host):
+            out = "\n".join("[0] " + json.dumps(x) for x in (
+                line("rxelab", 4, 2000), line("gloo", 4, 2500),
+                line("rxelab+fsdp", 4, 1800, wrap="fsdp", reference="gloo+fsdp"),
+                line("gloo+fsdp", 4, 2400, wrap="fsdp"),
+                {"app": "ddp", "variant": "rxelab+fsdp2", "backend": "rxelab", "wrap": "fsdp2",
+                 "skipped": "FSDP2 (fully_shard) needs torch 2.6 or later"}))
+            result = type("R", (), {"stdout": out, "stderr": "", "exited": 0})()
+            return type("C", (), {"run": lambda self, *a, **k: result})()
+
+    dd["bucket_mb"] = [4.0]
+    recs = list(ddp.Scenario(Runner()).run())
+    assert [r["status"] for r in recs] == ["ok"] * 4 + ["skipped"], recs
+    assert recs[-1]["variant"] == "rxelab+fsdp2" and "torch 2.6" in recs[-1]["error"]
+    assert any("rxelab+fsdp2: not run: FSDP2" in x for x in Runner.said)
+    assert ddp_report.problems(recs) == []
+    _, rows = ddp_report.table(recs)
+    assert rows[2][:3] == ["4 MB", "rxelab+fsdp", "2"] and rows[2][5] == "0.75x"
+    assert rows[4][:4] == ["4 MB", "rxelab+fsdp2", "-", "skipped"] and "torch 2.6" in rows[4][6]
+    lines = ddp_report.summary_lines(recs)
+    assert "rxelab+fsdp 0.75x of gloo+fsdp" in lines[1], lines

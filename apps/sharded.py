@@ -1,0 +1,70 @@
+"""FSDP beside DDP in apps/ddp_train.py: the same model sharded over a process group, by
+FSDP (FullyShardedDataParallel, torch >= 1.13, on CPU) or FSDP2 (`fully_shard`, torch >= 2.6,
+over a device mesh made from the group), and its whole parameters after training, so they can
+be compared with DDP's and Gloo's.
+
+Sharding is what FSDP adds to the wire: every step all-gathers the parameters and
+reduce-scatters the gradients (all_gather_into_tensor, reduce_scatter_tensor), where DDP
+all-reduces gradient buckets. FSDP2 needs a default process group (its mesh is made from the
+job's), so it runs in a job started by init_process_group, not in the host tests' thread-ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+WRAPS = ("ddp", "fsdp", "fsdp2")
+
+
+def torch_major_minor() -> tuple[int, int]:
+    import torch
+
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def unsupported(wrap: str) -> str | None:
+    """Why this torch cannot run `wrap`, said before any rank starts it (so every rank skips
+    it alike), or None."""
+    if wrap == "fsdp2" and torch_major_minor() < (2, 6):
+        return "FSDP2 (fully_shard) needs torch 2.6 or later"
+    try:  # torch 1.13's FSDP does not import on Python 3.11 (a dataclass default it declares)
+        import torch.distributed.fsdp  # noqa: F401
+    except (ImportError, ValueError) as err:
+        return f"FSDP does not import under this torch and Python: {err}"
+    return None
+
+
+def shard(model: Any, group: Any, wrap: str) -> Any:
+    """The model wrapped for training; each linear layer a unit of its own, as FSDP's users
+    wrap a transformer's blocks, so a step gathers and reduces layer by layer."""
+    import torch
+
+    if wrap == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        return FullyShardedDataParallel(model, process_group=group, device_id=torch.device("cpu"),
+                                        auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}))
+    if wrap == "fsdp2":
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = DeviceMesh.from_group(group, "cpu")
+        for layer in model.modules():
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    raise ValueError(f"not a sharded wrap: {wrap!r}")
+
+
+def whole_parameters(model: Any, wrapped: Any, wrap: str) -> Any:
+    """Every parameter, gathered from the shards, flattened in the model's order."""
+    import torch
+
+    if wrap == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        with FullyShardedDataParallel.summon_full_params(wrapped):
+            return torch.cat([p.detach().reshape(-1) for p in wrapped.parameters()]).clone()
+    return torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()]).clone()
