@@ -150,7 +150,7 @@ def wait_ready(
     alive: Callable[[Host], bool],
     serial_log: Callable[[Host], Path | None],
     cpu_seconds: Callable[[Host], float | None] = lambda h: None,
-    say: Callable[[str], None] = lambda s: print(s, flush=True),
+    say: Callable[[str], None] = lambda s: print(s + "\n", end="", flush=True),
 ) -> dict[str, float]:
     """Block until every host is ready; return seconds to ready per host. A node that makes no
     progress for deadlines.stall, or the whole wait past deadlines.total, raises a LabError."""
@@ -223,9 +223,11 @@ def wait_ready(
                 break
             if now - last_beat >= HEARTBEAT_S:
                 last_beat = now
-                say(f"  {now - start:.0f} s: " + ", ".join(
-                    f"{n} {p.stage}" + (f" (still for {now - p.moved:.0f} s)" if now - p.moved >= 60 else "")
-                    for n, p in progress.items() if not p.done))
+                with lock:  # one line at a time: the nodes' threads say their stages too
+                    say(f"  {now - start:.0f} s: " + ", ".join(
+                        f"{n} {p.stage}" + (f" (still for {now - p.moved:.0f} s)"
+                                            if now - p.moved >= 60 else "")
+                        for n, p in progress.items() if not p.done))
             time.sleep(0.5)
     finally:
         stop.set()
