@@ -138,3 +138,24 @@ def test_srun_and_mpirun_give_torchs_env_rendezvous_its_variables():
     assert rdv.torch_environment({**torchrun, **slurm}) == {}
     assert rdv.torch_environment({}) == {}, "no launcher: nothing made up"
     assert rdv.torch_environment({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}) == {}
+
+
+def test_a_torch_without_libuv_gets_a_store_it_can_make(monkeypatch):
+    """Debian 13's torch 2.6 has no libuv, and env:// asks for it unless USE_LIBUV=0."""
+    import torch.distributed as dist
+
+    assert rdv.store_without_libuv({}) == {}, "this torch has libuv: nothing to set"
+    assert rdv.store_without_libuv({"USE_LIBUV": "1"}) == {}, "the user's choice stands"
+
+    class NoLibuv(dist.TCPStore):
+        def __init__(self, *args, **kwargs):
+            if kwargs.get("use_libuv"):
+                raise dist.DistStoreError("use_libuv was requested but PyTorch was built without "
+                                          "libuv support, run with USE_LIBUV=0 to disable it.")
+            super().__init__(*args, **kwargs)
+
+    if not hasattr(dist, "DistStoreError"):  # torch 1.13: its store takes no use_libuv
+        return
+    monkeypatch.setattr(dist, "TCPStore", NoLibuv)
+    assert rdv.store_without_libuv({}) == {"USE_LIBUV": "0"}
+    assert rdv.store_without_libuv({"USE_LIBUV": "1"}) == {}

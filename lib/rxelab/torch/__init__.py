@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from rxelab.torch.group import SUPPORTED, ProcessGroupRxelab
 from rxelab.torch.options import Options, resolve
-from rxelab.torch.rendezvous import meet, torch_environment
+from rxelab.torch.rendezvous import meet, store_without_libuv, torch_environment
 
 __all__ = ["BACKEND", "SUPPORTED", "Options", "ProcessGroupRxelab", "create", "new_group"]
 BACKEND = "rxelab"
@@ -61,5 +61,7 @@ if BACKEND.upper() not in dist.Backend._plugins:
     _devices = ({"devices": ["cpu"]}
                 if "devices" in inspect.signature(dist.Backend.register_backend).parameters else {})
     dist.Backend.register_backend(BACKEND, create, extended_api=True, **_devices)
-# under srun or mpirun, torch's env:// finds its variables too (torchrun sets its own)
+# under srun or mpirun, torch's env:// finds its variables too (torchrun sets its own); and a
+# torch without libuv (Debian 13's) gets a store it can make
 os.environ.update(torch_environment(os.environ))
+os.environ.update(store_without_libuv(os.environ))

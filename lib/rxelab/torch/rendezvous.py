@@ -55,6 +55,27 @@ def torch_environment(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in found.items() if not env.get(k)}
 
 
+def store_without_libuv(env: Mapping[str, str]) -> dict[str, str]:
+    """USE_LIBUV=0 where this torch has no libuv: env:// asks TCPStore for its libuv server by
+    default (torch >= 2.4), and a torch built without it (Debian 13's 2.6) then fails every
+    init_process_group with "use_libuv was requested but PyTorch was built without libuv".
+    A server on a free loopback port, closed at once, is asked. Nothing where USE_LIBUV is set
+    or the store has no such choice (torch < 2.4)."""
+    import torch.distributed as dist
+
+    if "USE_LIBUV" in env:
+        return {}
+    try:
+        probe = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=5),
+                              wait_for_workers=False, use_libuv=True)
+    except TypeError:  # torch < 2.4: no such argument
+        return {}
+    except RuntimeError as err:  # DistStoreError is one
+        return {"USE_LIBUV": "0"} if "libuv" in str(err) else {}
+    del probe
+    return {}
+
+
 def where(env: Mapping[str, str], first_of_job: bool = True) -> str:
     """The host name or address the other ranks dial to reach this group's rank 0. The job's
     rank 0 is at MASTER_ADDR; a subgroup's rank 0 elsewhere gives the address this host
