@@ -97,7 +97,7 @@ def test_the_report_has_the_table_the_summary_and_the_plot(tmp_path: Path):
     assert "DDP against Gloo" in html_path.read_text()
 
 
-def test_fsdp_variants_are_asked_for_and_a_torch_without_them_is_a_skipped_row(tmp_path: Path):
+def test_fsdp_variants_are_asked_for_and_a_torch_without_them_is_a_skipped_row():
     dd = {**spec.load("ddp").ddp, "wraps": ["fsdp", "fsdp2"]}
     hosts = [Host(name="node1", ssh={"host": "127.0.0.1", "port": 2221, "user": "lab", "key": "/k",
                                      "known_hosts": "/kh"}, data_ip="10.0.0.1")]
