@@ -37,8 +37,10 @@ def unsupported(wrap: str) -> str | None:
 
 def shard(model: Any, group: Any, wrap: str) -> Any:
     """The model wrapped for training; each linear layer a unit of its own, as FSDP's users
-    wrap a transformer's blocks, so a step gathers and reduces layer by layer."""
+    wrap a transformer's blocks, so a step gathers and reduces layer by layer. `group` None is
+    the job's default group (DDP's and FSDP's own meaning; FSDP2's mesh wants it named)."""
     import torch
+    import torch.distributed as dist
 
     if wrap == "fsdp":
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -50,7 +52,7 @@ def shard(model: Any, group: Any, wrap: str) -> Any:
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
 
-        mesh = DeviceMesh.from_group(group, "cpu")
+        mesh = DeviceMesh.from_group(group or dist.group.WORLD, "cpu")
         for layer in model.modules():
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer, mesh=mesh)

@@ -61,19 +61,22 @@ def store_without_libuv(env: Mapping[str, str]) -> dict[str, str]:
     init_process_group with "use_libuv was requested but PyTorch was built without libuv".
     A server on a free loopback port, closed at once, is asked. Nothing where USE_LIBUV is set
     or the store has no such choice (torch < 2.4)."""
+    return {} if "USE_LIBUV" in env or not libuv_missing() else {"USE_LIBUV": "0"}
+
+
+def libuv_missing() -> bool:
+    """Whether this torch's TCPStore refuses its libuv server (torch < 2.4 has no such choice)."""
     import torch.distributed as dist
 
-    if "USE_LIBUV" in env:
-        return {}
     try:
         probe = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=5),
                               wait_for_workers=False, use_libuv=True)
     except TypeError:  # torch < 2.4: no such argument
-        return {}
+        return False
     except RuntimeError as err:  # DistStoreError is one
-        return {"USE_LIBUV": "0"} if "libuv" in str(err) else {}
+        return "libuv" in str(err)
     del probe
-    return {}
+    return False
 
 
 def where(env: Mapping[str, str], first_of_job: bool = True) -> str:

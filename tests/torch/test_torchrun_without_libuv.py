@@ -1,0 +1,72 @@
+"""torchrun on a torch built without libuv (Debian 13's 2.6), on the host: a torch 2 from pip
+has libuv, so the agent's process is given a TCPStore that refuses it as Debian's does. Plain
+torchrun then stops in its rendezvous; `python -m rxelab.torch.torchrun` runs the job."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if int(torch.__version__.split(".")[0]) < 2:
+    pytest.skip("torch 1.13's store has no libuv to go without", allow_module_level=True)
+
+LIB = Path(__file__).resolve().parents[2] / "lib"
+
+WITHOUT_LIBUV = """
+import sys, torch.distributed as dist
+from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
+real = dist.TCPStore
+def no_libuv(*args, use_libuv=True, **kwargs):
+    if use_libuv:
+        raise RuntimeError("use_libuv was requested but PyTorch was build without libuv support")
+    return real(*args, use_libuv=False, **kwargs)
+for m in (dist, c10d_rendezvous_backend, static_tcp_rendezvous):
+    m.TCPStore = no_libuv
+sys.argv = ["torchrun", *sys.argv[2:]]
+if sys.argv_which == "ours":
+    from rxelab.torch.torchrun import main
+    main(sys.argv[1:])
+else:
+    from torch.distributed.run import main
+    main(sys.argv[1:])
+"""
+
+JOB = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+with open(f"rank{dist.get_rank()}", "w") as f:  # the workers' stdout runs together
+    print(int(t.item()), os.environ.get("USE_LIBUV"), file=f)
+dist.destroy_process_group()
+"""
+
+
+def torchrun(which: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    code = WITHOUT_LIBUV.replace("sys.argv_which", repr(which))
+    fakeverbs = LIB.parent / "tests" / "fakeverbs"  # rxelab.torch imports the library's verbs
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{LIB}:{fakeverbs}", "GLOO_SOCKET_IFNAME": "lo",
+           "HOME": str(tmp_path)}
+    return subprocess.run([sys.executable, "-c", code, "--", "--standalone", "--nnodes", "1",
+                           "--nproc_per_node", "2", str(job)], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=tmp_path)
+
+
+def test_plain_torchrun_stops_in_its_rendezvous_without_libuv(tmp_path):
+    r = torchrun("torch's", tmp_path)
+    assert r.returncode != 0 and "build without libuv" in r.stdout + r.stderr, \
+        (r.stdout + r.stderr)[-2000:]
+
+
+def test_rxelabs_torchrun_runs_the_job_with_the_store_the_torch_has(tmp_path):
+    r = torchrun("ours", tmp_path)
+    sums = [(tmp_path / f"rank{i}").read_text().split() if (tmp_path / f"rank{i}").exists()
+            else None for i in range(2)]
+    assert r.returncode == 0 and sums == [["3", "0"], ["3", "0"]], \
+        (r.stdout + r.stderr)[-2000:]
