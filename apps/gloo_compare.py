@@ -117,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if (wrong := gloo_interface()) is not None:
         print(wrong, file=sys.stderr)
         return 2
-    from rxelab.torch.rendezvous import store_without_libuv
-
-    os.environ.update(store_without_libuv(os.environ))  # Debian 13's torch has no libuv
+    import rxelab.torch  # noqa: F401  (on a torch without libuv, Debian 13's: stores it can make)
     try:
         dist.init_process_group("gloo", init_method="env://",
                                 timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))

@@ -283,3 +283,24 @@ def test_coalesced_calls_move_every_tensor_and_complete_together():
         assert torch.equal(outs[1], torch.cat([data(q, 4, torch.int64, salt=9) for q in range(P)]))
         assert torch.equal(parts[0], sum(data(q, P * 2, torch.float64) for q in range(P))[2 * r:2 * r + 2])
         assert torch.equal(parts[1], sum(data(q, P, torch.float64, salt=3) for q in range(P))[r:r + 1])
+
+
+def test_gathers_scatters_and_all_to_all_in_place_as_fsdp_calls_them():
+    """FSDP's input is its own slot of the output (all_gather_into_tensor) and its output a
+    chunk of its input (reduce_scatter_tensor): "the send and receive buffers overlap" before."""
+    def job(pg):
+        r = pg.rank()
+        whole = torch.zeros(P * 4)
+        slot = whole.narrow(0, r * 4, 4)
+        slot.copy_(data(r, 4, torch.float32))
+        dist.all_gather_into_tensor(whole, slot, group=pg)
+        grads = torch.cat([data(r, 4, torch.float32, salt=10 * k) for k in range(P)])
+        mine = grads.narrow(0, r * 4, 4)
+        dist.reduce_scatter_tensor(mine, grads, group=pg)
+        both = torch.cat([data(r, 2, torch.float64, salt=10 * k) for k in range(P)])
+        dist.all_to_all_single(both, both, group=pg)
+        return r, whole, mine.clone(), both
+    for r, whole, mine, both in run_groups(P, job):
+        assert torch.equal(whole, torch.cat([data(q, 4, torch.float32) for q in range(P)]))
+        assert torch.equal(mine, sum(data(q, 4, torch.float32, salt=10 * r) for q in range(P)))
+        assert torch.equal(both, torch.cat([data(q, 2, torch.float64, salt=10 * r) for q in range(P)]))

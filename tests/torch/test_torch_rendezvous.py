@@ -140,22 +140,32 @@ def test_srun_and_mpirun_give_torchs_env_rendezvous_its_variables():
     assert rdv.torch_environment({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}) == {}
 
 
-def test_a_torch_without_libuv_gets_a_store_it_can_make(monkeypatch):
-    """Debian 13's torch 2.6 has no libuv, and env:// asks for it unless USE_LIBUV=0."""
+def test_a_torch_without_libuv_gets_stores_it_can_make(monkeypatch):
+    """Debian 13's torch 2.6 has no libuv, and env:// and torchrun's stores ask for it."""
+    import types
+
     import torch.distributed as dist
 
-    assert rdv.store_without_libuv({}) == {}, "this torch has libuv: nothing to set"
-    assert rdv.store_without_libuv({"USE_LIBUV": "1"}) == {}, "the user's choice stands"
-
-    class NoLibuv(dist.TCPStore):
-        def __init__(self, *args, **kwargs):
-            if kwargs.get("use_libuv"):
-                raise dist.DistStoreError("use_libuv was requested but PyTorch was built without "
-                                          "libuv support, run with USE_LIBUV=0 to disable it.")
-            super().__init__(*args, **kwargs)
-
+    env: dict[str, str] = {}
+    assert rdv.without_libuv(env, []) is False and env == {}, "this torch has libuv (or 1.13's none)"
     if not hasattr(dist, "DistStoreError"):  # torch 1.13: its store takes no use_libuv
         return
+
+    class NoLibuv(dist.TCPStore):
+        def __init__(self, *args, use_libuv=True, **kwargs):
+            if use_libuv:
+                raise dist.DistStoreError("use_libuv was requested but PyTorch was build without "
+                                          "libuv support, run with USE_LIBUV=0 to disable it.")
+            super().__init__(*args, use_libuv=False, **kwargs)
+
     monkeypatch.setattr(dist, "TCPStore", NoLibuv)
-    assert rdv.store_without_libuv({}) == {"USE_LIBUV": "0"}
-    assert rdv.store_without_libuv({"USE_LIBUV": "1"}) == {}
+    torchs_own = types.SimpleNamespace(TCPStore=NoLibuv)  # a module that makes stores unasked
+    with pytest.raises(dist.DistStoreError):
+        torchs_own.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    assert rdv.without_libuv(env, [torchs_own]) is True and env == {"USE_LIBUV": "0"}
+    store = torchs_own.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    store.set("k", "v")
+    assert store.get("k") == b"v"
+    mine = {"USE_LIBUV": "1"}
+    rdv.without_libuv(mine, [])
+    assert mine == {"USE_LIBUV": "1"}, "the user's choice stands"

@@ -35,8 +35,17 @@ else:
     main(sys.argv[1:])
 """
 
+# the worker, on the same torch (under torchrun's static rendezvous, as on the lab, it reaches
+# its agent's store through torch's rendezvous: tests/e2e/test_torch_backend.py)
 JOB = """
-import os, torch, torch.distributed as dist
+import os, torch, torch.distributed as dist, torch.distributed.rendezvous as rendezvous
+real = dist.TCPStore
+def no_libuv(*args, use_libuv=True, **kwargs):
+    if use_libuv:
+        raise RuntimeError("use_libuv was requested but PyTorch was build without libuv support")
+    return real(*args, use_libuv=False, **kwargs)
+dist.TCPStore = rendezvous.TCPStore = no_libuv
+import rxelab.torch
 dist.init_process_group("gloo")
 t = torch.ones(1) * (dist.get_rank() + 1)
 dist.all_reduce(t)

@@ -21,10 +21,11 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+import torch.distributed.rendezvous as torch_rendezvous
 
 from rxelab.torch.group import SUPPORTED, ProcessGroupRxelab
 from rxelab.torch.options import Options, resolve
-from rxelab.torch.rendezvous import meet, store_without_libuv, torch_environment
+from rxelab.torch.rendezvous import meet, torch_environment, without_libuv
 
 __all__ = ["BACKEND", "SUPPORTED", "Options", "ProcessGroupRxelab", "create", "new_group"]
 BACKEND = "rxelab"
@@ -62,6 +63,7 @@ if BACKEND.upper() not in dist.Backend._plugins:
                 if "devices" in inspect.signature(dist.Backend.register_backend).parameters else {})
     dist.Backend.register_backend(BACKEND, create, extended_api=True, **_devices)
 # under srun or mpirun, torch's env:// finds its variables too (torchrun sets its own); and a
-# torch without libuv (Debian 13's) gets a store it can make
+# torch without libuv (Debian 13's) gets stores it can make, a torchrun worker's among them
+# (it reaches its agent's store through torch.distributed.rendezvous)
 os.environ.update(torch_environment(os.environ))
-os.environ.update(store_without_libuv(os.environ))
+without_libuv(os.environ, [torch_rendezvous])

@@ -36,7 +36,7 @@ from rxelab.comm import Communicator
 from rxelab.errors import ConfigError
 from rxelab.torch.composed import ComposedCalls, not_compiled
 from rxelab.torch.options import Options
-from rxelab.torch.tensors import WIDENED, direct, one, reduction, several
+from rxelab.torch.tensors import WIDENED, apart, direct, one, reduction, several
 from rxelab.torch.works import Completions, finished, in_callback
 
 SUPPORTED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
@@ -149,7 +149,7 @@ class ProcessGroupRxelab(ComposedCalls, dist.ProcessGroup):
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
         mine = direct(input, "all_gather_into_tensor", "the input")
         out = direct(output, "all_gather_into_tensor", "the output")
-        return self._start("allgather", mine, out, [output])
+        return self._start("allgather", apart(mine, out), out, [output])
 
     _allgather_base = all_gather_single  # torch <= 2.12's name
 
@@ -172,7 +172,7 @@ class ProcessGroupRxelab(ComposedCalls, dist.ProcessGroup):
         out = direct(output, "reduce_scatter_tensor", "the output", reduced=True)
         mine = direct(input, "reduce_scatter_tensor", "the input", reduced=True)
         op, average = reduction(opts, out.dtype, "reduce_scatter_tensor")
-        return self._start("reduce_scatter", mine, out, [output],
+        return self._start("reduce_scatter", apart(mine, out), out, [output],
                            self._averaged(out) if average else None, op=op)
 
     _reduce_scatter_base = reduce_scatter_single  # torch <= 2.12's name
@@ -200,6 +200,7 @@ class ProcessGroupRxelab(ComposedCalls, dist.ProcessGroup):
                           input_split_sizes: Any, opts: Any = None) -> Any:
         call = "all_to_all_single"
         out, mine = direct(output, call, "the output"), direct(input, call, "the input")
+        mine = apart(mine, out)
         if not output_split_sizes and not input_split_sizes:
             return self._start("alltoall", mine, out, [output])
         sent = _counts(input, input_split_sizes, self.size(), call, "input")

@@ -18,7 +18,7 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from datetime import timedelta
 from typing import Any
 
@@ -55,13 +55,33 @@ def torch_environment(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in found.items() if not env.get(k)}
 
 
-def store_without_libuv(env: Mapping[str, str]) -> dict[str, str]:
-    """USE_LIBUV=0 where this torch has no libuv: env:// asks TCPStore for its libuv server by
-    default (torch >= 2.4), and a torch built without it (Debian 13's 2.6) then fails every
-    init_process_group with "use_libuv was requested but PyTorch was built without libuv".
-    A server on a free loopback port, closed at once, is asked. Nothing where USE_LIBUV is set
-    or the store has no such choice (torch < 2.4)."""
-    return {} if "USE_LIBUV" in env or not libuv_missing() else {"USE_LIBUV": "0"}
+def without_libuv(env: MutableMapping[str, str], modules: list[Any]) -> bool:
+    """Where this torch has no libuv (Debian 13's 2.6), stores it can make: torch >= 2.4 asks
+    TCPStore for its libuv server by default, through env:// unless USE_LIBUV=0 (set here,
+    unless the caller set it) and wherever torch makes one without saying (`modules`: their
+    TCPStore then defaults to the server the torch has). Otherwise every init_process_group
+    and torchrun stops at "use_libuv was requested but PyTorch was build without libuv".
+    Whether libuv is there is asked of a server on a free loopback port, closed at once."""
+    if not libuv_missing():
+        return False
+    env.setdefault("USE_LIBUV", "0")
+    legacy_store_by_default(modules)
+    return True
+
+
+def legacy_store_by_default(modules: list[Any]) -> None:
+    """Each module's TCPStore made without libuv unless its caller asks otherwise."""
+    import torch.distributed as dist
+
+    made = dist.TCPStore
+
+    def tcp_store(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("use_libuv", False)
+        return made(*args, **kwargs)
+
+    for module in modules:
+        if getattr(module, "TCPStore", None) is made:
+            module.TCPStore = tcp_store
 
 
 def libuv_missing() -> bool:

@@ -86,3 +86,14 @@ def reduction(opts: Any, dtype: torch.dtype, call: str) -> tuple[str, bool]:
             return _OPS[name], False
     raise ConfigError(f"{call}: reduction {op} is not supported",
                       hint="SUM, PRODUCT, MIN, MAX and AVG (floating point) are")
+
+
+def apart(given: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """`given`, or a copy of it where it shares memory with `other`. torch's users gather and
+    scatter in place, NCCL's way: FSDP's input is its own slot of the output
+    (all_gather_into_tensor) or its output a chunk of the input (reduce_scatter_tensor); the
+    library refuses overlapping buffers, because a peer would overwrite what is not sent yet."""
+    a, b = given.data_ptr(), other.data_ptr()
+    if a < b + other.numel() * other.element_size() and b < a + given.numel() * given.element_size():
+        return given.clone()
+    return given

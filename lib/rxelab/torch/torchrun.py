@@ -14,37 +14,17 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
-
-
-def legacy_store_by_default(modules: list[Any]) -> None:
-    """Each module's TCPStore made without libuv unless its caller asks otherwise."""
-    import torch.distributed as dist
-
-    made = dist.TCPStore
-
-    def tcp_store(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("use_libuv", False)
-        return made(*args, **kwargs)
-
-    for module in modules:
-        if getattr(module, "TCPStore", None) is made:
-            module.TCPStore = tcp_store
 
 
 def main(argv: list[str] | None = None) -> None:
-    from rxelab.torch.rendezvous import libuv_missing
-
-    if libuv_missing():
-        os.environ.setdefault("USE_LIBUV", "0")  # the workers inherit it: their env:// store
-        import torch.distributed as dist
-        from torch.distributed.elastic.rendezvous import (
-            c10d_rendezvous_backend,
-            static_tcp_rendezvous,
-        )
-
-        legacy_store_by_default([dist, static_tcp_rendezvous, c10d_rendezvous_backend])
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
     from torch.distributed.run import main as torchrun
+
+    from rxelab.torch.rendezvous import without_libuv
+
+    # the agents' rendezvous; the workers inherit USE_LIBUV=0, and import rxelab.torch
+    without_libuv(os.environ, [dist, static_tcp_rendezvous, c10d_rendezvous_backend])
 
     sys.argv[0] = "torchrun"
     torchrun(argv)
