@@ -1,6 +1,6 @@
 """FSDP beside DDP in apps/ddp_train.py: the same model sharded over a process group, by
-FSDP (FullyShardedDataParallel, torch >= 1.13, on CPU) or FSDP2 (`fully_shard`, torch >= 2.6,
-over a device mesh made from the group), and its whole parameters after training, so they can
+FSDP (FullyShardedDataParallel, on CPU) or FSDP2 (`fully_shard`, over a device mesh made
+from the group; on CPU it needs a torch newer than 2.6), and its whole parameters after training, so they can
 be compared with DDP's and Gloo's.
 
 Sharding is what FSDP adds to the wire: every step all-gathers the parameters and
@@ -11,6 +11,7 @@ job's), so it runs in a job started by init_process_group, not in the host tests
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 WRAPS = ("ddp", "fsdp", "fsdp2")
@@ -28,11 +29,22 @@ def unsupported(wrap: str) -> str | None:
     it alike), or None."""
     if wrap == "fsdp2" and torch_major_minor() < (2, 6):
         return "FSDP2 (fully_shard) needs torch 2.6 or later"
+    if wrap == "fsdp2" and not cpu_streams_record_events():
+        return ("FSDP2 on CPU needs a torch whose CPU stream records events (2.6's does not: "
+                "'Stream' object has no attribute 'record_event'; 2.13's does)")
     try:  # torch 1.13's FSDP does not import on Python 3.11 (a dataclass default it declares)
-        import torch.distributed.fsdp  # noqa: F401
+        importlib.import_module("torch.distributed.fsdp")
     except (ImportError, ValueError) as err:
         return f"FSDP does not import under this torch and Python: {err}"
     return None
+
+
+def cpu_streams_record_events() -> bool:
+    """What FSDP2 asks of the CPU's stream (torch 2.6's has no record_event)."""
+    import torch
+
+    current = getattr(torch.cpu, "current_stream", None)  # torch 1.13 has none
+    return current is not None and hasattr(current(), "record_event")
 
 
 def shard(model: Any, group: Any, wrap: str) -> Any:

@@ -80,7 +80,12 @@ def test_fsdp_is_refused_in_one_line_where_this_torch_cannot_run_it():
         assert why is not None and "FSDP does not import" in why, why
     else:
         assert why is None, why
-    assert (sharded.unsupported("fsdp2") is None) == (sharded.torch_major_minor() >= (2, 6))
+    why2 = sharded.unsupported("fsdp2")
+    assert (why2 is None) == (sharded.torch_major_minor() >= (2, 6) and
+                              sharded.cpu_streams_record_events()), why2
+    if sharded.torch_major_minor() < (2, 0) or sharded.torch_major_minor() >= (2, 13):
+        assert sharded.cpu_streams_record_events() == (sharded.torch_major_minor() >= (2, 13)), \
+            "1.13 has no CPU stream, 2.13's records events (2.6's does not: the lab's e2e)"
 
 
 @pytest.mark.skipif(sharded.unsupported("fsdp") is not None, reason="no FSDP under this torch")

@@ -169,3 +169,33 @@ def test_a_torch_without_libuv_gets_stores_it_can_make(monkeypatch):
     mine = {"USE_LIBUV": "1"}
     rdv.without_libuv(mine, [])
     assert mine == {"USE_LIBUV": "1"}, "the user's choice stands"
+
+
+def test_importing_the_backend_mends_the_store_a_torchrun_worker_makes(monkeypatch):
+    """A torchrun worker reaches its agent's store through torch.distributed.rendezvous's
+    TCPStore, made without saying use_libuv: on a torch without libuv `import rxelab.torch`
+    must turn that default (the module by its name: as an attribute it is a function)."""
+    import importlib
+
+    import rxelab.torch
+    import torch.distributed as dist
+
+    if not hasattr(dist, "DistStoreError"):  # torch 1.13: its store takes no use_libuv
+        return
+    real = dist.TCPStore
+
+    def no_libuv(*args, use_libuv=True, **kwargs):
+        if use_libuv:
+            raise dist.DistStoreError("use_libuv was requested but PyTorch was build without "
+                                      "libuv support")
+        return real(*args, use_libuv=False, **kwargs)
+
+    module = importlib.import_module("torch.distributed.rendezvous")
+    monkeypatch.setattr(dist, "TCPStore", no_libuv)
+    monkeypatch.setattr(module, "TCPStore", no_libuv)
+    monkeypatch.setenv("USE_LIBUV", "0")  # as torchrun's agent hands it down: no matter
+    importlib.reload(rxelab.torch)
+    store = module.TCPStore(host_name="127.0.0.1", port=0, world_size=1, is_master=True,
+                            wait_for_workers=False)
+    store.set("k", "v")
+    assert store.get("k") == b"v"

@@ -15,13 +15,13 @@ what it supports and how is in rxelab.torch.group. Needs torch >= 1.13; tested o
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.rendezvous as torch_rendezvous
 
 from rxelab.torch.group import SUPPORTED, ProcessGroupRxelab
 from rxelab.torch.options import Options, resolve
@@ -66,4 +66,5 @@ if BACKEND.upper() not in dist.Backend._plugins:
 # torch without libuv (Debian 13's) gets stores it can make, a torchrun worker's among them
 # (it reaches its agent's store through torch.distributed.rendezvous)
 os.environ.update(torch_environment(os.environ))
-without_libuv(os.environ, [torch_rendezvous])
+# (the module by its name: torch.distributed.rendezvous, as an attribute, is a function)
+without_libuv(os.environ, [importlib.import_module("torch.distributed.rendezvous")])
