@@ -16,16 +16,23 @@ if int(torch.__version__.split(".")[0]) < 2:
 
 LIB = Path(__file__).resolve().parents[2] / "lib"
 
-WITHOUT_LIBUV = """
-import sys, torch.distributed as dist
-from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
+# a torch without libuv, as Debian's: these modules' TCPStore refuses it unless told not to
+NO_LIBUV = """
+import importlib, os, sys, torch, torch.distributed as dist
 real = dist.TCPStore
 def no_libuv(*args, use_libuv=True, **kwargs):
     if use_libuv:
         raise RuntimeError("use_libuv was requested but PyTorch was build without libuv support")
     return real(*args, use_libuv=False, **kwargs)
-for m in (dist, c10d_rendezvous_backend, static_tcp_rendezvous):
-    m.TCPStore = no_libuv
+def refuse_libuv(*names):
+    for name in names:
+        importlib.import_module(name).TCPStore = no_libuv
+"""
+
+# torchrun's agent: torch's own, or rxelab's
+WITHOUT_LIBUV = NO_LIBUV + """
+refuse_libuv("torch.distributed", "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
+             "torch.distributed.elastic.rendezvous.static_tcp_rendezvous")
 sys.argv = ["torchrun", *sys.argv[2:]]
 if sys.argv_which == "ours":
     from rxelab.torch.torchrun import main
@@ -35,16 +42,10 @@ else:
     main(sys.argv[1:])
 """
 
-# the worker, on the same torch (under torchrun's static rendezvous, as on the lab, it reaches
-# its agent's store through torch's rendezvous: tests/e2e/test_torch_backend.py)
-JOB = """
-import os, torch, torch.distributed as dist, torch.distributed.rendezvous as rendezvous
-real = dist.TCPStore
-def no_libuv(*args, use_libuv=True, **kwargs):
-    if use_libuv:
-        raise RuntimeError("use_libuv was requested but PyTorch was build without libuv support")
-    return real(*args, use_libuv=False, **kwargs)
-dist.TCPStore = rendezvous.TCPStore = no_libuv
+# the worker, on the same torch: it makes its store through torch's rendezvous module, which
+# `import rxelab.torch` must mend (without that import this test fails)
+JOB = NO_LIBUV + """
+refuse_libuv("torch.distributed", "torch.distributed.rendezvous")
 import rxelab.torch
 dist.init_process_group("gloo")
 t = torch.ones(1) * (dist.get_rank() + 1)
