@@ -23,20 +23,23 @@ from infra.inventory import Host
 PORT = 29660  # the job's rendezvous on the first node (torch's store; rxelab's meets in it)
 
 
-def app_argv(dd: dict[str, Any], bucket_mb: float) -> list[str]:
+def app_argv(dd: dict[str, Any], bucket_mb: float, first: bool = True) -> list[str]:
+    """The app's command at one bucket cap; the sharded variants (FSDP's own buckets, no
+    DDP cap) only in the first job."""
     p = fleet.remote_paths()
     return [p["python"], f"{p['apps']}/ddp_train.py", "--width", str(dd["width"]),
             "--depth", str(dd["depth"]), "--batch", str(dd["batch"]), "--steps", str(dd["steps"]),
             "--warmup", str(dd["warmup"]), "--rounds", str(dd["rounds"]),
             "--hooks", ",".join(dd["hooks"]), *(["--codec"] if dd["codec"] else []),
-            *(["--wraps", ",".join(dd["wraps"])] if dd.get("wraps") else []),
+            *(["--wraps", ",".join(dd["wraps"])] if dd.get("wraps") and first else []),
             "--bucket-mb", f"{bucket_mb:g}", "--first-bucket-mb", f"{bucket_mb:g}"]
 
 
-def job_command(dd: dict[str, Any], hosts: list[Host], run_id: str, bucket_mb: float) -> str:
+def job_command(dd: dict[str, Any], hosts: list[Host], run_id: str, bucket_mb: float,
+                first: bool = True) -> str:
     argv = [fleet.remote_paths()["python"], "-m", "rxelab.launch", "--hosts",
             ",".join(h.data_ip for h in hosts), "--port", str(PORT), "--timeout",
-            str(dd["timeout_s"]), "--", *app_argv(dd, bucket_mb)]
+            str(dd["timeout_s"]), "--", *app_argv(dd, bucket_mb, first)]
     return started_by(run_id) + commands.remote_join(argv)
 
 
@@ -75,7 +78,8 @@ class Scenario:
                        f"buckets of {mb:g} MB, {self.dd['rounds']} rounds")
             try:
                 result = self.r._connection(self.hosts[0]).run(
-                    job_command(self.dd, self.hosts, self.r.run_id, mb), hide=True, warn=True,
+                    job_command(self.dd, self.hosts, self.r.run_id, mb, first=i == 0), hide=True,
+                    warn=True,
                     timeout=self.dd["timeout_s"] + 60)
             except CommandTimedOut:
                 yield {"bucket_mb": mb, "status": "failed", "exit": commands.TIMED_OUT,

@@ -140,35 +140,36 @@ def test_srun_and_mpirun_give_torchs_env_rendezvous_its_variables():
     assert rdv.torch_environment({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}) == {}
 
 
-def test_a_torch_without_libuv_gets_stores_it_can_make(monkeypatch):
+def test_a_torch_without_libuv_gets_stores_it_can_make():
     """Debian 13's torch 2.6 has no libuv, and env:// and torchrun's stores ask for it."""
     import types
 
     import torch.distributed as dist
 
-    env: dict[str, str] = {}
-    assert rdv.without_libuv(env, []) is False and env == {}, "this torch has libuv (or 1.13's none)"
     if not hasattr(dist, "DistStoreError"):  # torch 1.13: its store takes no use_libuv
         return
+    asked: list[object] = []
 
     class NoLibuv(dist.TCPStore):
         def __init__(self, *args, use_libuv=True, **kwargs):
+            asked.append(use_libuv)
             if use_libuv:
                 raise dist.DistStoreError("use_libuv was requested but PyTorch was build without "
                                           "libuv support, run with USE_LIBUV=0 to disable it.")
             super().__init__(*args, use_libuv=False, **kwargs)
 
-    monkeypatch.setattr(dist, "TCPStore", NoLibuv)
     torchs_own = types.SimpleNamespace(TCPStore=NoLibuv)  # a module that makes stores unasked
     with pytest.raises(dist.DistStoreError):
         torchs_own.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
-    assert rdv.without_libuv(env, [torchs_own]) is True and env == {"USE_LIBUV": "0"}
+    rdv.stores_without_libuv([torchs_own])
+    rdv.stores_without_libuv([torchs_own])  # once is enough: no wrapper around a wrapper
+    asked.clear()
     store = torchs_own.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     store.set("k", "v")
-    assert store.get("k") == b"v"
-    mine = {"USE_LIBUV": "1"}
-    rdv.without_libuv(mine, [])
-    assert mine == {"USE_LIBUV": "1"}, "the user's choice stands"
+    assert store.get("k") == b"v" and asked == [True, False], asked
+    other = types.SimpleNamespace(TCPStore=dist.TCPStore)  # this torch's own, with libuv
+    rdv.stores_without_libuv([other])
+    assert other.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False).port > 0
 
 
 def test_importing_the_backend_mends_the_store_a_torchrun_worker_makes(monkeypatch):
@@ -193,7 +194,6 @@ def test_importing_the_backend_mends_the_store_a_torchrun_worker_makes(monkeypat
     module = importlib.import_module("torch.distributed.rendezvous")
     monkeypatch.setattr(dist, "TCPStore", no_libuv)
     monkeypatch.setattr(module, "TCPStore", no_libuv)
-    monkeypatch.setenv("USE_LIBUV", "0")  # as torchrun's agent hands it down: no matter
     importlib.reload(rxelab.torch)
     store = module.TCPStore(host_name="127.0.0.1", port=0, world_size=1, is_master=True,
                             wait_for_workers=False)

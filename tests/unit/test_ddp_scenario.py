@@ -104,6 +104,8 @@ def test_fsdp_variants_are_asked_for_and_a_torch_without_them_is_a_skipped_row()
     words = shlex.split(ddp.job_command(dd, hosts, "abc123", 4.0).replace("$HOME", "/home/lab"))
     assert words[words.index("--wraps") + 1] == "fsdp,fsdp2"
     assert "--wraps" not in ddp.job_command({**dd, "wraps": []}, hosts, "abc123", 4.0)
+    assert "--wraps" not in ddp.job_command(dd, hosts, "abc123", 25.0, first=False), \
+        "FSDP has no DDP bucket cap: its variants run in the first job only"
 
     class Runner:  # what the scenario reads of experiments.runner's
         spec = type("S", (), {"ddp": dd})()

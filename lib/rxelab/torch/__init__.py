@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from rxelab.torch.group import SUPPORTED, ProcessGroupRxelab
 from rxelab.torch.options import Options, resolve
-from rxelab.torch.rendezvous import meet, torch_environment, without_libuv
+from rxelab.torch.rendezvous import meet, stores_without_libuv, torch_environment
 
 __all__ = ["BACKEND", "SUPPORTED", "Options", "ProcessGroupRxelab", "create", "new_group"]
 BACKEND = "rxelab"
@@ -63,8 +63,8 @@ if BACKEND.upper() not in dist.Backend._plugins:
                 if "devices" in inspect.signature(dist.Backend.register_backend).parameters else {})
     dist.Backend.register_backend(BACKEND, create, extended_api=True, **_devices)
 # under srun or mpirun, torch's env:// finds its variables too (torchrun sets its own); and a
-# torch without libuv (Debian 13's) gets stores it can make, a torchrun worker's among them
-# (it reaches its agent's store through torch.distributed.rendezvous)
+# torch without libuv (Debian 13's) gets stores it can make through torch's rendezvous (env://,
+# a torchrun worker's client of its agent's store): the module by its name, since
+# torch.distributed.rendezvous as an attribute is a function
 os.environ.update(torch_environment(os.environ))
-# (the module by its name: torch.distributed.rendezvous, as an attribute, is a function)
-without_libuv(os.environ, [importlib.import_module("torch.distributed.rendezvous")])
+stores_without_libuv([importlib.import_module("torch.distributed.rendezvous")])

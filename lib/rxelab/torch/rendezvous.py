@@ -18,7 +18,7 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -55,48 +55,33 @@ def torch_environment(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in found.items() if not env.get(k)}
 
 
-def without_libuv(env: MutableMapping[str, str], modules: list[Any]) -> bool:
-    """Where this torch has no libuv (Debian 13's 2.6), stores it can make: torch >= 2.4 asks
-    TCPStore for its libuv server by default, through env:// unless USE_LIBUV=0 (set here,
-    unless the caller set it) and wherever torch makes one without saying (`modules`: their
-    TCPStore then defaults to the server the torch has). Otherwise every init_process_group
-    and torchrun stops at "use_libuv was requested but PyTorch was build without libuv".
-    Whether libuv is there is asked of a server on a free loopback port, closed at once."""
-    if not libuv_missing():
-        return False
-    env.setdefault("USE_LIBUV", "0")
-    legacy_store_by_default(modules)
-    return True
-
-
-def legacy_store_by_default(modules: list[Any]) -> None:
-    """Each module's TCPStore made without libuv unless its caller asks otherwise."""
-    import torch.distributed as dist
-
-    made = dist.TCPStore
-
-    def tcp_store(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("use_libuv", False)
-        return made(*args, **kwargs)
-
+def stores_without_libuv(modules: list[Any]) -> None:
+    """Each module's TCPStore falls back to the server the torch has where it has no libuv
+    (Debian 13's 2.6). torch >= 2.4 asks TCPStore for libuv by default: env:// (unless
+    USE_LIBUV=0), and torchrun's rendezvous and its workers' clients whatever the environment
+    says; such a torch then stops each of them at "use_libuv was requested but PyTorch was
+    build without libuv support". The constructor says so before it opens anything, so the
+    fallback costs nothing where libuv is there, and nothing is asked beforehand. Only the
+    modules' own name is rebound: `dist.TCPStore` a program uses stays torch's (unless the
+    program is torchrun itself, rxelab.torch.torchrun)."""
     for module in modules:
-        if getattr(module, "TCPStore", None) is made:
-            module.TCPStore = tcp_store
+        made = getattr(module, "TCPStore", None)
+        if made is None or getattr(made, "falls_back_without_libuv", False):
+            continue
+        module.TCPStore = _falling_back(made)
 
 
-def libuv_missing() -> bool:
-    """Whether this torch's TCPStore refuses its libuv server (torch < 2.4 has no such choice)."""
-    import torch.distributed as dist
+def _falling_back(made: Any) -> Any:
+    def tcp_store(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return made(*args, **kwargs)
+        except RuntimeError as err:  # DistStoreError is one
+            if "libuv" not in str(err) or kwargs.get("use_libuv") is False:
+                raise
+        return made(*args, **{**kwargs, "use_libuv": False})
 
-    try:
-        probe = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=5),
-                              wait_for_workers=False, use_libuv=True)
-    except TypeError:  # torch < 2.4: no such argument
-        return False
-    except RuntimeError as err:  # DistStoreError is one
-        return "libuv" in str(err)
-    del probe
-    return False
+    tcp_store.falls_back_without_libuv = True  # type: ignore[attr-defined]
+    return tcp_store
 
 
 def where(env: Mapping[str, str], first_of_job: bool = True) -> str:

@@ -6,13 +6,14 @@
 torchrun's agents meet in a TCPStore that their rendezvous makes with TCPStore's own default,
 the libuv server, whatever USE_LIBUV says; such a torch then stops every multi-node torchrun
 at "use_libuv was requested but PyTorch was build without libuv support". This is torchrun
-with that default turned to the server the torch has (and USE_LIBUV=0 for the workers' own
-env:// store). With a torch that has libuv it is torchrun, unchanged.
+with its stores falling back to the server the torch has. The workers reach the agent's store
+the same way: a worker script must `import rxelab.torch` before init_process_group (which it
+does to use the backend; a Gloo-only script too). With a torch that has libuv it is torchrun,
+unchanged.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
 
@@ -21,10 +22,10 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
     from torch.distributed.run import main as torchrun
 
-    from rxelab.torch.rendezvous import without_libuv
+    from rxelab.torch.rendezvous import stores_without_libuv
 
-    # the agents' rendezvous; the workers inherit USE_LIBUV=0, and import rxelab.torch
-    without_libuv(os.environ, [dist, static_tcp_rendezvous, c10d_rendezvous_backend])
+    # the agents' rendezvous (a worker's own stores: its `import rxelab.torch`)
+    stores_without_libuv([dist, static_tcp_rendezvous, c10d_rendezvous_backend])
 
     sys.argv[0] = "torchrun"
     torchrun(argv)
