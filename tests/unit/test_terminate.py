@@ -36,8 +36,8 @@ OUT = Path(os.environ["OUT"])
 
 @pytest.fixture(scope="session")
 def held():
-    (OUT / f"started-{os.getpid()}").touch()
-    try:
+    try:  # the mark inside: a SIGTERM that lands within touch() must still see a teardown
+        (OUT / f"started-{os.getpid()}").touch()
         yield
     finally:
 {teardown}
