@@ -102,12 +102,13 @@ from rxelab import ops
 from rxelab import settings as library
 
 from experiments import did_you_mean
+from experiments.scenario_docs import DdpDoc, ElasticDoc, Event
 from experiments.spec_cases import Run, Spec, contender, ranks
-from experiments.spec_doc import (
+from experiments.spec_doc import KEYS, RunDoc, SpecDoc
+from experiments.spec_fields import (
     APPS,
     BOUNDS,
     GLOO_ALGORITHMS,
-    KEYS,
     LAUNCHERS,
     LIBRARY,
     LOSSY_OPS,
@@ -119,11 +120,6 @@ from experiments.spec_doc import (
     RXELAB_ONLY,
     TOOLS,
     TRANSPORTS,
-    DdpDoc,
-    ElasticDoc,
-    Event,
-    RunDoc,
-    SpecDoc,
     short,
 )
 from infra import documents

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from apps import ddp_train, sharded
+from experiments import scenario_docs
 from tests.torch.groups import environ, run_groups
 
 P = 3
@@ -35,6 +36,11 @@ def run(backend: str, hook: str, wrap: str = "ddp", **options) -> list[ddp_train
                               deadline=60, **options)
     finally:
         dist._DEFAULT_FIRST_BUCKET_BYTES = first
+
+
+def test_a_ddp_spec_names_the_hooks_and_wraps_the_app_takes() -> None:
+    assert scenario_docs.DDP_HOOKS == ddp_train.HOOKS
+    assert ("ddp", *scenario_docs.WRAPS) == sharded.WRAPS
 
 
 @pytest.mark.parametrize("hook", ddp_train.HOOKS)
