@@ -146,12 +146,14 @@ def test_a_torch_without_libuv_gets_stores_it_can_make():
 
     import torch.distributed as dist
 
-    if not hasattr(dist, "DistStoreError"):  # torch 1.13: its store takes no use_libuv
-        return
+    if not hasattr(dist, "DistStoreError"):
+        pytest.skip("torch 1.13's store takes no use_libuv")
     asked: list[object] = []
 
     class NoLibuv(dist.TCPStore):
         def __init__(self, *args, use_libuv=True, **kwargs):
+            if len(args) > rdv.USE_LIBUV_AT:  # given by position, as torch's own takes it
+                args, use_libuv = args[:rdv.USE_LIBUV_AT], args[rdv.USE_LIBUV_AT]
             asked.append(use_libuv)
             if use_libuv:
                 raise dist.DistStoreError("use_libuv was requested but PyTorch was build without "
@@ -167,6 +169,22 @@ def test_a_torch_without_libuv_gets_stores_it_can_make():
     store = torchs_own.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     store.set("k", "v")
     assert store.get("k") == b"v" and asked == [True, False], asked
+    asked.clear()  # use_libuv by position (the 9th): turned, not given twice
+    store = torchs_own.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30), False, False,
+                                None, True)
+    assert asked == [True, False], asked
+
+    class Broken(dist.TCPStore):  # a libuv store that failed for another reason stands
+        def __init__(self, *args, **kwargs):
+            asked.append(kwargs.get("use_libuv", True))
+            raise dist.DistStoreError("libuv: address already in use")
+
+    broken = types.SimpleNamespace(TCPStore=Broken)
+    rdv.stores_without_libuv([broken])
+    asked.clear()
+    with pytest.raises(dist.DistStoreError, match="address already in use"):
+        broken.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    assert asked == [True]
     other = types.SimpleNamespace(TCPStore=dist.TCPStore)  # this torch's own, with libuv
     rdv.stores_without_libuv([other])
     assert other.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False).port > 0
@@ -181,8 +199,8 @@ def test_importing_the_backend_mends_the_store_a_torchrun_worker_makes(monkeypat
     import rxelab.torch
     import torch.distributed as dist
 
-    if not hasattr(dist, "DistStoreError"):  # torch 1.13: its store takes no use_libuv
-        return
+    if not hasattr(dist, "DistStoreError"):
+        pytest.skip("torch 1.13's store takes no use_libuv")
     real = dist.TCPStore
 
     def no_libuv(*args, use_libuv=True, **kwargs):

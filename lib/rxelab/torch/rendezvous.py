@@ -71,14 +71,26 @@ def stores_without_libuv(modules: list[Any]) -> None:
         module.TCPStore = _falling_back(made)
 
 
+LIBUV_MISSING = "without libuv support"  # torch's words; a libuv store that failed otherwise stands
+USE_LIBUV_AT = 8  # TCPStore's use_libuv when given by position (host, port, ..., master_listen_fd)
+
+
 def _falling_back(made: Any) -> Any:
     def tcp_store(*args: Any, **kwargs: Any) -> Any:
         try:
             return made(*args, **kwargs)
         except RuntimeError as err:  # DistStoreError is one
-            if "libuv" not in str(err) or kwargs.get("use_libuv") is False:
+            if LIBUV_MISSING not in str(err):
                 raise
-        return made(*args, **{**kwargs, "use_libuv": False})
+            if len(args) > USE_LIBUV_AT:
+                if args[USE_LIBUV_AT] is False:
+                    raise
+                args = (*args[:USE_LIBUV_AT], False, *args[USE_LIBUV_AT + 1:])
+            elif kwargs.get("use_libuv") is False:
+                raise
+            else:
+                kwargs = {**kwargs, "use_libuv": False}
+        return made(*args, **kwargs)
 
     tcp_store.falls_back_without_libuv = True  # type: ignore[attr-defined]
     return tcp_store
