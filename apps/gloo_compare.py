@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     if (wrong := gloo_interface()) is not None:
         print(wrong, file=sys.stderr)
         return 2
-    import rxelab.torch  # noqa: F401  (on a torch without libuv, Debian 13's: stores it can make)
+    # torch's own switch for env://'s store: Debian 13's 2.6 has no libuv, and the contender
+    # must not lean on the library it is measured against for its rendezvous
+    os.environ["USE_LIBUV"] = "0"
     try:
         dist.init_process_group("gloo", init_method="env://",
                                 timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))

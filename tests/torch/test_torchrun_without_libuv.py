@@ -1,9 +1,12 @@
-"""torchrun on a torch built without libuv (Debian 13's 2.6), on the host: a torch 2 from pip
-has libuv, so the agent's process is given a TCPStore that refuses it as Debian's does. Plain
-torchrun then stops in its rendezvous; `python -m rxelab.torch.torchrun` runs the job."""
+"""torchrun and Gloo's contender on a torch built without libuv (Debian 13's 2.6), on the host:
+a torch 2 from pip has libuv, so the processes are given a TCPStore that refuses it as Debian's
+does. Plain torchrun then stops in its rendezvous; `python -m rxelab.torch.torchrun` runs the
+job, and apps/gloo_compare.py its one-rank job."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -63,9 +66,19 @@ def torchrun(which: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     fakeverbs = LIB.parent / "tests" / "fakeverbs"  # rxelab.torch imports the library's verbs
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{LIB}:{fakeverbs}", "GLOO_SOCKET_IFNAME": "lo",
            "HOME": str(tmp_path)}
-    return subprocess.run([sys.executable, "-c", code, "--", "--standalone", "--nnodes", "1",
-                           "--nproc_per_node", "2", str(job)], capture_output=True, text=True,
-                          timeout=240, env=env, cwd=tmp_path)
+    agent = subprocess.Popen([sys.executable, "-c", code, "--", "--standalone", "--nnodes", "1",
+                              "--nproc_per_node", "2", str(job)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                             start_new_session=True)  # the agent and its workers, one group
+    try:
+        out, err = agent.communicate(timeout=240)
+    finally:  # the workers too, should the agent hang or the test stop
+        try:
+            os.killpg(agent.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        agent.wait()
+    return subprocess.CompletedProcess(agent.args, agent.returncode, out, err)
 
 
 def test_plain_torchrun_stops_in_its_rendezvous_without_libuv(tmp_path):
@@ -81,3 +94,23 @@ def test_rxelabs_torchrun_runs_the_job_with_the_store_the_torch_has(tmp_path):
     # (nothing set in their environment: the stores fall back by themselves)
     assert r.returncode == 0 and sums == [["3", "None"], ["3", "None"]], \
         (r.stdout + r.stderr)[-2000:]
+
+
+# apps/gloo_compare.py as the runner starts it, one rank, on the same torch
+GLOO_APP = NO_LIBUV + """
+import runpy
+refuse_libuv("torch.distributed", "torch.distributed.rendezvous")
+sys.argv = [sys.argv[1], "--op", "allreduce", "--size", "1024", "--stages", "3",
+            "--algorithm", "gloo-default"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_gloos_contender_makes_its_store_without_libuv(tmp_path):
+    app = LIB.parent / "apps" / "gloo_compare.py"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{LIB}:{LIB.parent}", "HOME": str(tmp_path),
+           "GLOO_SOCKET_IFNAME": "lo", "RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}  # one rank: its store on any port
+    r = subprocess.run([sys.executable, "-c", GLOO_APP, str(app)], capture_output=True,
+                       text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "all data verified" in r.stdout, (r.stdout + r.stderr)[-2000:]
