@@ -185,13 +185,17 @@ def as_buffer(obj: Any, what: str, *, writable: bool = False) -> Buffer:
                   bool(arr.flags.writeable))
 
 
+def overlap(a: int, a_bytes: int, b: int, b_bytes: int) -> bool:
+    """Whether two address ranges share a byte (an empty one shares none)."""
+    return bool(a_bytes and b_bytes and a < b + b_bytes and b < a + a_bytes)
+
+
 def check_pair(send: Buffer, recv: Buffer, send_bytes: int, recv_bytes: int,
                in_place: bool = False) -> None:
     if isinstance(send.owner, np.ndarray) and isinstance(recv.owner, np.ndarray) \
             and send.dtype != recv.dtype:
         raise ConfigError(f"send buffer is {send.dtype} but receive buffer is {recv.dtype}")
-    if not in_place and send.nbytes and recv.nbytes and send.address < recv.address + recv.nbytes \
-            and recv.address < send.address + send.nbytes:
+    if not in_place and overlap(send.address, send.nbytes, recv.address, recv.nbytes):
         raise ConfigError("the send and receive buffers overlap: peers would write into data "
                           "not yet sent", hint="pass separate buffers (in place is not supported)")
     if send.nbytes != send_bytes:

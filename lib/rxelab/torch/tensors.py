@@ -3,7 +3,8 @@ named in the library. CPU tensors in place: the library reads and writes their m
 directly, so a tensor it works on must be a dense, contiguous CPU tensor of a dtype numpy
 knows (bool and bfloat16 travel as bytes where nothing is reduced; all_reduce sums bfloat16 in
 float32). Outputs of the list
-forms (all_gather, all_to_all) are copied into, so they may be laid out any way."""
+forms (all_gather, all_to_all) are copied into, so they may be laid out any way, and an input
+that shares memory with its output (FSDP's in-place calls) is copied first (apart)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rxelab import buffers
 from rxelab.errors import ConfigError
 
 REDUCED = (torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
@@ -93,7 +95,7 @@ def apart(given: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     scatter in place, NCCL's way: FSDP's input is its own slot of the output
     (all_gather_into_tensor) or its output a chunk of the input (reduce_scatter_tensor); the
     library refuses overlapping buffers, because a peer would overwrite what is not sent yet."""
-    a, b = given.data_ptr(), other.data_ptr()
-    if a < b + other.numel() * other.element_size() and b < a + given.numel() * given.element_size():
+    if buffers.overlap(given.data_ptr(), given.numel() * given.element_size(),
+                       other.data_ptr(), other.numel() * other.element_size()):
         return given.clone()
     return given
