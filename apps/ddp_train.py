@@ -235,8 +235,8 @@ def check(ap: argparse.ArgumentParser,
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     hooks = [h.strip() for h in args.hooks.split(",") if h.strip()]
     wraps = tuple(w.strip() for w in args.wraps.split(",") if w.strip())
-    if len(set(wraps)) != len(wraps) or any(w not in sharded.WRAPS[1:] for w in wraps):
-        ap.error(f"--wraps {args.wraps!r}: comma-separated, of {', '.join(sharded.WRAPS[1:])}")
+    if len(set(wraps)) != len(wraps) or any(w not in sharded.SHARDED for w in wraps):
+        ap.error(f"--wraps {args.wraps!r}: comma-separated, of {', '.join(sharded.SHARDED)}")
     if not backends or len(set(backends)) != len(backends) or \
             any(b not in ("rxelab", "gloo") for b in backends):
         ap.error(f"--backends {args.backends!r}: distinct names of rxelab and gloo")

@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-WRAPS = ("ddp", "fsdp", "fsdp2")
+SHARDED = ("fsdp", "fsdp2")  # beside DDP's own wrap
+WRAPS = ("ddp", *SHARDED)
 
 
 def torch_major_minor() -> tuple[int, int]:

@@ -6,14 +6,14 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from experiments.spec_fields import Strict, bad, span
+from experiments.spec_fields import BOUNDS, MAX_NODES, MAX_RANKS, Strict, bad, span
 
 
 class Event(Strict):
     step: Annotated[int, span(1, 100_000)]
-    kill: Annotated[int, span(0, 64 * 8 - 1)] | None = None
-    partition: Annotated[int, span(1, 64)] | None = None
-    join: Annotated[int, span(1, 64)] | None = None
+    kill: Annotated[int, span(0, MAX_RANKS - 1)] | None = None
+    partition: Annotated[int, span(1, MAX_NODES)] | None = None
+    join: Annotated[int, span(1, MAX_NODES)] | None = None
 
     @model_validator(mode="after")
     def _one_action(self) -> "Event":
@@ -23,14 +23,14 @@ class Event(Strict):
 
 
 class ElasticDoc(Strict):
-    nodes: Annotated[int, span(2, 64)] = 3
-    ranks_per_node: Annotated[int, span(1, 8)] = 2
+    nodes: Annotated[int, span(2, MAX_NODES)] = 3
+    ranks_per_node: Annotated[int, span(*BOUNDS["ranks_per_node"])] = 2
     steps: Annotated[int, span(2, 100_000)] = 40
     size: Annotated[int, span(4, 1 << 30)] = 65536
     admit_every: Annotated[int, span(1, 100_000)] = 5
     pause: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False,
                                   description="must be from 0 to 10 seconds")] = 0.0
-    timeout_s: Annotated[int, span(10, 604_800)] = 900
+    timeout_s: Annotated[int, span(*BOUNDS["timeout_s"])] = 900
     mpi: Annotated[bool, Field(strict=True, description="must be true or false")] = True
     events: Annotated[list[Event], Field(min_length=1, max_length=16, description=(
         "must be a list of 1 to 16 events"))]
@@ -86,24 +86,24 @@ WRAPS: tuple[str, ...] = get_args(Wrap)
 class DdpDoc(Strict):
     """apps/ddp_train.py on the nodes, once per bucket size (experiments/ddp.py)."""
 
-    nodes: Annotated[int, span(2, 64)] = 3
+    nodes: Annotated[int, span(2, MAX_NODES)] = 3
     width: Annotated[int, span(16, 8192)] = 768
     depth: Annotated[int, span(2, 32)] = 4
     batch: Annotated[int, span(1, 4096)] = 16
     steps: Annotated[int, span(1, 10_000)] = 4
     warmup: Annotated[int, span(1, 1000)] = 2
-    rounds: Annotated[int, span(1, 20)] = 3
+    rounds: Annotated[int, span(*BOUNDS["rounds"])] = 3
     bucket_mb: Annotated[list[Annotated[float, Field(gt=0, le=1024, allow_inf_nan=False)]],
                          Field(min_length=1, max_length=16, description=(
                              "must be a list of 1 to 16 bucket caps in MB, above 0 and at most "
                              "1024"))] = [25.0]
     hooks: Annotated[list[Hook], Field(
-        min_length=1, max_length=3, description=(
+        min_length=1, max_length=len(DDP_HOOKS), description=(
             f"must be a list of DDP hooks, of {', '.join(DDP_HOOKS)}"))] = ["none"]
     codec: Annotated[bool, Field(strict=True, description="must be true or false")] = False
-    wraps: Annotated[list[Wrap], Field(max_length=2, description=(
+    wraps: Annotated[list[Wrap], Field(max_length=len(WRAPS), description=(
         f"must be a list of sharded variants beside DDP's, of {', '.join(WRAPS)}"))] = []
-    timeout_s: Annotated[int, span(10, 604_800)] = 3600
+    timeout_s: Annotated[int, span(*BOUNDS["timeout_s"])] = 3600
 
     @model_validator(mode="after")
     def _distinct(self) -> "DdpDoc":

@@ -49,12 +49,16 @@ else:
     Pattern = Literal[ops.PATTERNS]
 # rxelab runs take every option of init(), under its own name and in its own range
 LIBRARY = {o.name: (o.low, o.high) for o in library.OPTIONS}
-RXELAB_ONLY = {"ranks_per_node": (1, 8), **LIBRARY}
+MAX_NODES = 64
+MAX_RANKS_PER_NODE = 8
+MAX_RANKS = MAX_NODES * MAX_RANKS_PER_NODE
+RXELAB_ONLY = {"ranks_per_node": (1, MAX_RANKS_PER_NODE), **LIBRARY}
 MTU_RANGE = lab_settings.BY_NAME["MTU"].bounds  # what a lab's data network can be set to
 # Whole numbers' ranges: what the lab can do, far below where a deadline or a buffer overflows.
-BOUNDS = {"nodes": (1, 64), "sizes": (0, 1 << 30), "stages": (1, 10_000_000), "rounds": (1, 20),
-          "warmup": (0, 1_000_000), "timeout_s": (10, 604_800), "mtu": MTU_RANGE,
-          "pairs": (1, 64 * 8 * (64 * 8 - 1) // 2), "busy_neighbours": (0, 63), **RXELAB_ONLY}
+BOUNDS = {"nodes": (1, MAX_NODES), "sizes": (0, 1 << 30), "stages": (1, 10_000_000),
+          "rounds": (1, 20), "warmup": (0, 1_000_000), "timeout_s": (10, 604_800),
+          "mtu": MTU_RANGE, "pairs": (1, MAX_RANKS * (MAX_RANKS - 1) // 2),
+          "busy_neighbours": (0, MAX_NODES - 1), **RXELAB_ONLY}
 MAX_ENTRIES = 64  # of every list
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # pydantic's regex: $ is the very end, no newline
 
