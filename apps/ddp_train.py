@@ -213,7 +213,8 @@ def arguments() -> argparse.ArgumentParser:
                     help="one more variant: rxelab with its fp16 codec on the wire")
     ap.add_argument("--wraps", default="",
                     help="comma-separated sharded variants beside DDP's, one per backend: "
-                         "fsdp (FullyShardedDataParallel), fsdp2 (fully_shard, torch >= 2.6)")
+                         "fsdp (FullyShardedDataParallel), fsdp2 (fully_shard; on CPU a torch "
+                         "newer than 2.6)")
     ap.add_argument("--width", type=int, default=1024, help="hidden width (default 1024: 2.4 M "
                                                             "parameters at depth 4)")
     ap.add_argument("--depth", type=int, default=4, help="linear layers (default 4)")
@@ -262,8 +263,9 @@ def summary(v: Variant, rounds: list[Result], p: int, same: bool, vs: dict[str, 
         statistics.median(r.bucket_s[i]) for r in rounds if r.bucket_s.get(i)), 3) for i in buckets}
     return {"app": "ddp", "variant": v.name, "backend": v.backend, "hook": v.hook, "wrap": v.wrap,
             "ranks": p,
-            "params": int(rounds[-1].params.numel()), "bucket_mb": args.bucket_mb,
-            "first_bucket_mb": args.first_bucket_mb,
+            "params": int(rounds[-1].params.numel()),  # FSDP's shards have no bucket cap:
+            "bucket_mb": args.bucket_mb if v.wrap == "ddp" else None,
+            "first_bucket_mb": args.first_bucket_mb if v.wrap == "ddp" else None,
             "bucket_bytes": [rounds[-1].bucket_bytes[i] for i in buckets],
             "step_ms": round(1e3 * statistics.median(per_round), 3),
             "step_ms_rounds": [round(1e3 * x, 3) for x in per_round],

@@ -114,8 +114,9 @@ def remote_word(arg: str) -> str:
 
 def mpi_hosts(hosts: list[Host], slots: int = 1) -> str:
     """mpirun's --host list: the first node (where mpirun runs) by its own hostname, the others
-    by their data addresses. Open MPI 5's runtime knows its own node only by name, so its data
-    address alone matched no node ("not enough slots")."""
+    by their data addresses. Open MPI 5's runtime (PRRTE) matches a --host entry to its own
+    node by name only, so the head's data address matched no node ("not enough slots"); the
+    others' daemons are matched by the addresses they report (infra.config's mgmt_net)."""
     return ",".join([f"$(hostname):{slots}"] + [f"{h.data_ip}:{slots}" for h in hosts[1:]])
 
 

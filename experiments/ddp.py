@@ -1,8 +1,10 @@
 """The DDP scenario of a spec's [ddp] table: apps/ddp_train.py trains the same model with
 DistributedDataParallel under rxelab and under Gloo (and with DDP's compression hooks, and
 rxelab's own codec), alternated round by round inside one job, started by our launcher on the
-first `nodes` nodes, once per bucket size. Each variant's JSON line becomes a record of
-ddp.jsonl, with the bucket size it ran at; a job that fails leaves a record that says how.
+first `nodes` nodes, once per bucket size; the sharded variants (FSDP, FSDP2: `wraps`), which
+have no bucket cap, only in the first job. Each variant's JSON line becomes a record of
+ddp.jsonl, with the bucket size it ran at (none for FSDP's); a job that fails, or a variant
+this torch cannot run, leaves a record that says why.
 
 Nodes without torch (a lab built without EXTRAS=torch) run nothing: the records say so. The
 job's processes carry the run's id, so the run's clean-up stops whatever it left.
@@ -87,9 +89,10 @@ class Scenario:
                 continue
             lines = parse(result.stdout)
             for line in lines:  # a variant this torch cannot run: its line says why
-                yield ({"bucket_mb": mb, "status": "skipped", "variant": line["variant"],
+                cap = mb if line.get("wrap", "ddp") == "ddp" else None  # FSDP shards, no buckets
+                yield ({"bucket_mb": cap, "status": "skipped", "variant": line["variant"],
                         "error": line["skipped"]}
-                       if "skipped" in line else {"bucket_mb": mb, "status": "ok", **line})
+                       if "skipped" in line else {"status": "ok", **line, "bucket_mb": cap})
             if result.exited != 0 or not lines:
                 tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])[-3000:]
                 yield {"bucket_mb": mb, "status": "failed", "exit": result.exited, "error": tail}

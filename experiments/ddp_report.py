@@ -47,8 +47,13 @@ def ratio(rec: Record, records: list[Record]) -> tuple[float, bool] | None:
     return rec["step_ms"] / other["step_ms"], apart
 
 
-def _mb(v: float) -> str:
-    return f"{v:g} MB"
+def _mb(v: float | None) -> str:
+    """A bucket cap; none for FSDP's variants, which shard instead of bucketing."""
+    return "-" if v is None else f"{v:g} MB"
+
+
+def _at(v: float | None) -> str:
+    return "" if v is None else f" at {_mb(v)}"
 
 
 def _ratio(found: tuple[float, bool] | None) -> str:
@@ -90,7 +95,8 @@ def summary_lines(records: list[Record]) -> list[str]:
         parts = [f"{r['variant']} {_ratio(ratio(r, records))} of {r['reference']}"
                  for r in here if "reference" in r]
         if parts:
-            out.append(f"buckets of {_mb(mb)}: " + "; ".join(parts) + " (time per step)")
+            out.append(("sharded (FSDP)" if mb is None else f"buckets of {_mb(mb)}") + ": "
+                       + "; ".join(parts) + " (time per step)")
     bad = problems(records)
     if bad:
         out.append("PROBLEMS: " + "; ".join(bad))
@@ -98,13 +104,14 @@ def summary_lines(records: list[Record]) -> list[str]:
 
 
 def figure(records: list[Record]) -> bytes | None:
-    return plots.ddp_steps(ok(records))
+    """DDP's variants by bucket cap (FSDP's, with none, are in the table)."""
+    return plots.ddp_steps([r for r in ok(records) if r["bucket_mb"] is not None])
 
 
 def problems(records: list[Record]) -> list[str]:
     """What makes a DDP run a failure: a job that failed, parameters that differ between ranks
-    or from Gloo's beyond the tolerance. (Skipped jobs, for want of torch, are said, not
-    failures.)"""
+    or from Gloo's beyond the tolerance. (Skipped jobs and variants, for want of torch or of
+    what this torch's FSDP needs, are said, not failures.)"""
     out = []
     for r in records:
         if r.get("status") == "failed":
@@ -112,8 +119,8 @@ def problems(records: list[Record]) -> list[str]:
                        f"(exit {r.get('exit')}): {str(r.get('error', ''))[-300:]}")
         elif r.get("status") == "ok":
             if not r["same_on_every_rank"]:
-                out.append(f"{r['variant']} at {_mb(r['bucket_mb'])}: parameters differ between ranks")
+                out.append(f"{r['variant']}{_at(r['bucket_mb'])}: parameters differ between ranks")
             if r.get("matches") is False:
-                out.append(f"{r['variant']} at {_mb(r['bucket_mb'])}: parameters do not match "
+                out.append(f"{r['variant']}{_at(r['bucket_mb'])}: parameters do not match "
                            f"{r['reference']}'s (max diff {r['max_abs_diff']:.2g})")
     return out

@@ -80,7 +80,7 @@ built with EXTRAS=torch; experiments/ddp.py):
     bucket_mb = [1, 4, 25]    # DDP's bucket cap (its first bucket's too), a job each
     hooks = ["none", "fp16"]  # DDP's own hooks, each a variant per backend: none, fp16, bf16
     codec = false             # one more variant: rxelab's own fp16 codec on the wire
-    wraps = ["fsdp"]          # the model sharded, a variant per backend: fsdp, fsdp2 (torch >= 2.6)
+    wraps = ["fsdp"]          # the model sharded, a variant per backend: fsdp, fsdp2 (on CPU, torch > 2.6)
     timeout_s = 3600          # each job's deadline, 10..604800
 
 A list-valued key (nodes, sizes, algorithms, tools, transport, netem, mtu, pairs, compression,

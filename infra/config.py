@@ -57,8 +57,10 @@ class Node:
     @property
     def mgmt_net(self) -> str:
         """The node's own user-net subnet: every node's management address differs (10.0.2.15,
-        10.0.3.15, ...), as on a real cluster. Open MPI 5's runtime (PRRTE) matches a node by
-        every address it has, so one address shared by all made two nodes one."""
+        10.0.3.15, ...), as on a real cluster. Open MPI 5's runtime (PRRTE) takes the other
+        nodes' daemons for one node when they report an address in common, so the 10.0.2.15
+        every node had made node2 and node3 one (its head node is another matter:
+        experiments.commands.mpi_hosts)."""
         return f"10.0.{self.index + 1}.0/24"
 
 

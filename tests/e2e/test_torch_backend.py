@@ -33,6 +33,20 @@ def sent_packets(lab) -> dict[str, int]:
     return out
 
 
+def node_torch(lab) -> tuple[int, int]:
+    r = lab.ssh("node1", "python3 -c 'import torch; print(torch.__version__)'")
+    assert r.returncode == 0, r.stderr
+    major, minor = r.stdout.strip().split(".")[:2]
+    return int(major), int(minor)
+
+
+def sharded_skips(version: tuple[int, int]) -> set[str]:
+    """What the lab's torch cannot run: Debian 12's 1.13 on Python 3.11 no FSDP at all (it does
+    not import), Debian 13's 2.6 no FSDP2 on CPU (its streams have no record_event)."""
+    wraps = ("fsdp", "fsdp2") if version < (2, 0) else ("fsdp2",) if version <= (2, 6) else ()
+    return {f"{b}+{w}" for b in ("rxelab", "gloo") for w in wraps}
+
+
 @pytest.fixture(scope="module")
 def ddp_lines(lab, has_torch):  # noqa: F811
     if not has_torch:
@@ -50,7 +64,7 @@ def ddp_lines(lab, has_torch):  # noqa: F811
     return r, lines, {n: after[n] - before[n] for n in after}
 
 
-def test_ddp_under_rxelab_ends_with_glooss_parameters_on_every_rank(ddp_lines):
+def test_ddp_under_rxelab_ends_with_glooss_parameters_on_every_rank(lab, ddp_lines):
     r, lines, _ = ddp_lines
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     by = {x["variant"]: x for x in lines}
@@ -62,9 +76,7 @@ def test_ddp_under_rxelab_ends_with_glooss_parameters_on_every_rank(ddp_lines):
     for v in ("rxelab", "rxelab+fp16", "rxelab+fsdp", "rxelab+fsdp2"):
         assert "skipped" in by[v] or by[v]["matches"], by[v]
     skipped = {v["variant"] for v in by.values() if "skipped" in v}
-    # torch 2.6 (Debian 13) runs FSDP, not FSDP2 on CPU; 1.13 on Python 3.11 (Debian 12) neither
-    assert skipped in ({"rxelab+fsdp2", "gloo+fsdp2"}, sharded, set()), skipped
-    assert "rxelab+fsdp" in skipped or by["rxelab+fsdp"]["matches"], by["rxelab+fsdp"]
+    assert skipped == sharded_skips(node_torch(lab)), skipped
     assert by["rxelab"]["params"] > 200_000
 
 
@@ -156,13 +168,12 @@ def test_the_ddp_spec_runs_through_fab_and_its_report_says_where_it_stands(lab, 
         return
     assert "| 4 MB | rxelab | 1 |" in md and "matches gloo (max diff" in md, md
     assert "buckets of 4 MB: rxelab " in md and "PROBLEMS" not in md
-    torch2 = lab.ssh("node1", "python3 -c 'import torch; print(torch.__version__)'").stdout[:2] != "1."
-    if torch2:  # Debian 13's torch 2.6: FSDP trains alike on both backends; its FSDP2 not on CPU
-        assert "| 4 MB | rxelab+fsdp | - |" in md and "matches gloo+fsdp (max diff" in md, md
-        assert "| 4 MB | rxelab+fsdp2 | - | skipped |" in md and "record_event" in md or \
-            "matches gloo+fsdp2 (max diff" in md, md
-    else:  # Debian 12's torch 1.13 on Python 3.11: its FSDP does not import, and says so
-        assert "| 4 MB | rxelab+fsdp | - | skipped |" in md and "FSDP does not import" in md, md
+    skips = sharded_skips(node_torch(lab))
+    for wrap, why in (("fsdp", "FSDP does not import"), ("fsdp2", "record_event")):
+        if f"rxelab+{wrap}" in skips:
+            assert f"| rxelab+{wrap} | - | skipped |" in md and why in md, md
+        else:
+            assert f"| rxelab+{wrap} | - |" in md and f"matches gloo+{wrap} (max diff" in md, md
 
 
 SRUN_JOB = """

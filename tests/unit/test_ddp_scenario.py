@@ -97,7 +97,7 @@ def test_the_report_has_the_table_the_summary_and_the_plot(tmp_path: Path):
     assert "DDP against Gloo" in html_path.read_text()
 
 
-def test_fsdp_variants_are_asked_for_and_a_torch_without_them_is_a_skipped_row():
+def test_fsdp_variants_are_asked_for_and_a_torch_without_them_is_a_skipped_row(monkeypatch):
     dd = {**spec.load("ddp").ddp, "wraps": ["fsdp", "fsdp2"]}
     hosts = [Host(name="node1", ssh={"host": "127.0.0.1", "port": 2221, "user": "lab", "key": "/k",
                                      "known_hosts": "/kh"}, data_ip="10.0.0.1")]
@@ -136,7 +136,13 @@ def test_fsdp_variants_are_asked_for_and_a_torch_without_them_is_a_skipped_row()
     assert any("rxelab+fsdp2: not run: FSDP2" in x for x in Runner.said)
     assert ddp_report.problems(recs) == []
     _, rows = ddp_report.table(recs)
-    assert rows[2][:3] == ["4 MB", "rxelab+fsdp", "2"] and rows[2][5] == "0.75x"
-    assert rows[4][:4] == ["4 MB", "rxelab+fsdp2", "-", "skipped"] and "torch 2.6" in rows[4][6]
+    # FSDP shards instead of bucketing: its rows have no cap, and stay out of the caps' plot
+    assert rows[0][:2] == ["4 MB", "rxelab"]
+    assert rows[2][:3] == ["-", "rxelab+fsdp", "2"] and rows[2][5] == "0.75x"
+    assert rows[4][:4] == ["-", "rxelab+fsdp2", "-", "skipped"] and "torch 2.6" in rows[4][6]
     lines = ddp_report.summary_lines(recs)
-    assert "rxelab+fsdp 0.75x of gloo+fsdp" in lines[1], lines
+    assert lines[1].startswith("buckets of 4 MB: rxelab 0.80x of gloo") and "fsdp" not in lines[1]
+    assert lines[2] == "sharded (FSDP): rxelab+fsdp 0.75x of gloo+fsdp (time per step)", lines
+    seen: list = []
+    monkeypatch.setattr(ddp_report.plots, "ddp_steps", lambda rs: seen.extend(rs) or b"png")
+    assert ddp_report.figure(recs) == b"png" and {r["variant"] for r in seen} == {"rxelab", "gloo"}
