@@ -133,29 +133,36 @@ sub = dist.new_group([0], backend="rxelab")
 dist.all_reduce(torch.ones(1), group=sub)
 dist.destroy_process_group(sub)
 print("SUBGROUP destroyed", flush=True)
-from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+from apps import sharded  # the demo's wrapping: FSDP per linear layer, FSDP2 on a mesh of the group
 def model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-for how in ("fsdp1", "fsdp2"):
-    m = model()
-    if how == "fsdp1":
-        wrapped = FullyShardedDataParallel(m, device_id=torch.device("cpu"))
-    else:
-        wrapped = fully_shard(m, mesh=mesh)
-    opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+def train(m):
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
     for _ in range(2):
         opt.zero_grad()
-        wrapped(torch.ones(4, 8)).sum().backward()
+        m(torch.ones(4, 8)).sum().backward()
         opt.step()
-    print(how.upper(), "trained", flush=True)
+plain = model()
+train(plain)
+want = torch.cat([p.detach().reshape(-1) for p in plain.parameters()])
+for wrap in ("fsdp", "fsdp2"):
+    if (why := sharded.unsupported(wrap)) is not None:
+        print(wrap.upper(), "unsupported:", why, flush=True)
+        continue
+    m = model()
+    wrapped = sharded.shard(m, None, wrap)
+    train(wrapped)
+    got = sharded.whole_parameters(m, wrapped, wrap)
+    print(wrap.upper(), "trained", got.shape == want.shape and torch.allclose(got, want), flush=True)
 dist.destroy_process_group()
 print("DONE")
 """
 
 
 def test_a_job_of_one_runs_device_mesh_dtensor_subgroups_and_fsdp(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT / 'tests' / 'fakeverbs'}:{ROOT / 'lib'}",
+    env = {"PATH": "/usr/bin:/bin",
+           "PYTHONPATH": f"{ROOT / 'tests' / 'fakeverbs'}:{ROOT / 'lib'}:{ROOT}",
            "MASTER_ADDR": "127.0.0.1"}
     r = subprocess.run([sys.executable, "-c", JOB], capture_output=True, text=True, env=env,
                        timeout=300, cwd=tmp_path)
@@ -163,4 +170,6 @@ def test_a_job_of_one_runs_device_mesh_dtensor_subgroups_and_fsdp(tmp_path):
     assert r.returncode == 0 and "DONE" in r.stdout, out
     assert "DTENSOR 28.0 140.0" in r.stdout, out
     assert "FUNCOL [1.0, 1.0, 1.0]" in r.stdout and "SUBGROUP destroyed" in r.stdout, out
-    assert "FSDP1 trained" in r.stdout and "FSDP2 trained" in r.stdout, out
+    # one rank: sharded or not, the same training, gathered whole (2.6's FSDP2 says why not)
+    assert "FSDP trained True" in r.stdout, out
+    assert "FSDP2 trained True" in r.stdout or "FSDP2 unsupported: FSDP2 on CPU needs" in r.stdout, out
