@@ -135,12 +135,14 @@ def main(argv: list[str] | None = None) -> int:
         call(torch.from_numpy(send), torch.from_numpy(recv))  # zero copy, both ways
 
     dist.barrier()  # the "start signal"
-    mine = stages.run(args, r, p, collective, dist.barrier, "gloo")
+    cpu: list[float] = []
+    mine = stages.run(args, r, p, collective, dist.barrier, "gloo", cpu=cpu)
     table = torch.zeros(p * mine.size, dtype=torch.float64)
     dist.all_gather(list(table.chunk(p)), torch.from_numpy(mine))
     if r == 0:
         extra = {"gloo": f"torch {torch.__version__}",
-                 "interface": os.environ["GLOO_SOCKET_IFNAME"]}
+                 "interface": os.environ["GLOO_SOCKET_IFNAME"],
+                 **stages.cpu_per_call(cpu, args.stages)}  # rank 0's
         for line in stages.report("gloo", args, p, table.numpy(), extra):
             print(line, flush=True)
     ok = table.numpy().reshape(p, args.stages, 2)[:, :, 1].sum() == 0

@@ -36,11 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     r, p = comm.Get_rank(), comm.Get_size()
     collective = described.mpi_call(comm, MPI)  # the description's mpi4py call
     comm.Barrier()  # the "start signal"
-    mine = stages.run(args, r, p, collective, comm.Barrier, "mpi")
+    cpu: list[float] = []
+    mine = stages.run(args, r, p, collective, comm.Barrier, "mpi", cpu=cpu)
     table = np.zeros(p * mine.size, np.float64)
     comm.Allgather(mine, table)
     if r == 0:
-        extra = {"mpi": MPI.Get_library_version().splitlines()[0].strip("\x00 \t")}
+        extra = {"mpi": MPI.Get_library_version().splitlines()[0].strip("\x00 \t"),
+                 **stages.cpu_per_call(cpu, args.stages)}  # rank 0's
         for line in stages.report("mpi", args, p, table, extra):
             print(line, flush=True)
     return 0 if table.reshape(p, args.stages, 2)[:, :, 1].sum() == 0 else 1

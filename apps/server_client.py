@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             # node's busy share over the timed calls: in Python numbers, since a numpy
             # operation per call cost 1.5 ms a call under TCG
             figures = [0, 0, 0, 0, 0, 0.0, 0.0]
+            waited = [0, 0]  # rank 0's empty polls and sleeps on the channel, every call
 
             def collective(send: np.ndarray, recv: np.ndarray) -> None:
                 st = ops.run(comm, args.op, args.algorithm, send, recv, pairs=args.pairs)
@@ -86,9 +87,12 @@ def main(argv: list[str] | None = None) -> int:
                     figures[3] += st.coded_raw
                     figures[4] += st.coded_wire
                     figures[5] += st.codec_seconds
+                waited[0] += st.empty_polls
+                waited[1] += st.sleeps
 
             busy: list[float] = []
-            mine = stages.run(args, r, p, collective, comm.barrier, "rxelab", tolerance, busy)
+            cpu: list[float] = []
+            mine = stages.run(args, r, p, collective, comm.barrier, "rxelab", tolerance, busy, cpu)
             figures[6] = busy[0]
             table = np.zeros(p * mine.size, np.float64)
             comm.allgather(mine, table, algorithm="ring", compression="none")
@@ -100,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                 extra = {"peak_pinned": int(rows[:, 0].max()), "peak_inflight": int(rows[:, 1].max()),
                          **coding(args, rows[:, 2:6].sum(axis=0)),
                          "node_busy": [None if np.isnan(b) else round(float(b), 4)
-                                       for b in rows[:, 6]]}
+                                       for b in rows[:, 6]],
+                         **stages.cpu_per_call(cpu, args.stages),  # rank 0's, as the others'
+                         "sleeps_per_call": round(waited[1] / (args.stages + args.warmup), 2),
+                         "empty_polls_per_call": round(waited[0] / (args.stages + args.warmup),
+                                                       2)}
                 for line in stages.report("rxelab", args, p, table, extra):
                     print(line, flush=True)
                 ok = bool(table.reshape(p, args.stages, 2)[:, :, 1].sum() == 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -135,9 +136,19 @@ def busy_between(before: tuple[int, int] | None, after: tuple[int, int] | None) 
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
+def cpu_per_call(cpu: list[float], calls: int) -> dict[str, float]:
+    """This process's user and system CPU microseconds per timed call (run's `cpu`): what a
+    call costs the rank beside what it takes of the clock. Back to back (--tight) it is the
+    calls' own; stage by stage it includes putting data in and checking it."""
+    if len(cpu) != 2 or calls < 1:
+        return {}
+    return {"cpu_user_us": round(cpu[0] / calls * 1e6, 1),
+            "cpu_sys_us": round(cpu[1] / calls * 1e6, 1)}
+
+
 def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.ndarray, np.ndarray], Any],
         barrier: Callable[[], Any], app: str, tolerance: Check | None = None,
-        busy: list[float] | None = None) -> np.ndarray:
+        busy: list[float] | None = None, cpu: list[float] | None = None) -> np.ndarray:
     """The stages of either app on the same buffers (as a training loop has them), each timed:
     this rank's [seconds, wrong elements] per stage. Stage by stage, each stage puts new data
     in and checks what came out; back to back (--tight), the data goes in once, the calls
@@ -145,7 +156,8 @@ def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.nd
     is checked exactly, or within tolerance(stage) where a lossy codec rounds it. `busy`, when
     given, gets the share of this node's CPUs that was busy from the first timed call to the
     end of the last, checks included stage by stage (the simulator's calibration, which runs
-    back to back: what a byte costs the CPU, under TCG)."""
+    back to back: what a byte costs the CPU, under TCG). `cpu`, when given, gets this
+    process's user and system CPU seconds over the same span (getrusage: every thread)."""
     data = getattr(args, "data", "pattern")
     described = ops.COLLECTIVES[args.op]
     send, want = buffers(args.op, 0, rank, p, args.size, data)
@@ -162,11 +174,15 @@ def run(args: argparse.Namespace, rank: int, p: int, collective: Callable[[np.nd
             barrier()
         if s == 0:
             started = node_cpu()
+            used = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         collective(send, recv)
         took = time.perf_counter() - t0
         if s == args.stages - 1:
             ended = node_cpu()
+            if cpu is not None:
+                now = resource.getrusage(resource.RUSAGE_SELF)
+                cpu.extend((now.ru_utime - used.ru_utime, now.ru_stime - used.ru_stime))
         if s >= 0:
             mine[2 * s] = took
             if not tight or s == args.stages - 1:

@@ -5,7 +5,9 @@
 
 Rank 0 prints a `#` preamble (versions, device, parameters), then per algorithm OSU-style
 rows (size per peer, avg/min/max latency over ranks, iterations) with nccl-tests' algbw and
-busbw (busbw = algbw * (n-1)/n) and the #wrong bytes of a checked last iteration. With
+busbw (busbw = algbw * (n-1)/n), what a call cost a rank's CPU (user and system microseconds,
+getrusage, the mean over ranks) and how often a rank slept on the completion channel per call,
+and the #wrong bytes of a checked last iteration. With
 --perftest, ib_write_bw and ib_send_bw between rank 0 and rank 1 give the link's limit in the
 same units (ib_write_bw_bidir, `ib_write_bw -b`, runs both directions at once and reports
 their sum, which is what a 2-rank all-to-all's algbw compares to). --json FILE adds one JSON
@@ -21,6 +23,7 @@ import ipaddress
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -52,15 +55,22 @@ def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int,
     recv = np.zeros_like(want)
     fresh = send.copy() if coll.in_place else None  # a call overwrites it: put back each time
     times, peak_inflight, peak_pinned = [], 0, 0
+    user = system = 0.0  # this rank's CPU seconds in the timed calls (getrusage: all threads)
+    sleeps = 0
     for i in range(warmup + iters):
         if fresh is not None:  # the root's data again, the others' buffer cleared
             np.copyto(send, fresh)
         recv.fill(0)
         comm.barrier()
+        used = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         stats = ops.run(comm, op, algo, send, recv, compression=compression)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+            now = resource.getrusage(resource.RUSAGE_SELF)
+            user += now.ru_utime - used.ru_utime
+            system += now.ru_stime - used.ru_stime
+            sleeps += stats.sleeps
             peak_inflight = max(peak_inflight, stats.peak_inflight)
             peak_pinned = max(peak_pinned, stats.peak_pinned)
     codec = codecs.lookup(compression)
@@ -69,7 +79,8 @@ def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int,
         bound = codecs.error_bound(codec, coll.inputs(r, p, count, dtype))
     wrong = ops.wrong(coll, send, recv, want, bound)
     mine = np.array([float(np.mean(times)), float(np.min(times)), float(np.max(times)),
-                     wrong, peak_inflight, peak_pinned], np.float64)
+                     wrong, peak_inflight, peak_pinned, user / iters, system / iters,
+                     sleeps / iters], np.float64)
     every = np.zeros(p * mine.size, np.float64)
     comm.allgather(mine, every, algorithm="ring")  # the library reports on itself
     rows = every.reshape(p, mine.size)
@@ -82,6 +93,9 @@ def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int,
         "max_us": float(avg_per_rank.max()) * 1e6, "algbw_MBps": algbw,
         "busbw_MBps": algbw * coll.busbw(p), "wrong": int(rows[:, 3].sum()),
         "peak_inflight": int(rows[:, 4].max()), "peak_pinned": int(rows[:, 5].max()),
+        # per call, the mean over ranks: what it cost the CPU, and how often a rank slept
+        "cpu_user_us": float(rows[:, 6].mean()) * 1e6, "cpu_sys_us": float(rows[:, 7].mean()) * 1e6,
+        "sleeps": float(rows[:, 8].mean()),
     }
 
 
@@ -126,15 +140,18 @@ def overlap(comm: Any, op: str, algo: str, size: int, iters: int) -> dict[str, A
 
 
 HEADER = (f"{'# Size':<10}{'Avg Latency(us)':>17}{'Min Latency(us)':>17}{'Max Latency(us)':>17}"
-          f"{'Iterations':>12}{'algbw(MB/s)':>13}{'busbw(MB/s)':>13}{'#wrong':>8}")
+          f"{'Iterations':>12}{'algbw(MB/s)':>13}{'busbw(MB/s)':>13}{'CPU usr(us)':>12}"
+          f"{'CPU sys(us)':>12}{'Sleeps':>8}{'#wrong':>8}")
 
 
 def row(r: dict[str, Any]) -> str:
     if r["algorithm"] == "perftest":  # perftest reports bandwidth only
         return (f"{r['size']:<10}{'-':>17}{'-':>17}{'-':>17}"
-                f"{r['iterations']:>12}{r['algbw_MBps']:>13.2f}{r['busbw_MBps']:>13.2f}{'-':>8}")
+                f"{r['iterations']:>12}{r['algbw_MBps']:>13.2f}{r['busbw_MBps']:>13.2f}"
+                f"{'-':>12}{'-':>12}{'-':>8}{'-':>8}")
     return (f"{r['size']:<10}{r['avg_us']:>17.2f}{r['min_us']:>17.2f}{r['max_us']:>17.2f}"
-            f"{r['iterations']:>12}{r['algbw_MBps']:>13.2f}{r['busbw_MBps']:>13.2f}{r['wrong']:>8}")
+            f"{r['iterations']:>12}{r['algbw_MBps']:>13.2f}{r['busbw_MBps']:>13.2f}"
+            f"{r['cpu_user_us']:>12.0f}{r['cpu_sys_us']:>12.0f}{r['sleeps']:>8.1f}{r['wrong']:>8}")
 
 
 def perftest(comm: Any, tool: str, m: int, iters: int) -> dict[str, Any] | None:

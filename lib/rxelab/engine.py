@@ -60,13 +60,15 @@ EXPLAIN_S = 0.5  # how long a failed work request waits for a peer to say why
 class Engine(Waits):
     def __init__(self, dev: Device, conns: dict[int, Connection], *,
                  timeout: float, window: int, chunk: int, send_depth: int,
-                 eager_limit: int = 0, watch: Callable[[], None] | None = None) -> None:
+                 eager_limit: int = 0, watch: Callable[[], None] | None = None,
+                 spin_s: float = 0.0) -> None:
         self.dev = dev
         self.watch = watch
         self.armed = False  # an event is requested on the completion channel
         self.eager_limit = eager_limit
         self.conns = conns
         self.timeout = timeout
+        self.spin_s = spin_s
         self.window = window
         self.chunk = max(1, min(chunk, window))
         self.send_depth = send_depth

@@ -89,6 +89,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("qp_timeout", int, 16, 1, 31,
            "RC acknowledgement timeout exponent: 4.096 us * 2^n before a retransmission"),
     Option("retry_cnt", int, 7, 0, 7, "RC retransmissions before a work request fails"),
+    Option("spin_us", int, 0, 0, 100_000,
+           "microseconds a waiting rank polls for a completion before it sleeps on the "
+           "completion channel (0: sleeps at the first empty poll)"),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 SHARED = tuple(o.name for o in OPTIONS if o.shared)

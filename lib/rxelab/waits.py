@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from rxelab.verbs import Connection, Device
 
 WATCH_EVERY = 0.25  # seconds between looks at the control connections while waiting
-SPINS = 1  # empty polls before sleeping until a completion comes (see Waits.wait)
 BACKOFF = 0.0002  # the sleep instead, where there is no completion channel
 
 
@@ -31,6 +30,8 @@ class Counters:
     coded_raw: int = 0  # bytes of blocks this rank coded and sent (rxelab.codecs)
     coded_wire: int = 0  # what they took on the wire
     codec_seconds: float = 0.0  # CPU time coding and decoding
+    empty_polls: int = 0  # polls of the completion queue that found nothing (see Waits.wait)
+    sleeps: int = 0  # waits on the completion channel: each a wake-up by the kernel
     inflight: int = 0
     peak_inflight: int = 0
 
@@ -58,6 +59,7 @@ class Waits:
     conns: dict[int, Connection]
     dev: Device
     timeout: float
+    spin_s: float
     armed: bool
     watch: Callable[[], None] | None
 
@@ -72,18 +74,20 @@ class Waits:
         pairs of the sequential schedule allows each of them the deadline. A peer whose
         process died is noticed sooner, by its control connection (watch).
 
-        An empty poll sleeps at once until the next completion (after SPINS empty polls):
-        ranks share cores (several per VM, VMs per core), and a rank that polls takes the CPU
-        from the peers and from rxe, whose packet work runs in the kernel; on the 3-VM lab one
-        spinning rank per VM made a 1 KiB all-to-all 2x slower, and 20 polls before sleeping
-        7 % slower, than sleeping at once (measured; README). This loop runs once or twice per
-        block on the hot path, so it does little: the clock is read only when a poll came
-        back empty."""
+        Polls come back empty for `spin_s` seconds (the spin_us option; 0 by default) before
+        the rank sleeps until the next completion: ranks share cores (several per VM, VMs per
+        core), and a rank that polls takes the CPU from the peers and from rxe, whose packet
+        work runs in the kernel; on the 3-VM lab one spinning rank per VM made a 1 KiB
+        all-to-all 2x slower, and 20 polls before sleeping 7 % slower, than sleeping at once
+        (measured; README). This loop runs once or twice per block on the hot path, so it does
+        little: the clock is read only when a poll came back empty."""
         progress = self.progress
         box = self.box
         idle_since = None  # when polls started coming back empty
         next_watch = None  # the peers are looked at every WATCH_EVERY s of the wait, even
-        spins = 0  # while other completions keep coming (a dead peer's block never does)
+        # while other completions keep coming (a dead peer's block never does)
+        counters = self.counters
+        spin_s = self.spin_s
         while True:
             if box.aborts:  # before cond: an abort filed with what we wait for comes first
                 who, why = next(iter(box.aborts.items()))
@@ -93,8 +97,8 @@ class Waits:
                 return
             if progress():
                 idle_since = None
-                spins = 0
                 continue
+            counters.empty_polls += 1
             now = time.monotonic()
             if next_watch is None:
                 next_watch = now + WATCH_EVERY
@@ -108,8 +112,7 @@ class Waits:
             if now > next_watch and self.watch is not None:
                 next_watch = now + WATCH_EVERY
                 self.watch()
-            spins += 1
-            if spins >= SPINS:
+            if now - idle_since >= spin_s:
                 self._block(min(WATCH_EVERY, self.timeout * patience - (now - idle_since)))
 
     def _block(self, seconds: float) -> None:
@@ -119,9 +122,11 @@ class Waits:
         elif not self.armed:  # arm, then poll once more before sleeping (no lost wake-up)
             dev.arm()
             self.armed = True
-        elif select.select([dev.channel_fd], [], [], max(0.0, seconds))[0]:
-            dev.take_event()
-            self.armed = False
+        else:
+            self.counters.sleeps += 1
+            if select.select([dev.channel_fd], [], [], max(0.0, seconds))[0]:
+                dev.take_event()
+                self.armed = False
 
     def wait_rtr(self, peer: int, tag: int, what: str, codec: int = 0) -> tuple[int, int, int]:
         """The buffer `peer` advertised for `tag`: (address, rkey, bytes). It must be ready for

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import time
 
 import numpy as np
 import pytest
@@ -192,3 +193,20 @@ def test_the_nodes_cpu_is_read_from_proc_stat(monkeypatch, tmp_path, line, want)
     fake.write_text(line)
     monkeypatch.setattr(stages, "PROC_STAT", str(fake))
     assert stages.node_cpu() == want
+
+
+def test_the_stage_loop_says_what_cpu_a_call_took():
+    """getrusage over the timed calls: a call that burns 5 ms of CPU costs at least that."""
+    def burning(send, recv):
+        np.copyto(recv, send)
+        start = time.process_time()
+        while time.process_time() - start < 0.005:
+            pass
+
+    args = argparse.Namespace(op="alltoall", size=16, stages=4, warmup=2, tight=True)
+    cpu: list[float] = []
+    stages.run(args, 0, 1, burning, lambda: None, "rxelab", cpu=cpu)
+    assert len(cpu) == 2 and min(cpu) >= 0
+    per = stages.cpu_per_call(cpu, args.stages)
+    assert per["cpu_user_us"] + per["cpu_sys_us"] >= 5000 * 0.99, per
+    assert stages.cpu_per_call([], 4) == {}

@@ -56,3 +56,17 @@ def test_a_range_that_is_no_range_or_too_big_is_refused(capsys, value):
 def test_a_range_from_zero_keeps_its_whole_element_sizes_for_float_ops():
     ap = bench.parser()
     assert bench.chosen_sizes(ap, ap.parse_args(["--op", "allreduce", "-m", "0:16"])) == [0, 4, 8, 16]
+
+
+def test_a_row_says_what_a_call_cost_the_cpu_and_how_often_a_rank_slept():
+    """On the fake fabric the ranks are threads of one process: each rank's getrusage is the
+    process's, so only the columns' presence and sign are checked here; their size, on the
+    lab (issue 55's profile)."""
+    from tests.unit.fakejob import run_ranks
+
+    r = run_ranks(3, lambda comm: bench.measure(comm, "alltoall", "parallel", 1024, 3, 1))[0]
+    assert r["cpu_user_us"] >= 0 and r["cpu_sys_us"] >= 0 and r["cpu_user_us"] + r["cpu_sys_us"] > 0
+    assert r["sleeps"] >= 0 and r["wrong"] == 0
+    fields = bench.row(r).split()  # size, 3 latencies, iterations, 2 bandwidths, 3 CPU, #wrong
+    assert len(fields) == 11 and float(fields[7]) == round(r["cpu_user_us"]), fields
+    assert fields[-1] == "0", "#wrong stays the last column (the e2e test reads it there)"

@@ -114,7 +114,8 @@ class Communicator(PointToPoint, NamedCollectives):
             self.engine = Engine(self.dev, self.conns, timeout=timeout,
                                  window=int(self.options["window"]), chunk=int(self.options["chunk"]),
                                  send_depth=send_depth, eager_limit=eager_limit,
-                                 watch=self.control.watch)
+                                 watch=self.control.watch,
+                                 spin_s=int(self.options["spin_us"]) * 1e-6)
             self.control.barrier()  # every QP is ready to receive before anyone sends
         except BaseException:
             self.close()
@@ -234,6 +235,7 @@ class Communicator(PointToPoint, NamedCollectives):
             started = time.perf_counter()
             self.seq = (self.seq + 1) & 0x3FFF
             coded0 = (counters.coded_raw, counters.coded_wire, counters.codec_seconds)
+            waits0 = (counters.empty_polls, counters.sleeps)
             call = Call(self.engine, self.rank, self.size, self.seq, plan.name, plan.layout, self._mr,
                         plan.codec, plan.staging)
             try:
@@ -247,7 +249,8 @@ class Communicator(PointToPoint, NamedCollectives):
                          counters.bytes_received - recv0, registry.peak,
                          counters.peak_inflight - base, time.perf_counter() - started,
                          counters.coded_raw - coded0[0], counters.coded_wire - coded0[1],
-                         counters.codec_seconds - coded0[2])
+                         counters.codec_seconds - coded0[2], counters.empty_polls - waits0[0],
+                         counters.sleeps - waits0[1])
         finally:
             if not in_worker:
                 self.guard.release()

@@ -20,6 +20,8 @@ class Stats(NamedTuple):
     coded_raw: int = 0  # bytes of blocks this rank sent coded (compression=), before coding
     coded_wire: int = 0  # what they took on the wire (coded_raw / coded_wire: the ratio)
     codec_seconds: float = 0.0  # CPU time this rank spent coding and decoding
+    empty_polls: int = 0  # completion-queue polls that found nothing while it waited
+    sleeps: int = 0  # times it slept on the completion channel (each a kernel wake-up)
 
 
 @dataclass(frozen=True)
