@@ -155,7 +155,11 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
     shown = {str(r): [SAME_HOST if r in beside else a[0], a[1]] for r, a in plane.directory.items()}
     for r, link in plane.peers.items():
         table = {str(p): hellos[p]["endpoints"][str(r)] for p in hellos if p != r}
-        link.send({"type": "table", "endpoints": table, "directory": shown, "job": plane.job_id})
+        try:
+            link.send({"type": "table", "endpoints": table, "directory": shown, "job": plane.job_id})
+        except OSError as err:  # it said hello, then died: the mesh cannot be built with it
+            raise PeerError(f"connection to rank {r} failed: {err}", peer=r,
+                            reason=Reason.DIED) from None
     return {p: hellos[p]["endpoints"]["0"] for p in hellos if p != 0}
 
 
@@ -270,6 +274,9 @@ def _hello(plane: Plane, link: Link, hello: dict[str, Any],
     try:
         link.send(hello)
         reply = link.recv(deadline=deadline, peer="rank 0")
+    except OSError as err:  # it closed before our hello (recv says so itself): rank 0 is gone
+        link.close()
+        raise PeerError(f"connection to rank 0 failed: {err}", peer=0, reason=Reason.DIED) from None
     except BaseException:
         link.close()
         raise
