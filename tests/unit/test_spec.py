@@ -282,8 +282,16 @@ def test_back_to_back_and_rounds_reach_the_cases():
     ("[elastic]\nevents=[{step=2,partition=3},{step=3,partition=3}]", "cut off twice"),
     ("[elastic]\nevents=[{step=2,partition=2},{step=3,join=2}]", "join = 2: that node is cut off"),
     ("[elastic]\nsteps=12\nadmit_every=5\nevents=[{step=11,join=1}]", "no admit point"),
+    ("[ddp]\nwraps=['fsdp3']", "ddp.wraps: must be a list of sharded variants beside DDP's, of "
+     "fsdp, fsdp2"),
+    ("[ddp]\nwraps=['fsdp','fsdp']", "hooks, bucket_mb and wraps each name a value once"),
+    ("[ddp]\nhooks=['none','none']", "hooks, bucket_mb and wraps each name a value once"),
+    ("[ddp]\nhooks=['fp8']", "ddp.hooks: must be a list of DDP hooks, of none, fp16, bf16"),
+    ("[ddp]\nnodes=65", "ddp.nodes: must be from 2 to 64"),
+    ("[ddp]\ntimeout_s=5", "ddp.timeout_s: must be from 10 to 604800"),
+    ("rounds=2\n[ddp]", "a [ddp] scenario alternates its own rounds"),
 ])
-def test_an_elastic_scenario_is_checked_before_anything_runs(text, said):
+def test_a_scenario_is_checked_before_anything_runs(text, said):
     import tomllib
     with pytest.raises(spec.SpecError) as err:
         spec.parse({"name": "x", **tomllib.loads(text)})
@@ -374,23 +382,6 @@ def test_the_validation_specs_measure_their_own_calibration():
         assert got.includes == ("calibrate",)
         assert got.cases()[:len(calibration)] == [{**c, "included": "calibrate"} for c in calibration]
         assert not any("included" in c for c in got.cases()[len(calibration):])
-
-
-@pytest.mark.parametrize(("text", "said"), [
-    ("[ddp]\nwraps=['fsdp3']", "ddp.wraps: must be a list of sharded variants beside DDP's, of "
-     "fsdp, fsdp2"),
-    ("[ddp]\nwraps=['fsdp','fsdp']", "hooks, bucket_mb and wraps each name a value once"),
-    ("[ddp]\nhooks=['none','none']", "hooks, bucket_mb and wraps each name a value once"),
-    ("[ddp]\nhooks=['fp8']", "ddp.hooks: must be a list of DDP hooks, of none, fp16, bf16"),
-    ("[ddp]\nnodes=65", "ddp.nodes: must be from 2 to 64"),
-    ("[ddp]\ntimeout_s=5", "ddp.timeout_s: must be from 10 to 604800"),
-    ("rounds=2\n[ddp]", "a [ddp] scenario alternates its own rounds"),
-])
-def test_a_ddp_scenario_is_checked_before_anything_runs(text, said):
-    import tomllib
-    with pytest.raises(spec.SpecError) as err:
-        spec.parse({"name": "x", **tomllib.loads(text)})
-    assert said in str(err.value), str(err.value)
 
 
 def test_a_ddp_scenario_with_sharded_variants_is_taken():
