@@ -240,6 +240,9 @@ def readings_command(host: Host) -> str:
             f"echo \"active_mtu $({rdmaport.active_mtu(r)})\"; {counters.read_command(host)}")
 
 
+IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # a Linux interface name as the lab's NICs have
+
+
 def parse_readings(text: str) -> dict[str, Any]:
     """netdev, its MTU and addresses, active_mtu and the counters from readings_command's output."""
     out: dict[str, Any] = {"counters": counters.parse(text), "inet": []}
@@ -249,8 +252,8 @@ def parse_readings(text: str) -> dict[str, Any]:
             out["netem_gone"] = value.strip() == "absent"
         elif key in ("netdev_mtu", "active_mtu") and value.strip().isdigit():
             out[key] = int(value)
-        elif key == "netdev" and value.strip():
-            out["netdev"] = value.strip()
+        elif key == "netdev" and IFNAME.fullmatch(value.strip()):  # a node's word, checked:
+            out["netdev"] = value.strip()  # it goes into later commands and the environment
         elif key == "inet" and value.strip():
             out["inet"].append(value.strip())
     return out

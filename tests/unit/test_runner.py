@@ -60,6 +60,8 @@ def test_the_data_network_is_found_from_the_hosts_own_addresses():
     out = "netdev ens7\nnetdev_mtu 9000\ninet 10.10.0.11/24\nactive_mtu 4096\n"
     got = commands.parse_readings(out)
     assert got["netdev"] == "ens7" and got["inet"] == ["10.10.0.11/24"]
+    for told in ("ens7; reboot", "$(id)", "a" * 16, "../x"):  # not a NIC name: no netdev found
+        assert "netdev" not in commands.parse_readings(f"netdev {told}\n"), told
 
 
 def test_mpi_over_ucx_is_the_recipe_that_runs_on_rxe():
