@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # torch's own switch for env://'s store: Debian 13's 2.6 has no libuv, and the contender
     # must not lean on the library it is measured against for its rendezvous
-    os.environ["USE_LIBUV"] = "0"
+    os.environ.setdefault("USE_LIBUV", "0")  # a user's own choice stands
     try:
         dist.init_process_group("gloo", init_method="env://",
                                 timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))

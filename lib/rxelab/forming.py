@@ -157,9 +157,11 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
         table = {str(p): hellos[p]["endpoints"][str(r)] for p in hellos if p != r}
         try:
             link.send({"type": "table", "endpoints": table, "directory": shown, "job": plane.job_id})
-        except OSError as err:  # it said hello, then died: the mesh cannot be built with it
-            raise PeerError(f"connection to rank {r} failed: {err}", peer=r,
-                            reason=Reason.DIED) from None
+        except OSError as err:  # it said hello, then died: the others hear who, as above
+            why = f"rank {r}'s connection broke as the table went out: {err}"
+            plane.abort(why, r, why=Reason.DIED)
+            plane.close()
+            raise PeerError(why, peer=r, reason=Reason.DIED) from None
     return {p: hellos[p]["endpoints"]["0"] for p in hellos if p != 0}
 
 

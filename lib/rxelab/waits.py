@@ -31,7 +31,7 @@ class Counters:
     coded_wire: int = 0  # what they took on the wire
     codec_seconds: float = 0.0  # CPU time coding and decoding
     empty_polls: int = 0  # polls of the completion queue that found nothing (see Waits.wait)
-    sleeps: int = 0  # waits on the completion channel: each a wake-up by the kernel
+    sleeps: int = 0  # waits on the completion channel (select): a wake-up, or an event found there
     inflight: int = 0
     peak_inflight: int = 0
 

@@ -21,7 +21,7 @@ class Stats(NamedTuple):
     coded_wire: int = 0  # what they took on the wire (coded_raw / coded_wire: the ratio)
     codec_seconds: float = 0.0  # CPU time this rank spent coding and decoding
     empty_polls: int = 0  # completion-queue polls that found nothing while it waited
-    sleeps: int = 0  # times it slept on the completion channel (each a kernel wake-up)
+    sleeps: int = 0  # waits on the completion channel (select); one finding an event there returns at once
 
 
 @dataclass(frozen=True)

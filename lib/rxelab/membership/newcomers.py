@@ -142,7 +142,10 @@ def _ask_in(link: Link, settings: dict[str, Any], deadline: float, committed_s: 
         return str(reply.get("reason", reply["type"]))
     if time.monotonic() >= deadline:
         return "offered a place after this newcomer's wait ran out"
-    link.send({"type": "accept"})  # from here on this process is the job's
+    try:
+        link.send({"type": "accept"})  # from here on this process is the job's
+    except OSError as err:  # the accept never reached the job: knock again
+        return str(err)
     reply = link.recv(deadline=time.monotonic() + committed_s, peer=f"the job at {where}")
     if reply["type"] == "welcome":
         return reply
