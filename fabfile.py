@@ -7,6 +7,7 @@ for machines you already have); the logic lives in experiments/, these tasks are
     fab simulate [--spec smoke]        # SimGrid predictions beyond the lab's size
     fab calibrate                      # measure the lab: the simulator's cost profile
     fab validate [--results DIR]       # a lab run's cases predicted beside what the lab took
+    fab compare --before DIR [--after DIR]  # rxelab over the MPIs: did a ratio move?
     fab status                         # the nodes, their RDMA port state
 """
 
@@ -20,7 +21,7 @@ import paramiko
 from fabric import task
 from invoke.exceptions import CommandTimedOut, Exit
 
-from experiments import about, ddp_report, did_you_mean, elastic_report, fleet, progress, runner
+from experiments import about, compare_runs, ddp_report, did_you_mean, elastic_report, fleet, progress, runner
 from experiments import deploy as deploy_mod
 from experiments import report as report_mod
 from experiments import spec as spec_mod
@@ -209,6 +210,30 @@ def report(c, results=None):
         raise Exit(f"error: {chosen} is not a results directory", code=1)
     if not _write_report(chosen):
         raise Exit(code=1)
+
+
+@task(help={"before": "the earlier run's directory",
+            "after": "the later run's directory (default: the newest in results/)"})
+@one_line_errors
+def compare(c, before, after=None):
+    """rxelab's time over MPI's (UCX, TCP) in two runs of the same cases, round by round; exits
+    1 when a ratio got slower beyond the rounds' spread (the `regression` spec is made for it)."""
+    later = Path(after) if after else None
+    if later is None:
+        runs = sorted(p for p in RESULTS.glob("*") if (p / "records.jsonl").exists())
+        if not runs:
+            raise Exit("error: no results yet: run `fab run-experiment` first", code=1)
+        later = runs[-1]
+    try:
+        changes = compare_runs.compare(Path(before), later)
+    except compare_runs.CompareError as err:
+        raise Exit(f"error: {err}", code=1) from None
+    print(compare_runs.table(changes, Path(before), later))
+    slower = [ch for ch in changes if ch.verdict == "slower"]
+    if slower:
+        raise Exit("slower beyond the rounds' spread: " + "; ".join(
+            f"{ch.case.label()} {ch.before.median:.2f}x -> {ch.after.median:.2f}x" for ch in slower),
+            code=1)
 
 
 @task(help={"spec": "a simulation spec: a name from experiments/simulations/ or a .toml path",

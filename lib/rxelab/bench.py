@@ -41,12 +41,15 @@ from rxelab.perftest import parse as parse_perftest
 
 MB = 1e6
 DEFAULT_SIZES = (1, 16, 1024, 16384, 65536, 262144, 1048576)
+HAND_OPS = ("alltoall", "allgather")  # what rxelab.handloop does, up to HAND_MAX bytes a block
+HAND_MAX = 65536
 MAX_SIZE = 1 << 30  # bytes per call: buffers beyond it are not a benchmark on these machines
 
 
 def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int,
-            compression: str | None = None) -> dict[str, Any]:
-    """size: bytes as the collective's description counts them (its `unit`: rxelab.ops.units())."""
+            compression: str | None = None, hand: Any = None) -> dict[str, Any]:
+    """size: bytes as the collective's description counts them (its `unit`: rxelab.ops.units()).
+    With `hand`, the calls are the hand-written loop's (rxelab.handloop), checked alike."""
     p, r = comm.size, comm.rank
     coll = ops.COLLECTIVES[op]
     dtype = coll.dtype
@@ -64,7 +67,8 @@ def measure(comm: Any, op: str, algo: str, size: int, iters: int, warmup: int,
         comm.barrier()
         used = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
-        stats = ops.run(comm, op, algo, send, recv, compression=compression)
+        stats = hand.run(op, send, recv) if hand is not None else \
+            ops.run(comm, op, algo, send, recv, compression=compression)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
             now = resource.getrusage(resource.RUSAGE_SELF)
@@ -269,6 +273,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--overlap", action="store_true",
                     help="also the nonblocking variant: how much computation hides it (OSU's "
                          "overlap %%)")
+    ap.add_argument("--hand-loop", action="store_true",
+                    help="also the same calls as a hand-written pyverbs loop (alltoall and "
+                         "allgather up to 64 KiB): the floor of time and CPU per call")
     ap.add_argument("--json", default=None, help="also write JSON lines here (never overwrites)")
     ap.add_argument("--compression", choices=codecs.NAMES, default=None,
                     help="code rendezvous blocks (rxelab.codecs; fp16/bf16 for float sums only, "
@@ -304,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [a for a in algos if a not in known]
     if bad:
         ap.error(f"unknown algorithms {bad}: {args.op} has {', '.join(known)}")
+    if args.hand_loop and args.op not in HAND_OPS:
+        ap.error(f"--hand-loop does {' and '.join(HAND_OPS)}, not {args.op}")
     if args.iterations < 1 or args.warmup < 0:
         ap.error("--iterations must be >= 1 and --warmup >= 0")
     sizes = chosen_sizes(ap, args)
@@ -324,6 +333,22 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(r)
                     if comm.rank == 0:
                         print(row(r), flush=True)
+            small = [m for m in sizes if 0 < m <= HAND_MAX]
+            if args.hand_loop and args.op in HAND_OPS and small:
+                if comm.rank == 0:
+                    print(f"# {args.op}/hand-loop (pyverbs by hand, eager: the floor)\n{HEADER}",
+                          flush=True)
+                from rxelab.handloop import HandLoop  # pyverbs: only when asked for
+                hand = HandLoop(comm, max(small), timeout=float(comm.options["timeout"]))
+                try:
+                    for m in small:
+                        r = measure(comm, args.op, "hand-loop", m, args.iterations, args.warmup,
+                                    hand=hand)
+                        rows.append(r)
+                        if comm.rank == 0:
+                            print(row(r), flush=True)
+                finally:
+                    hand.close()
             if args.overlap:
                 for algo in algos:
                     if comm.rank == 0:

@@ -1,0 +1,81 @@
+"""The hand-written pyverbs loop (rxelab.handloop), the floor rxelab-bench --hand-loop
+measures the library's small calls against: on the in-memory fabric it must move every byte
+where the collective's description puts it, call after call past its slot ring, and say in one
+line what it cannot do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rxelab import bench
+from rxelab.errors import ConfigError
+
+from tests.unit.fakejob import run_ranks
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+@pytest.mark.parametrize("op", ["alltoall", "allgather"])
+def test_the_hand_loop_moves_every_block_to_its_place(p, op):
+    from rxelab.handloop import HandLoop
+
+    def job(comm):
+        hand = HandLoop(comm, 65536, timeout=20)
+        try:
+            # 40 calls: past the 16-slot send ring more than twice, so freed slots are reused
+            return [bench.measure(comm, op, "hand-loop", size, 20, 1, hand=hand)
+                    for size in (1, 1024, 65536)]
+        finally:
+            hand.close()
+    for rows in run_ranks(p, job, deadline=120):
+        for r in rows:
+            assert r["wrong"] == 0 and r["avg_us"] > 0 and r["algorithm"] == "hand-loop", r
+            assert r["sleeps"] >= 0
+
+
+def test_the_hand_loops_check_sees_a_misplaced_block():
+    """The rows' #wrong is what makes the floor a fair one: a loop that put a block in the
+    wrong place would be counted (here one rank's arrivals are swapped by hand)."""
+    from rxelab.handloop import HandLoop
+
+    def job(comm):
+        hand = HandLoop(comm, 1024, timeout=20)
+        real = hand.run
+
+        def swapped(op, send, recv):
+            stats = real(op, send, recv)
+            if comm.rank == 0:
+                recv[1024:2048], recv[2048:3072] = recv[2048:3072].copy(), recv[1024:2048].copy()
+            return stats
+        hand.run = swapped
+        try:
+            return bench.measure(comm, "alltoall", "hand-loop", 1024, 2, 0, hand=hand)["wrong"]
+        finally:
+            hand.close()
+    assert run_ranks(3, job)[0] > 0
+
+
+def test_blocks_beyond_its_slots_or_another_collective_are_refused_in_one_line():
+    from rxelab.handloop import HandLoop
+
+    def job(comm):
+        hand = HandLoop(comm, 1024, timeout=20)
+        try:
+            said = []
+            for op, n in (("alltoall", 2048), ("allreduce", 16)):
+                try:
+                    hand.run(op, np.zeros(n * comm.size, np.uint8), np.zeros(n * comm.size, np.uint8))
+                except ConfigError as err:
+                    said.append(str(err))
+            return said
+        finally:
+            hand.close()
+    said = run_ranks(2, job)[0]
+    assert "2048 bytes" in said[0] and "1024" in said[0], said
+    assert "allreduce" in said[1], said
+
+
+def test_the_bench_refuses_a_hand_loop_of_a_collective_it_does_not_do(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--op", "allreduce", "--hand-loop"])
+    assert exit_.value.code == 2
+    assert "--hand-loop does alltoall and allgather, not allreduce" in capsys.readouterr().err
