@@ -21,6 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rxelab
 from rxelab import codecs, ops, settings
+from rxelab.bench import HAND_LOOP, HAND_MAX, HAND_OPS
 from rxelab.errors import RdmaError
 
 if TYPE_CHECKING:  # the same module as mypy reaches it from the tree (the node runs this file)
@@ -30,8 +31,8 @@ else:
 
 
 def algorithms() -> list[str]:
-    """Every described collective's algorithms (as registered now)."""
-    return sorted({a for c in ops.COLLECTIVES.values() for a in c.algorithms})
+    """Every described collective's algorithms (as registered now), and the hand loop."""
+    return sorted({a for c in ops.COLLECTIVES.values() for a in c.algorithms} | {HAND_LOOP})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     stages.check_args(ap, args)
     described = ops.COLLECTIVES[args.op]
-    valid = described.algorithms
+    hand = args.algorithm == HAND_LOOP  # the floor: rxelab.handloop, not the library's call
+    valid = [*described.algorithms, *([HAND_LOOP] if args.op in HAND_OPS else [])]
+    if hand and not 0 < args.size <= HAND_MAX:
+        ap.error(f"--algorithm {HAND_LOOP} moves blocks of 1 to {HAND_MAX} bytes")
     if args.algorithm not in valid:
         ap.error(f"--algorithm {args.algorithm} is not an {args.op} algorithm: {', '.join(valid)}")
     try:
@@ -76,8 +80,14 @@ def main(argv: list[str] | None = None) -> int:
             figures = [0, 0, 0, 0, 0, 0.0, 0.0]
             waited = [0, 0]  # rank 0's empty polls and sleeps on the channel, every call
 
+            floor = None
+            if hand:
+                from rxelab.handloop import HandLoop  # pyverbs itself: only for the floor
+                floor = HandLoop(comm, args.size, float(comm.options["timeout"]))
+
             def collective(send: np.ndarray, recv: np.ndarray) -> None:
-                st = ops.run(comm, args.op, args.algorithm, send, recv, pairs=args.pairs)
+                st = floor.run(args.op, send, recv) if floor is not None else \
+                    ops.run(comm, args.op, args.algorithm, send, recv, pairs=args.pairs)
                 if st.peak_pinned > figures[0]:
                     figures[0] = st.peak_pinned
                 if st.peak_inflight > figures[1]:
@@ -92,7 +102,12 @@ def main(argv: list[str] | None = None) -> int:
 
             busy: list[float] = []
             cpu: list[float] = []
-            mine = stages.run(args, r, p, collective, comm.barrier, "rxelab", tolerance, busy, cpu)
+            try:
+                mine = stages.run(args, r, p, collective, comm.barrier, "rxelab", tolerance, busy,
+                                  cpu)
+            finally:
+                if floor is not None:
+                    floor.close()
             figures[6] = busy[0]
             table = np.zeros(p * mine.size, np.float64)
             comm.allgather(mine, table, algorithm="ring", compression="none")

@@ -17,7 +17,8 @@
                               #   over TCP, on a lab built with EXTRAS=torch; skipped, and said
                               #   so, where the nodes have no torch)
     op = "allgather"          # {ops}
-    algorithms = ["star"]     # rxelab: the library's; mpi: {mpi_labels}
+    algorithms = ["star"]     # rxelab: the library's, or hand-loop (all-to-all and allgather up to
+                              # 64 KiB: rxelab.handloop, the floor); mpi: {mpi_labels}
                               #   (forced through Open MPI's coll_tuned); gloo: gloo-default
     tools = ["ib_write_bw"]   # perftest: ib_write_bw | ib_write_bw_bidir | ib_send_bw | ib_send_lat
     nodes = [2, 3]            # how many nodes take part (1 rank each), 1..64 (perftest: 2, or

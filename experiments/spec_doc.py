@@ -19,6 +19,7 @@ from pydantic import (
 )
 from rxelab import codecs, ops
 from rxelab import settings as library
+from rxelab.bench import HAND_LOOP, HAND_MAX
 
 from experiments.scenario_docs import DdpDoc, ElasticDoc
 from experiments.spec_fields import (
@@ -107,6 +108,15 @@ class RunFields(Strict):
             raise bad(f"must be a non-empty list from {', '.join(allowed)}, not {short(names)}")
         return names
 
+    @field_validator("sizes")
+    @classmethod
+    def _hand_loop_sizes(cls, sizes: list[int], info: ValidationInfo) -> list[int]:
+        if HAND_LOOP in (info.data.get("algorithms") or ()) \
+                and not all(0 < s <= HAND_MAX for s in sizes):
+            raise bad(f"the {HAND_LOOP} moves blocks of 1 to {HAND_MAX} bytes (one eager slot), "
+                      f"not {short(sizes)}")
+        return sizes
+
     @field_validator(*ONLY, check_fields=False)
     @classmethod
     def _only_one_app(cls, value: Any, info: ValidationInfo) -> Any:
@@ -127,6 +137,8 @@ class RunFields(Strict):
     @classmethod
     def _codec_fits(cls, names: list[str], info: ValidationInfo) -> list[str]:
         described = ops.COLLECTIVES.get(info.data.get("op") or "")
+        if HAND_LOOP in (info.data.get("algorithms") or ()) and set(names) - {codecs.NONE}:
+            raise bad(f"the {HAND_LOOP} sends blocks as they are: compression = [\"none\"] only")
         lossy = [n for n in names if n != codecs.NONE and codecs.CODECS[n].lossy]
         if described is not None and lossy and not lossy_fits(described):
             raise bad(f"{', '.join(lossy)} round values: only for {spoken(LOSSY_OPS)} "

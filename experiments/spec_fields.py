@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 from rxelab import codecs, ops
 from rxelab import settings as library
+from rxelab.bench import HAND_LOOP, HAND_OPS
 
 from experiments import netem
 from infra import settings as lab_settings
@@ -115,7 +116,8 @@ def algorithms(app: str | None, op: str | None) -> tuple[str, ...]:
     """What a run of `app` may run for `op`; () when either is not known."""
     if app == "rxelab":
         described = ops.COLLECTIVES.get(op or "")  # read now: one registered later counts
-        return tuple(described.algorithms) if described else ()
+        floor = (HAND_LOOP,) if op in HAND_OPS else ()  # the hand-written loop (rxelab.handloop)
+        return (*described.algorithms, *floor) if described else ()
     if app == "mpi":
         described = ops.COLLECTIVES.get(op or "")
         return tuple(described.mpi.tuned) if described and described.mpi else ()

@@ -41,7 +41,10 @@ from rxelab.perftest import parse as parse_perftest
 
 MB = 1e6
 DEFAULT_SIZES = (1, 16, 1024, 16384, 65536, 262144, 1048576)
-HAND_OPS = ("alltoall", "allgather")  # what rxelab.handloop does, up to HAND_MAX bytes a block
+# rxelab.handloop: the floor's name (an rxelab case's algorithm in a spec), what it does, and
+# its largest block (eager: one slot)
+HAND_LOOP = "hand-loop"
+HAND_OPS = ("alltoall", "allgather")
 HAND_MAX = 65536
 MAX_SIZE = 1 << 30  # bytes per call: buffers beyond it are not a benchmark on these machines
 
@@ -336,13 +339,13 @@ def main(argv: list[str] | None = None) -> int:
             small = [m for m in sizes if 0 < m <= HAND_MAX]
             if args.hand_loop and args.op in HAND_OPS and small:
                 if comm.rank == 0:
-                    print(f"# {args.op}/hand-loop (pyverbs by hand, eager: the floor)\n{HEADER}",
+                    print(f"# {args.op}/{HAND_LOOP} (pyverbs by hand, eager: the floor)\n{HEADER}",
                           flush=True)
                 from rxelab.handloop import HandLoop  # pyverbs: only when asked for
                 hand = HandLoop(comm, max(small), timeout=float(comm.options["timeout"]))
                 try:
                     for m in small:
-                        r = measure(comm, args.op, "hand-loop", m, args.iterations, args.warmup,
+                        r = measure(comm, args.op, HAND_LOOP, m, args.iterations, args.warmup,
                                     hand=hand)
                         rows.append(r)
                         if comm.rank == 0:

@@ -24,6 +24,7 @@ from rxelab.comm.results import Stats
 from rxelab.errors import ConfigError, RdmaError
 
 OPS = ("alltoall", "allgather")  # rxelab.bench.HAND_OPS
+ALGORITHM = "hand-loop"  # rxelab.bench.HAND_LOOP
 ENDPOINT_BYTES = 128  # one endpoint as JSON, padded: what a rank tells each peer
 SLOTS = 16
 SIGNAL_EVERY = 8  # as the engine: one send in 8 asks for a completion that frees the others
@@ -103,7 +104,7 @@ class HandLoop:
             conn = self.conns[peer]
             ctypes.memmove(dst + peer * block, conn.recv_base + slot * self.slot_size, nbytes)
             conn.repost(slot)
-        return Stats(op, "hand-loop", (p - 1) * block, (p - 1) * block, 0, 0, 0.0,
+        return Stats(op, ALGORITHM, (p - 1) * block, (p - 1) * block, 0, 0, 0.0,
                      sleeps=self.sleeps)
 
     def _send(self, peer: int, addr: int, nbytes: int) -> None:

@@ -79,3 +79,50 @@ def test_the_bench_refuses_a_hand_loop_of_a_collective_it_does_not_do(capsys):
         bench.main(["--op", "allreduce", "--hand-loop"])
     assert exit_.value.code == 2
     assert "--hand-loop does alltoall and allgather, not allreduce" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("op", ["alltoall", "allgather"])
+def test_the_demo_app_runs_the_hand_loop_as_a_case_and_checks_every_stage(monkeypatch, capsys, op):
+    """A spec's rxelab case with algorithm hand-loop runs apps/server_client.py as any other:
+    its ranks as threads here; every stage's data checked, a summary naming the floor."""
+    import json
+    import threading
+
+    import rxelab
+    from pyverbs import _fabric
+
+    from apps import server_client
+    from tests.unit.fakejob import free_port
+
+    _fabric.FABRIC.reset(seed=2, max_delay=0.0002)
+    port, p = free_port(), 3
+    real_init = rxelab.init
+    monkeypatch.setattr(rxelab, "init", lambda **kw: real_init(
+        int(threading.current_thread().name[4:]), p, "127.0.0.1", port, device="fake0", **kw))
+    codes: dict[str, object] = {}
+
+    def run(name: str) -> None:
+        try:
+            codes[name] = server_client.main(["--op", op, "--algorithm", "hand-loop", "--size",
+                                              "1024", "--stages", "20", "--tight", "--timeout", "20"])
+        except BaseException as err:  # reported to the test
+            codes[name] = err
+    threads = [threading.Thread(target=run, args=(f"rank{r}",), name=f"rank{r}", daemon=True)
+               for r in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert codes == {f"rank{r}": 0 for r in range(p)}, codes
+    summary = next(json.loads(x) for x in capsys.readouterr().out.splitlines()
+                   if x.startswith("{") and '"summary"' in x)
+    assert summary["algorithm"] == "hand-loop" and summary["wrong"] == 0 and summary["ok"]
+
+
+def test_the_demo_app_refuses_a_hand_loop_it_cannot_run_in_words(capsys):
+    from apps import server_client
+    for argv, said in ((["--op", "alltoall", "--size", "131072"], "blocks of 1 to 65536 bytes"),
+                       (["--op", "allreduce", "--size", "1024"], "is not an allreduce algorithm")):
+        with pytest.raises(SystemExit) as exit_:
+            server_client.main([*argv, "--algorithm", "hand-loop"])
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
