@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 DPI = 150
 # rxelab's algorithms, each its own colour (tab10 without its grey and brown, then Dark2)
 RXELAB_ORDER = ("sequential", "pairwise", "parallel", "bruck", "ring", "recursive-doubling",
-                "star", "binomial", "sequential k")
+                "star", "binomial", "sequential k", "hand-loop")
 MPI_ORDER = ("mpi-default", "mpi-pairwise", "mpi-bruck", "mpi-linear", "mpi-ring")
 FAMILIES = {  # contender: its colours, darkest first, one per algorithm in MPI_ORDER
     "mpi-ucx": ("#000000", "#3b3b6b", "#5c3a1e", "#1f4e3d", "#4b0f2e"),

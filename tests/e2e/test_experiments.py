@@ -58,7 +58,7 @@ def test_smoke_verifies_every_algorithm_and_runs_mpi_on_the_same_nodes(smoke):
     records = [json.loads(x) for x in (smoke / "records.jsonl").read_text().splitlines()]
     assert [r["status"] for r in records] == ["ok"] * len(records)
     ran = {(r["app"], r["op"], r["algorithm"], r["transport"]) for r in records}
-    for op, algos in (("allgather", ("star", "ring", "sequential")),
+    for op, algos in (("allgather", ("star", "ring", "sequential", "parallel")),
                       ("alltoall", ("sequential", "pairwise", "parallel"))):
         assert {("rxelab", op, a, None) for a in algos} <= ran
         assert {("mpi", op, "mpi-default", t) for t in ("ucx", "tcp")} <= ran

@@ -66,7 +66,7 @@ def test_every_algorithm_across_vms(deployed, world):
     checks = {r["check"] for r in by_rank[0] if "check" in r}
     for algo in ("sequential", "pairwise", "parallel"):
         assert f"alltoall/{algo}/1048576" in checks and f"alltoallv/{algo}/7" in checks
-    for algo in ("star", "ring", "sequential"):
+    for algo in ("star", "ring", "sequential", "parallel"):
         assert f"allgather/{algo}/0" in checks and f"allgather/{algo}/1048576" in checks
     assert "sendrecv/4096" in checks and "write_imm/1" in checks
 

@@ -26,7 +26,7 @@ def test_shipped_specs_load(name):
 def test_smoke_covers_every_algorithm_and_mpi():
     cases = spec.load("smoke").cases()
     rx = {(c["op"], c["algorithm"]) for c in cases if c["app"] == "rxelab"}
-    assert rx == {("allgather", a) for a in ("star", "ring", "sequential")} | \
+    assert rx == {("allgather", a) for a in ("star", "ring", "sequential", "parallel")} | \
         {("alltoall", a) for a in ("sequential", "pairwise", "parallel")}
     assert any(c["app"] == "mpi" for c in cases)
 
