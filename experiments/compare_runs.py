@@ -15,7 +15,8 @@ from typing import Any
 
 from experiments import report
 
-REFERENCES = ("mpi-ucx", "mpi-tcp")  # what rxelab's time is divided by
+REFERENCES = ("mpi-ucx", "mpi-tcp", "pyverbs")  # what rxelab's time is divided by (pyverbs: the
+# hand loop's, rxelab.handloop, where a run has it)
 
 
 class CompareError(Exception):

@@ -27,7 +27,8 @@ FAMILIES = {  # contender: its colours, darkest first, one per algorithm in MPI_
     "gloo": ("#8c564b", "#a9746a", "#6d3f36", "#c49c94", "#5a3129"),
 }
 FAMILIES["smpi"] = FAMILIES["mpi-ucx"]  # SMPI's copies of MPI's algorithms, in the simulation
-LINESTYLE = {"rxelab": "-", "mpi-ucx": "--", "smpi": "--", "mpi-tcp": ":", "gloo": "-."}
+LINESTYLE = {"rxelab": "-", "mpi-ucx": "--", "smpi": "--", "mpi-tcp": ":", "gloo": "-.",
+             "pyverbs": (0, (1, 1))}  # the hand loop (rxelab.handloop): the floor, dotted fine
 
 
 def size_text(n: float) -> str:

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rxelab import codecs
+from rxelab.bench import HAND_LOOP
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,11 @@ class Spec:
 def contender(case: dict[str, Any]) -> str:
     """Who ran a case: rxelab, mpi-ucx, mpi-tcp, gloo or perftest (what a reader compares); an
     rxelab run with its own eager limit or a codec says so (rxelab-eager0: rendezvous only;
-    rxelab-zstd)."""
+    rxelab-zstd). The hand loop is not the library but the floor it is held to: pyverbs."""
     if case["app"] == "mpi":
         return f"mpi-{case['transport']}"
+    if case["app"] == "rxelab" and case.get("algorithm") == HAND_LOOP:
+        return "pyverbs"
     name = str(case["app"])
     if case["app"] == "rxelab" and case.get("eager_limit") is not None:
         name += f"-eager{case['eager_limit']}"

@@ -93,3 +93,17 @@ def test_what_cannot_be_compared_is_said_in_one_line(tmp_path):
     with pytest.raises(Exit) as failed:
         fabfile.compare(Context(), before=str(tmp_path / "nowhere"), after=str(a))
     assert failed.value.code == 1 and "not a lab run's directory" in str(failed.value.message)
+
+
+def test_the_hand_loop_is_a_reference_of_its_own_not_an_rxelab_case(tmp_path):
+    """A run with the hand loop (pyverbs) gives rxelab's time over the floor too; the floor is
+    never compared as if it were the library."""
+    run = write_run(tmp_path / "a", [120, 120, 120], [100, 100, 100], [80, 80, 80])
+    with (run / "records.jsonl").open("a") as out:
+        for k in range(3):
+            out.write(json.dumps(record(3, "rxelab", "tcp", "hand-loop", 1024, k, 96)) + "\n")
+    found = compare_runs.load(run)
+    assert {c.against for c in found} == {"mpi-ucx", "mpi-tcp", "pyverbs"}
+    assert all(c.algorithm == "parallel" for c in found)
+    floor = next(r for c, r in found.items() if c.against == "pyverbs")
+    assert floor.median == pytest.approx(1.25)
