@@ -29,6 +29,12 @@ STOP_GRACE_S = 5
 TIMED_OUT = 124  # what `timeout` and our launcher exit with when the deadline passed
 
 
+# A deadline's TERM is followed by KILL this many seconds later: mpirun (PRRTE) whose daemon on
+# a node that died (a guest kernel's panic, 2026-12-02) never answers ignores TERM and waited
+# for ever, and the case with it.
+KILL_AFTER_S = 30
+
+
 def case_timeout(case: dict[str, Any]) -> float:
     """The spec's deadline, or a generous one under emulation: ~40 ms per small stage, ~5 MB/s
     per node pair, more under loss."""
@@ -164,7 +170,7 @@ def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: s
     """network: the data network as Open MPI's if_include takes it (a CIDR such as
     10.10.0.0/24, or interface names), found on the hosts themselves, never assumed."""
     mca, env = mpi_settings(case, hosts, network)
-    argv = ["timeout", f"{case_timeout(case):.0f}", "mpirun", "-np", str(len(hosts)),
+    argv = ["timeout", "-k", str(KILL_AFTER_S), f"{case_timeout(case):.0f}", "mpirun", "-np", str(len(hosts)),
             "--host", mpi_hosts(hosts), "--mca", "oob_tcp_if_include", network,
             "-x", RUN_ID,  # the ranks carry the run's id too: the clean-up finds them
             *(a for k, v in mca.items() for a in ("--mca", k, v)),
@@ -174,7 +180,7 @@ def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: s
 
 def perftest_command(case: dict[str, Any], host: Host, run_id: str, server_ip: str = "") -> str:
     """One side of a perftest pair (the server without server_ip), under the case's deadline."""
-    argv = ["timeout", f"{case_timeout(case):.0f}", *perftest_argv(case, host)]
+    argv = ["timeout", "-k", str(KILL_AFTER_S), f"{case_timeout(case):.0f}", *perftest_argv(case, host)]
     return started_by(run_id) + shlex.join([*argv, *([server_ip] if server_ip else [])])
 
 

@@ -67,7 +67,8 @@ def newcomer_command(el: dict[str, Any], host: Host, head: Host, run_id: str, se
 def mpi_command(el: dict[str, Any], hosts: list[Host], network: str, run_id: str) -> str:
     per = el["ranks_per_node"]
     exports = [a for k, v in commands.ucx_settings(hosts[0], per).items() for a in ("-x", f"{k}={v}")]
-    argv = ["timeout", f"{el['timeout_s']:.0f}", "mpirun", "-np", str(len(hosts) * per),
+    argv = ["timeout", "-k", str(commands.KILL_AFTER_S), f"{el['timeout_s']:.0f}", "mpirun", "-np",
+            str(len(hosts) * per),
             "--host", commands.mpi_hosts(hosts, per),
             "--mca", "oob_tcp_if_include", network, "-x", RUN_ID,
             "--mca", "pml", "ucx", "--mca", "btl", "^openib,uct", *exports,

@@ -253,3 +253,30 @@ def test_the_benchmarks_perftest_takes_the_jobs_own_ack_timeout(monkeypatch):
         dev=types.SimpleNamespace(name="rxe0", port=1, gid_index=1))
     assert bench.perftest(comm, "ib_write_bw", 65536, 10) is None  # no result row: none parsed
     assert ran and ran[0][ran[0].index("-u") + 1] == "20" and ran[0][-1] == "10.0.0.2"
+
+
+def test_every_deadline_of_a_case_kills_what_ignores_its_term():
+    """mpirun whose daemon sat on a node that died ignored timeout's TERM and held its case for
+    ever (2026-12-02, a guest kernel's panic): every deadline wrapper of a case's command sends
+    KILL after KILL_AFTER_S. The wrapper as built, tried on a command that ignores TERM, with
+    its numbers shortened."""
+    import re
+    import subprocess
+    import time
+
+    from experiments import elastic
+    from tests.unit.test_elastic_scenario import EL
+
+    mpi = {**CASE, "app": "mpi", "algorithm": "mpi-default", "transport": "tcp"}
+    perf = {**CASE, "app": "perftest", "algorithm": "ib_write_bw", "nodes": 2}
+    built = [commands.mpi_command(mpi, HOSTS, "10.10.0.0/24", RUN),
+             commands.perftest_command(perf, HOSTS[0], RUN),
+             elastic.mpi_command(EL, HOSTS, "10.10.0.0/24", RUN)]
+    for cmd in built:
+        wrapper = re.search(r"\btimeout -k (\d+) (\d+) ", cmd)
+        assert wrapper is not None and int(wrapper[1]) == commands.KILL_AFTER_S, cmd
+        shortened = wrapper[0].replace(f"-k {wrapper[1]} {wrapper[2]}", "-k 1 1")
+        t0 = time.monotonic()
+        done = subprocess.run(["sh", "-c", shortened + "sh -c 'trap \"\" TERM; sleep 30'"],
+                              timeout=20)
+        assert done.returncode == 137 and time.monotonic() - t0 < 10, done
