@@ -66,6 +66,7 @@ class HandLoop:
         self.arrived: dict[int, deque[tuple[int, int]]] = {p: deque() for p in self.conns}
         self.armed = False
         self.sleeps = 0
+        self.draining = False  # closing: a peer that closed first already took our blocks
 
     def _connect(self, comm: Any) -> None:
         """Each peer's endpoint through the communicator's own all-to-all, then a barrier: every
@@ -78,8 +79,11 @@ class HandLoop:
         comm.alltoall(out, back)
         for peer, conn in self.conns.items():
             text = back[peer * ENDPOINT_BYTES:(peer + 1) * ENDPOINT_BYTES].tobytes().rstrip(b"\0")
-            conn.connect(verbs.Endpoint.from_dict(json.loads(text)),
-                         int(comm.options["qp_timeout"]), int(comm.options["retry_cnt"]))
+            try:
+                theirs = verbs.Endpoint.from_dict(json.loads(text))
+            except (ValueError, KeyError, TypeError):
+                raise RdmaError(f"hand loop: rank {peer} sent no endpoint ({text[:40]!r})") from None
+            conn.connect(theirs, int(comm.options["qp_timeout"]), int(comm.options["retry_cnt"]))
         comm.barrier()
 
     def run(self, op: str, send: np.ndarray, recv: np.ndarray) -> Stats:
@@ -132,13 +136,16 @@ class HandLoop:
         while True:
             n, wcs = self.dev.cq.poll(POLL_BATCH)
             for wc in wcs:
-                if wc.status != verbs.WC_SUCCESS:
-                    raise RdmaError(f"hand loop: a work request failed ({verbs.status_str(wc.status)})")
                 wr_id = wc.wr_id
+                failed = wc.status != verbs.WC_SUCCESS
+                if failed and not self.draining:
+                    raise RdmaError(f"hand loop: a work request failed ({verbs.status_str(wc.status)})")
                 if wr_id & SEND_BIT:
                     peer = (wr_id >> 32) & 0xFFFFF  # this send and those before it are done
-                    self.freed[peer] += (wr_id + 1 - self.freed[peer]) & 0xFFFFFFFF
-                else:
+                    ahead = (wr_id + 1 - self.freed[peer]) & 0xFFFFFFFF
+                    if ahead < 1 << 31:  # flushed ones may come back in any order
+                        self.freed[peer] += ahead
+                elif not failed:  # a receive flushed at close carries nothing
                     self.arrived[(wr_id >> 32) & 0xFFFFF].append((wr_id & 0xFFFFFFFF, wc.byte_len))
             if n:
                 return
@@ -154,7 +161,31 @@ class HandLoop:
                 self.dev.take_event()
                 self.armed = False
 
+    def _drain(self) -> None:
+        """Before the QPs go: a signaled zero-length write after the sends not yet known
+        complete, whose completion says they all are (RC completes in order). Destroyed at
+        once, a QP may drop its last unsignaled blocks, which a peer still waits for. A peer
+        that finished first had all of them, and its QPs may be gone: a failed write to it
+        counts as done."""
+        self.draining = True
+        for peer, conn in self.conns.items():
+            n = self.posted[peer]
+            if n > self.freed[peer]:
+                conn.post(SEND_BIT | (peer << 32) | (n & 0xFFFFFFFF), verbs.WR_RDMA_WRITE,
+                          conn.send_base, 0, conn.send_mr.lkey, signaled=True)
+                self.posted[peer] = n + 1
+        for peer in self.conns:
+            while self.freed[peer] < self.posted[peer]:
+                self._progress(f"rank {peer} to take this rank's last blocks")
+
     def close(self) -> None:
+        try:
+            if hasattr(self, "posted"):  # made whole: its sends may still be on their way
+                self._drain()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
         for conn in self.conns.values():
             conn.close()
         self.conns = {}

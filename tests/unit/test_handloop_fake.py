@@ -126,3 +126,33 @@ def test_the_demo_app_refuses_a_hand_loop_it_cannot_run_in_words(capsys):
         with pytest.raises(SystemExit) as exit_:
             server_client.main([*argv, "--algorithm", "hand-loop"])
         assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_a_peer_that_sends_no_endpoint_is_one_line_not_a_traceback(monkeypatch):
+    import threading
+
+    from rxelab import handloop, verbs
+    from rxelab.errors import RdmaError
+
+    real = verbs.Connection.endpoint
+
+    class Garbled:
+        def to_dict(self):
+            return {"qpn": "x"}
+
+    garbling: set[str] = set()  # the threads whose endpoints are garbled from now on
+
+    def endpoint(conn):  # rank 1's hand loop sends garbage where its endpoint goes
+        return Garbled() if threading.current_thread().name in garbling else real(conn)
+    monkeypatch.setattr(verbs.Connection, "endpoint", endpoint)
+
+    def job(comm):
+        if comm.rank == 1:  # the communicator itself was formed with true endpoints
+            garbling.add(threading.current_thread().name)
+        try:
+            handloop.HandLoop(comm, 1024, timeout=5).close()
+        except RdmaError as err:
+            return str(err)
+        return None
+    said = run_ranks(2, job, deadline=60, keep_errors=True)
+    assert any(isinstance(s, str) and "rank 1 sent no endpoint" in s for s in said), said
