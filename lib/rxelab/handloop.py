@@ -106,6 +106,10 @@ class HandLoop:
             peer = (r - i) % p
             slot, nbytes = self._arrival(peer)
             conn = self.conns[peer]
+            if nbytes != block:  # never copied past its place in recv
+                conn.repost(slot)
+                raise ConfigError(f"hand loop: rank {peer} sent {nbytes} bytes, this rank expects "
+                                  f"{block}")
             ctypes.memmove(dst + peer * block, conn.recv_base + slot * self.slot_size, nbytes)
             conn.repost(slot)
         return Stats(op, ALGORITHM, (p - 1) * block, (p - 1) * block, 0, 0, 0.0,

@@ -74,6 +74,25 @@ def test_blocks_beyond_its_slots_or_another_collective_are_refused_in_one_line()
     assert "allreduce" in said[1], said
 
 
+def test_a_peer_that_sends_another_size_is_refused_not_copied_past_its_place():
+    from rxelab.handloop import HandLoop
+
+    def job(comm):
+        hand = HandLoop(comm, 4096, timeout=10)
+        n = 4096 if comm.rank == 1 else 1024  # rank 1 sends blocks 4x the others' size
+        recv = np.zeros(n * comm.size + 16, np.uint8)
+        guard = recv[n * comm.size:]  # bytes past the receive buffer's end stay untouched
+        try:
+            hand.run("allgather", np.ones(n, np.uint8), recv[:n * comm.size])
+        except ConfigError as err:
+            return str(err), bool(guard.any())
+        finally:
+            hand.close()
+        return None, bool(guard.any())
+    said = run_ranks(2, job, deadline=60, keep_errors=True)
+    assert said[0] == ("hand loop: rank 1 sent 4096 bytes, this rank expects 1024", False), said
+
+
 def test_the_bench_refuses_a_hand_loop_of_a_collective_it_does_not_do(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--op", "allreduce", "--hand-loop"])
