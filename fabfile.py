@@ -216,8 +216,10 @@ def report(c, results=None):
             "after": "the later run's directory (default: the newest in results/)"})
 @one_line_errors
 def compare(c, before, after=None):
-    """rxelab's time over MPI's (UCX, TCP) in two runs of the same cases, round by round; exits
-    1 when a ratio got slower beyond the rounds' spread (the `regression` spec is made for it)."""
+    """Compare rxelab's time over MPI's in two runs of one spec, round by round.
+
+    Exits 1 when a ratio got slower beyond the rounds' spread (the `regression` spec is made
+    for it)."""
     later = Path(after) if after else None
     if later is None:
         runs = sorted(p for p in RESULTS.glob("*") if (p / "records.jsonl").exists())
