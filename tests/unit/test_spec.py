@@ -389,16 +389,3 @@ def test_a_ddp_scenario_with_sharded_variants_is_taken():
     s = spec.parse({"name": "x", **tomllib.loads("[ddp]\nwraps=['fsdp2','fsdp']")})
     assert s.ddp is not None and s.ddp["wraps"] == ["fsdp2", "fsdp"]
 
-
-def test_the_hand_loop_is_an_rxelab_case_of_small_alltoall_and_allgather_only():
-    """rxelab.handloop, the floor the library is measured against, runs as an rxelab case; a
-    spec asks it only of what it does (blocks of one eager slot, as they are)."""
-    run = {"app": "rxelab", "op": "alltoall", "algorithms": ["parallel", "hand-loop"],
-           "nodes": [3], "sizes": [1024, 65536], "tight": True}
-    got = spec.parse({"name": "floor", "runs": [run]}, "my.toml")
-    assert sorted(c["algorithm"] for c in got.cases()) == ["hand-loop"] * 2 + ["parallel"] * 2
-    assert "1 to 65536 bytes" in _refused({"name": "x", "runs": [{**run, "sizes": [131072]}]})
-    assert "1 to 65536 bytes" in _refused({"name": "x", "runs": [{**run, "sizes": [0]}]})
-    assert "as they are" in _refused({"name": "x", "runs": [{**run, "compression": ["lz4"]}]})
-    for other in ({**run, "op": "allreduce"}, {**run, "app": "mpi"}):
-        assert "hand-loop" in _refused({"name": "x", "runs": [other]})
