@@ -102,8 +102,11 @@ def bad_input(comm: rxelab.comm.Communicator) -> list[dict]:
     return results
 
 
-def fault(comm: rxelab.comm.Communicator, victim: int, how: str) -> list[dict]:
-    """Rank `victim` dies (or hangs); every other rank must get a PeerError naming it."""
+def fault(comm: rxelab.comm.Communicator, victim: int, how: str,
+          hang_s: float = 3600) -> list[dict]:
+    """Rank `victim` dies (or hangs); every other rank must get a PeerError naming it. A hang
+    is timed from the barrier and then ends in death, so a test's job ends when the survivors
+    have had their say, not at a launcher timeout that would have to guess the lab's start-up."""
     import os
 
     from rxelab.errors import PeerError
@@ -112,7 +115,8 @@ def fault(comm: rxelab.comm.Communicator, victim: int, how: str) -> list[dict]:
     if comm.rank == victim:
         if how == "die":
             os._exit(3)
-        time.sleep(3600)
+        time.sleep(hang_s)
+        os._exit(3)
     p = comm.size
     started = time.monotonic()
     try:
@@ -140,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     settings.add_flags(ap)
     ap.add_argument("--mode", choices=["data", "bad-input", "die", "hang"], default="data")
     ap.add_argument("--victim", type=int, default=1, help="the rank that dies or hangs")
+    ap.add_argument("--hang-for", type=float, default=3600, metavar="S",
+                    help="--mode hang: seconds the victim hangs before it dies")
     args = ap.parse_args(argv)
+    if not 0 <= args.hang_for <= 86400:
+        ap.error(f"--hang-for {args.hang_for:g}: seconds from 0 to 86400")
     sizes = [int(x) for x in args.sizes.split(",") if x]
     algos = {name: [a for a in getattr(args, name).split(",") if a] for name in ops.COLLECTIVES}
     started = time.monotonic()
@@ -152,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             elif args.mode == "bad-input":
                 results = bad_input(comm)
             else:
-                results = fault(comm, args.victim, args.mode)
+                results = fault(comm, args.victim, args.mode, args.hang_for)
         if args.mode == "bad-input":
             from rxelab.errors import ClosedError
 
