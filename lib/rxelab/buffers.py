@@ -76,10 +76,12 @@ def _forget(key: int) -> Any:
 
 
 def _layout_of(obj: Any) -> tuple[Any, ...] | None:
-    """Where a tensor's memory is and how it is laid out, from torch's cheap accessors; None
-    for other DLPack exporters (converted every call)."""
+    """Where a tensor's memory is, how it is laid out and whether it needs a gradient (then
+    it is refused, as a fresh one is), from torch's cheap accessors; None for other DLPack
+    exporters (converted every call)."""
     try:
-        return int(obj.data_ptr()), tuple(obj.shape), tuple(obj.stride()), str(obj.dtype)
+        return (int(obj.data_ptr()), tuple(obj.shape), tuple(obj.stride()), str(obj.dtype),
+                bool(getattr(obj, "requires_grad", False)))
     except Exception:  # not a torch tensor
         return None
 

@@ -68,13 +68,18 @@ def seen_buffers(sendbuf: Any, recvbuf: Any) -> tuple[Any, Any]:
 
 
 def memory_of(given: Any, seen: Any) -> tuple[Any, ...] | None:
-    """Where and as what a buffer the library saw through (a tensor, host_array) has its
-    memory now: part of a plan's key, since the same tensor may be given other memory, or
-    another dtype or shape over the same memory (`t.data = t.data.view(torch.int32)`),
-    between calls."""
-    if given is seen or not isinstance(seen, np.ndarray):
+    """What a buffer means now, as part of a plan's key: a plan's checks (contiguity, equal
+    dtypes) and the typed views it made hold only for the buffer as it was. A numpy array
+    may be given another dtype, shape or strides in place (`a.dtype = np.int32`); a buffer
+    the library saw through (a tensor, host_array) other memory too (`t.data = ...`), and a
+    tensor may come to need a gradient (`t.requires_grad_()`), which it must then refuse.
+    A few attribute reads (~0.2 us a buffer), beside checks that cost ~100 us."""
+    if given is seen:
+        return (seen.dtype, seen.shape, seen.strides) if isinstance(seen, np.ndarray) else None
+    if not isinstance(seen, np.ndarray):
         return None
-    return int(seen.ctypes.data), int(seen.nbytes), seen.dtype.str, seen.shape, seen.strides
+    return (int(seen.ctypes.data), int(seen.nbytes), seen.dtype.str, seen.shape, seen.strides,
+            bool(getattr(given, "requires_grad", False)))
 
 
 class PlanCache:
