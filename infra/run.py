@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import LabError
+from infra.owned_paths import open_private
 
 log = logging.getLogger("rxelab")
 # A process (a build, a VM, a node) using more than this share of one core is working: an idle
@@ -157,12 +158,14 @@ def run_streaming(
     args = [os.fspath(a) for a in argv]
     log.debug("+ %s", shlex.join(args))
     log_file.parent.mkdir(parents=True, exist_ok=True)
+    # opened before the program starts, never through a link planted at its path
+    written = open_private(log_file)
     tail: deque[str] = deque(maxlen=15)
     last_output = [time.monotonic()]
 
     def pump() -> None:
         assert proc.stdout is not None
-        with log_file.open("w") as f:
+        with written as f:
             for line in proc.stdout:
                 last_output[0] = time.monotonic()
                 f.write(line)
@@ -171,16 +174,20 @@ def run_streaming(
                 if shown is not None:
                     print(f"{prefix}{shown}", flush=True)
 
-    proc, held = _started(
-        args,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "LANG": "C.UTF-8", **(env or {})},
-        # it is interrupted with SIGINT below, which it cannot catch if it inherited the
-        # signal ignored (a background job of a non-interactive shell, many CI runners)
-        preexec_fn=_default_sigint if interrupt_grace > 0 else None,
-    )
+    try:
+        proc, held = _started(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "LANG": "C.UTF-8", **(env or {})},
+            # it is interrupted with SIGINT below, which it cannot catch if it inherited the
+            # signal ignored (a background job of a non-interactive shell, many CI runners)
+            preexec_fn=_default_sigint if interrupt_grace > 0 else None,
+        )
+    except BaseException:
+        written.close()
+        raise
 
     reader: threading.Thread | None = None
     # from here on a signal (Ctrl-C, a closed terminal) is passed on to the program: nothing
@@ -220,6 +227,8 @@ def run_streaming(
     finally:
         if reader is not None and reader.ident is not None:
             reader.join(timeout=5)
+        else:
+            written.close()  # the reader that closes it never started
     if proc.returncode != 0:
         raise CommandError(args, proc.returncode, "\n".join(tail), "")
 
@@ -332,7 +341,10 @@ def detach_from_terminal(log: Path | None = None) -> None:
     during the clean-up goes to `log` (private, appended to) or nowhere."""
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:  # never through a link planted at its path: then nowhere
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            fd = os.open(os.devnull, os.O_WRONLY)
     else:
         fd = os.open(os.devnull, os.O_WRONLY)
     for std in (1, 2):

@@ -25,6 +25,7 @@ from pathlib import Path
 from infra import settings
 from infra.config import LabConfig
 from infra.errors import LabError
+from infra.owned_paths import check_chain
 
 MARKER = "rxelab-lab.json"
 MARKER_KIND = "rxelab lab state"
@@ -69,7 +70,12 @@ class LabState:
         """The directory is the caller's own and nobody else can write in it (nor in its
         Terraform state): another user's lab, or one they could change under us, would have
         us run what they wrote (Terraform runs the commands its state records). Refused
-        before anything in it is read, claimed, run or removed."""
+        before anything in it is read, claimed, run or removed. The directories above it too
+        (owned_paths.check_chain): whoever can write one of them can swap the lab for theirs
+        after this check."""
+        check_chain(self.root.parent, self.root, consequence="; nothing was changed",
+                    hint="point RXELAB_STATE at a directory of your own, under directories "
+                         "only you (or root) can write")
         for path in (self.root, self.terraform, self.terraform / "terraform.tfstate"):
             try:
                 info = os.lstat(path)
@@ -106,6 +112,7 @@ class LabState:
         self.check_claimable()
         try:
             mkdir_private(self.root)
+            self.check_own()  # made, or found made by another user in a sticky parent?
             os.chmod(self.root, 0o700)
             lab_id = self.lab_id()
             if lab_id is None:
