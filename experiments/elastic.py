@@ -225,7 +225,7 @@ class Scenario:
 
     def run(self) -> Iterator[dict[str, Any]]:
         """Each contender's record as soon as it has one (an interrupted run keeps them)."""
-        secret = random_secrets.token_hex(16)
+        secret = random_secrets.token_urlsafe(32)  # 256 bits (a job's secret needs 128)
         for h in self.hosts:
             r = self.r._connection(h).run(secret_command(self.secret_file), hide=True, warn=True,
                                           timeout=30, in_stream=io.StringIO(secret + "\n"))

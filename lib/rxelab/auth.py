@@ -16,6 +16,11 @@ The credential is a small interface (a handshake that proves, checks and gives t
 key), so a cluster's own stands in for the shared secret: MUNGE under Slurm (rxelab.munge).
 Only the standard library's hmac, hashlib and secrets are used: no cryptography of our own
 beyond this protocol.
+
+A listener proves itself first, so one knock gives a stranger an HMAC to test guesses against
+offline: the secret itself must make that hopeless. A job's secret has at least 128 bits
+(strength(): its length times log2 of the character classes it uses, and some variety), so no
+key stretching is needed; new_token() makes one (`rxelab-launch --new-token`).
 """
 
 from __future__ import annotations
@@ -23,16 +28,66 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import secrets
 from dataclasses import dataclass
 from typing import Protocol
 
-from rxelab.errors import ProtocolError
+from rxelab.errors import ConfigError, ProtocolError
 
 NONCE_BYTES = 32
 TAG_BYTES = 32  # a sealed frame's HMAC-SHA256
 CONNECTOR, LISTENER = b"connector", b"listener"
 _KEY_LABEL = b"rxelab job key v1"
+MIN_BITS = 128  # offline guessing of a secret this strong is hopeless, however fast the HMAC
+MIN_DISTINCT = 8  # 'aaaa...' or 'abab...' is no secret, however long
+TOKEN_BYTES = 32  # new_token(): 256 random bits, 43 base64url characters
+HOW_TO_MAKE = "make one with `rxelab-launch --new-token` (or python3 -c 'import secrets; " \
+              "print(secrets.token_urlsafe(32))')"
+HEX_DIGITS = frozenset("0123456789abcdef")
+# (characters, how many the class has): a secret's characters are taken as drawn from the
+# classes it uses
+_CLASSES = ((frozenset("0123456789"), 10), (frozenset("abcdefghijklmnopqrstuvwxyz"), 26),
+            (frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ"), 26), (frozenset("-_"), 2))
+_OTHER = 33  # any other character: the rest of printable ASCII
+
+
+def strength(secret: str) -> float:
+    """An estimate of a secret's entropy in bits: its length times log2 of the size of the
+    character classes it uses (hex digits 16; else digits 10, lower case 26, upper case 26,
+    '-' and '_' 2 (base64url's 64 in all), anything else 33). Generous to a patterned secret
+    (it is checked for variety apart), never to a short one."""
+    if not secret:
+        return 0.0
+    chars = set(secret)
+    if chars <= HEX_DIGITS or chars <= {c.upper() for c in HEX_DIGITS}:
+        pool = 16
+    else:
+        pool = sum(size for members, size in _CLASSES if chars & members)
+        pool += _OTHER if chars - set().union(*(m for m, _ in _CLASSES)) else 0
+    return len(secret) * math.log2(pool)
+
+
+def weakness(secret: str) -> str | None:
+    """Why a secret is too weak for a job (None: it is strong enough)."""
+    bits, distinct = strength(secret), len(set(secret))
+    if bits < MIN_BITS:
+        return f"has about {bits:.0f} bits of entropy, less than {MIN_BITS}"
+    if distinct < MIN_DISTINCT:
+        return f"has {distinct} distinct characters, fewer than {MIN_DISTINCT}"
+    return None
+
+
+def require_strong(secret: str, where: str) -> None:
+    """ConfigError, in one line that says how to make a good one, for a weak secret."""
+    if (why := weakness(secret)) is not None:
+        raise ConfigError(f"{where}: the job's secret {why}: a listener's proof lets anyone "
+                          "guess it offline", hint=HOW_TO_MAKE)
+
+
+def new_token() -> str:
+    """A job's secret of 256 random bits (43 base64url characters)."""
+    return secrets.token_urlsafe(TOKEN_BYTES)
 
 
 class Handshake(Protocol):

@@ -11,7 +11,8 @@ A job's secret keeps strangers out of its control plane: RXELAB_JOB_TOKEN (our l
 passes one on each rank's standard input, never on a command line), or the file
 RXELAB_JOB_TOKEN_FILE names (the caller's own, readable by nobody else), or under Open MPI's
 mpirun the random key it gives every job (OMPI_MCA_orte_precondition_transports). It never
-travels: the ranks prove to each other that they hold it (rxelab.auth).
+travels: the ranks prove to each other that they hold it (rxelab.auth). A secret of less
+than 128 bits is refused (`rxelab-launch --new-token` makes one).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rxelab import hostlist, munge
+from rxelab import auth, hostlist, munge
 from rxelab.auth import OPEN, Credential, SharedSecret
 from rxelab.errors import ConfigError
 
@@ -160,6 +161,7 @@ def credential(env: Mapping[str, str]) -> Credential:
 def job_secret(env: Mapping[str, str]) -> tuple[str, str]:
     """The job's shared secret and where it came from, or ("", "")."""
     if env.get("RXELAB_JOB_TOKEN"):
+        auth.require_strong(env["RXELAB_JOB_TOKEN"], "RXELAB_JOB_TOKEN")
         return env["RXELAB_JOB_TOKEN"], "RXELAB_JOB_TOKEN"
     if path := env.get("RXELAB_JOB_TOKEN_FILE"):
         try:
@@ -180,7 +182,20 @@ def job_secret(env: Mapping[str, str]) -> tuple[str, str]:
         secret = data.decode(errors="replace").strip()
         if not secret or len(data) > 4096:
             raise ConfigError(f"RXELAB_JOB_TOKEN_FILE={path} must hold one secret line")
+        auth.require_strong(secret, f"RXELAB_JOB_TOKEN_FILE={path}")
         return secret, "RXELAB_JOB_TOKEN_FILE"
-    if env.get("OMPI_MCA_orte_precondition_transports") and "OMPI_COMM_WORLD_SIZE" in env:
-        return env["OMPI_MCA_orte_precondition_transports"], "Open MPI's job key"
+    key = env.get("OMPI_MCA_orte_precondition_transports", "")
+    if key and "OMPI_COMM_WORLD_SIZE" in env and open_mpi_key_is_secret(key):
+        return key, "Open MPI's job key"
     return "", ""
+
+
+def open_mpi_key_is_secret(key: str) -> bool:
+    """mpirun's (ORTE's) key is two 64-bit numbers from /dev/urandom, 16 hex digits each,
+    joined by '-': 128 bits. Where Open MPI made it from the job's ids instead (direct launch:
+    '012cc14200000000-012cc14200000000') it is no secret: not taken (the job falls back to
+    MUNGE, or to none, saying so)."""
+    first, dash, second = key.partition("-")
+    return (bool(dash) and len(first) == len(second) == 16 and first != second
+            and set(key.lower()) - {"-"} <= auth.HEX_DIGITS
+            and auth.weakness(first + second) is None)

@@ -13,7 +13,8 @@ Elastic jobs (rxelab.init(elastic=True)): with --elastic a rank that ends badly 
 the job (the others shrink and go on), and the job ends well if any rank did. Newcomers are
 started by another launcher with --join --master HOST (the job's first host): they get
 MASTER_ADDR and MASTER_PORT but no rank. Both launchers then need the same secret:
---secret-file names a file only its owner can read that holds it.
+--secret-file names a file only its owner can read that holds it (`--new-token` prints a
+good one: 256 random bits; a secret of less than 128 bits is refused).
 
 No rank outlives its launcher. Each rank runs under a small shell guard that reads a pipe from
 the launcher on its standard input: when the launcher ends - normally, on SIGTERM, SIGHUP or
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import shlex
 import signal
 import socket
@@ -35,6 +35,7 @@ import threading
 import time
 from typing import Any
 
+from rxelab.auth import new_token
 from rxelab.bootstrap import job_secret
 from rxelab.errors import ConfigError
 
@@ -91,7 +92,7 @@ def rank_argv(host: str, env: dict[str, str], command: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hosts", required=True, help="comma-separated host names")
+    ap.add_argument("--hosts", default="", help="comma-separated host names")
     ap.add_argument("--per-host", type=int, default=1, help="ranks per host (default 1)")
     ap.add_argument("--port", type=int, default=29500, help="rendezvous port on the first host")
     ap.add_argument("--timeout", type=float, default=600, help="seconds before the job is stopped")
@@ -104,8 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--secret-file", default="",
                     help="the job's secret, from a file only its owner can read (default: a "
                          "new random one)")
+    ap.add_argument("--new-token", action="store_true",
+                    help="print a new job secret (256 random bits) for RXELAB_JOB_TOKEN or "
+                         "--secret-file, and exit")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program and its arguments")
     args = ap.parse_args(argv)
+    if args.new_token:
+        print(new_token())
+        return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     hosts = [h for h in args.hosts.split(",") if h]
     if not command or not hosts or args.per_host < 1:
@@ -123,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as err:
             ap.error(str(err).replace("RXELAB_JOB_TOKEN_FILE=", "--secret-file "))
     else:
-        token = secrets.token_hex(16)
+        token = new_token()
     # passed on as they are: where the library is, and the id by which an experiment's
     # clean-up finds the processes it started
     forwarded = {k: os.environ[k] for k in ("PYTHONPATH", "RXELAB_RUN_ID") if os.environ.get(k)}

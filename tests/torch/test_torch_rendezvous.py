@@ -46,11 +46,12 @@ def test_rank_0_publishes_where_it_listens_and_a_secret_drawn_for_the_job():
 
 def test_a_secret_of_rxelabs_own_never_goes_into_the_store():
     store = Store()
-    job0, listener = rdv.meet(store, 0, 2, 5.0, env={"RXELAB_JOB_TOKEN": "s3cret"})
+    token = "FCK2udXL7r8mUQ1WEU9OzXhH_oxxnGo-nfI7kFHR754"
+    job0, listener = rdv.meet(store, 0, 2, 5.0, env={"RXELAB_JOB_TOKEN": token})
     listener.close()
     assert rdv.SECRET_KEY not in store.data
-    assert b"s3cret" not in b"".join(store.data.values())
-    job1, _ = rdv.meet(store, 1, 2, 5.0, env={"RXELAB_JOB_TOKEN": "s3cret"})
+    assert token.encode() not in b"".join(store.data.values())
+    job1, _ = rdv.meet(store, 1, 2, 5.0, env={"RXELAB_JOB_TOKEN": token})
     assert job1.credential.key == job0.credential.key
     with pytest.raises(ConfigError, match="rank 0 has a job secret .*this rank has none"):
         rdv.meet(store, 1, 2, 5.0, env={})
@@ -61,7 +62,7 @@ def test_a_rank_with_a_secret_where_rank_0_has_none_is_refused():
     _, listener = rdv.meet(store, 0, 2, 5.0, env={})
     listener.close()
     with pytest.raises(ConfigError, match="this rank has a job secret"):
-        rdv.meet(store, 1, 2, 5.0, env={"RXELAB_JOB_TOKEN": "x"})
+        rdv.meet(store, 1, 2, 5.0, env={"RXELAB_JOB_TOKEN": "mcrqjUkFUobGISH4H_HDn02d-ptZ9HkU7YvtviMaslg"})
 
 
 def test_a_missing_rank_0_is_named_after_the_wait():

@@ -133,8 +133,9 @@ def test_under_torchrun_the_store_port_is_left_to_torch():
            "TORCHELASTIC_RUN_ID": "abc"}
     assert discover(env=env).master_port == 29501
     assert discover(env={**env, "RXELAB_MASTER_PORT": "4000"}).master_port == 4000
-    cred = discover(env={**env, "RXELAB_JOB_TOKEN": "s3cret"}).credential
-    assert cred.secured and "s3cret" not in repr(cred) and b"s3cret" not in cred.key, \
+    strong = "FCK2udXL7r8mUQ1WEU9OzXhH_oxxnGo-nfI7kFHR754"
+    cred = discover(env={**env, "RXELAB_JOB_TOKEN": strong}).credential
+    assert cred.secured and strong not in repr(cred) and strong.encode() not in cred.key, \
         "the secret itself is not kept"
 
 
@@ -255,11 +256,11 @@ def test_without_a_secret_rank_0_listens_on_its_address_only():
 
 def test_the_secret_comes_from_a_private_file_or_open_mpi(tmp_path):
     private = tmp_path / "job.secret"
-    private.write_text("s3cret\n")
+    private.write_text("xwqQzZ5nX8C6Dme2EUtD2PDR7NihV6oM4nHBGXlq-cU\n")
     private.chmod(0o600)
     base = {"RANK": "0", "WORLD_SIZE": "1"}
     from_file = discover(env={**base, "RXELAB_JOB_TOKEN_FILE": str(private)})
-    assert from_file.credential.key == secret("s3cret").key
+    assert from_file.credential.key == secret("xwqQzZ5nX8C6Dme2EUtD2PDR7NihV6oM4nHBGXlq-cU").key
     assert from_file.credential.source == "RXELAB_JOB_TOKEN_FILE"
     private.chmod(0o644)
     with pytest.raises(ConfigError, match="readable by others"):

@@ -70,7 +70,7 @@ def test_a_newcomer_without_the_secret_is_never_admitted(monkeypatch):
         if comm.rank == 0:
             port = comm.rendezvous[1]
             with monkeypatch.context() as m:  # the stranger's own environment
-                m.setenv("RXELAB_JOB_TOKEN", "a guess")
+                m.setenv("RXELAB_JOB_TOKEN", "F7k1UOiqmKHr5_LIzs0jCLDDWQcFaTg412LOGA5O23o")  # a strong guess
                 with pytest.raises(PeerError) as err:
                     rxelab.join("127.0.0.1", port, wait=1.5, device="fake0")
                 results["stranger"] = str(err.value)

@@ -22,7 +22,7 @@ from tests.unit.fakejob import die, run_ranks, settle
 
 @pytest.fixture(autouse=True)
 def secret(monkeypatch):
-    monkeypatch.setenv("RXELAB_JOB_TOKEN", "the job's secret")
+    monkeypatch.setenv("RXELAB_JOB_TOKEN", "o7MjB-iDsO6_bnLEIFBkYMa20z0jsE4Ee0KvJk83iU4")
 
 
 class Died(BaseException):

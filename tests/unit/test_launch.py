@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rxelab.auth import weakness
 
 from infra.config import REPO
 
@@ -80,7 +81,7 @@ def test_output_is_prefixed_status_is_the_first_failure_and_ranks_share_a_token(
     tokens = {x.split("token=")[1] for x in lines}
     assert len(tokens) == 1
     token = tokens.pop()
-    assert len(token) == 32
+    assert weakness(token) is None and len(token) == 43, token  # 256 bits, base64url
     seen = (tmp_path / "cmdlines.0").read_text() + (tmp_path / "cmdlines.1").read_text()
     assert "rxelab.launch" in seen and "RANK=1" in seen, "the command lines were read"
     assert token not in seen
@@ -146,7 +147,7 @@ def test_an_elastic_job_goes_on_past_a_failed_rank_and_ends_well_if_any_rank_did
 
 def test_newcomers_get_the_rendezvous_and_the_job_s_secret_from_a_private_file(tmp_path, cleanup):
     secret = tmp_path / "secret"
-    secret.write_text("the job's secret\n")
+    secret.write_text("JPrm-WjSNOqrWZ8HLGJnVaT8PRpWOIiXYT9TxA0tIKI\n")
     secret.chmod(0o600)
     p = launcher(tmp_path, "--join", "--master", "node1", "--port", "29611", "--secret-file",
                  str(secret), "--hosts", "localhost",
@@ -154,7 +155,8 @@ def test_newcomers_get_the_rendezvous_and_the_job_s_secret_from_a_private_file(t
                          "token=$RXELAB_JOB_TOKEN")
     cleanup.append(p)
     out, _ = p.communicate(timeout=60)
-    assert p.returncode == 0 and "master=node1:29611 rank=none token=the job's secret" in out, out
+    want = "master=node1:29611 rank=none token=JPrm-WjSNOqrWZ8HLGJnVaT8PRpWOIiXYT9TxA0tIKI"
+    assert p.returncode == 0 and want in out, out
     secret.chmod(0o644)
     p = launcher(tmp_path, "--secret-file", str(secret), "--hosts", "localhost", command="true")
     cleanup.append(p)

@@ -47,7 +47,8 @@ def test_a_malformed_hostlist_is_refused_naming_it(text, problem):
 def slurm(**over: str) -> dict[str, str]:
     env = {"SLURM_PROCID": "2", "SLURM_NTASKS": "6", "SLURM_JOB_ID": "4711",
            "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node[1-3]",
-           "SLURM_STEP_NODELIST": "node[2-3]", "RXELAB_JOB_TOKEN": "s"}
+           "SLURM_STEP_NODELIST": "node[2-3]",
+           "RXELAB_JOB_TOKEN": "mcrqjUkFUobGISH4H_HDn02d-ptZ9HkU7YvtviMaslg"}
     env.update(over)
     return env
 

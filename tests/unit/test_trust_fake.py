@@ -26,7 +26,7 @@ from rxelab.porter import Porter
 from tests.unit.fakejob import die, free_port, run_ranks, settle
 from tests.unit.impostors import Impostor, bind_when_free
 
-SECRET = "the job's secret"
+SECRET = "JPrm-WjSNOqrWZ8HLGJnVaT8PRpWOIiXYT9TxA0tIKI"  # a job's secret: 256 bits
 
 
 @pytest.fixture(autouse=True)
@@ -250,7 +250,7 @@ def test_a_stranger_on_a_dead_ranks_port_does_not_keep_it_alive(impostors, silen
 # ---- item 7: a secret file must be the caller's own ------------------------------------------
 def test_a_secret_file_of_another_user_is_refused_even_if_private(tmp_path, monkeypatch):
     path = tmp_path / "job.secret"
-    path.write_text("s3cret\n")
+    path.write_text(SECRET + "\n")
     path.chmod(0o600)
     env = {"RANK": "0", "WORLD_SIZE": "1", "RXELAB_JOB_TOKEN_FILE": str(path)}
     assert discover(env=env).secured
