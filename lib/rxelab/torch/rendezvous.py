@@ -4,8 +4,11 @@ not a port of their own. Rank 0 listens on a free port of every address and publ
 
 The job's secret (rxelab.auth: every control-plane connection proves it) comes from rxelab's
 own sources (RXELAB_JOB_TOKEN, RXELAB_JOB_TOKEN_FILE, Open MPI's job key: rxelab.bootstrap)
-where the ranks have one; otherwise rank 0 draws one and puts it in the store, so the job is
-as closed as torch's store is (whoever can reach the store could join Gloo's job as well).
+where the ranks have one. Under srun without one, the ranks prove themselves with MUNGE, as
+rxelab.init does there (rxelab.munge), and nothing secret goes into the store. Otherwise rank
+0 draws a secret and puts it in the store, so the job is as closed as torch's store is
+(whoever can reach the store reads it and can join, and could join Gloo's job as well); under
+srun without munged, rank 0 says so.
 The host rank 0 publishes is RXELAB_MASTER_ADDR, else MASTER_ADDR, else its host name.
 
 What the store holds is read as untrusted input: checked before it is used.
@@ -18,17 +21,23 @@ import os
 import re
 import secrets
 import socket
+import sys
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from rxelab import bootstrap, listeners
-from rxelab.auth import SharedSecret
+from rxelab import bootstrap, listeners, munge
+from rxelab.auth import Credential, SharedSecret
 from rxelab.errors import ConfigError, PeerError, ProtocolError, Reason
 
 WHERE_KEY = "rxelab/rendezvous"  # inside torch's PrefixStore of the group: one per group
 SECRET_KEY = "rxelab/secret"
 FROM_STORE = "torch's store"
+MUNGE = "MUNGE"  # what rank 0 publishes as its secret's source when the ranks use MUNGE
+IN_STORE_UNDER_SRUN = (
+    "rxelab: under srun without MUNGE (munged) or RXELAB_JOB_TOKEN, the job's secret is in torch's "
+    "store: anyone who reaches the store (MASTER_ADDR:MASTER_PORT) can read it and join the job; "
+    "run munged, or export RXELAB_JOB_TOKEN (rxelab-launch --new-token) to every rank")
 SOURCE = "torch.distributed"
 _HOST = re.compile(r"[A-Za-z0-9._:%-]{1,255}")
 
@@ -128,27 +137,40 @@ def meet(store: Any, rank: int, size: int, wait_s: float,
         return bootstrap.JobInfo(0, 1, "127.0.0.1", 0, SOURCE,
                                  SharedSecret.of(secret or secrets.token_hex(32), source or "own"),
                                  launch_id=""), None
+    mine: Credential | None = SharedSecret.of(secret, source) if secret else None
+    if mine is None and env.get("SLURM_JOB_ID") and munge.available():
+        mine, source = munge.MungeCredential(), MUNGE
     if rank == 0:
-        return _publish(store, size, secret, source, where(env, first_of_job))
+        return _publish(store, size, mine, source, where(env, first_of_job),
+                        under_srun=bool(env.get("SLURM_JOB_ID")))
     info = _read(store, wait_s)
     if info["secret"] == FROM_STORE:
-        if secret:
+        if mine is not None:
             raise ConfigError(f"this rank has a job secret ({source}), rank 0 has none",
                               hint="give every rank the same RXELAB_JOB_TOKEN, or none")
-        secret, source = _text(_get(store, SECRET_KEY, "the job's secret"), "the job's secret",
-                               256), FROM_STORE
-    elif not secret:
+        mine = SharedSecret.of(_text(_get(store, SECRET_KEY, "the job's secret"),
+                                     "the job's secret", 256), FROM_STORE)
+    elif info["secret"] == MUNGE:
+        if not isinstance(mine, munge.MungeCredential):
+            raise ConfigError(f"rank 0 proves itself with MUNGE, this rank "
+                              f"{'has a job secret (' + source + ')' if mine else 'has no munged'}",
+                              hint="run munged on every node, or give every rank the same "
+                                   "RXELAB_JOB_TOKEN")
+    elif not isinstance(mine, SharedSecret):
         raise ConfigError(f"rank 0 has a job secret ({info['secret']}), this rank has none",
                           hint="give every rank the same RXELAB_JOB_TOKEN, or none")
-    return bootstrap.JobInfo(rank, size, info["host"], info["port"], SOURCE,
-                             SharedSecret.of(secret, source), launch_id=info["launch"]), None
+    return bootstrap.JobInfo(rank, size, info["host"], info["port"], SOURCE, mine,
+                             launch_id=info["launch"]), None
 
 
-def _publish(store: Any, size: int, secret: str, source: str, host: str
-             ) -> tuple[bootstrap.JobInfo, socket.socket]:
-    if not secret:
+def _publish(store: Any, size: int, mine: Credential | None, source: str, host: str, *,
+             under_srun: bool) -> tuple[bootstrap.JobInfo, socket.socket]:
+    if mine is None:
         secret, source = secrets.token_hex(32), FROM_STORE
         store.set(SECRET_KEY, secret)
+        mine = SharedSecret.of(secret, source)
+        if under_srun:
+            print(IN_STORE_UNDER_SRUN, file=sys.stderr, flush=True)
     try:
         listener = listeners.any_address(0)  # a job with a secret: every address, a free port
     except OSError as err:
@@ -160,8 +182,7 @@ def _publish(store: Any, size: int, secret: str, source: str, host: str
     except BaseException:
         listener.close()
         raise
-    return bootstrap.JobInfo(0, size, host, port, SOURCE, SharedSecret.of(secret, source),
-                             launch_id=launch), listener
+    return bootstrap.JobInfo(0, size, host, port, SOURCE, mine, launch_id=launch), listener
 
 
 def _read(store: Any, wait_s: float) -> dict[str, Any]:
