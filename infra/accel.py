@@ -15,8 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from infra import owned_paths
 from infra import run as runner
-from infra.config import Accel, cache_dir
+from infra.config import Accel
 from infra.errors import LabError
 from infra.images import BaseImage
 from infra.state import write_atomic
@@ -58,7 +59,9 @@ def kvm_usable(image: BaseImage) -> tuple[bool, str]:
     if not os.access(KVM_DEVICE, os.R_OK | os.W_OK):
         return False, f"{KVM_DEVICE} is not accessible to this user (add it to the kvm group)"
     key = _probe_key(image)
-    cache = cache_dir() / "accel-probe.json"
+    cache = owned_paths.cache_subdir() / "accel-probe.json"  # checked all the way up
+    if os.path.lexists(cache):  # as is the file: its verdicts choose how root runs qemu
+        owned_paths.check_owned_file(cache, "trust it", hint=owned_paths.CACHE_HINT)
     try:
         known = json.loads(cache.read_text())
     except (FileNotFoundError, ValueError):

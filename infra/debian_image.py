@@ -19,9 +19,10 @@ from pathlib import Path
 
 from infra import apt_sources, settings
 from infra import run as runner
-from infra.config import Extras, Image, cache_dir
+from infra.config import Extras, Image
 from infra.errors import LabError
-from infra.image_cache import BaseImage, fresh_build_dir, images_dir, publish
+from infra.image_cache import BaseImage, fresh_build_dir, images_dir, load_manifest, publish
+from infra.owned_paths import cache_subdir
 from infra.units import rdma_device_files
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
@@ -51,7 +52,7 @@ def release(image: Image = Image.DEBIAN12) -> Release:
 
 def cached_debian(extras: Extras = Extras.NONE, image: Image = Image.DEBIAN12) -> BaseImage | None:
     manifest = images_dir() / debian_image_name(extras, image) / "image.json"
-    return BaseImage.from_json(manifest.read_text()) if manifest.exists() else None
+    return load_manifest(manifest) if os.path.lexists(manifest) else None
 
 
 def _package_list(path: Path) -> list[str]:
@@ -112,8 +113,7 @@ def ensure_debian(extras: Extras = Extras.NONE, image: Image = Image.DEBIAN12) -
     given = settings.value("RXELAB_APT_SOURCES")
     suite = release(image).suite
     sources_text = apt_sources.image_sources(suite, Path(str(given)) if given else None)
-    debs = cache_dir() / "debs"
-    debs.mkdir(parents=True, exist_ok=True)
+    debs = cache_subdir("debs", make=True)  # root's image is built from what is there
     work = fresh_build_dir(dest.name)
     started = time.monotonic()
     print(f"image: building {image.value} ({len(debian_packages(extras, image))} packages and their "

@@ -11,7 +11,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.config import Image, cache_dir
+from infra.config import Image
+from infra.errors import LabError
+from infra.owned_paths import CACHE_HINT, cache_subdir, check_chain, check_owned_file, open_private
 
 
 @dataclass(frozen=True)
@@ -53,13 +55,35 @@ class BaseImage:
 
 
 def images_dir() -> Path:
-    return cache_dir() / "images"
+    """The cache's images, checked all the way up (owned_paths): root boots what is there."""
+    return cache_subdir("images")
+
+
+def load_manifest(manifest: Path) -> BaseImage:
+    """A cached image as its image.json describes it, taken only if the manifest and the
+    files it names are the caller's own (or root's), writable by no one else, and inside the
+    image's own directory once resolved: another user's manifest once had root's qemu put an
+    overlay on /etc/shadow and boot their kernel."""
+    home = manifest.parent
+    check_chain(home, hint=CACHE_HINT)
+    check_owned_file(manifest, "use it as an image's description", hint=CACHE_HINT)
+    image = BaseImage.from_json(manifest.read_text())
+    inside = home.resolve()
+    for named in (image.disk, image.kernel, image.initrd):
+        if named is None:
+            continue
+        real = (home / named).resolve()
+        if not real.is_relative_to(inside):
+            raise LabError(f"{manifest} names {named}, outside its image directory {home}: "
+                           "refusing to use that image", hint=CACHE_HINT)
+        if real.exists():
+            check_owned_file(real, "boot it", hint=CACHE_HINT)
+    return image
 
 
 def fresh_build_dir(name: str) -> Path:
     """A build directory of our own; leftovers of killed builds (dead pid) are removed first."""
-    base = images_dir()
-    base.mkdir(parents=True, exist_ok=True)
+    base = cache_subdir("images", make=True)
     for old in base.glob(".build-*"):
         pid = old.name.rsplit("-", 1)[-1]
         if not pid.isdigit() or not Path(f"/proc/{pid}").exists():
@@ -72,7 +96,9 @@ def fresh_build_dir(name: str) -> Path:
 def publish(work: Path, dest: Path, image: BaseImage) -> BaseImage:
     """A finished build takes its place in the cache at once (a rename), with its description;
     whatever stood there before goes."""
-    (work / "image.json").write_text(image.to_json())
+    with open_private(work / "image.json") as f:
+        f.write(image.to_json())
+    os.chmod(work / "image.json", 0o644)
     if dest.exists():
         shutil.rmtree(dest)
     work.rename(dest)

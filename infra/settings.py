@@ -142,7 +142,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("SSH_PORT_BASE", "2220", "node i's SSH is forwarded from 127.0.0.1:(base + i)",
             "ssh_port_base", int, 1024, 65527),
     Setting("RXELAB_STATE", "", f"the lab's state directory (default {STATE_DIR}/)"),
-    Setting("RXELAB_CACHE", "", "image cache (default ~/.cache/rxelab)"),
+    Setting("RXELAB_CACHE", "", "image and simulator cache (default ~/.cache/rxelab); yours, "
+                                "under directories only you or root can write"),
     Setting("RXELAB_STALL", "300", "seconds a long step may go without progress before it is "
             "failed: the image build, a booting node, a node's step of `fab deploy` (progress: "
             "output, a new stage, CPU in use). A slow step that keeps moving is waited for; on a "

@@ -18,7 +18,7 @@ from infra import run as runner
 from infra import settings
 from infra.config import Image
 from infra.errors import LabError
-from infra.image_cache import BaseImage, fresh_build_dir, images_dir, publish
+from infra.image_cache import BaseImage, fresh_build_dir, images_dir, load_manifest, publish
 
 UBUNTU_FILE = "ubuntu-24.04-server-cloudimg-amd64.img"
 # "UEC Image Automatic Signing Key <cdimage@ubuntu.com>", which signs the cloud images'
@@ -51,7 +51,7 @@ UBUNTU_PACKAGES = [
 
 def cached_ubuntu() -> BaseImage | None:
     for manifest in sorted(images_dir().glob("ubuntu-24.04-*/image.json")):
-        image = BaseImage.from_json(manifest.read_text())
+        image = load_manifest(manifest)
         if image.disk.exists():
             return image
     return None

@@ -22,13 +22,16 @@ from rxelab import trace as tr
 
 from experiments.simulation.costs import Costs
 from experiments.simulation.platforms import FLOPS, Platform
+from infra import owned_paths
 from infra.config import cache_dir
+from infra.errors import LabError
 
 SOURCE = Path(__file__).resolve().parent.parent / "simulator" / "replay.cpp"
 INPUT = SOURCE.with_name("recording.hpp")  # the replayer's input, read and checked (included)
 LAB_VMS = SOURCE.with_name("lab_vms.hpp")  # the lab machine's VMs (included)
 MIRROR = SOURCE.with_name("mirror.hpp")  # rank 0 standing for all (included)
 IN_FLIGHT = SOURCE.with_name("in_flight.hpp")  # bytes in flight as the library counts them
+INCLUDES = (INPUT, LAB_VMS, MIRROR, IN_FLIGHT)
 HEADER = Path("/usr/include/simgrid/s4u.hpp")
 VERSION = Path("/usr/include/simgrid/version.h")
 DEFAULT_TIMEOUT = 600.0
@@ -48,30 +51,46 @@ class Replayed:
     peak_inflight: tuple[float, ...] = ()  # per rank: bytes sent and not yet known arrived
 
 
-def built(source: Path, argv: Callable[[str], list[str]], missing: str | None, what: str,
-          includes: tuple[Path, ...] = ()) -> Path:
-    """A program compiled from source on first use and kept in the cache by the hash of the
-    source and the files it includes, of how it is built and of SimGrid's version:
-    argv(output) compiles it; `missing` says what to install when its compiler is not there
-    (None: it is)."""
+def cached_program(source: Path, argv: Callable[[str], list[str]],
+                   includes: tuple[Path, ...] = ()) -> Path:
+    """Where `built` keeps a program: named by the hash of the source and the files it
+    includes, of how it is built and of SimGrid's version (public inputs: anyone can work the
+    name out, so what is found there is run only if it is the caller's own)."""
     digest = hashlib.sha256(source.read_bytes())
     for included in includes:
         digest.update(included.read_bytes())
     digest.update(" ".join(argv("")).encode())  # another link line (an allocator) builds anew
     if VERSION.exists():  # a SimGrid upgrade builds anew: the old binary links the old library
         digest.update(VERSION.read_bytes())
-    out = cache_dir() / "simulator" / f"{source.stem}-{digest.hexdigest()[:16]}"
-    if out.exists():
-        return out
-    if missing is not None:
-        raise SimulationError(f"{what} needs {missing}: run `bash infra/install-deps.sh`")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    return cache_dir() / "simulator" / f"{source.stem}-{digest.hexdigest()[:16]}"
+
+
+def built(source: Path, argv: Callable[[str], list[str]], missing: str | None, what: str,
+          includes: tuple[Path, ...] = ()) -> Path:
+    """A program compiled from source on first use and kept in the cache (cached_program):
+    argv(output) compiles it; `missing` says what to install when its compiler is not there
+    (None: it is)."""
+    out = cached_program(source, argv, includes)
+    try:
+        # the cache all the way up, and a program found there, the caller's own: its name is
+        # public, and what another user put there would run as the caller (refused, not
+        # rebuilt: a cache others could write holds more than this program)
+        owned_paths.cache_subdir("simulator")
+        if os.path.lexists(out):
+            owned_paths.check_owned_file(out, "run", hint=owned_paths.CACHE_HINT)
+            return out
+        if missing is not None:
+            raise SimulationError(f"{what} needs {missing}: run `bash infra/install-deps.sh`")
+        owned_paths.cache_subdir("simulator", make=True)
+    except LabError as err:
+        raise SimulationError(str(err)) from None
     with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".build-", delete=False) as tmp:
         pass
     try:
         done = subprocess.run(argv(tmp.name), capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise SimulationError(f"building {what} failed:\n{done.stderr[-2000:]}")
+        os.chmod(tmp.name, 0o755)  # writable by the caller alone, whatever the umask
         os.replace(tmp.name, out)  # whole or not at all, also with two builds at once
     finally:
         if os.path.exists(tmp.name):
@@ -85,6 +104,12 @@ def binary() -> Path:
     quarter of the replay's time (perf: _int_malloc, unlink_chunk, malloc_consolidate).
     jemalloc replayed the p = 1024, 1 MiB pairwise all-to-all in 30 s instead of 49 s, the
     same simulated times to the last digit."""
+    argv, missing = recipe()
+    return built(SOURCE, argv, missing, "the replayer", INCLUDES)
+
+
+def recipe() -> tuple[Callable[[str], list[str]], str | None]:
+    """How the replayer is compiled (argv(output)), and what to install first (None: nothing)."""
     compiler = shutil.which("g++")
     allocator = ctypes.util.find_library("jemalloc")
     missing = [what for what, there in (("g++", compiler),
@@ -92,10 +117,9 @@ def binary() -> Path:
                                          HEADER.exists()),
                                         ("jemalloc (Debian: libjemalloc2)", allocator))
                if not there]
-    return built(SOURCE, lambda out: [str(compiler), "-O2", "-std=c++17", "-o", out, str(SOURCE),
-                                      "-lsimgrid", f"-l:{allocator}"],
-                 " and ".join(missing) if missing else None, "the replayer",
-                 (INPUT, LAB_VMS, MIRROR, IN_FLIGHT))
+    return (lambda out: [str(compiler), "-O2", "-std=c++17", "-o", out, str(SOURCE), "-lsimgrid",
+                         f"-l:{allocator}"],
+            " and ".join(missing) if missing else None)
 
 
 MEMORY_SHARE = 0.75  # of this machine's memory a simulator process may take

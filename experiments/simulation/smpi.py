@@ -41,10 +41,14 @@ LAB_CAVEAT = ("the lab platform: SMPI's overheads are delays, so MPI's ranks do 
 
 
 def binary() -> Path:
-    compiler = shutil.which("smpicc")
-    return built(SOURCE, lambda out: [str(compiler), "-O2", "-o", out, str(SOURCE)],
-                 None if compiler else "SMPI's smpicc (Debian: libsimgrid-dev)",
+    return built(SOURCE, compile_argv,
+                 None if shutil.which("smpicc") else "SMPI's smpicc (Debian: libsimgrid-dev)",
                  "the MPI reference")
+
+
+def compile_argv(out: str) -> list[str]:
+    """How the MPI reference is compiled into `out` (part of its name in the cache)."""
+    return [str(shutil.which("smpicc")), "-O2", "-o", out, str(SOURCE)]
 
 
 def overheads(segments: tuple[Segment, ...]) -> str:
