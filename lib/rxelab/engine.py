@@ -23,17 +23,19 @@ from __future__ import annotations
 import ctypes
 import itertools
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from rxelab import verbs
-from rxelab.errors import PeerError, ProtocolError, Reason
+from rxelab.errors import Mismatch, PeerError, ProtocolError
 from rxelab.messages import (
     ABORT,
     ABORT_REASONS,
     CTRL,
+    CTRL_SLOT,
     CTRL_VERSION,
     DATA_BIT,
     FAILED,
@@ -48,21 +50,27 @@ from rxelab.messages import (
     WriteOp,
 )
 from rxelab.verbs import Connection, Device, status_str
-from rxelab.waits import WATCH_EVERY, Arrival, Counters, Mailbox, Waits
+from rxelab.waits import EXPLAIN_S, WATCH_EVERY, Arrival, Counters, Mailbox, Notice, Waits
 
 __all__ = ["WATCH_EVERY", "Engine"]  # WATCH_EVERY: how often a wait looks at the peers
 
 POLL_BATCH = 32
 SIGNAL_EVERY = 8  # at most this many slot sends per completion
-EXPLAIN_S = 0.5  # how long a failed work request waits for a peer to say why
+# what an abort notice for a mismatch carries after its control message: the block's sender
+# and receiver and their two sizes (rxelab.errors.Mismatch), so every rank says the first
+# cause, whichever notice reaches it first; it fills a control slot exactly
+CAUSE = struct.Struct("!IIQQ")
+assert CTRL.size + CAUSE.size <= CTRL_SLOT
 
 
 class Engine(Waits):
     def __init__(self, dev: Device, conns: dict[int, Connection], *,
                  timeout: float, window: int, chunk: int, send_depth: int,
                  eager_limit: int = 0, watch: Callable[[], None] | None = None,
-                 spin_s: float = 0.0) -> None:
+                 spin_s: float = 0.0, rank: int | None = None) -> None:
         self.dev = dev
+        # this rank: the one the connections, one to every other rank, leave out
+        self.rank = rank if rank is not None else min(set(range(len(conns) + 1)) - set(conns))
         self.watch = watch
         self.armed = False  # an event is requested on the completion channel
         self.eager_limit = eager_limit
@@ -88,13 +96,14 @@ class Engine(Waits):
         return conn, conn.free_send_slots.pop()
 
     def send_ctrl(self, peer: int, kind: int, tag: int, rkey: int = 0, addr: int = 0,
-                  length: int = 0, acked: bool = False, codec: int = 0) -> SendOp:
+                  length: int = 0, acked: bool = False, codec: int = 0,
+                  extra: bytes = b"") -> SendOp:
         """codec: a ready-to-receive's, the codec the receiver decodes with (rxelab.codecs;
-        0: the block lands as it is)."""
+        0: the block lands as it is); extra: what follows the message (an abort's CAUSE)."""
         conn, slot = self._send_slot(peer)
-        conn.send_mr.write(CTRL.pack(kind, CTRL_VERSION, 0, tag, rkey, codec, addr, length),
-                           CTRL.size, slot * conn.slot_size)
-        return self._post_slot(conn, slot, verbs.WR_SEND, CTRL.size, 0, acked)
+        message = CTRL.pack(kind, CTRL_VERSION, 0, tag, rkey, codec, addr, length) + extra
+        conn.send_mr.write(message, len(message), slot * conn.slot_size)
+        return self._post_slot(conn, slot, verbs.WR_SEND, len(message), 0, acked)
 
     def send_eager(self, peer: int, addr: int, length: int, tag: int,
                    acked: bool = False) -> SendOp:
@@ -231,25 +240,31 @@ class Engine(Waits):
         end = time.monotonic() + EXPLAIN_S
         while True:
             if self.box.aborts:
-                who, why = next(iter(self.box.aborts.items()))
-                raise PeerError(f"rank {who} stopped the operation ({why}); then: {failure}",
-                                peer=who, reason=Reason.ABORTED)
+                raise self.stopped(f"; then: {failure}")
             if self.watch is not None:
                 try:
                     self.watch()
                 except PeerError as known:
+                    said = self.heard(known, f"; then: {failure}")
+                    if said is not known:
+                        raise said from None
                     raise PeerError(f"{known}; then: {failure}", peer=known.peer,
                                     reason=known.reason) from None
             if time.monotonic() > end:
                 raise failure
-            n, wcs = self.dev.cq.poll(POLL_BATCH)
-            for wc in wcs:
-                try:
-                    self._complete(wc)
-                except PeerError:  # more of the same: the first says what failed
-                    pass
-            if not n:
+            if not self.poll_quietly():
                 time.sleep(0.005)
+
+    def poll_quietly(self) -> int:
+        """One poll of the completions, of a call that failed already: a failure among them
+        is more of the same (the first says what failed)."""
+        n, wcs = self.dev.cq.poll(POLL_BATCH)
+        for wc in wcs:
+            try:
+                self._complete(wc)
+            except (PeerError, ProtocolError):
+                pass
+        return n
 
     def _complete(self, wc: Any) -> None:
         wr_id = wc.wr_id
@@ -294,16 +309,21 @@ class Engine(Waits):
             self.box.eager[key] = (slot, wc.byte_len)
             return
         else:
-            self._file_ctrl(peer, conn.slot_bytes(slot, CTRL.size), wc.byte_len)
+            caused = wc.byte_len == CTRL.size + CAUSE.size
+            self._file_ctrl(peer, conn.slot_bytes(slot, wc.byte_len if caused else CTRL.size),
+                            wc.byte_len)
         conn.repost(slot)
 
     def _file_ctrl(self, peer: int, data: bytes, length: int) -> None:
-        if length != CTRL.size:
+        if length not in (CTRL.size, CTRL.size + CAUSE.size):
             raise ProtocolError(f"control message of {length} bytes from rank {peer}, "
                                 f"expected {CTRL.size}")
-        kind, version, _, tag, rkey, codec, addr, nbytes = CTRL.unpack(data)
+        kind, version, _, tag, rkey, codec, addr, nbytes = CTRL.unpack(data[:CTRL.size])
         if version != CTRL_VERSION:
             raise ProtocolError(f"control message version {version} from rank {peer}")
+        if length != CTRL.size and kind != ABORT:  # only an abort says more: its cause
+            raise ProtocolError(f"control message of {length} bytes from rank {peer}, "
+                                f"expected {CTRL.size}")
         if kind == RTR:
             self.box.rtr[(peer, tag)] = (addr, rkey, nbytes, codec)
         elif kind == RTS:
@@ -318,7 +338,8 @@ class Engine(Waits):
                 reason = reason if blamed == peer else f"rank {blamed} stopped"
             elif blamed is not None:
                 reason = f"{reason} rank {blamed}"
-            self.box.aborts[peer] = reason
+            cause = Mismatch(*CAUSE.unpack(data[CTRL.size:])) if length != CTRL.size else None
+            self.box.aborts.setdefault(peer, Notice(reason, rkey, blamed, cause))
         else:
             raise ProtocolError(f"unknown control message kind {kind} from rank {peer}")
 
@@ -336,26 +357,41 @@ class Engine(Waits):
                 time.sleep(0.0001)
         return True
 
-    def post_aborts(self, tag: int, why: int = FAILED, blamed: int | None = None) -> list[SendOp]:
+    def post_aborts(self, tag: int, why: int = FAILED, blamed: int | None = None,
+                    cause: Mismatch | None = None) -> list[SendOp]:
         """Best effort: tell every peer to stop waiting for this rank, and why (one of
-        ABORT_REASONS, and the rank this one blames, if any)."""
+        ABORT_REASONS, and the rank this one blames, if any); a mismatch that started the
+        failure, found here or told by a peer, goes along (CAUSE)."""
         notices = []
+        extra = b"" if cause is None else CAUSE.pack(cause.sender, cause.receiver, cause.sent,
+                                                    cause.expected)
         for peer in self.conns:
             try:
                 notices.append(self.send_ctrl(peer, ABORT, tag, rkey=why,
-                                              addr=0 if blamed is None else blamed + 1, acked=True))
+                                              addr=0 if blamed is None else blamed + 1, acked=True,
+                                              extra=extra))
             except Exception:  # the peer may be the one that is gone
                 pass
         return notices
 
     def await_notices(self, notices: list[SendOp]) -> None:
-        """Wait up to a second for the notices to be acknowledged, whatever else fails."""
+        """Wait up to a second for the notices to be acknowledged, whatever else fails; a
+        peer whose connection failed is not waited for (its notice will not arrive)."""
         end = time.monotonic() + 1.0
-        while time.monotonic() < end and not all(n.done for n in notices):
-            try:
-                if not self.progress():
-                    time.sleep(0.0005)
-            except Exception:  # a failed completion of a dead peer's work
-                pass
+        unreachable: set[int | None] = set()
+        while time.monotonic() < end and \
+                not all(n.done or n.peer in unreachable for n in notices):
+            n, wcs = self.dev.cq.poll(POLL_BATCH)
+            for wc in wcs:
+                try:
+                    self._complete(wc)
+                except PeerError as err:  # a failed completion: that peer's connection is down
+                    unreachable.add(err.peer)
+                except Exception:  # more of the same: the call has failed already
+                    pass
+            if n and self.pending:
+                self._post_pending()
+            if not n:
+                time.sleep(0.0005)
 
 

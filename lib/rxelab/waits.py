@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rxelab.codecs import BY_ID
-from rxelab.errors import MismatchError, PeerError, ProtocolError, Reason
-from rxelab.messages import SendOp, WriteOp
+from rxelab.errors import Mismatch, MismatchError, PeerError, RdmaError, Reason
+from rxelab.messages import FAILED, SendOp, WriteOp
 
 if TYPE_CHECKING:
     from rxelab.verbs import Connection, Device
 
 WATCH_EVERY = 0.25  # seconds between looks at the control connections while waiting
+EXPLAIN_S = 0.5  # how long a rank stopped by a peer waits for word of why (the first cause)
 BACKOFF = 0.0002  # the sleep instead, where there is no completion channel
 
 
@@ -41,6 +42,22 @@ class Arrival:
     count: int = 0  # messages whose last chunk's notice came and nobody took yet
 
 
+@dataclass(frozen=True)
+class Notice:
+    """An abort notice as it was filed: why in words, the reason's code (rxelab.messages),
+    the rank its sender blames, and the mismatch that started it all, where one did."""
+
+    reason: str
+    code: int
+    blamed: int | None
+    mismatch: Mismatch | None = None
+
+    def passes_on(self, sender: int) -> bool:
+        """Whether the notice only passes on another rank's failure (its sender was stopped
+        by that rank's notice): that rank's own notice says what went wrong."""
+        return self.code == FAILED and self.blamed is not None and self.blamed != sender
+
+
 @dataclass
 class Mailbox:
     rtr: dict[tuple[int, int], tuple[int, int, int, int]] = field(default_factory=dict)
@@ -48,13 +65,14 @@ class Mailbox:
     tokens: set[tuple[int, int]] = field(default_factory=set)
     arrivals: dict[tuple[int, int], Arrival] = field(default_factory=dict)
     eager: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # -> slot, bytes
-    aborts: dict[int, str] = field(default_factory=dict)
+    aborts: dict[int, Notice] = field(default_factory=dict)  # the first of each rank
 
 
 class Waits:
     """Declared here, set by the engine."""
 
     box: Mailbox
+    rank: int
     counters: Counters
     conns: dict[int, Connection]
     dev: Device
@@ -64,6 +82,9 @@ class Waits:
     watch: Callable[[], None] | None
 
     def progress(self) -> bool:
+        raise NotImplementedError
+
+    def poll_quietly(self) -> int:
         raise NotImplementedError
 
     def wait(self, cond: Callable[[], bool], what: str, peer: int | None = None,
@@ -90,9 +111,7 @@ class Waits:
         spin_s = self.spin_s
         while True:
             if box.aborts:  # before cond: an abort filed with what we wait for comes first
-                who, why = next(iter(box.aborts.items()))
-                raise PeerError(f"rank {who} stopped the operation ({why}) while this rank "
-                                f"waited for {what}", peer=who, reason=Reason.ABORTED)
+                raise self.stopped(f" while this rank waited for {what}", cond)
             if cond():
                 return
             if progress():
@@ -111,9 +130,61 @@ class Waits:
                                                 "different operation")
             if now > next_watch and self.watch is not None:
                 next_watch = now + WATCH_EVERY
-                self.watch()
+                try:
+                    self.watch()
+                except PeerError as known:
+                    raise self.heard(known, f" while this rank waited for {what}", cond) from None
             if now - idle_since >= spin_s:
                 self._block(min(WATCH_EVERY, self.timeout * patience - (now - idle_since)))
+
+    def stopped(self, context: str, cond: Callable[[], bool] | None = None) -> RdmaError:
+        """The error of a call that peers' abort notices stopped: the first cause of its
+        failure, in this rank's words. This rank's own finding first (cond() raises a
+        mismatch it finds in what arrived before the notice); else a notice that carries a
+        mismatch (the sender's and the receiver's words for it, or a bystander's); a notice
+        that only passes on another rank's failure waits up to EXPLAIN_S for that rank's
+        own notice (sent before it, on another connection); else the first notice as it is."""
+        if cond is not None:
+            cond()
+        box, end = self.box, time.monotonic() + EXPLAIN_S
+        while True:
+            told = next((item for item in box.aborts.items() if item[1].mismatch), None)
+            if told is not None:
+                return self._notice_error(*told, context)
+            who, notice = next(iter(box.aborts.items()))
+            if notice.passes_on(who) and notice.blamed in box.aborts:
+                who, notice = notice.blamed, box.aborts[notice.blamed]  # type: ignore[index]
+            if not notice.passes_on(who) or time.monotonic() > end:
+                return self._notice_error(who, notice, context)
+            if not self.poll_quietly():
+                time.sleep(0.0005)
+
+    def heard(self, known: PeerError, context: str,
+              cond: Callable[[], bool] | None = None) -> RdmaError:
+        """What the control plane said (`known`), unless it is of a rank that stopped a call:
+        that rank posted its abort notices before it told the control plane, and they say
+        the first cause in this rank's words (stopped()); they have up to EXPLAIN_S to come. A
+        rank gone sends none: said at once."""
+        if known.lost:
+            return known
+        end = time.monotonic() + EXPLAIN_S
+        while not self.box.aborts and time.monotonic() < end:
+            if not self.poll_quietly():
+                time.sleep(0.0005)
+        return self.stopped(context, cond) if self.box.aborts else known
+
+    def _notice_error(self, who: int, notice: Notice, context: str) -> RdmaError:
+        m = notice.mismatch
+        if m is None:
+            return PeerError(f"rank {who} stopped the operation ({notice.reason}){context}",
+                             peer=who, reason=Reason.ABORTED)
+        other = m.other(self.rank)
+        if other is None:
+            return PeerError(f"rank {who} stopped the operation ({m.words(self.rank)})"
+                             f"{context}", peer=who, reason=Reason.ABORTED, mismatch=m)
+        return MismatchError(f"{m.words(self.rank)} (rank {who} stopped the operation"
+                             f"{context})", peer=other, mismatch=m,
+                             hint="send and receive counts must match pairwise")
 
     def _block(self, seconds: float) -> None:
         dev = self.dev
@@ -136,8 +207,8 @@ class Waits:
         addr, rkey, room, theirs = self.box.rtr.pop(key)
         if theirs != codec:
             raise MismatchError(f"{what}: rank {peer} expects {_coding(theirs)}, this rank sends "
-                              f"{_coding(codec)}",
-                              hint="give every rank the same compression= (init or the call)")
+                                f"{_coding(codec)}", peer=peer,
+                                hint="give every rank the same compression= (init or the call)")
         return addr, rkey, room
 
     def wait_token(self, peer: int, tag: int, what: str, patience: float = 1.0) -> None:
@@ -199,8 +270,9 @@ class Waits:
         conn.repost(slot)
 
     def _mismatch(self, peer: int, sent: int, expected: int, what: str) -> None:
-        raise ProtocolError(f"{what}: rank {peer} sends {sent} bytes to this rank, which expects "
-                            f"{expected}", hint="send and receive counts must match pairwise")
+        m = Mismatch(peer, self.rank, sent, expected)
+        raise MismatchError(f"{what}: {m.words(self.rank)}", peer=peer, mismatch=m,
+                            hint="send and receive counts must match pairwise")
 
     def wait_ops(self, ops: Sequence[WriteOp | SendOp], what: str) -> None:
         for op in ops:

@@ -30,7 +30,7 @@ def run(c: Call) -> None:
     addr, rkey, room = c.engine.wait_rtr(right, c.tag(DATA), c.name, codec)
     if room != c.layout.recv.nbytes:
         raise MismatchError(f"{c.name}: rank {right} has a {room}-byte receive buffer, "
-                          f"this rank {c.layout.recv.nbytes}")
+                            f"this rank {c.layout.recv.nbytes}", peer=right)
     ops: list[WriteOp | SendOp] = []
     if c.codec is not None:  # coded blocks go one by one, each through staging
         for s, (send_block, recv_block) in enumerate(steps):

@@ -20,7 +20,7 @@ import numpy as np
 from rxelab import codecs, schedules
 from rxelab.buffers import Buffer, as_buffer
 from rxelab.codecs import Codec
-from rxelab.errors import ConfigError, MismatchError
+from rxelab.errors import ConfigError, Mismatch, MismatchError
 from rxelab.layouts import Blocks, Layout, Reduction, Rooted
 from rxelab.messages import RTR, RTS, TOKEN, SendOp, WriteOp
 from rxelab.schedules import ANSWERED, STARTED
@@ -196,9 +196,9 @@ class Call:
                                  watchers=self.watchers)
 
     def _count_mismatch(self, peer: int, room: int, length: int) -> None:
-        raise MismatchError(f"{self.name}: rank {peer} expects {room} bytes from rank "
-                          f"{self.rank}, which has {length} for it",
-                          hint="send and receive counts must match pairwise")
+        m = Mismatch(self.rank, peer, length, room)
+        raise MismatchError(f"{self.name}: {m.words(self.rank)}", peer=peer, mismatch=m,
+                            hint="send and receive counts must match pairwise")
 
     def recv_block(self, peer: int, sub: int, offset: int, length: int,
                    into: Buffer | None = None, patience: float = 1.0) -> None:

@@ -76,14 +76,21 @@ def abort_code(err: BaseException) -> int:
 
 def fail(comm: Guarded, what: str, tag: int, err: BaseException) -> None:
     """The communicator is failed: the peers are told to stop waiting (RDMA notices posted
-    first, before anything they would queue behind could fail), no peer may write into this
-    rank's memory any more (a late writer fails at its end), and the control plane says
-    why."""
+    first, before anything they would queue behind could fail, and delivered before this
+    rank's memory closes: a peer's write that meets it closed breaks that peer's connection,
+    and a notice still on its way there would be lost with its first cause), no peer may
+    write into this rank's memory any more (a late writer fails at its end; the call has not
+    returned, so nothing lands in a buffer the application reuses), and the control plane
+    says why."""
     comm.failed = f"{what}: {type(err).__name__}: {err}"
     blamed = getattr(err, "peer", None)
+    # a mismatch that started it (found here, or told by a peer) goes along: every rank says it
+    cause = getattr(err, "mismatch", None)
     notices: list[Any] = []
     try:  # the notices go out first: a work request that still reads our memory would
-        notices = comm.engine.post_aborts(tag, abort_code(err), blamed)  # fail, and take them along
+        notices = comm.engine.post_aborts(tag, abort_code(err), blamed,  # fail, and take
+                                          cause)  # them along
+        comm.engine.await_notices(notices)
     except BaseException:  # telling peers is best effort
         pass
     if comm.registry is not None:
@@ -93,10 +100,10 @@ def fail(comm: Guarded, what: str, tag: int, err: BaseException) -> None:
         except BaseException:  # the rest must still happen
             pass
     try:
-        comm.control.abort(f"rank {comm.rank} failed in {what}: {err}",
+        said = err if cause is None else cause.words()  # words every rank can read as is
+        comm.control.abort(f"rank {comm.rank} failed in {what}: {said}",
                            comm.rank if blamed is None else blamed,
                            why=err.reason if isinstance(err, PeerError) else Reason.FAILED)
-        comm.engine.await_notices(notices)
     except BaseException:  # telling peers is best effort
         pass
 
