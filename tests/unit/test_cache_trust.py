@@ -30,7 +30,7 @@ import os, sys
 program, marker = sys.argv[1], sys.argv[2]
 os.makedirs(os.path.dirname(program), exist_ok=True)
 with open(program, "w") as f:
-    f.write(f"#!/bin/sh\\ntouch {marker}\\necho time 1.0\\necho rank 0 1.0 0\\n")
+    f.write(f"#!/bin/sh\\ntouch '{marker}'\\necho time 1.0\\necho rank 0 1.0 0\\n")
 os.chmod(program, 0o755)
 print("planted")
 """
@@ -66,7 +66,7 @@ def replayer_path() -> Path:
 @pytest.mark.parametrize("how", ["mode 0777", "nobody's own"])
 def test_a_replayer_another_user_planted_in_the_cache_is_refused_and_not_run(cache, how):
     said = opened(cache, how)
-    marker = cache.parent / "the planted program ran"
+    marker = cache.parent / "planted-program-ran"
     planted = run_as_stranger(PLANT, str(replayer_path()), str(marker))
     assert planted.stdout.strip() == "planted", planted.stderr
     t = trace.record("alltoall", "pairwise", 2, 1 << 17)
@@ -93,7 +93,7 @@ print("planted")
 def test_smpis_program_planted_by_another_user_is_refused_and_not_run(cache):
     """smpirun loads the program (dlopen): a constructor of the planted one would run."""
     said = opened(cache, "mode 0777")
-    marker = cache.parent / "the planted program ran"
+    marker = cache.parent / "planted-program-ran"
     where = replayer.cached_program(smpi.SOURCE, smpi.compile_argv)
     planted = run_as_stranger(PLANT_LIBRARY, str(where), str(marker))
     assert planted.stdout.strip() == "planted", planted.stderr
@@ -110,7 +110,7 @@ def test_a_program_in_the_cache_is_run_only_if_it_is_ones_own(cache, change):
     program = replayer_path()
     program.parent.mkdir(parents=True)
     real = cache.parent / "elsewhere" if change == "a link" else program
-    real.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    real.write_text(f"#!/bin/sh\ntouch '{marker}'\n")
     real.chmod(0o777 if change == "mode 0777" else 0o755)
     if change == "a link":
         program.symlink_to(real)
