@@ -38,6 +38,8 @@ def available() -> bool:
 class MungeCredential:
     secured = True
     source = "MUNGE (the cluster's own authentication)"
+    costly = True  # a proof is a process: a listener checks aside, at a rate (rxelab.gate)
+    same_user_only = True  # a proof names the uid that made it: only ours is taken
 
     def __init__(self, munge: str = "munge", unmunge: str = "unmunge") -> None:
         self.munge, self.unmunge = munge, unmunge
@@ -67,7 +69,8 @@ class MungeHandshake:
 
     def check(self, role: bytes, transcript: bytes, proof: str) -> bool:
         """The other end's proof: the same user's credential, of `role`, over this transcript."""
-        if not 0 < len(proof) <= MAX_PROOF or not proof.isprintable():
+        if not 0 < len(proof) <= MAX_PROOF or not proof.isprintable() or \
+                not proof.startswith("MUNGE:"):
             return False
         out = _call([self.credential.unmunge], proof)
         if out is None:
