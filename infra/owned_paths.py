@@ -132,7 +132,13 @@ def _check_entry(path: Path, info: os.stat_result, refuse: _Refusal) -> None:
 
 
 def _trusted_owner(uid: int) -> bool:
-    return uid in (0, os.geteuid())
+    """Root, the caller, and under sudo the user who ran it (`sudo make provision` in one's
+    own checkout): that user can act as root already, so trusting their directories gives
+    nobody anything. SUDO_UID is in root's environment only as root's invoker set it."""
+    if uid in (0, os.geteuid()):
+        return True
+    sudo_uid = os.environ.get("SUDO_UID", "")
+    return os.geteuid() == 0 and sudo_uid.isdigit() and int(sudo_uid) == uid
 
 
 def _private_group(info: os.stat_result) -> bool:

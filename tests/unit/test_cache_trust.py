@@ -36,6 +36,12 @@ print("planted")
 """
 
 
+
+@pytest.fixture(autouse=True)
+def not_under_sudo(monkeypatch) -> None:
+    """Under sudo the invoking user's directories are trusted too: not the test's subject."""
+    monkeypatch.delenv("SUDO_UID", raising=False)
+
 @pytest.fixture
 def cache(monkeypatch) -> Iterator[Path]:
     """RXELAB_CACHE in /tmp, where another user can reach it; removed at the end."""

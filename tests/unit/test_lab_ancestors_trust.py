@@ -41,6 +41,12 @@ print("swapped" if swapped else "not swapped")
 """
 
 
+
+@pytest.fixture(autouse=True)
+def not_under_sudo(monkeypatch) -> None:
+    """Under sudo the invoking user's directories are trusted too: not the test's subject."""
+    monkeypatch.delenv("SUDO_UID", raising=False)
+
 @pytest.fixture
 def parent() -> Iterator[Path]:
     """A directory in /tmp (which another user can reach), removed at the end."""
@@ -161,3 +167,17 @@ def test_terraforms_log_and_rc_file_are_never_written_through_a_link(tmp_path, m
     assert terraform._env(state)["TF_CLI_CONFIG_FILE"] == str(rc)  # where the rc file is written
     assert not rc.is_symlink() and "disable_checkpoint" in rc.read_text()
     assert precious.read_text() == "not yours to overwrite"
+
+
+def test_under_sudo_the_invoking_users_directories_are_theirs_to_trust(parent, monkeypatch,
+                                                                      terraform_calls):
+    """`sudo make provision` in one's own checkout: that user is root already by sudo."""
+    who = stranger()
+    root = planted_lab(parent / "lab")
+    parent.chmod(0o755)
+    os.chown(parent, who.pw_uid, who.pw_gid)
+    monkeypatch.setenv("SUDO_UID", "4321")
+    with pytest.raises(LabError, match=f"belongs to uid {who.pw_uid}"):
+        LabState(root).check_own()
+    monkeypatch.setenv("SUDO_UID", str(who.pw_uid))
+    LabState(root).check_own()
