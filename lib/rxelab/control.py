@@ -33,6 +33,7 @@ from rxelab.porter import Porter
 # SILENT_S means the rank behind it is gone.
 BEAT_S = 1.0
 SILENT_S = 10.0
+LIVELY_S = 3 * BEAT_S  # a rank heard this recently lives, for a shrink (lively())
 
 
 class ControlPlane:
@@ -72,6 +73,7 @@ class ControlPlane:
         self.beater: threading.Thread | None = None
         self.quiet = threading.Event()  # set when the beats must stop
         self.heard: dict[int, float] = {}  # elastic: when each link last said anything
+        self.lost: set[int] = set()  # ranks whose link closed without a goodbye, or went silent
         self.stopping = False
 
     def exchange(self, endpoints: dict[int, dict[str, Any]],
@@ -147,6 +149,7 @@ class ControlPlane:
                             self._file(r, message)
                     except ProtocolError as err:
                         sel.unregister(sock)
+                        self.lost.add(r)
                         self._end(f"rank {r} sent a bad control message: {err}", r, Reason.FAILED, skip=r)
         finally:
             sel.close()
@@ -158,6 +161,7 @@ class ControlPlane:
             r = rank_of[sock]  # type: ignore[index]
             if now - self.heard.get(r, now) > SILENT_S and r not in self.left:
                 sel.unregister(sock)
+                self.lost.add(r)
                 self._end(f"rank {r} has been silent for {SILENT_S:g} s (no heartbeat): its node "
                           "is down or cut off from this one", r, Reason.SILENT, skip=r)
 
@@ -186,8 +190,19 @@ class ControlPlane:
         with self.state:
             if r in self.left or self.stopping:  # a goodbye came first, or we are closing
                 return
+            self.lost.add(r)
         self._end(f"rank {r}'s process is gone (its control connection closed)", r, Reason.DIED,
                   skip=r)
+
+    def lively(self) -> frozenset[int]:
+        """The ranks whose heartbeats say they live: heard within LIVELY_S on a link that
+        neither closed without a goodbye nor went silent (one that said goodbye left on
+        purpose: for a shrink, say). A shrink does not take a connect that times out towards
+        one of them for its death (a flood of connects can fill a live listener's queue)."""
+        now = time.monotonic()
+        with self.state:
+            return frozenset(r for r, t in self.heard.items() if r not in self.lost
+                             and (r in self.left or now - t <= LIVELY_S))
 
     def _end(self, why: str, blamed: int | None, reason: Reason,
              skip: int | None = None) -> None:

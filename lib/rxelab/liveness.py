@@ -1,13 +1,23 @@
 """Is a rank of an elastic job alive? Its listener's porter answers a probe at once, proven
 (rxelab.auth) and bound to the rank and generation asked about. A TCP connect alone means
-nothing: anyone can listen on a port a dead process left.
+nothing: anyone can listen on a port a dead process left, and anyone can keep a live
+listener's accept queue full.
 
-- gone: nothing listens there (refused, or no connection within CONNECT_S: a dead or cut-off
-  node), or what listens cannot prove it holds the job's secret (a stranger on the port), or
-  it took the connection and said nothing within PROBE_S twice in a row (a live porter
-  answers in milliseconds; a silent stranger is found in two tries);
-- unsure: the connection was closed before the handshake ended (a crowded listener, or one
-  that does not hold that role yet): asked again, never counted.
+What one probe says (verdict_of):
+- ALIVE: a proven answer;
+- GONE: nothing listens there (refused), or what listens cannot prove it holds the job's
+  secret (a stranger on the port);
+- UNANSWERED: no connection within CONNECT_S: a dead or cut-off node, or a live listener
+  whose accept queue a flood of connects keeps full;
+- UNSURE, SILENT: the connection was taken, then closed before the handshake ended, or said
+  nothing within PROBE_S: a crowded listener, or a stranger on the port.
+
+Only GONE is death at once. Doubts weighs the rest over time, so "unsure" has an end and a
+flood cannot make a death: a rank that gave no proof for NO_PROOF_S (STRIKES tries at least)
+is gone, unless its heartbeats said it lived when this rank left the communicator (lively,
+rxelab.control) and its listener only failed to take a connection or to answer in time (what
+a flood of connects does to a live one), never closed one unproven; then only the caller's
+deadline ends the wait (a shrink names it as alive, never drops it).
 
 Watch runs probes in the background, a few at a time, so a loop that waits for members (a
 coordinator, rank 0 gathering a new generation) never blocks on one.
@@ -18,33 +28,45 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from rxelab.auth import Credential
 from rxelab.errors import AuthError, PeerError, ProtocolError, Reason
 from rxelab.link import dial
 
-CONNECT_S = 3.0  # a listener that has not taken the connection by then is taken for dead
+CONNECT_S = 3.0  # a listener that has not taken the connection by then: no answer this time
 PROBE_S = 4.0  # a porter answers within this, however busy its rank is
 EVERY_S = 1.0  # a rank not yet come is probed again this long after its last probe ended
-STRIKES = 2  # silent answers in a row that mean gone
+STRIKES = 2  # probes without proof, at least, before a rank is gone
+NO_PROOF_S = 5.0  # ... over this long (a live porter proves itself in milliseconds)
 MAX_PROBES = 16  # probes in flight at once
-ALIVE, GONE, UNSURE, SILENT = "alive", "gone", "unsure", "silent"
+ALIVE, GONE, UNSURE, SILENT, UNANSWERED = "alive", "gone", "unsure", "silent", "unanswered"
+
+
+def verdict_of(err: BaseException) -> str:
+    """What a dial that failed with `err` says of the rank behind the address."""
+    if isinstance(err, ConnectionRefusedError | AuthError):
+        return GONE
+    if isinstance(err, PeerError):
+        return SILENT if err.reason == Reason.SILENT else UNSURE
+    if isinstance(err, ConnectionResetError | BrokenPipeError | ConnectionAbortedError
+                  | ProtocolError):
+        return UNSURE  # taken, then dropped before any proof
+    if isinstance(err, OSError):
+        return UNANSWERED  # a timeout, an unreachable host: nothing took the connection
+    return UNSURE
 
 
 def probe(address: tuple[str, int], credential: Credential, *, scope: str, rank: int, to: int,
           generation: int) -> str:
     """What listens at `address` for rank `to` of `generation` (rank: the asker's): ALIVE,
-    GONE, SILENT or UNSURE (see the module's docstring)."""
+    GONE, UNANSWERED, SILENT or UNSURE (see the module's docstring)."""
     deadline = time.monotonic() + PROBE_S
     try:
         link = dial(address, credential, kind="probe", rank=rank, to=to, generation=generation,
                     scope=scope, deadline=deadline, connect_s=CONNECT_S)
-    except (OSError, AuthError):
-        return GONE
-    except PeerError as err:
-        return SILENT if err.reason == Reason.SILENT else UNSURE
-    except ProtocolError:
-        return UNSURE
+    except (OSError, ProtocolError, PeerError) as err:
+        return verdict_of(err)
     try:
         link.send({"type": "probe", "rank": rank, "generation": generation})
         reply = link.recv(deadline=deadline, peer=f"the listener at {address[0]}:{address[1]}")
@@ -55,38 +77,91 @@ def probe(address: tuple[str, int], credential: Credential, *, scope: str, rank:
         link.close()
 
 
+@dataclass
+class Doubt:
+    """A rank's tries without proof since its last proof."""
+
+    since: float  # when the first of them began
+    tries: int = 0
+    taken: bool = False  # one was taken and closed unproven (no flood of connects does that)
+
+
+class Doubts:
+    """The verdicts on each rank so far, weighed over time (see the module's docstring).
+    lively: the ranks whose heartbeats said they lived."""
+
+    def __init__(self, lively: Iterable[int] = ()) -> None:
+        self.lively = frozenset(lively)
+        self._doubts: dict[int, Doubt] = {}
+        self._gone: set[int] = set()
+        self._proven: set[int] = set()
+
+    def note(self, rank: int, verdict: str, began: float) -> None:
+        """A try that began at `began` (time.monotonic()) said `verdict`."""
+        if verdict == ALIVE:
+            self._proven.add(rank)
+            self._doubts.pop(rank, None)
+        elif verdict == GONE:
+            self._gone.add(rank)
+        else:
+            doubt = self._doubts.setdefault(rank, Doubt(began))
+            doubt.tries += 1
+            doubt.taken |= verdict == UNSURE
+
+    def gone(self, rank: int) -> bool:
+        if rank in self._gone:
+            return True
+        doubt = self._doubts.get(rank)
+        if doubt is None or doubt.tries < STRIKES or time.monotonic() - doubt.since < NO_PROOF_S:
+            return False
+        return doubt.taken or rank not in self.lively
+
+    def alive(self, rank: int) -> bool:
+        """Proven, or said to live by its heartbeats, and not found gone since."""
+        return (rank in self._proven or rank in self.lively) and not self.gone(rank)
+
+    def forget(self, rank: int) -> None:
+        """It came after all: whatever a probe thought."""
+        self._gone.discard(rank)
+        self._doubts.pop(rank, None)
+        self._proven.add(rank)
+
+
 class Watch:
     """Background probes of ranks: gone(ranks) starts a probe for each asked rank that has
     none running (again EVERY_S after its last), at most MAX_PROBES at once, and returns
-    those found gone so far."""
+    those of them found gone so far (Doubts)."""
 
-    def __init__(self, look: Callable[[int], str]) -> None:
+    def __init__(self, look: Callable[[int], str], lively: Iterable[int] = ()) -> None:
         self.look = look
         self._lock = threading.Lock()
         self._running: set[int] = set()
         self._last: dict[int, float] = {}
-        self._strikes: dict[int, int] = {}
-        self._gone: set[int] = set()
+        self._doubts = Doubts(lively)
 
     def gone(self, ranks: Iterable[int]) -> set[int]:
         now = time.monotonic()
+        asked = list(ranks)
         with self._lock:
-            for r in ranks:
+            for r in asked:
                 if len(self._running) >= MAX_PROBES:
                     break
                 if r not in self._running and now - self._last.get(r, -EVERY_S) >= EVERY_S:
                     self._running.add(r)
                     threading.Thread(target=self._probe, args=(r,), daemon=True,
                                      name=f"rxelab-probe-{r}").start()
-            return set(self._gone)
+            return {r for r in asked if self._doubts.gone(r)}
+
+    def alive(self, rank: int) -> bool:
+        with self._lock:
+            return self._doubts.alive(rank)
 
     def forget(self, rank: int) -> None:
-        """It came after all: whatever a probe thought."""
         with self._lock:
-            self._gone.discard(rank)
-            self._strikes.pop(rank, None)
+            self._doubts.forget(rank)
 
     def _probe(self, rank: int) -> None:
+        began = time.monotonic()
         try:
             verdict = self.look(rank)
         except Exception:  # a probe that fails says nothing either way
@@ -94,9 +169,4 @@ class Watch:
         with self._lock:
             self._running.discard(rank)
             self._last[rank] = time.monotonic()
-            if verdict == SILENT:
-                self._strikes[rank] = self._strikes.get(rank, 0) + 1
-            elif verdict != UNSURE:
-                self._strikes.pop(rank, None)
-            if verdict == GONE or self._strikes.get(rank, 0) >= STRIKES:
-                self._gone.add(rank)
+            self._doubts.note(rank, verdict, began)

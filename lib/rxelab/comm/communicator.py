@@ -321,7 +321,8 @@ class Communicator(PointToPoint, NamedCollectives):
         assert self.control.porter is not None, "an elastic communicator has a listener"
         return membership.Seat(dataclasses.replace(self.job, job_id=self.control.job_id),
                                self.control.porter, dict(self.control.directory),
-                               self.control.generation, {**self.opened, **self.options})
+                               self.control.generation, {**self.opened, **self.options},
+                               self.control.lively())
 
     def agree_on(self, count: int) -> int:
         """Rank 0's count, on every rank; every rank holds it before any acts on it."""

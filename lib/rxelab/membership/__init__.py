@@ -10,12 +10,17 @@ job's secret can neither answer for a rank, nor coordinate a shrink, nor learn t
 A shrink needs no rank in particular to have survived:
 
 - The coordinator is the lowest old rank whose listener still answers, proven: each survivor
-  tries them in order, and a refused or unanswered connection, or a listener that cannot
-  prove itself (a stranger on a dead rank's port), moves it on to the next. A live process
-  keeps its listener, so every survivor finds the same one.
+  tries them in order, and a refused connection, a listener that cannot prove itself (a
+  stranger on a dead rank's port), or one that gives no proof for a few seconds (a stranger
+  that takes connections and closes them) moves it on to the next (rxelab.liveness). A
+  connect that times out is no death where heartbeats said the rank lived (a flood of
+  connects fills a live listener's queue): that one is tried until the deadline. A live
+  process keeps its listener, so every survivor finds the same one.
 - The coordinator waits for each old rank to come, or to be found dead: it probes the
-  listeners of those that have not come (a proven answer means alive). Views of who died may
-  differ; its decision is the one set everybody takes. A rank that dies during the agreement
+  listeners of those that have not come (a proven answer means alive), the same way. At the
+  deadline a rank that never proved it lives, nor was heard by its heartbeats, is gone; one
+  that did is named in the error. Views of who died may differ; its decision is the one set
+  everybody takes. A rank that dies during the agreement
   (its connection closes) is counted dead; a coordinator that dies before or after deciding
   sends its survivors to the next one at once (nothing listens where it did).
 - Unless told otherwise, the survivors go on only as a majority of the old communicator (or

@@ -10,9 +10,9 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from rxelab.errors import AuthError, PeerError, ProtocolError, Reason
+from rxelab.errors import PeerError, ProtocolError, Reason
 from rxelab.link import Link
-from rxelab.liveness import GONE, SILENT, Watch
+from rxelab.liveness import ALIVE, GONE, Doubts, Watch, verdict_of
 from rxelab.membership.seat import READ_S, Build, Formed, Seat, T, quorate, say
 from rxelab.porter import answer
 
@@ -56,12 +56,13 @@ def agree(seat: Seat, members: list[int], dead: set[int], generation: int, deadl
           quorum: str | int) -> tuple[list[int], int]:
     """The decided members (old ranks, in order) and who coordinated."""
     me = seat.job.rank
+    doubts = Doubts(seat.lively)
     for candidate in members:
         if candidate == me:
             return coordinate(seat, members, dead, generation, deadline, quorum), me
         if candidate in dead:
             continue
-        while (decided := ask(seat, candidate, generation, deadline)) == "later":
+        while (decided := ask(seat, candidate, generation, deadline, doubts)) == "later":
             time.sleep(0.2)  # it is busy (admitting, building, not failed yet): it will come
         if isinstance(decided, list):
             return decided, candidate
@@ -69,21 +70,24 @@ def agree(seat: Seat, members: list[int], dead: set[int], generation: int, deadl
     raise AssertionError("a rank is always among the members it agrees with")  # pragma: no cover
 
 
-def ask(seat: Seat, candidate: int, generation: int, deadline: float) -> list[int] | str | None:
-    """The candidate's decision, None when it is gone (nothing listens there, or what does
-    cannot prove it is of this job), or "later" when it is not coordinating yet."""
+def ask(seat: Seat, candidate: int, generation: int, deadline: float,
+        doubts: Doubts) -> list[int] | str | None:
+    """The candidate's decision, None when it is gone (nothing listens there, what does
+    cannot prove it is of this job, or it gave no proof for long: rxelab.liveness), or
+    "later" when it is not coordinating yet, or not proven either way yet."""
+    began = time.monotonic()
     try:
         link = seat.dial(candidate, "shrink", generation, deadline)
-    except (OSError, AuthError):  # nothing listens there, or a stranger does: gone
-        return None
-    except (ProtocolError, PeerError) as err:  # it closed on us, or said nothing
+    except (OSError, ProtocolError, PeerError) as err:
+        verdict = verdict_of(err)
+        doubts.note(candidate, verdict, began)
+        if verdict == GONE or doubts.gone(candidate):
+            return None
         if time.monotonic() >= deadline:
             raise PeerError(f"shrink: rank {candidate} did not answer in time: {err}",
                             peer=candidate, reason=Reason.SILENT) from None
-        # a live porter does neither for long: silent (or gone) twice in a row means gone
-        verdict = seat.probe(candidate, generation)
-        return None if verdict == GONE or (verdict == SILENT and isinstance(err, PeerError)
-                                           and err.reason == Reason.SILENT) else "later"
+        return "later"  # closed on us, said nothing, or its connect timed out: once more
+    doubts.note(candidate, ALIVE, began)
     try:
         link.send({"type": "shrink", "rank": seat.job.rank, "generation": generation})
         # a little past our deadline: the coordinator's verdict at its own comes first
@@ -119,7 +123,7 @@ def coordinate(seat: Seat, members: list[int], dead: set[int], generation: int, 
                quorum: str | int) -> list[int]:
     me = seat.job.rank
     joined: dict[int, Link] = {}
-    watch = Watch(lambda r: seat.probe(r, generation))
+    watch = Watch(lambda r: seat.probe(r, generation), seat.lively)
     try:
         with seat.porter.serving("shrink") as inbox:  # ended before the verdict is told: a
             # member's hello for the next generation must not find this rank agreeing
@@ -131,8 +135,12 @@ def coordinate(seat: Seat, members: list[int], dead: set[int], generation: int, 
                 if not missing:
                     break
                 if time.monotonic() >= deadline:
-                    why = (f"ranks {missing} are alive (their listeners answer) but did not come "
-                           "to the shrink in time")
+                    # "unsure" ends here: a rank that never proved it lives is gone
+                    dead.update(m for m in missing if not watch.alive(m))
+                    if not (missing := [m for m in missing if m not in dead]):
+                        break
+                    why = (f"ranks {missing} are alive (their listeners answer, or their "
+                           "heartbeats did) but did not come to the shrink in time")
                     tell(joined, {"type": "failed", "reason": why})
                     raise PeerError(f"shrink: {why}", peer=missing[0],
                                     hint="every surviving rank must call shrink()")

@@ -35,13 +35,16 @@ class Formed(Generic[T]):
 @dataclass
 class Seat:
     """What a rank carries from one communicator to the next: the job (with its id), its
-    porter, where the others listen, and how it opened its device and set its options."""
+    porter, where the others listen, how it opened its device and set its options, and which
+    ranks its heartbeats said lived as it left (rxelab.control: a connect that times out
+    towards one of them is a crowded listener, not a death, rxelab.liveness)."""
 
     job: JobInfo
     porter: Porter
     directory: dict[int, tuple[str, int]]
     generation: int
     opened: dict[str, Any]  # device=, port=, gid_index= and the settings, for the next init
+    lively: frozenset[int] = frozenset()
 
     def probe(self, rank: int, generation: int) -> str:
         """Whether old rank `rank` still lives (rxelab.liveness: a proven answer from its
