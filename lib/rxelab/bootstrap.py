@@ -4,8 +4,9 @@ say it, so a program starts unchanged under torchrun, mpirun, srun or our own la
 Explicit arguments win over the environment; among environments torchrun's names come
 first, then Open MPI's, then Slurm's. The rendezvous (rank 0's TCP address) comes from
 MASTER_ADDR/MASTER_PORT, or RXELAB_MASTER_ADDR/PORT. Under srun, which sets neither, it is
-the step's first node (rxelab.hostlist) and a port derived from the job and step ids, so two
-jobs whose first node is the same do not meet at one port.
+the step's first node (rxelab.hostlist) and the first free of a few ports drawn from the job
+and step ids (slurm_ports): a port another user or job holds there moves rank 0 to the next,
+and the others dial each in turn until one proves itself (rxelab.forming).
 
 A job's secret keeps strangers out of its control plane: RXELAB_JOB_TOKEN (our launcher
 passes one on each rank's standard input, never on a command line), or the file
@@ -17,6 +18,7 @@ than 128 bits is refused (`rxelab-launch --new-token` makes one).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Mapping
@@ -28,8 +30,10 @@ from rxelab.errors import ConfigError
 
 DEFAULT_PORT = 29500
 # srun: ports SLURM_PORT_BASE.. (below Linux's ephemeral range), 16 steps per job, so the jobs
-# that share a first node at once (their ids close together) never share a port
+# that share a first node at once (their ids close together) do not share a first port; then
+# SLURM_CANDIDATES - 1 more, drawn by a hash, for when it is taken
 SLURM_PORT_BASE, SLURM_PORTS, SLURM_STEPS = 12000, 20000, 16
+SLURM_CANDIDATES = 8
 MAX_RANKS = 16384  # every schedule's sub-tags fit 16 bits up to this (rxelab.collectives.common)
 SOURCES = (
     ("torchrun", "RANK", "WORLD_SIZE"),
@@ -49,6 +53,7 @@ class JobInfo:
     credential: Credential = field(default=OPEN, repr=False)  # what its ranks prove (rxelab.auth)
     job_id: str = ""  # drawn by rank 0 when the job forms (rxelab.control); "" until then
     launch_id: str = ""  # the launcher's own id of this job (torchrun's, Slurm's), if any
+    more_ports: tuple[int, ...] = ()  # srun: rendezvous ports tried after master_port, in order
 
     @property
     def secured(self) -> bool:
@@ -94,6 +99,7 @@ def discover(
     addr = master_addr or env.get("MASTER_ADDR") or env.get("RXELAB_MASTER_ADDR")
     if addr is None and source == "Slurm":
         addr = slurm_first_node(env)
+    more: list[int] = []  # srun's further candidates (slurm_ports)
     if master_port is not None:
         port = _int(master_port, "master_port")
     elif env.get("RXELAB_MASTER_PORT"):
@@ -102,7 +108,7 @@ def discover(
         # under torchrun MASTER_PORT is torch's own store, listening already: use the next one
         port = _int(env["MASTER_PORT"], "MASTER_PORT") + 1
     elif source == "Slurm" and not env.get("MASTER_PORT") and env.get("SLURM_JOB_ID"):
-        port = slurm_port(env)
+        port, *more = slurm_ports(env)
     else:
         port = _int(env.get("MASTER_PORT") or DEFAULT_PORT, "MASTER_PORT")
     if world_size < 1:
@@ -119,7 +125,8 @@ def discover(
     if world_size > MAX_RANKS:
         raise ConfigError(f"world size {world_size} is more than the {MAX_RANKS} ranks rxelab "
                           "supports (its schedules' tags)")
-    return JobInfo(rank, world_size, addr, port, source, credential(env), launch_id=launch_id(env))
+    return JobInfo(rank, world_size, addr, port, source, credential(env), launch_id=launch_id(env),
+                   more_ports=tuple(more))
 
 
 def slurm_first_node(env: Mapping[str, str]) -> str | None:
@@ -131,10 +138,28 @@ def slurm_first_node(env: Mapping[str, str]) -> str | None:
 
 
 def slurm_port(env: Mapping[str, str]) -> int:
-    """The rendezvous port of a Slurm job's step, the same on every rank of it."""
+    """The first rendezvous port of a Slurm job's step."""
+    return slurm_ports(env)[0]
+
+
+def slurm_ports(env: Mapping[str, str]) -> tuple[int, ...]:
+    """The rendezvous ports of a Slurm job's step, the same on every rank of it, in the order
+    they are tried: rank 0 listens on the first free one on its node, the others dial each in
+    turn and talk only to a listener that proves the job's credential. The first is spaced
+    from the neighbouring jobs' and steps' (it repeats every 1,250 job ids); the others are
+    drawn from a hash of job, step and a counter, so two jobs whose first ports meet part at
+    the next. All are public: another user who holds every one of them can deny the step."""
     job = _int(env["SLURM_JOB_ID"], "SLURM_JOB_ID")
     step = _int(env.get("SLURM_STEP_ID") or "0", "SLURM_STEP_ID")
-    return SLURM_PORT_BASE + (job * SLURM_STEPS + step % SLURM_STEPS) % SLURM_PORTS
+    ports = [SLURM_PORT_BASE + (job * SLURM_STEPS + step % SLURM_STEPS) % SLURM_PORTS]
+    counter = 0
+    while len(ports) < SLURM_CANDIDATES:
+        drawn = hashlib.sha256(f"rxelab srun rendezvous {job} {step} {counter}".encode()).digest()
+        port = SLURM_PORT_BASE + int.from_bytes(drawn[:8], "big") % SLURM_PORTS
+        counter += 1
+        if port not in ports:
+            ports.append(port)
+    return tuple(ports)
 
 
 def launch_id(env: Mapping[str, str]) -> str:

@@ -11,6 +11,9 @@ the error if the job cannot form.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
+import os
 import queue
 import secrets
 import socket
@@ -56,9 +59,38 @@ LATER_S = 5.0  # a later generation's rank 0 that answers "later" longer than th
 
 def _rendezvous(plane: Plane) -> socket.socket:
     """Rank 0's listener: the one its starter made (rxelab.torch publishes its port in torch's
-    store before the job forms), else one at MASTER_ADDR:MASTER_PORT."""
+    store before the job forms), else one at MASTER_ADDR:MASTER_PORT, or under srun on the
+    first of the step's ports that is free here (another user or job may hold one: the ranks
+    dial each in turn, rxelab.bootstrap.slurm_ports)."""
     given, plane.listener = plane.listener, None
-    return given or listeners.listen(plane.job)
+    if given is not None:
+        return given
+    ports = _ports(plane.job)
+    for i, port in enumerate(ports):
+        try:
+            return listeners.listen(dataclasses.replace(plane.job, master_port=port))
+        except ConfigError as err:
+            if len(ports) == 1 or not _taken(err):
+                raise
+            if i + 1 == len(ports):
+                raise ConfigError(f"rank 0 cannot listen on any of the step's rendezvous ports "
+                                  f"{ports}: other processes on this node hold them all",
+                                  hint="another user may be holding them: set MASTER_PORT to a "
+                                       "port of your choice") from None
+    raise AssertionError("there is always a port to try")  # pragma: no cover
+
+
+def _taken(err: ConfigError) -> bool:
+    """Whether listeners.listen failed because the port is held (its one-line error keeps
+    the OSError it came from as its context, or at least its words)."""
+    cause = err.__context__
+    return (isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE) or \
+        os.strerror(errno.EADDRINUSE) in str(err)
+
+
+def _ports(job: JobInfo) -> list[int]:
+    """Where rank 0 of a first generation may listen, in the order tried."""
+    return [job.master_port, *job.more_ports]
 
 
 def alone(plane: Plane) -> None:
@@ -88,7 +120,9 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
         plane.porter = porter
     hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
     where: dict[int, str] = {}  # the address each rank reached us from
-    watch = Watch(plane.look) if plane.look is not None else None
+    # a shrink's members proved themselves in its agreement moments ago: a connect that
+    # times out is a crowded listener, not a death (rxelab.liveness)
+    watch = Watch(plane.look, range(job.world_size)) if plane.look is not None else None
     beside: set[int] = set()
     try:
         with porter.serving("hello", "shrink") as inbox:
@@ -217,9 +251,13 @@ def join(plane: Plane, mine: dict[int, dict[str, Any]],
              "endpoints": {str(k): v for k, v in mine.items()}}
     last, unproven, silent = "nothing answered", "", 0
     later_until = time.monotonic() + LATER_S  # a later generation's rank 0 gathers at once
+    # under srun the first generation's rank 0 listens on the first of the step's ports free
+    # on its node: each is dialled in turn, and only a listener that proves itself is taken
+    ports = _ports(job) if plane.generation == 0 else [job.master_port]
+    where = f"{job.master_addr}:{'/'.join(str(p) for p in ports)}"
     while True:
         refused = 0
-        targets = listeners.addresses(job.master_addr, job.master_port)
+        targets = [a for port in ports for a in listeners.addresses(job.master_addr, port)]
         if not targets:
             last = f"{job.master_addr} does not resolve"
         for addr in targets:
@@ -241,7 +279,7 @@ def join(plane: Plane, mine: dict[int, dict[str, Any]],
                 continue
             table = _hello(plane, link, hello, deadline)
             if table is not None:
-                return _take_table(plane, table)
+                return _take_table(plane, table, addr[1])
             last = "rank 0 was not gathering this generation yet"
             if plane.generation > 0 and time.monotonic() > later_until:
                 raise PeerError(f"rank 0 of generation {plane.generation} is not gathering it "
@@ -252,7 +290,7 @@ def join(plane: Plane, mine: dict[int, dict[str, Any]],
                             f"job listens at {job.master_addr}:{job.master_port} any more)",
                             peer=0, reason=Reason.DIED)
         if time.monotonic() > deadline:
-            raise PeerError(f"cannot reach rank 0 at {job.master_addr}:{job.master_port} within "
+            raise PeerError(f"cannot reach rank 0 at {where} within "
                             f"{plane.timeout:g} s: {unproven or last}", peer=0,
                             reason=Reason.SILENT,
                             hint="a process without the job's secret holds the port" if unproven
@@ -296,7 +334,8 @@ def _hello(plane: Plane, link: Link, hello: dict[str, Any],
     return reply
 
 
-def _take_table(plane: Plane, table: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def _take_table(plane: Plane, table: dict[str, Any], port: int) -> dict[int, dict[str, Any]]:
+    """port: where this rank reached rank 0."""
     job = plane.job
     got = {int(k): v for k, v in table["endpoints"].items()}
     if set(got) != set(range(job.world_size)) - {job.rank}:
@@ -307,7 +346,7 @@ def _take_table(plane: Plane, table: dict[str, Any]) -> dict[int, dict[str, Any]
                      for k, a in table["directory"].items()}
         if set(directory) != set(range(job.world_size)):
             raise ProtocolError(f"rank 0 sent listeners of ranks {sorted(directory)}")
-        directory[0] = (job.master_addr, job.master_port)  # as this rank reaches it
+        directory[0] = (job.master_addr, port)  # as this rank reaches it
         plane.directory = directory
         assert plane.porter is not None
         plane.porter.update(rank=job.rank, generation=plane.generation, scopes={plane.job_id})

@@ -49,8 +49,10 @@ def torch_environment(env: Mapping[str, str]) -> dict[str, str]:
     """What torch's env:// lacks for a rank srun or mpirun started (torchrun and our launcher
     set it all): RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as rxelab's own discovery reads
     them (rxelab.bootstrap: the step's first node and a port drawn from the job and step ids
-    under Slurm), so init_process_group("rxelab") starts with nothing set by hand. Nothing where
-    the launcher is none of those, or does not say enough."""
+    under Slurm: the first of the step's candidates, where torch's own store listens, with no
+    fallback of torch's if another process holds it), so init_process_group("rxelab") starts
+    with nothing set by hand. Nothing where the launcher is none of those, or does not say
+    enough."""
     if all(env.get(k) for k in ENV_RENDEZVOUS):
         return {}
     try:
