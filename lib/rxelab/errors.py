@@ -58,20 +58,21 @@ class Mismatch:
             self.receiver if rank == self.sender else None
 
 
-class MismatchError(ConfigError):
-    """This rank and a peer disagree on a call (counts, sizes, codec), found as it ran:
-    `peer` the rank it disagrees with, `mismatch` the block's two sizes where they are what
-    disagrees."""
+class ProtocolError(RdmaError):
+    """A malformed, truncated, oversized or wrong-version out-of-band message."""
+
+
+class MismatchError(ConfigError, ProtocolError):
+    """This rank and a peer disagree on a call (counts, sizes, codec), found as it ran: the
+    arguments disagree (a ConfigError), found in what a peer sent (a ProtocolError, as a
+    receiver's finding always was). `peer` the rank it disagrees with, `mismatch` the
+    block's two sizes where they are what disagrees."""
 
     def __init__(self, message: str, *, peer: int | None = None,
                  mismatch: Mismatch | None = None, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.peer = peer
         self.mismatch = mismatch
-
-
-class ProtocolError(RdmaError):
-    """A malformed, truncated, oversized or wrong-version out-of-band message."""
 
 
 class PeerError(RdmaError):
