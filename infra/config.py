@@ -36,10 +36,13 @@ def default_state_dir() -> Path:
 
 
 def cache_dir() -> Path:
+    """Absolute but not resolved: the links on the way are owned_paths.cache_subdir's to
+    check (resolved here, a link another user owns would never be looked at)."""
     base = settings.value("RXELAB_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "rxelab"
     )
-    return Path(str(base)).resolve()
+    path = Path(str(base))
+    return path if path.is_absolute() else Path.cwd() / path
 
 
 @dataclass(frozen=True)

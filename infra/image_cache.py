@@ -15,6 +15,8 @@ from infra.config import Image
 from infra.errors import LabError
 from infra.owned_paths import CACHE_HINT, cache_subdir, check_chain, check_owned_file, open_private
 
+DISK_FORMATS = ("raw", "qcow2")
+
 
 @dataclass(frozen=True)
 class BaseImage:
@@ -44,14 +46,34 @@ class BaseImage:
 
     @classmethod
     def from_json(cls, text: str) -> BaseImage:
-        d = json.loads(text)
-        return cls(
-            kind=Image(d["kind"]),
-            disk=Path(d["disk"]),
-            disk_format=d["disk_format"],
-            kernel=Path(d["kernel"]) if d.get("kernel") else None,
-            initrd=Path(d["initrd"]) if d.get("initrd") else None,
-        )
+        """Refused in one line (LabError) unless well formed: its format goes into qemu's
+        -drive option and its paths onto qemu's command line, so a format is one qemu knows by
+        name and a path is absolute and has no comma (qemu's option separator)."""
+        try:
+            d = json.loads(text)
+            if not isinstance(d, dict):
+                raise ValueError("not a JSON object")
+            image = cls(
+                kind=Image(d["kind"]),
+                disk=_path(d["disk"]),
+                disk_format=d["disk_format"],
+                kernel=_path(d["kernel"]) if d.get("kernel") else None,
+                initrd=_path(d["initrd"]) if d.get("initrd") else None,
+            )
+        except (ValueError, KeyError, TypeError) as err:
+            raise LabError(f"an image's description is malformed ({type(err).__name__}: {err})",
+                           hint="remove that image's directory from the cache: it is built anew") from None
+        if image.disk_format not in DISK_FORMATS:
+            raise LabError(f"an image's description names the disk format {image.disk_format!r}, "
+                           f"not one of {', '.join(DISK_FORMATS)}",
+                           hint="remove that image's directory from the cache: it is built anew")
+        return image
+
+
+def _path(value: object) -> Path:
+    if not isinstance(value, str) or not value.startswith("/") or "," in value or "\0" in value:
+        raise ValueError(f"{value!r} is not an absolute path without commas")
+    return Path(value)
 
 
 def images_dir() -> Path:
@@ -67,14 +89,18 @@ def load_manifest(manifest: Path) -> BaseImage:
     home = manifest.parent
     check_chain(home, hint=CACHE_HINT)
     check_owned_file(manifest, "use it as an image's description", hint=CACHE_HINT)
-    image = BaseImage.from_json(manifest.read_text())
-    inside = home.resolve()
+    try:
+        image = BaseImage.from_json(manifest.read_text())
+        inside = home.resolve()
+    except (OSError, LabError) as err:
+        raise LabError(f"{manifest}: {getattr(err, 'message', None) or err}",
+                       hint=CACHE_HINT) from None
     for named in (image.disk, image.kernel, image.initrd):
         if named is None:
             continue
-        real = (home / named).resolve()
-        if not real.is_relative_to(inside):
-            raise LabError(f"{manifest} names {named}, outside its image directory {home}: "
+        real = named.resolve()
+        if real.parent != inside:
+            raise LabError(f"{manifest} names {named}, not a file in its image directory {home}: "
                            "refusing to use that image", hint=CACHE_HINT)
         if real.exists():
             check_owned_file(real, "boot it", hint=CACHE_HINT)

@@ -23,6 +23,7 @@ from typing import IO
 from infra.config import cache_dir
 from infra.errors import LabError
 
+UNSET_LOGIN_UID = 2**32 - 1  # (uid_t)-1: no login recorded one
 MAX_LINKS = 40  # as the kernel's limit on links followed in one lookup
 CACHE_HINT = ("RXELAB_CACHE (default $XDG_CACHE_HOME/rxelab) must be a directory of your own that "
               "only you can write, as must every directory above it")
@@ -36,7 +37,10 @@ def check_chain(path: Path, acting_in: Path | None = None, *, consequence: str =
     inside a directory that passed. Refused in one line naming the offending path and what
     we were about to act in (`acting_in`, default `path`), with `consequence` after it."""
     refuse = _Refusal(f"refusing to act in {acting_in or path}{consequence}", hint)
-    todo = list(Path(os.getcwd(), path).parts[1:])
+    try:
+        todo = list(Path(os.getcwd(), path).parts[1:])
+    except OSError as err:
+        raise refuse(f"cannot tell where {path} is ({err.strerror or err})") from None
     here = Path("/")
     _check_entry(here, _lstat(here, refuse), refuse)
     links = 0
@@ -53,19 +57,22 @@ def check_chain(path: Path, acting_in: Path | None = None, *, consequence: str =
         except OSError as err:
             raise refuse(f"cannot look at {step} ({err.strerror or err})") from None
         if stat.S_ISLNK(info.st_mode):
-            if not _trusted_owner(info.st_uid):
+            if not _trusted_owner(info.st_uid, invoker_too=True):
                 raise refuse(f"{step} is a symbolic link of uid {info.st_uid}, neither you "
                              f"(uid {os.geteuid()}) nor root")
             links += 1
             if links > MAX_LINKS:
                 raise refuse(f"{path} goes through more than {MAX_LINKS} symbolic links")
-            link = Path(os.readlink(step))
+            try:
+                link = Path(os.readlink(step))
+            except OSError as err:
+                raise refuse(f"cannot read the link {step} ({err.strerror or err})") from None
             if link.is_absolute():
                 here, todo = Path("/"), [*link.parts[1:], *todo]
             else:
                 todo = [*link.parts, *todo]
             continue
-        _check_entry(step, info, refuse)
+        _check_entry(step, info, refuse, invoker_too=True)
         here = step
 
 
@@ -85,17 +92,24 @@ def check_owned_file(path: Path, use: str, *, hint: str | None = None) -> None:
 
 
 def cache_subdir(*parts: str, make: bool = False) -> Path:
-    """The cache directory (or a directory under it), checked all the way up; made first
-    (and then checked: in a sticky parent another user could have made it) when `make`."""
+    """The cache directory (or a directory under it), checked all the way up by the name the
+    caller gave, links and all, before anything is made in it; when `make`, made and checked
+    again (in a sticky parent another user could have made it first). Returned resolved, once:
+    with the chain checked nobody else can change where it leads, and every later use goes to
+    the directory checked, not to wherever a name leads by then."""
     path = cache_dir().joinpath(*parts)
+    check_chain(path, hint=CACHE_HINT)
     if make:
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise LabError(f"cannot make the cache directory {path}: {err.strerror or err}",
                            hint=CACHE_HINT) from None
-    check_chain(path, hint=CACHE_HINT)
-    return path
+        check_chain(path, hint=CACHE_HINT)
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as err:
+        raise LabError(f"cannot resolve the cache directory {path}: {err}", hint=CACHE_HINT) from None
 
 
 def open_private(path: Path, mode: str = "w", *, append: bool = False) -> IO[str]:
@@ -120,9 +134,10 @@ def _lstat(path: Path, refuse: _Refusal) -> os.stat_result:
         raise refuse(f"cannot look at {path} ({err.strerror or err})") from None
 
 
-def _check_entry(path: Path, info: os.stat_result, refuse: _Refusal) -> None:
+def _check_entry(path: Path, info: os.stat_result, refuse: _Refusal, *,
+                 invoker_too: bool = False) -> None:
     euid = os.geteuid()
-    if not _trusted_owner(info.st_uid):
+    if not _trusted_owner(info.st_uid, invoker_too=invoker_too):
         raise refuse(f"{path} belongs to uid {info.st_uid}, neither you (uid {euid}) nor root")
     writable = info.st_mode & 0o002 or (info.st_mode & 0o020 and not _private_group(info))
     if writable and not (stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX):
@@ -131,27 +146,46 @@ def _check_entry(path: Path, info: os.stat_result, refuse: _Refusal) -> None:
                      f"{stat.S_IMODE(info.st_mode):04o}{kind})")
 
 
-def _trusted_owner(uid: int) -> bool:
-    """Root, the caller, and under sudo the user who ran it (`sudo make provision` in one's
-    own checkout): that user can act as root already, so trusting their directories gives
-    nobody anything. SUDO_UID is in root's environment only as root's invoker set it."""
+def _trusted_owner(uid: int, *, invoker_too: bool = False) -> bool:
+    """Root and the caller; for the directories on the way (`invoker_too`), under sudo also
+    the user who ran it (`sudo make provision` in one's own checkout), never for a file that
+    is run or booted. Their sudo made them root already, so trusting their directories gives
+    nobody anything new; a SUDO_UID that outlived its sudo (a shell handed on, a service
+    started from it) is told by the login uid the kernel keeps, which it must then equal."""
     if uid in (0, os.geteuid()):
         return True
+    if not invoker_too or os.geteuid() != 0:
+        return False
     sudo_uid = os.environ.get("SUDO_UID", "")
-    return os.geteuid() == 0 and sudo_uid.isdigit() and int(sudo_uid) == uid
+    if not (sudo_uid.isdigit() and int(sudo_uid) == uid):
+        return False
+    login = login_uid()
+    return login is None or login == uid
+
+
+def login_uid() -> int | None:
+    """The uid the kernel recorded at login (kept across sudo and su, not changed by its
+    user), or None where no login set one (a container, a system service)."""
+    try:
+        value = int(Path("/proc/self/loginuid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return None if value == UNSET_LOGIN_UID else value
 
 
 def _private_group(info: os.stat_result) -> bool:
     """Group-writable is harmless when the group is its owner's own (a user private group,
-    Debian's default with umask 002): named as the owner, the owner's primary group, and no
-    one else listed in it."""
+    Debian's default with umask 002): named as the owner, the owner's primary group, no one
+    else listed in it, and no other user's primary group (those are not listed)."""
     try:
         owner = pwd.getpwuid(info.st_uid)
         group = grp.getgrgid(info.st_gid)
     except KeyError:
         return False
-    return (owner.pw_gid == info.st_gid and group.gr_name == owner.pw_name
-            and set(group.gr_mem) <= {owner.pw_name})
+    if not (owner.pw_gid == info.st_gid and group.gr_name == owner.pw_name
+            and set(group.gr_mem) <= {owner.pw_name}):
+        return False
+    return all(user.pw_uid == owner.pw_uid for user in pwd.getpwall() if user.pw_gid == info.st_gid)
 
 
 class _Refusal:

@@ -70,18 +70,19 @@ def built(source: Path, argv: Callable[[str], list[str]], missing: str | None, w
     """A program compiled from source on first use and kept in the cache (cached_program):
     argv(output) compiles it; `missing` says what to install when its compiler is not there
     (None: it is)."""
-    out = cached_program(source, argv, includes)
+    name = cached_program(source, argv, includes).name
     try:
         # the cache all the way up, and a program found there, the caller's own: its name is
         # public, and what another user put there would run as the caller (refused, not
-        # rebuilt: a cache others could write holds more than this program)
-        owned_paths.cache_subdir("simulator")
+        # rebuilt: a cache others could write holds more than this program). The directory
+        # as checked, resolved once: not a name that could lead elsewhere by the next use.
+        out = owned_paths.cache_subdir("simulator") / name
         if os.path.lexists(out):
             owned_paths.check_owned_file(out, "run", hint=owned_paths.CACHE_HINT)
             return out
         if missing is not None:
             raise SimulationError(f"{what} needs {missing}: run `bash infra/install-deps.sh`")
-        owned_paths.cache_subdir("simulator", make=True)
+        out = owned_paths.cache_subdir("simulator", make=True) / name
     except LabError as err:
         raise SimulationError(str(err)) from None
     with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".build-", delete=False) as tmp:
