@@ -22,20 +22,19 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import logging
 import socket
-import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rxelab import verbs
+from rxelab import abort_notices, verbs
 from rxelab.errors import Mismatch, PeerError, ProtocolError
 from rxelab.messages import (
     ABORT,
-    ABORT_REASONS,
+    CAUSE,
     CTRL,
-    CTRL_SLOT,
     CTRL_VERSION,
     DATA_BIT,
     FAILED,
@@ -50,17 +49,14 @@ from rxelab.messages import (
     WriteOp,
 )
 from rxelab.verbs import Connection, Device, status_str
-from rxelab.waits import EXPLAIN_S, WATCH_EVERY, Arrival, Counters, Mailbox, Notice, Waits
+from rxelab.waits import EXPLAIN_S, WATCH_EVERY, Arrival, Counters, Mailbox, Waits
 
 __all__ = ["WATCH_EVERY", "Engine"]  # WATCH_EVERY: how often a wait looks at the peers
 
 POLL_BATCH = 32
 SIGNAL_EVERY = 8  # at most this many slot sends per completion
-# what an abort notice for a mismatch carries after its control message: the block's sender
-# and receiver and their two sizes (rxelab.errors.Mismatch), so every rank says the first
-# cause, whichever notice reaches it first; it fills a control slot exactly
-CAUSE = struct.Struct("!IIQQ")
-assert CTRL.size + CAUSE.size <= CTRL_SLOT
+NOTICE_S = 1.0  # how long a failed rank waits for its abort notices to be acknowledged
+log = logging.getLogger(__name__)
 
 
 class Engine(Waits):
@@ -255,14 +251,18 @@ class Engine(Waits):
             if not self.poll_quietly():
                 time.sleep(0.005)
 
-    def poll_quietly(self) -> int:
+    def poll_quietly(self, unreachable: set[int | None] | None = None) -> int:
         """One poll of the completions, of a call that failed already: a failure among them
-        is more of the same (the first says what failed)."""
+        is more of the same (the first says what failed); the peers of failed completions go
+        into `unreachable`, if given (their connections are down)."""
         n, wcs = self.dev.cq.poll(POLL_BATCH)
         for wc in wcs:
             try:
                 self._complete(wc)
-            except (PeerError, ProtocolError):
+            except PeerError as err:
+                if unreachable is not None:
+                    unreachable.add(err.peer)
+            except Exception:  # more of the same
                 pass
         return n
 
@@ -332,14 +332,10 @@ class Engine(Waits):
             self.box.tokens.add((peer, tag))
         elif kind == MOVING:  # only that a transfer this rank waits behind moves: the
             pass  # completion itself was the news (the wait's deadline starts again)
-        elif kind == ABORT:
-            reason, blamed = ABORT_REASONS.get(rkey, "it failed"), addr - 1 if addr else None
-            if blamed is not None and rkey == FAILED:  # another's failure it passes on: whose
-                reason = reason if blamed == peer else f"rank {blamed} stopped"
-            elif blamed is not None:
-                reason = f"{reason} rank {blamed}"
-            cause = Mismatch(*CAUSE.unpack(data[CTRL.size:])) if length != CTRL.size else None
-            self.box.aborts.setdefault(peer, Notice(reason, rkey, blamed, cause))
+        elif kind == ABORT:  # every field checked; a malformed one stops the call as such
+            if peer not in self.box.aborts:  # a rank's first notice says why
+                self.box.aborts[peer] = abort_notices.read(peer, len(self.conns) + 1, rkey, addr,
+                                                           codec, nbytes, data[CTRL.size:length])
         else:
             raise ProtocolError(f"unknown control message kind {kind} from rank {peer}")
 
@@ -375,20 +371,17 @@ class Engine(Waits):
         return notices
 
     def await_notices(self, notices: list[SendOp]) -> None:
-        """Wait up to a second for the notices to be acknowledged, whatever else fails; a
+        """Wait up to NOTICE_S for the notices to be acknowledged, whatever else fails; a
         peer whose connection failed is not waited for (its notice will not arrive)."""
-        end = time.monotonic() + 1.0
+        end = time.monotonic() + NOTICE_S
         unreachable: set[int | None] = set()
-        while time.monotonic() < end and \
-                not all(n.done or n.peer in unreachable for n in notices):
-            n, wcs = self.dev.cq.poll(POLL_BATCH)
-            for wc in wcs:
-                try:
-                    self._complete(wc)
-                except PeerError as err:  # a failed completion: that peer's connection is down
-                    unreachable.add(err.peer)
-                except Exception:  # more of the same: the call has failed already
-                    pass
+        while waiting := sorted(n.peer for n in notices if not n.done and n.peer not in unreachable):
+            if time.monotonic() > end:
+                log.debug("rank %d gave up after %g s waiting for rank%s %s to acknowledge its "
+                          "abort notices", self.rank, NOTICE_S, "s"[:len(waiting) - 1],
+                          ", ".join(map(str, waiting)))
+                return
+            n = self.poll_quietly(unreachable)
             if n and self.pending:
                 self._post_pending()
             if not n:

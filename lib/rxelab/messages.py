@@ -1,6 +1,7 @@
 """What the progress engine puts on the wire and tracks, without the engine: the control
-message's format and kinds, why a rank aborted, the work-request ids, and the operations an
-algorithm holds while its data moves (WriteOp, SendOp).
+message's format and kinds, why a rank aborted and the mismatch an abort may carry (CAUSE),
+the work-request ids, and the operations an algorithm holds while its data moves (WriteOp,
+SendOp). rxelab.abort_notices checks an abort notice that arrives.
 
 Pure Python: the algorithms (rxelab.collectives) and a recording engine import it on a host
 without pyverbs; only rxelab.verbs imports that.
@@ -22,6 +23,11 @@ ABORT_REASONS = {FAILED: "it failed", STALLED: "no progress from", DIED: "it fou
 # and user tags leave bits clear), and it reads the same in either byte order.
 PROGRESS_IMM = 0xFFFFFFFF
 CTRL_SLOT = 64  # bytes of a slot holding a control message; slots grow to the eager limit
+# what an abort notice for a mismatch carries after its control message: the block's sender
+# and receiver and their two sizes (rxelab.errors.Mismatch), so every rank says the first
+# cause, whichever notice reaches it first; it fills a control slot exactly
+CAUSE = struct.Struct("!IIQQ")
+assert CTRL.size + CAUSE.size <= CTRL_SLOT
 SEND_BIT = 1 << 63
 DATA_BIT = 1 << 62
 
