@@ -3,24 +3,36 @@ yet, where proving costs (a MUNGE proof is a munge or unmunge process; rxelab.mu
 scope is public, and the listener proves itself first, so anyone who can connect can make it
 work. rxelab.hall asks the gate at each connection:
 
+- a rate per source (its address, and its uid where the kernel names one): a flood from one
+  source gets a few checks a second, not the listener's time. A peer that cannot be on this
+  host is its address alone, so a flood from elsewhere is refused before the kernel is asked
+  anything about it;
 - a connection from this host is the kernel's to name: the uid of the process at its other end
   (sock_diag, asked for that one connection). Where the credential is only ever this user's
   (MUNGE: a proof names the uid that made it), another user's knock is refused at once;
-- a rate per source (its address, and its uid where the kernel names one): a flood from one
-  source gets a few checks a second, not the listener's time;
 - the checks themselves run on a few threads of their own (CHECKERS), never the listener's,
-  at most MAX_WAITING at once: past that a new connection is dropped, and its dialler (a rank
-  forming the job, a probe) tries again, as it does when a listener is crowded.
+  at most MAX_WAITING at once: past that a connection's next step waits in the hall, which
+  takes no new connection while its room is full (a dialler waits in the backlog: a rank
+  forming the job, or a probe, that then times out is told "busy", not "gone").
+
+The checkers are daemon threads, and close() cancels what is queued and kills the munge or
+unmunge a checker still waits for, so a closed gate leaves no process behind and no exit waits
+for one (a check may take munge.CALL_S).
 """
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import os
+import queue
+import signal
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 CHECKERS = 4  # credential checks at once (each a process, with MUNGE)
@@ -28,8 +40,10 @@ MAX_WAITING = 32  # checks queued or running at once
 RATE = 50.0  # new connections a second, per source
 BURST = 100  # ... and at once, from a source that was quiet
 MAX_SOURCES = 4096  # sources remembered; past that, the quietest are forgotten
+CLOSE_S = 1.0  # close() waits this long at most for the checkers to end
 
 Source = tuple[str, int | None]  # the peer's address, and its uid where this host knows it
+Work = tuple[Future[Any], Callable[[], Any]]
 
 
 class Gate:
@@ -38,7 +52,9 @@ class Gate:
         self.same_user_only = bool(getattr(credential, "same_user_only", False))
         self.uid = os.geteuid()
         self._buckets: dict[Source, tuple[float, float]] = {}  # tokens, when last filled
-        self._pool: ThreadPoolExecutor | None = None
+        self._work: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
+        self._checkers: list[threading.Thread] = []
+        self._closed = False
         self.waiting = 0  # checks submitted and not yet done (the hall's thread only)
 
     def admit(self, sock: socket.socket) -> str | None:
@@ -49,10 +65,12 @@ class Gate:
             address = str(sock.getpeername()[0])
         except OSError as err:
             return str(err)
-        uid = peer_uid(sock)
-        if self.same_user_only and uid is not None and uid != self.uid:
-            return (f"a process of another user (uid {uid}) on this host: this job's "
-                    "credential is only ever its own user's")
+        uid = None
+        if on_this_host(address):  # only here may a uid tell one source from another
+            uid = peer_uid(sock)
+            if self.same_user_only and uid is not None and uid != self.uid:
+                return (f"a process of another user (uid {uid}) on this host: this job's "
+                        "credential is only ever its own user's")
         return None if self._take((address, uid)) else \
             f"more than {RATE:g} connections a second from {address} (uid {uid})"
 
@@ -73,15 +91,93 @@ class Gate:
         return self.waiting >= MAX_WAITING
 
     def submit(self, work: Callable[[], Any], done: Callable[[Future[Any]], None]) -> None:
-        """Run work() on a checker thread; done(future) is called there when it ends."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(CHECKERS, thread_name_prefix="rxelab-check")
+        """Run work() on a checker thread; done(future) is called there when it ends (or
+        here, cancelled, once the gate is closed)."""
+        future: Future[Any] = Future()
+        future.add_done_callback(done)
         self.waiting += 1
-        self._pool.submit(work).add_done_callback(done)
+        if self._closed:
+            future.cancel()
+            return
+        if len(self._checkers) < CHECKERS:
+            checker = threading.Thread(target=self._check, daemon=True,
+                                       name=f"rxelab-check-{len(self._checkers)}")
+            checker.start()
+            self._checkers.append(checker)
+        self._work.put((future, work))
+
+    def _check(self) -> None:
+        while (item := self._work.get()) is not None:
+            future, work = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = work()
+            except BaseException as err:  # the connection's to hear, not this thread's to end
+                future.set_exception(err)
+            else:
+                future.set_result(result)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        """Queued checks are cancelled and running ones cut short, within CLOSE_S."""
+        self._closed = True
+        while True:
+            try:
+                item = self._work.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for checker in self._checkers:
+            self._work.put(None)
+            _kill_children(checker)
+        deadline = time.monotonic() + CLOSE_S
+        for checker in self._checkers:
+            checker.join(max(0.0, deadline - time.monotonic()))
+
+
+def _kill_children(thread: threading.Thread) -> None:
+    """Kill the processes this thread started and still waits for (a munge call). The pidfd
+    is taken before the second look, so a pid reaped and reused meanwhile is never signalled."""
+    where = f"/proc/self/task/{thread.native_id}/children"
+    try:
+        with open(where) as f:
+            pids = [int(p) for p in f.read().split()]
+    except (OSError, ValueError):  # ended already, or no /proc: nothing to kill
+        return
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            continue
+        try:
+            with open(where) as f:
+                if str(pid) in f.read().split():
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def on_this_host(address: str) -> bool:
+    """Whether a peer's address may be one of this host's (then the kernel can name the uid
+    behind it): a loopback, or one a socket here can bind to. Unsure: yes."""
+    if address.startswith("::ffff:") and "." in address:
+        address = address[7:]
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return True
+    if ip.is_loopback:
+        return True
+    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((address, 0))
+    except OSError as err:
+        return err.errno != errno.EADDRNOTAVAIL
+    return True
 
 
 # the kernel's socket table, asked for one TCP connection (linux/inet_diag.h, sock_diag.h)
