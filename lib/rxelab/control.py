@@ -25,15 +25,15 @@ from rxelab import forming
 from rxelab.bootstrap import JobInfo
 from rxelab.errors import PeerError, ProtocolError, Reason
 from rxelab.link import Link
+from rxelab.liveness import SILENT_S, Lively
 from rxelab.porter import Porter
 
 # Elastic jobs: a node that powers off or drops off the network closes no connection, and a
 # rank waiting to receive from it posts nothing that could fail; without heartbeats it would
 # be found only by the no-progress timeout. Each end beats once a second; a link silent for
-# SILENT_S means the rank behind it is gone.
+# SILENT_S (rxelab.liveness: heartbeats vouch for a rank that long, in a shrink too) means
+# the rank behind it is gone.
 BEAT_S = 1.0
-SILENT_S = 10.0
-LIVELY_S = 3 * BEAT_S  # a rank heard this recently lives, for a shrink (lively())
 
 
 class ControlPlane:
@@ -194,15 +194,15 @@ class ControlPlane:
         self._end(f"rank {r}'s process is gone (its control connection closed)", r, Reason.DIED,
                   skip=r)
 
-    def lively(self) -> frozenset[int]:
-        """The ranks whose heartbeats say they live: heard within LIVELY_S on a link that
-        neither closed without a goodbye nor went silent (one that said goodbye left on
-        purpose: for a shrink, say). A shrink does not take a connect that times out towards
-        one of them for its death (a flood of connects can fill a live listener's queue)."""
-        now = time.monotonic()
+    def lively(self) -> Lively:
+        """The ranks whose heartbeats say they live, each until SILENT_S after it was last
+        heard: a link that closed without a goodbye or went silent vouches for nobody; one
+        that said goodbye (left on purpose, for a shrink say) vouches from its last word. A
+        shrink does not take a connect that times out towards one of them for its death while
+        they vouch for it (a flood of connects can fill a live listener's queue), and takes it
+        for one once they lapse (a node that powered off as the shrink began)."""
         with self.state:
-            return frozenset(r for r, t in self.heard.items() if r not in self.lost
-                             and (r in self.left or now - t <= LIVELY_S))
+            return Lively({r: t + SILENT_S for r, t in self.heard.items() if r not in self.lost})
 
     def _end(self, why: str, blamed: int | None, reason: Reason,
              skip: int | None = None) -> None:

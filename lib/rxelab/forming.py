@@ -121,7 +121,8 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
     hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
     where: dict[int, str] = {}  # the address each rank reached us from
     # a shrink's members proved themselves in its agreement moments ago: a connect that
-    # times out is a crowded listener, not a death (rxelab.liveness)
+    # times out is a crowded listener, not a death, until SILENT_S from now (rxelab.liveness:
+    # then a member that stopped or powered off as the mesh was built is gone)
     watch = Watch(plane.look, range(job.world_size)) if plane.look is not None else None
     beside: set[int] = set()
     try:
@@ -135,7 +136,7 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
                                     + (f" (connections dropped: {'; '.join(dropped[-3:])})"
                                        if dropped else ""), peer=missing[0], reason=Reason.SILENT,
                                     hint=f"are they started, with MASTER_ADDR={job.master_addr} "
-                                         f"and MASTER_PORT={job.master_port}? A slow start "
+                                         f"and MASTER_PORT={porter.port}? A slow start "
                                          f"(a busy host) needs a longer RXELAB_TIMEOUT "
                                          f"(init(timeout=...))")
                 if watch is not None and (gone := watch.gone(missing)):

@@ -14,10 +14,13 @@ What one probe says (verdict_of):
 
 Only GONE is death at once. Doubts weighs the rest over time, so "unsure" has an end and a
 flood cannot make a death: a rank that gave no proof for NO_PROOF_S (STRIKES tries at least)
-is gone, unless its heartbeats said it lived when this rank left the communicator (lively,
-rxelab.control) and its listener only failed to take a connection or to answer in time (what
-a flood of connects does to a live one), never closed one unproven; then only the caller's
-deadline ends the wait (a shrink names it as alive, never drops it).
+is gone, unless its heartbeats vouch for it still and its listener only failed to take a
+connection or to answer in time (what a flood of connects does to a live one), never closed
+one unproven. Heartbeats vouch for a rank until SILENT_S after it was last heard (Lively,
+from rxelab.control as this rank left the communicator; ranks given without times were heard
+just now): the control plane's own rule, a link silent that long is a rank gone. So a node
+that powers off (or stops, or is cut off) just as a shrink starts is dropped once its
+heartbeats lapse, never waited for to the deadline.
 
 Watch runs probes in the background, a few at a time, so a loop that waits for members (a
 coordinator, rank 0 gathering a new generation) never blocks on one.
@@ -27,8 +30,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from rxelab.auth import Credential
 from rxelab.errors import AuthError, PeerError, ProtocolError, Reason
@@ -40,6 +44,8 @@ EVERY_S = 1.0  # a rank not yet come is probed again this long after its last pr
 STRIKES = 2  # probes without proof, at least, before a rank is gone
 NO_PROOF_S = 5.0  # ... over this long (a live porter proves itself in milliseconds)
 MAX_PROBES = 16  # probes in flight at once
+SILENT_S = 10.0  # heartbeats vouch for a rank this long after it was last heard (rxelab.control:
+# a link silent this long means the rank behind it is gone)
 ALIVE, GONE, UNSURE, SILENT, UNANSWERED = "alive", "gone", "unsure", "silent", "unanswered"
 
 
@@ -77,6 +83,21 @@ def probe(address: tuple[str, int], credential: Credential, *, scope: str, rank:
         link.close()
 
 
+class Lively(frozenset[int]):
+    """The ranks whose heartbeats said they lived, each with until when they vouch for it
+    (time.monotonic(): SILENT_S after the rank was last heard)."""
+
+    until: Mapping[int, float]
+
+    def __new__(cls, until: Mapping[int, float]) -> Lively:
+        made = super().__new__(cls, until)
+        made.until = MappingProxyType(dict(until))
+        return made
+
+    def __reduce__(self) -> tuple[type[Lively], tuple[dict[int, float]]]:  # copies keep times
+        return Lively, (dict(self.until),)
+
+
 @dataclass
 class Doubt:
     """A rank's tries without proof since its last proof."""
@@ -88,16 +109,23 @@ class Doubt:
 
 class Doubts:
     """The verdicts on each rank so far, weighed over time (see the module's docstring).
-    lively: the ranks whose heartbeats said they lived."""
+    lively: the ranks whose heartbeats said they lived (a Lively, or ranks heard just now);
+    clock: time.monotonic, or a test's."""
 
-    def __init__(self, lively: Iterable[int] = ()) -> None:
-        self.lively = frozenset(lively)
+    def __init__(self, lively: Iterable[int] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        if isinstance(lively, Lively):
+            self._vouched = dict(lively.until)
+        else:
+            now = clock()
+            self._vouched = {r: now + SILENT_S for r in lively}
         self._doubts: dict[int, Doubt] = {}
         self._gone: set[int] = set()
         self._proven: set[int] = set()
 
     def note(self, rank: int, verdict: str, began: float) -> None:
-        """A try that began at `began` (time.monotonic()) said `verdict`."""
+        """A try that began at `began` (on the clock) said `verdict`."""
         if verdict == ALIVE:
             self._proven.add(rank)
             self._doubts.pop(rank, None)
@@ -108,17 +136,21 @@ class Doubts:
             doubt.tries += 1
             doubt.taken |= verdict == UNSURE
 
+    def vouched(self, rank: int) -> bool:
+        """Whether its heartbeats still vouch for it (not SILENT_S past its last one)."""
+        return self.clock() <= self._vouched.get(rank, float("-inf"))
+
     def gone(self, rank: int) -> bool:
         if rank in self._gone:
             return True
         doubt = self._doubts.get(rank)
-        if doubt is None or doubt.tries < STRIKES or time.monotonic() - doubt.since < NO_PROOF_S:
+        if doubt is None or doubt.tries < STRIKES or self.clock() - doubt.since < NO_PROOF_S:
             return False
-        return doubt.taken or rank not in self.lively
+        return doubt.taken or not self.vouched(rank)
 
     def alive(self, rank: int) -> bool:
-        """Proven, or said to live by its heartbeats, and not found gone since."""
-        return (rank in self._proven or rank in self.lively) and not self.gone(rank)
+        """Proven, or vouched for by its heartbeats, and not found gone since."""
+        return (rank in self._proven or self.vouched(rank)) and not self.gone(rank)
 
     def forget(self, rank: int) -> None:
         """It came after all: whatever a probe thought."""
@@ -130,17 +162,19 @@ class Doubts:
 class Watch:
     """Background probes of ranks: gone(ranks) starts a probe for each asked rank that has
     none running (again EVERY_S after its last), at most MAX_PROBES at once, and returns
-    those of them found gone so far (Doubts)."""
+    those of them found gone so far (Doubts, with `lively` and `clock`)."""
 
-    def __init__(self, look: Callable[[int], str], lively: Iterable[int] = ()) -> None:
+    def __init__(self, look: Callable[[int], str], lively: Iterable[int] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.look = look
+        self._clock = clock
         self._lock = threading.Lock()
         self._running: set[int] = set()
         self._last: dict[int, float] = {}
-        self._doubts = Doubts(lively)
+        self._doubts = Doubts(lively, clock)
 
     def gone(self, ranks: Iterable[int]) -> set[int]:
-        now = time.monotonic()
+        now = self._clock()
         asked = list(ranks)
         with self._lock:
             for r in asked:
@@ -161,12 +195,12 @@ class Watch:
             self._doubts.forget(rank)
 
     def _probe(self, rank: int) -> None:
-        began = time.monotonic()
+        began = self._clock()
         try:
             verdict = self.look(rank)
         except Exception:  # a probe that fails says nothing either way
             verdict = UNSURE
         with self._lock:
             self._running.discard(rank)
-            self._last[rank] = time.monotonic()
+            self._last[rank] = self._clock()
             self._doubts.note(rank, verdict, began)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import pwd
+import select
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,3 +86,40 @@ def stranger_process(code: str, *args: str) -> Iterator[subprocess.Popen[str]]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def wait_for_word(proc: subprocess.Popen[str], word: str, seconds: float, what: str,
+                  said: bytearray | None = None) -> str:
+    """Until `proc` prints `word` (a stranger saying it is ready: "bound", "flooding"), at most
+    `seconds`: all it printed so far. `what` names what the test waits for, in the failure;
+    `said` keeps what it printed for a later call that waits for a later word. Reads the pipe
+    itself (not proc.stdout's buffer): proc.communicate() takes the rest afterwards."""
+    said = bytearray() if said is None else said
+    assert proc.stdout is not None, "the process's output is not piped"
+    fd = proc.stdout.fileno()
+    end = time.monotonic() + seconds
+    while word.encode() not in said:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"waited {seconds:g} s for {what}: it never said {word!r} "
+                                 f"(it said {bytes(said)!r})")
+        if select.select([fd], [], [], remaining)[0]:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise AssertionError(f"waited for {what}: the process ended before it said "
+                                     f"{word!r} (it said {bytes(said)!r}; {_errors(proc)})")
+            said += chunk
+    return said.decode(errors="replace")
+
+
+def _errors(proc: subprocess.Popen[str]) -> str:
+    """What it wrote to its error output, as far as is there within a second."""
+    if proc.stderr is None:
+        return "its error output is not piped"
+    fd, out, end = proc.stderr.fileno(), b"", time.monotonic() + 1
+    while (left := end - time.monotonic()) > 0 and select.select([fd], [], [], left)[0]:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        out += chunk
+    return f"exit status {proc.poll()}, error output {out[-2000:]!r}"

@@ -8,17 +8,16 @@ read from srun's variables as rxelab.init() reads them."""
 
 from __future__ import annotations
 
-import os
-import select
 import time
 
 import numpy as np
 from pyverbs import _fabric
 from rxelab import bootstrap
 from rxelab.comm import Communicator
+from rxelab.liveness import CONNECT_S, PROBE_S
 
 from tests.unit.fakejob import in_threads
-from tests.unit.strangers import stranger_process
+from tests.unit.strangers import stranger_process, wait_for_word
 
 SECRET = "9d4b7e1a3c5f8b2d6e0a4c8f1b3d5e7a9c2e4b6d8f0a1c3e5b7d9f2a4c6e8b0d"
 
@@ -32,6 +31,11 @@ s.listen(64)
 print("bound", flush=True)
 time.sleep(600)
 """
+FORM_S = 60  # the communicator's own timeout: forming that waited it out fails
+# a rank pays the squatter at most PROBE_S a round (it takes the connection, says nothing),
+# and tries the next port within CONNECT_S: two rounds, three times over for a loaded host
+AROUND_S = 3 * 2 * (PROBE_S + CONNECT_S)
+assert AROUND_S < FORM_S
 
 
 def srun_env(job_id: int, rank: int, size: int, step: int = 0) -> dict[str, str]:
@@ -44,23 +48,10 @@ def srun_env(job_id: int, rank: int, size: int, step: int = 0) -> dict[str, str]
 def form(job_id: int, rank: int, size: int) -> float:
     """One rank of an srun job: init as under srun, an allreduce of (rank + 1), its sum."""
     job = bootstrap.discover(env=srun_env(job_id, rank, size))
-    with Communicator(job, device="fake0", timeout=30) as comm:
+    with Communicator(job, device="fake0", timeout=FORM_S) as comm:
         y = np.empty(8)
         comm.allreduce(np.full(8, rank + 1.0), y)
         return float(y[0])
-
-
-def wait_for_bound(proc, seconds: float) -> None:
-    end = time.monotonic() + seconds
-    said = b""
-    fd = proc.stdout.fileno()
-    while b"bound" not in said:
-        remaining = end - time.monotonic()
-        assert remaining > 0, f"the squatter did not bind within {seconds:g} s: {said!r}"
-        if select.select([fd], [], [], remaining)[0]:
-            chunk = os.read(fd, 4096)
-            assert chunk, f"the squatter ended: {said!r} {proc.stderr.read()!r}"
-            said += chunk
 
 
 def test_every_rank_draws_the_same_short_list_of_ports_and_colliding_jobs_part_after_the_first():
@@ -85,13 +76,14 @@ def test_a_squatter_on_the_first_port_does_not_keep_an_srun_job_from_forming():
     first = bootstrap.slurm_port(srun_env(job_id, 0, 3))
     _fabric.FABRIC.reset(seed=0, max_delay=0.0002)
     with stranger_process(SQUATTER, str(first)) as squatter:
-        wait_for_bound(squatter, 60)
+        wait_for_word(squatter, "bound", 60, "the squatter to bind the first port")
         started = time.monotonic()
-        out = in_threads(3, lambda r: form(job_id, r, 3), 90, keep_errors=True)
+        out = in_threads(3, lambda r: form(job_id, r, 3), FORM_S + 30, keep_errors=True)
         took = time.monotonic() - started
         assert squatter.poll() is None, "the squatter held the port throughout"
     assert out == [6.0, 6.0, 6.0], out
-    assert took < 25, f"forming around the squatter took {took:.1f} s"
+    assert took < AROUND_S, (f"forming around the squatter took {took:.1f} s, more than "
+                             f"{AROUND_S:g} s (3 x 2 rounds of PROBE_S + CONNECT_S)")
 
 
 def test_two_jobs_whose_first_ports_collide_both_form():
@@ -99,5 +91,6 @@ def test_two_jobs_whose_first_ports_collide_both_form():
     assert bootstrap.slurm_port(srun_env(a, 0, 2)) == bootstrap.slurm_port(srun_env(b, 0, 2))
     _fabric.FABRIC.reset(seed=0, max_delay=0.0002)
     jobs = [(a, 0), (a, 1), (a, 2), (b, 0), (b, 1), (b, 2)]
-    out = in_threads(len(jobs), lambda i: form(jobs[i][0], jobs[i][1], 3), 90, keep_errors=True)
+    out = in_threads(len(jobs), lambda i: form(jobs[i][0], jobs[i][1], 3), FORM_S + 30,
+                     keep_errors=True)
     assert out == [6.0] * 6, out

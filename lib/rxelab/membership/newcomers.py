@@ -97,31 +97,37 @@ def knock(job: JobInfo, settings: dict[str, Any], deadline: float,
           committed_s: float) -> dict[str, Any]:
     """A newcomer: ask the job's rank 0 to be let in, until it is (the welcome) or the
     deadline. The job lets newcomers in only when it calls admit(), so this waits. Once it has
-    accepted an offer it is the job's: it waits for its welcome up to committed_s more."""
+    accepted an offer it is the job's: it waits for its welcome up to committed_s more.
+    Under srun rank 0 listens on the first of the step's ports free on its node: each is
+    knocked at in turn (bound to that port: only rank 0's listener, where it is, takes it),
+    and the one that answered first from then on; the welcome says which ("port")."""
     last = "nothing yet"
-    where = f"{job.master_addr}:{job.master_port}"
+    ports = [job.master_port, *job.more_ports]
+    where = f"{job.master_addr}:{'/'.join(str(p) for p in ports)}"
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise PeerError(f"join: not admitted by the job at {where} in time ({last})",
                             hint="the job admits newcomers when it calls comm.admit(); is it "
                                  "running, with this secret?")
-        for addr in listeners.addresses(job.master_addr, job.master_port) or [
-                (job.master_addr, job.master_port)]:
+        for addr in [a for port in ports for a in listeners.addresses(job.master_addr, port)
+                     or [(job.master_addr, port)]]:
             try:
                 link = dial(addr, job.credential, kind="join", rank=-1, to=0, generation=0,
-                            scope=f"join {job.master_port}",
+                            scope=f"join {addr[1]}",
                             deadline=min(deadline, time.monotonic() + PROBE_S),
                             connect_s=CONNECT_S)
             except (OSError, ProtocolError, PeerError) as err:
                 last = str(err)
                 continue
+            ports.remove(addr[1])
+            ports.insert(0, addr[1])  # rank 0's: knocked at first from now on
             try:
                 got = _ask_in(link, settings, deadline, committed_s, where)
             finally:
                 link.close()
             if isinstance(got, dict):
-                return got
+                return {**got, "port": addr[1]}
             last = got
             break
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
