@@ -13,8 +13,9 @@ A shrink needs no rank in particular to have survived:
   tries them in order, and a refused connection, a listener that cannot prove itself (a
   stranger on a dead rank's port), or one that gives no proof for a few seconds (a stranger
   that takes connections and closes them) moves it on to the next (rxelab.liveness). A
-  connect that times out is no death where heartbeats said the rank lived (a flood of
-  connects fills a live listener's queue): that one is tried until the deadline. A live
+  connect that times out is no death while heartbeats vouch for the rank (a flood of
+  connects fills a live listener's queue): that one is tried again, up to SILENT_S after it
+  was last heard (then it cannot be told from a powered-off node, and is gone). A live
   process keeps its listener, so every survivor finds the same one.
 - The coordinator waits for each old rank to come, or to be found dead: it probes the
   listeners of those that have not come (a proven answer means alive), the same way. At the
