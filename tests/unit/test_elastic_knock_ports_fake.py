@@ -2,7 +2,7 @@
 further candidates, rxelab.bootstrap.slurm_ports), each knock bound to its port: under srun
 rank 0 listens on the first of them free on its node, so the first may be another process's.
 Before, a newcomer knocked only at the first (scope `join <first port>`) and was never let in.
-The welcome says which port rank 0 answered at: the newcomer's communicator forms there.
+The welcome says which port rank 0 answered at: rxelab.join() forms the communicator there.
 
 The job is one elastic rank on the in-memory fabric (its rendezvous bound, port 0, before it
 starts), the squatter a socket of the test that takes connections and answers none."""
@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import socket
 import threading
-import time
+import types
+from unittest import mock
 
 import numpy as np
-from rxelab import bootstrap, codecs, membership, settings
-from rxelab.comm import Communicator
-from rxelab.comm.communicator import shared_settings
+from rxelab import bootstrap
+from rxelab.comm import starting
 from rxelab.liveness import CONNECT_S, PROBE_S
 
 from tests.unit.elastic_helpers import secret  # noqa: F401 (autouse: jobs need the secret)
@@ -30,17 +30,16 @@ KNOCK_S = ADMIT_S + 10  # the newcomer's wait: past the admit, so the job's side
 
 
 def newcomer(job: bootstrap.JobInfo, out: dict[str, object]) -> None:
-    """rxelab.join()'s path for a job of these ports (a newcomer's srun job): knock until
-    welcomed, then the new communicator where rank 0 answered; its allreduce's sum."""
+    """rxelab.join() for a job of these ports (as a newcomer's srun job would find them):
+    knock until welcomed, then the new communicator where rank 0 answered; its allreduce's
+    sum."""
     try:
-        mine = shared_settings(settings.resolve({"timeout": TIMEOUT_S}), codecs.lookup(None))
-        welcome = membership.knock(job, mine, time.monotonic() + KNOCK_S, TIMEOUT_S + 10.0)
-        out["port"] = welcome["port"]
-        joined = dataclasses.replace(job, rank=welcome["rank"], world_size=welcome["world_size"],
-                                     master_port=welcome["port"], more_ports=(), source="join",
-                                     job_id=welcome["job"])
-        with Communicator(joined, _generation=welcome["generation"], elastic=True,
-                          device="fake0", timeout=TIMEOUT_S) as comm:
+        found = types.SimpleNamespace(discover=lambda *_: job)
+        with mock.patch.object(starting, "bootstrap", found):
+            comm = starting.join("127.0.0.1", job.master_port, wait=KNOCK_S, device="fake0",
+                                 timeout=TIMEOUT_S)
+        with comm:
+            out["port"] = (comm.job.master_port, comm.job.more_ports)
             y = np.empty(8)
             comm.allreduce(np.full(8, comm.rank + 1.0), y)
             out["newcomer"] = (comm.rank, comm.size, float(y[0]))
@@ -77,5 +76,5 @@ def test_a_newcomer_finds_rank_0_on_a_later_candidate_port_past_a_squatter_on_th
         squatter.close()
     assert isinstance(got[0], tuple), (got, out)
     assert got[0][:3] == (0, 2, 3.0) and out["newcomer"] == (1, 2, 3.0), (got, out)
-    assert out["port"] == got[0][3], "the welcome names the port rank 0 answered at"
+    assert out["port"] == (got[0][3], ()), "join() formed where rank 0 answered, only there"
 

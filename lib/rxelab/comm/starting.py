@@ -44,8 +44,11 @@ def join(master_addr: str | None = None, master_port: int | None = None,
     mine = shared_settings(resolved, codecs.lookup(options.get("compression")))
     started = time.monotonic()
     welcome = membership.knock(job, mine, deadline, float(resolved["timeout"]) + 10.0)
+    # the new generation forms at the listener that answered the knock (one of the ports
+    # tried, rxelab.membership.knock), and only there
     job = dataclasses.replace(job, rank=welcome["rank"], world_size=welcome["world_size"],
-                              source="join", job_id=welcome["job"])
+                              source="join", job_id=welcome["job"], master_port=welcome["port"],
+                              more_ports=())
     options["elastic"] = True
     comm = Communicator(job, _generation=welcome["generation"], **options)
     comm.formed = {"how": "join", "generation": welcome["generation"],
