@@ -49,6 +49,9 @@ def arguments() -> argparse.ArgumentParser:
                     help="let newcomers in every N steps (default 0: never)")
     ap.add_argument("--admit-timeout", type=float, default=0.0,
                     help="seconds an admit waits for a newcomer (default 0: those waiting)")
+    ap.add_argument("--expect-newcomers", type=int, default=0, metavar="N",
+                    help="newcomers started for this job: while fewer came, each admit point "
+                         "waits up to --admit-timeout for them (default 0)")
     ap.add_argument("--quorum", default="majority",
                     help="who may go on after a death: majority (default), any, or a number")
     ap.add_argument("--kill", action="append", default=[], metavar="STEP:RANK",
@@ -73,6 +76,8 @@ def check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> str | int:
         ap.error("--size must be a multiple of 4 from 4 to 1 GiB")
     if args.admit_every < 0 or not 0 <= args.admit_timeout <= 3600:
         ap.error("--admit-every must be >= 0 and --admit-timeout 0..3600")
+    if not 0 <= args.expect_newcomers <= 64:
+        ap.error("--expect-newcomers must be 0..64")
     if not 0 <= args.pause <= 60:
         ap.error("--pause must be 0..60 seconds")
     try:
@@ -150,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         last = elastic.run(comm, step, args.steps, [params], admit_every=args.admit_every,
-                           admit_timeout=args.admit_timeout, quorum=quorum, report=report)
+                           admit_timeout=args.admit_timeout, quorum=quorum, report=report,
+                           expect=args.expect_newcomers)
     except WrongResult as err:
         say(event="wrong", id=identity, error=str(err))
         return 1

@@ -33,6 +33,8 @@ HEAL_S = 60  # a NIC brought back up must have its address and its RDMA port wit
 LOOK_S = 2.0  # how often a partitioned node is looked at (over its management network)
 PARTITION_MAX_S = 180  # a partitioned node whose ranks have not ended by then is healed anyway
 WATCHDOG_S = PARTITION_MAX_S + 2 * HEAL_S  # a node brings its NIC back up by itself after this
+ADMIT_WAIT_S = 30.0  # an admit point waits this long for a newcomer not come yet (rank 0 listens
+# for at most half the communicator's timeout, 60 s by default)
 
 
 def kills(el: dict[str, Any]) -> list[str]:
@@ -53,8 +55,13 @@ def launcher(hosts_arg: list[str], secret: str, timeout: float, *extra: str) -> 
 
 
 def job_command(el: dict[str, Any], hosts: list[Host], run_id: str, secret: str) -> str:
+    # the job waits for the newcomers the scenario starts (their start-up on a busy node can
+    # outlast a short job): each admit point up to ADMIT_WAIT_S while they have not come
+    joins = sum(1 for e in el["events"] if "join" in e)
+    waits = ["--expect-newcomers", str(joins), "--admit-timeout", f"{ADMIT_WAIT_S:g}"] if joins \
+        else []
     argv = [*launcher([h.data_ip for h in hosts], secret, el["timeout_s"], "--elastic",
-                      "--per-host", str(el["ranks_per_node"])), "--", *app_argv(el)]
+                      "--per-host", str(el["ranks_per_node"])), "--", *app_argv(el, *waits)]
     return started_by(run_id) + _join(argv)
 
 

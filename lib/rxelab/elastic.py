@@ -34,16 +34,26 @@ Report = Callable[[dict[str, Any]], None]
 
 def run(comm: Communicator, step: Step, steps: int, state: Sequence[np.ndarray] = (), *,
         admit_every: int = 0, admit_timeout: float = 0.0, shrink_timeout: float | None = None,
-        quorum: str | int = "majority", report: Report | None = None) -> Communicator:
+        quorum: str | int = "majority", report: Report | None = None,
+        expect: int = 0) -> Communicator:
     """Run step(comm, k) for k up to `steps` on every rank, shrinking after a death and
     admitting newcomers every `admit_every` steps (0: never). Returns the communicator the
     loop ended with (open: the caller closes it). report(event) hears each finished step
-    ({"event": "step", "step", "size", "seconds"}) and each change of members."""
+    ({"event": "step", "step", "size", "seconds"}) and each change of members.
+
+    An admit point waits up to admit_timeout for a newcomer. expect: newcomers the job knows
+    are on their way (a scheduler started them, and a start-up can take longer than the
+    job): while fewer came, each admit point waits up to admit_timeout for the rest, so a
+    short job does not end without them; once they came, admit points take only those
+    already waiting. Counted by the rank that admits (rank 0), as it saw them come."""
     arrays = _state(state)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ConfigError(f"steps={steps!r} must be a whole number >= 0")
     if isinstance(admit_every, bool) or not isinstance(admit_every, int) or admit_every < 0:
         raise ConfigError(f"admit_every={admit_every!r} must be a whole number >= 0")
+    if isinstance(expect, bool) or not isinstance(expect, int) or not 0 <= expect <= 64:
+        raise ConfigError(f"expect={expect!r} must be a whole number 0..64")
+    came = 0  # newcomers admitted so far, as this rank saw
     say = report or (lambda event: None)
 
     def shrink(c: Communicator) -> Communicator:
@@ -79,7 +89,9 @@ def run(comm: Communicator, step: Step, steps: int, state: Sequence[np.ndarray] 
         before, current = current, before  # `current` is refilled at the next step's start
         if admit_every and done % admit_every == 0 and done < steps:
             try:
-                grown = comm.admit(timeout=admit_timeout, quorum=quorum)
+                awaited = expect - came
+                grown = comm.admit(timeout=admit_timeout if not expect or awaited > 0 else 0.0,
+                                   wanted=max(1, awaited), quorum=quorum)
             except PeerError as err:  # a death found while admitting: shrink, and go back
                 comm, done = _recover(shrink(comm), done, arrays, before, shrink)
                 say({"event": "shrink", "step": done, "size": comm.size, "failed": str(err)[:300],
@@ -87,6 +99,7 @@ def run(comm: Communicator, step: Step, steps: int, state: Sequence[np.ndarray] 
                 continue
             if grown is not comm:
                 formed = grown.formed
+                came += len(formed.get("admitted", []))
                 comm, done = _shared(grown, done, arrays, shrink)
                 say({"event": "admit" if formed.get("how") == "admit" else "shrink", "step": done,
                      "size": comm.size, "admitted": formed.get("admitted", []), **_times(formed)})

@@ -209,3 +209,59 @@ def test_a_death_while_the_loop_recovers_is_survived_too(monkeypatch):
     assert hit and out[1] is None and out[3] is None
     assert out[0][0] == out[2][0] == out[4][0] == [0, 2, 4]
     assert np.array_equal(out[0][1], out[2][1]) and np.array_equal(out[0][1], out[4][1])
+
+
+def test_a_job_waits_at_its_admit_points_for_the_newcomer_it_expects_and_no_longer(monkeypatch):
+    """The newcomer starts knocking only once the job is at its first admit point: expected
+    (expect=1), it is waited for there (a job whose newcomer started up slower than its steps
+    ended without it: issue 56's lab run, 17 s of steps, 18 s of a newcomer's start-up), and
+    once it came the later admit points wait for nobody."""
+    joined: dict = {}
+    threads: list[threading.Thread] = []
+    asked: list[tuple[int, float, int]] = []  # (thread, timeout, wanted) of each admit call
+    real_admit = Communicator.admit
+
+    def admit(self, timeout=0.0, wanted=1, quorum="majority"):
+        asked.append((threading.get_ident(), timeout, wanted))
+        return real_admit(self, timeout, wanted, quorum)
+    monkeypatch.setattr(Communicator, "admit", admit)
+
+    def newcomer(port: int) -> None:
+        try:
+            comm = rxelab.join("127.0.0.1", port, wait=40, device="fake0")
+            step, params, _ = training(100, {})
+            got: list = []
+            elastic.run(comm, step, 4, [params], admit_every=1, report=got.append).close()
+            joined["events"] = got
+        except BaseException as err:  # reported to the test
+            joined["error"] = err
+
+    def job(comm):
+        step, params, _ = training(comm.rank, {})
+        mine: list = [threading.get_ident()]
+
+        def start_late(event):
+            mine.append(event)
+            if comm.rank == 0 and event["event"] == "step" and event["step"] == 0:
+                threads.append(threading.Thread(target=newcomer, args=(comm.rendezvous[1],),
+                                                daemon=True))
+                threads[-1].start()  # the job is at its first admit point (after step 0 of 4)
+        elastic.run(comm, step, 4, [params], admit_every=1, admit_timeout=30, expect=1,
+                    report=start_late).close()
+        return mine
+    out = run_ranks(2, job, timeout=60, deadline=120, elastic=True)
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), "the newcomer still running 60 s after the job ended"
+    assert "error" not in joined, joined
+    me, events = out[0][0], out[0][1:]
+    assert [(e["step"], e["size"]) for e in events if e["event"] == "admit"] == [(1, 3)], events
+    assert [e["size"] for e in events if e["event"] == "step"] == [2, 3, 3, 3]
+    assert joined["events"][0]["event"] == "joined" and joined["events"][0]["step"] == 1
+    assert [(t, w) for i, t, w in asked if i == me] == [(30, 1), (0.0, 1), (0.0, 1)], asked
+
+
+@pytest.mark.parametrize("expect", [-1, 65, True, 1.0])
+def test_expect_is_a_small_whole_number(expect):
+    with pytest.raises(rxelab.ConfigError, match="expect="):
+        elastic.run(None, lambda c, k: None, 1, expect=expect)  # type: ignore[arg-type]

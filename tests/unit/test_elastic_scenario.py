@@ -31,6 +31,11 @@ def test_the_job_is_elastic_and_carries_the_run_id_and_the_secret_file():
     assert "rxelab.launch --hosts 10.10.0.11,10.10.0.12,10.10.0.13 --port 29650" in cmd
     assert '--secret-file "$HOME"/rxelab/runs/0123456789ab/secret --elastic --per-host 2 --' in cmd
     assert "--kill 10:3" in cmd and "--admit-every 5" in cmd and "--join" not in cmd
+    # the one newcomer is awaited at admit points: a short job cannot end before it came
+    assert "--expect-newcomers 1 --admit-timeout 30" in cmd
+    alone = elastic.job_command({**EL, "events": [e for e in EL["events"] if "join" not in e]},
+                                HOSTS, RUN, SECRET)
+    assert "--expect-newcomers" not in alone and "--admit-timeout" not in alone
     new = elastic.newcomer_command(EL, HOSTS[1], HOSTS[0], RUN, SECRET)
     assert "--hosts 10.10.0.12" in new and "--join --master 10.10.0.11" in new
     assert new.rstrip().endswith("--join --join-timeout 900")
