@@ -252,9 +252,11 @@ class Engine(Waits):
                 time.sleep(0.005)
 
     def poll_quietly(self, unreachable: set[int | None] | None = None) -> int:
-        """One poll of the completions, of a call that failed already: a failure among them
-        is more of the same (the first says what failed); the peers of failed completions go
-        into `unreachable`, if given (their connections are down)."""
+        """One poll of the completions, of a call that failed already: a failed completion
+        (PeerError) or a malformed message (ProtocolError) among them is more of the same
+        (the first failure says what failed); the peers of failed completions go into
+        `unreachable`, if given (their connections are down). Anything else _complete raises
+        is a fault of this rank's own and goes up: hidden here, it would pass for a peer's."""
         n, wcs = self.dev.cq.poll(POLL_BATCH)
         for wc in wcs:
             try:
@@ -262,7 +264,7 @@ class Engine(Waits):
             except PeerError as err:
                 if unreachable is not None:
                     unreachable.add(err.peer)
-            except Exception:  # more of the same
+            except ProtocolError:  # more of the same
                 pass
         return n
 
