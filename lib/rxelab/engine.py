@@ -24,6 +24,7 @@ import ctypes
 import itertools
 import logging
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -359,10 +360,15 @@ class Engine(Waits):
                     cause: Mismatch | None = None) -> list[SendOp]:
         """Best effort: tell every peer to stop waiting for this rank, and why (one of
         ABORT_REASONS, and the rank this one blames, if any); a mismatch that started the
-        failure, found here or told by a peer, goes along (CAUSE)."""
+        failure, found here or told by a peer, goes along (CAUSE) where the wire can carry
+        it: the notices go all the same where it cannot (a count out of range, a bug's)."""
         notices = []
-        extra = b"" if cause is None else CAUSE.pack(cause.sender, cause.receiver, cause.sent,
-                                                    cause.expected)
+        try:
+            extra = b"" if cause is None else CAUSE.pack(cause.sender, cause.receiver,
+                                                         cause.sent, cause.expected)
+        except struct.error as err:
+            log.debug("rank %d's abort notices go without their cause %s: %s", self.rank, cause, err)
+            extra = b""
         for peer in self.conns:
             try:
                 notices.append(self.send_ctrl(peer, ABORT, tag, rkey=why,

@@ -189,8 +189,10 @@ class Call:
         counters.coded_raw += length
         counters.coded_wire += wire
         addr, rkey, room = self.engine.wait_rtr(peer, self.tag(sub), self.name, codec.id)
-        if room != codec.room(length):
-            self._count_mismatch(peer, room - codecs.HEADER.size, length)
+        if room != codec.room(length):  # the receiver's own block, from the room it made:
+            # none below a header's room (never an honest receiver's: a coded block is longer
+            # than the eager limit), so never a negative count, which no notice can carry
+            self._count_mismatch(peer, max(0, room - codecs.HEADER.size), length)
         mr = self.mr(area, False)
         return self.engine.write(peer, area.address, mr.lkey, wire, addr, rkey, self.tag(sub),
                                  watchers=self.watchers)
