@@ -132,7 +132,8 @@ class PlanCache:
 
     def get(self, key: tuple[Any, ...], make: Callable[[], Plan]) -> Plan:
         """The kept plan of the key, checked again if expose() pinned more since; else a new
-        one, made and checked under the lock."""
+        one, made and checked under the lock. A kept plan that can no longer run goes first:
+        the new one takes its place, not the oldest plan's, which may still be of use."""
         plan = self.kept.get(key)
         if plan is not None and plan.usable():
             if plan.held_version != self.registry.held_version:
@@ -141,12 +142,20 @@ class PlanCache:
             return plan
         with self.lock:
             self.let_go_of_dropped()
+            self.drop(key)
             plan = make()
             self.check_fits(plan)
             if len(self.kept) >= MAX_PLANS:
-                self.kept.pop(next(iter(self.kept)))
+                self.drop(next(iter(self.kept)))
             self.kept[key] = plan
             return plan
+
+    def drop(self, key: tuple[Any, ...]) -> None:
+        """The plan of the key, if kept, goes, and lets go of what it held (its exports: a
+        caller's bytearray can be resized again once no plan or registration holds it)."""
+        plan = self.kept.pop(key, None)
+        if plan is not None:
+            plan.release()
 
     def check_fits(self, plan: Plan) -> None:
         """Every buffer the call may register, each once, within pin_limit beside what is
@@ -207,8 +216,7 @@ class PlanCache:
                 dropped.discard(i)
         for key, plan in list(self.kept.items()):
             if {id(plan.layout.send.owner), id(plan.layout.recv.owner)} <= dropped:
-                plan.release()
-                del self.kept[key]
+                self.drop(key)
 
 
 class Planner:
