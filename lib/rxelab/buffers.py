@@ -206,6 +206,41 @@ def holding(obj: Any) -> _Holding | None:
     return obj if isinstance(obj, _Holding) else None
 
 
+class Placement:
+    """Where an object's memory was when something was made of it (a registration), to tell
+    later whether it still is: a numpy array can be given other memory or another length
+    under the same object (`a.resize(n, refcheck=False)`, of it or of the array it views),
+    freeing the old, which a new array may then take at the same address; a tensor's storage
+    can be resized or freed (_Holding.moved). Holds nothing: what it was made of is counted
+    by who refers to it (registrations the application dropped are let go)."""
+
+    __slots__ = ("held", "pointer", "at")
+
+    def __init__(self, obj: Any) -> None:
+        self.held = holding(obj)
+        root = _memory_root(obj)
+        self.pointer = None if root is None else data_pointer(root)
+        self.at = self._where(obj)
+
+    def _where(self, obj: Any) -> tuple[int | None, int] | None:
+        root = _memory_root(obj)
+        return None if root is None or self.pointer is None else (self.pointer.value, root.nbytes)
+
+    def moved(self, obj: Any) -> bool:
+        """Whether obj's memory is not where, or not as long as, it was."""
+        return (self.held is not None and self.held.moved()) or self._where(obj) != self.at
+
+
+def _memory_root(obj: Any) -> np.ndarray | None:
+    """The numpy array whose memory obj's is (obj itself, or the array it views), else None:
+    the one that can be given other memory."""
+    if not isinstance(obj, np.ndarray):
+        return None
+    while isinstance(obj.base, np.ndarray):
+        obj = obj.base
+    return obj
+
+
 def as_buffer(obj: Any, what: str, *, writable: bool = False) -> Buffer:
     """numpy arrays, torch CPU tensors (host_array), bytearray, bytes (read-only),
     memoryview and anything with the buffer protocol; raises ConfigError naming `what` for

@@ -6,6 +6,9 @@ What it promises, and why:
 - bounded by entries and by pinned bytes, counted in whole pages (what the kernel pins);
 - an entry holds an export of its buffer (a memoryview): the memory stays alive and a
   bytearray cannot be resized under a registration that would go stale;
+- a numpy array can be, export or not (`a.resize(n, refcheck=False)` frees its memory), and
+  a tensor's storage too: an entry whose memory is no longer where, or as long as, it was
+  when registered (buffers.Placement) is stale, and made anew for whatever is there now;
 - entries whose buffer the application dropped (only our export still refers to it) are let
   go, so a loop that allocates a fresh buffer per call does not pin memory without end;
 - what the current call uses, and what was exposed to peers, is never evicted: a call whose
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rxelab.buffers import Buffer, holding
+from rxelab.buffers import Buffer, Placement, holding
 from rxelab.errors import ConfigError
 
 PAGE = mmap.PAGESIZE
@@ -41,6 +44,7 @@ class Entry:
     mr: Any
     view: memoryview
     pinned: int
+    placed: Placement  # where view.obj's memory was when registered
 
 
 class Registry:
@@ -72,15 +76,16 @@ class Registry:
         key = (buf.address, buf.nbytes, access)
         # An entry at this address serves any object there: our export keeps the memory of
         # the object it was made for alive, so another object at the same address is another
-        # view of that memory (t and t[:]), never something new in freed memory.
+        # view of that memory (t and t[:]) - while that object's memory is where it was.
         entry = self.entries.get(key)
-        if entry is not None and (held := holding(entry.view.obj)) is not None and held.moved():
-            self._drop(key)  # a tensor's storage was resized or freed under the registration
+        if entry is not None and entry.placed.moved(entry.view.obj):
+            self._drop(key)  # resized or freed under the registration: stale
             entry = None
         if entry is None:
             self._make_room(pinned_size(buf.address, buf.nbytes))
             mr = self.make_mr(buf.address, buf.nbytes, access)
-            entry = Entry(mr, memoryview(buf.owner), pinned_size(buf.address, buf.nbytes))
+            entry = Entry(mr, memoryview(buf.owner), pinned_size(buf.address, buf.nbytes),
+                          Placement(buf.owner))
             self.entries[key] = entry
             self.registrations += 1
             self.pinned += entry.pinned
