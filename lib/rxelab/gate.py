@@ -17,7 +17,11 @@ work. rxelab.hall asks the gate at each connection:
 
 The checkers are daemon threads, and close() cancels what is queued and kills the munge or
 unmunge a checker still waits for, so a closed gate leaves no process behind and no exit waits
-for one (a check may take munge.CALL_S).
+for one (a check may take munge.CALL_S). Closing races with the hall's thread (a porter closes
+its hall after a bounded wait for it) and with the checkers: a submit() under way finishes
+before close() takes over (a lock), one after it starts nothing, a check dequeued as the gate
+closes does not start, and close() looks for a checker's processes until that checker ended,
+not once, so a munge started just after a look is killed at the next.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ RATE = 50.0  # new connections a second, per source
 BURST = 100  # ... and at once, from a source that was quiet
 MAX_SOURCES = 4096  # sources remembered; past that, the quietest are forgotten
 CLOSE_S = 1.0  # close() waits this long at most for the checkers to end
+LOOK_S = 0.01  # ... looking again this often for the processes they started
 
 Source = tuple[str, int | None]  # the peer's address, and its uid where this host knows it
 Work = tuple[Future[Any], Callable[[], Any]]
@@ -54,6 +59,7 @@ class Gate:
         self._buckets: dict[Source, tuple[float, float]] = {}  # tokens, when last filled
         self._work: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
         self._checkers: list[threading.Thread] = []
+        self._lock = threading.Lock()  # submit() against close(): no checker started after it
         self._closed = False
         self.waiting = 0  # checks submitted and not yet done (the hall's thread only)
 
@@ -92,23 +98,26 @@ class Gate:
 
     def submit(self, work: Callable[[], Any], done: Callable[[Future[Any]], None]) -> None:
         """Run work() on a checker thread; done(future) is called there when it ends (or
-        here, cancelled, once the gate is closed)."""
+        here, cancelled, once the gate is closed: no thread started, nothing queued)."""
         future: Future[Any] = Future()
         future.add_done_callback(done)
         self.waiting += 1
-        if self._closed:
-            future.cancel()
-            return
-        if len(self._checkers) < CHECKERS:
-            checker = threading.Thread(target=self._check, daemon=True,
-                                       name=f"rxelab-check-{len(self._checkers)}")
-            checker.start()
-            self._checkers.append(checker)
-        self._work.put((future, work))
+        with self._lock:
+            if not self._closed:
+                if len(self._checkers) < CHECKERS:
+                    checker = threading.Thread(target=self._check, daemon=True,
+                                               name=f"rxelab-check-{len(self._checkers)}")
+                    checker.start()
+                    self._checkers.append(checker)
+                self._work.put((future, work))
+                return
+        future.cancel()  # done() outside the lock: it may be the hall's, which submits
 
     def _check(self) -> None:
         while (item := self._work.get()) is not None:
             future, work = item
+            if self._closed:  # taken from the queue as close() emptied it
+                future.cancel()
             if not future.set_running_or_notify_cancel():
                 continue
             try:
@@ -120,7 +129,9 @@ class Gate:
 
     def close(self) -> None:
         """Queued checks are cancelled and running ones cut short, within CLOSE_S."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            checkers = list(self._checkers)
         while True:
             try:
                 item = self._work.get_nowait()
@@ -128,12 +139,13 @@ class Gate:
                 break
             if item is not None:
                 item[0].cancel()
-        for checker in self._checkers:
+        for _ in checkers:
             self._work.put(None)
-            _kill_children(checker)
         deadline = time.monotonic() + CLOSE_S
-        for checker in self._checkers:
-            checker.join(max(0.0, deadline - time.monotonic()))
+        while (alive := [c for c in checkers if c.is_alive()]) and time.monotonic() < deadline:
+            for checker in alive:
+                _kill_children(checker)
+            alive[0].join(min(LOOK_S, max(0.0, deadline - time.monotonic())))
 
 
 def _kill_children(thread: threading.Thread) -> None:

@@ -302,6 +302,82 @@ def test_closing_a_gate_kills_the_process_a_checker_waits_for():
             started[0].kill()
 
 
+def test_a_munge_a_checker_starts_as_its_gate_closes_is_killed(monkeypatch):
+    """The checker starts its munge only once close() looked for its processes (and found
+    none): it is killed all the same, and the checker ends (before, close() looked once, and
+    that munge outlived the gate)."""
+    monkeypatch.setattr(gate, "CLOSE_S", FAILSAFE_S)  # close() ends as its checkers do
+    looked, running = threading.Event(), threading.Event()
+    started: list[subprocess.Popen[bytes]] = []
+    look = gate._kill_children
+
+    def look_and_say(thread: threading.Thread) -> None:
+        look(thread)
+        looked.set()
+    monkeypatch.setattr(gate, "_kill_children", look_and_say)
+
+    def work() -> int:
+        running.set()
+        assert looked.wait(FAILSAFE_S), "close() never looked for the checker's processes"
+        proc = subprocess.Popen(["sleep", "60"])
+        started.append(proc)
+        return proc.wait()
+    g = gate.Gate(Costly())
+    g.submit(work, lambda future: None)
+    assert running.wait(FAILSAFE_S)
+    g.close()
+    try:
+        assert started, "the check never started its munge"
+        try:
+            code = started[0].wait(timeout=FAILSAFE_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail("a munge started as the gate closed still runs after close()")
+        assert code < 0, code
+        assert not any(c.is_alive() for c in g._checkers), "a checker outlived its gate"
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_submit_under_way_as_the_gate_closes_leaves_no_checker(monkeypatch):
+    """submit() passed its look at whether the gate is closed and is about to start a checker
+    when close() is called: once both returned no checker is left (before, close() did not
+    wait, and the checker it started afterwards waited for work for ever); a submit after
+    close() starts none and hears at once that it was cancelled."""
+    hold_s = 1.0  # the paused submit waits this long for close(): an unguarded close ends in
+    # microseconds, a guarded one waits for the submit (the outcome does not hang on it)
+    paused, closed = threading.Event(), threading.Event()
+    real_thread = threading.Thread
+
+    class Paused(real_thread):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if str(kwargs.get("name", "")).startswith("rxelab-check"):
+                paused.set()
+                closed.wait(hold_s)
+            super().__init__(*args, **kwargs)
+
+    g = gate.Gate(Costly())
+    heard: list[Any] = []
+    submitter = real_thread(target=g.submit, args=(lambda: None, heard.append), daemon=True)
+    monkeypatch.setattr(gate.threading, "Thread", Paused)
+    submitter.start()
+    assert paused.wait(FAILSAFE_S), "submit() never started a checker"
+    g.close()
+    closed.set()
+    submitter.join(FAILSAFE_S)
+    monkeypatch.undo()
+    assert not submitter.is_alive()
+    for checker in g._checkers:
+        checker.join(FAILSAFE_S / 4)  # an unguarded gate's checker: this only ends in vain
+    assert not any(c.is_alive() for c in g._checkers), "a checker outlived its gate"
+    assert len(heard) == 1 and heard[0].done(), heard  # ran before close() took over, or cancelled
+    before = len(g._checkers)
+    g.submit(lambda: pytest.fail("work ran on a closed gate"), heard.append)
+    assert len(g._checkers) == before and heard[1].cancelled(), "a closed gate took work"
+
+
 def test_a_check_still_running_does_not_hold_up_the_interpreters_exit():
     script = (
         "import threading, time\n"
