@@ -6,15 +6,13 @@ host: tests/unit/fakemunge.py stands in for munge and unmunge."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from rxelab import munge
 from rxelab.errors import ConfigError
 from rxelab.torch import rendezvous as rdv
 
 from tests.torch.test_torch_rendezvous import Store
-from tests.unit.fakemunge import install
+from tests.unit.fakemunge import run_munged
 
 SRUN = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
         "MASTER_ADDR": "127.0.0.1"}
@@ -22,11 +20,7 @@ SRUN = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_
 
 @pytest.fixture
 def fake_munged(tmp_path, monkeypatch):
-    where = install(tmp_path / "bin", os.geteuid())
-    sock = tmp_path / "munge.socket.2"
-    sock.write_text("")
-    monkeypatch.setattr(munge, "SOCKETS", (str(sock),))
-    monkeypatch.setenv("PATH", f"{where}:{os.environ['PATH']}")
+    run_munged(tmp_path, monkeypatch)
 
 
 def test_under_srun_with_munge_nothing_secret_goes_into_the_store(fake_munged, capsys):

@@ -6,8 +6,11 @@ sharing the cluster's key and its record of credentials already seen."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPT = r'''#!{python}
 import base64, hashlib, hmac, json, os, sys, time
@@ -63,3 +66,15 @@ def install(where: Path, uid: int, key: str = "the cluster's munge key",
         path.write_text(text)
         path.chmod(0o755)
     return where
+
+
+def run_munged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test's munged: the scripts first on the PATH, and a socket where rxelab.munge
+    looks for one (it takes MUNGE as there only where munged's socket is)."""
+    from rxelab import munge
+
+    where = install(tmp_path / "bin", os.geteuid())
+    sock = tmp_path / "munge.socket.2"
+    sock.write_text("")
+    monkeypatch.setattr(munge, "SOCKETS", (str(sock),))
+    monkeypatch.setenv("PATH", f"{where}:{os.environ['PATH']}")

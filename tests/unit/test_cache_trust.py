@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from experiments.simulation.costs import Costs, Segment
 from infra import image_cache, images
 from infra.config import Extras, Image
 from infra.errors import LabError
+from tests.unit.shared_tmp import dir_in_tmp, not_under_sudo  # noqa: F401 (autouse)
 from tests.unit.strangers import run_as_stranger, stranger
 
 FREE = Costs(send=(Segment(1 << 62, 0.0, 0.0),), recv=(Segment(1 << 62, 0.0, 0.0),))
@@ -37,20 +37,12 @@ print("planted")
 
 
 
-@pytest.fixture(autouse=True)
-def not_under_sudo(monkeypatch) -> None:
-    """Under sudo the invoking user's directories are trusted too: not the test's subject."""
-    monkeypatch.delenv("SUDO_UID", raising=False)
-
 @pytest.fixture
 def cache(monkeypatch) -> Iterator[Path]:
     """RXELAB_CACHE in /tmp, where another user can reach it; removed at the end."""
-    path = Path(tempfile.mkdtemp(prefix="rxelab-cache-", dir="/tmp"))
-    monkeypatch.setenv("RXELAB_CACHE", str(path / "cache"))
-    try:
+    with dir_in_tmp("rxelab-cache-") as path:
+        monkeypatch.setenv("RXELAB_CACHE", str(path / "cache"))
         yield path / "cache"
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def opened(cache: Path, how: str) -> str:

@@ -9,10 +9,8 @@ Each failed before: the lab under an open parent was destroyed, Terraform called
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from infra.config import REPO, LabConfig
 from infra.errors import LabError
 from infra.state import MARKER, LabState
 from tests.unit.lab_helpers import free_base
+from tests.unit.shared_tmp import dir_in_tmp, not_under_sudo  # noqa: F401 (autouse)
 from tests.unit.strangers import run_as_stranger, stranger
 from tests.unit.test_lab_state_trust import planted_lab
 
@@ -42,19 +41,10 @@ print("swapped" if swapped else "not swapped")
 
 
 
-@pytest.fixture(autouse=True)
-def not_under_sudo(monkeypatch) -> None:
-    """Under sudo the invoking user's directories are trusted too: not the test's subject."""
-    monkeypatch.delenv("SUDO_UID", raising=False)
-
 @pytest.fixture
 def parent() -> Iterator[Path]:
-    """A directory in /tmp (which another user can reach), removed at the end."""
-    path = Path(tempfile.mkdtemp(prefix="rxelab-parent-", dir="/tmp"))
-    try:
+    with dir_in_tmp("rxelab-parent-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

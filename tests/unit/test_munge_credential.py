@@ -16,7 +16,7 @@ from rxelab.auth import CONNECTOR, LISTENER
 from rxelab.bootstrap import discover
 
 from tests.unit.fakejob import run_ranks
-from tests.unit.fakemunge import install
+from tests.unit.fakemunge import install, run_munged
 
 T = auth.transcript({"kind": "hello", "rank": 1, "to": 0, "generation": 0,
                      "scope": "rendezvous 12345 3 slurm-7.0", "nonce": "ab" * 32}, "cd" * 32)
@@ -64,11 +64,7 @@ def test_a_proof_of_another_role_transcript_or_user_or_a_replay_is_refused(ours,
 
 
 def test_an_srun_job_without_a_secret_forms_over_munge(tmp_path, monkeypatch):
-    where = install(tmp_path / "bin", os.geteuid())
-    sock = tmp_path / "munge.socket.2"
-    sock.write_text("")
-    monkeypatch.setattr(munge, "SOCKETS", (str(sock),))
-    monkeypatch.setenv("PATH", f"{where}:{os.environ['PATH']}")
+    run_munged(tmp_path, monkeypatch)
     monkeypatch.delenv("RXELAB_JOB_TOKEN", raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_STEP_ID", "0")

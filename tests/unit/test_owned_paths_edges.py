@@ -11,8 +11,6 @@ import json
 import os
 import pwd
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,22 +18,14 @@ import pytest
 
 from infra import image_cache, owned_paths
 from infra.errors import LabError
+from tests.unit.shared_tmp import dir_in_tmp, not_under_sudo  # noqa: F401 (autouse)
 from tests.unit.strangers import stranger
-
-
-@pytest.fixture(autouse=True)
-def not_under_sudo(monkeypatch) -> None:
-    monkeypatch.delenv("SUDO_UID", raising=False)
 
 
 @pytest.fixture
 def tmp() -> Iterator[Path]:
-    """A directory in /tmp (which another user can reach), removed at the end."""
-    path = Path(tempfile.mkdtemp(prefix="rxelab-edges-", dir="/tmp"))
-    try:
+    with dir_in_tmp("rxelab-edges-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_a_link_another_user_owns_on_the_way_to_the_cache_is_refused(tmp, monkeypatch):

@@ -13,7 +13,6 @@ Python process (tens of ms, as a real process spawn). `-s` shows the figures."""
 from __future__ import annotations
 
 import json
-import os
 import select
 import signal
 import threading
@@ -26,7 +25,7 @@ from pyverbs import _fabric
 from rxelab import munge
 
 from tests.unit.fakejob import die, free_port, in_threads, settle
-from tests.unit.fakemunge import install
+from tests.unit.fakemunge import run_munged
 from tests.unit.strangers import stranger_process
 
 FLOOD = r"""
@@ -76,11 +75,7 @@ SRUN = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}
 
 @pytest.fixture(autouse=True)
 def fake_munged(tmp_path, monkeypatch):
-    where = install(tmp_path / "bin", os.geteuid())
-    sock = tmp_path / "munge.socket.2"
-    sock.write_text("")
-    monkeypatch.setattr(munge, "SOCKETS", (str(sock),))
-    monkeypatch.setenv("PATH", f"{where}:{os.environ['PATH']}")
+    run_munged(tmp_path, monkeypatch)
     monkeypatch.delenv("RXELAB_JOB_TOKEN", raising=False)
     for k, v in SRUN.items():
         monkeypatch.setenv(k, v)
