@@ -9,26 +9,12 @@ header checked before its body is read, and not at all while its frame waits for
 it sends ahead stays in the kernel's buffers (and then its sender's), never in ours.
 
 A crowd of silent connections cannot take every descriptor: past `limit` the oldest that has
-not knocked goes. A connection that knocked, or whose frame a checker holds, is not made to go
-for a newcomer (save the knocks of a source above its share, below): while none may go, the
-hall takes no new connection, and newcomers wait in the listener's backlog. A dialler that
-gives up meanwhile has timed out (to rxelab.liveness: a busy listener), never been closed
-unanswered (a stranger's doing).
-
-But a knock costs nothing secret, so one source could fill the room with knocks and keep every
-other in the backlog. A source (an address; on this host, with the uid the kernel names) has a
-share of a full room, `limit` // SHARES seats and at least MIN_SEATS: a newcomer from a source
-below its share takes the seat of the oldest knocked connection (no checker holding its frame)
-of a source above its share, and a newcomer from a source at its share takes none from
-another (closed at once: its own diallers try again). A room not full caps nobody. This host's
-own user is no source to cap: it is the job's own ranks (all from 127.0.0.1 when they share a
-host), or a process that could stop them outright. A peer that shares its address with a
-flooder (another user on its node) shares its fate: while the room is full, its connections
-past the share may be closed.
-
-Where proving costs (MUNGE), rxelab.gate bounds the work done for connections that have proved
-nothing yet: the handshake's steps run on its checker threads, never this one, at a rate per
-source.
+not knocked goes. A connection that knocked, or whose frame a checker holds, is never made to
+go for a newcomer: while none may go, the hall takes no new connection, and newcomers wait in
+the listener's backlog. A dialler that gives up meanwhile has timed out (to rxelab.liveness: a
+busy listener), never been closed unanswered (a stranger's doing). Where proving costs (MUNGE),
+rxelab.gate bounds the work done for connections that have proved nothing yet: the
+handshake's steps run on its checker threads, never this one, at a rate per source.
 """
 
 from __future__ import annotations
@@ -38,7 +24,6 @@ import queue
 import selectors
 import socket
 import time
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -46,13 +31,11 @@ from typing import Any
 from rxelab import wire
 from rxelab.auth import Credential
 from rxelab.errors import ProtocolError
-from rxelab.gate import Gate, Source, on_this_host, peer_uid
+from rxelab.gate import Gate
 from rxelab.link import Greeting, Link
 
 Heard = tuple[Link, dict[str, Any]]
 MAX_DROPPED = 32  # reasons kept for an error message
-SHARES = 4  # a source holds 1/SHARES of a full room's seats ...
-MIN_SEATS = 4  # ... and at least this many (a node's ranks dial at once)
 Stage = tuple[bool, bool]  # knocked, proven: a check that changes it took the handshake on
 
 
@@ -66,16 +49,12 @@ class Hall:
         wanted(knock): see Greeting."""
         self.listener, self.credential, self.wanted = listener, credential, wanted
         self.patience, self.limit = patience, limit
-        self.share = max(MIN_SEATS, limit // SHARES)
         self.sel = selectors.DefaultSelector()
         self.sel.register(listener, selectors.EVENT_READ)
         self.accepting = True
         # in the order they came: what came so far, since when, and the handshake's state
         self.pending: dict[socket.socket, tuple[bytearray, float, Greeting]] = {}
         self.dropped: list[str] = []
-        # each waiting connection's source: its address until seats are counted (then the uid
-        # too, asked of the kernel once for a peer on this host)
-        self.sources: dict[socket.socket, str | Source] = {}
         self.gate = Gate(credential)
         # a costly credential's steps: a whole frame on a checker thread or waiting for one
         # (held: not read meanwhile), those waiting in order (queued), finished ones (done:
@@ -108,7 +87,7 @@ class Hall:
         for sock in [s for s, (_, t, _) in self.pending.items()
                      if now - t > self.patience and s not in self.held]:
             self.reject(sock, f"did not finish the handshake within {self.patience:g} s")
-        self._listen(len(self.pending) < self.limit or self._victim(None) is not None)
+        self._listen(len(self.pending) < self.limit or self._victim() is not None)
         return out
 
     def _read(self, sock: socket.socket, out: list[Heard]) -> None:
@@ -147,7 +126,6 @@ class Hall:
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(sock)
             del self.pending[sock]
-            self.sources.pop(sock, None)
             sock.setblocking(True)
             out.append((greeting.link(sock), request))
 
@@ -211,72 +189,34 @@ class Hall:
     def _enter(self) -> None:
         """A newcomer is taken only if there is room, or a connection that may go for it; and
         one goes only once the newcomer passed the gate."""
-        if len(self.pending) >= self.limit and self._victim(None) is None:
+        if len(self.pending) >= self.limit and self._victim() is None:
             self._listen(False)
             return
         try:
-            sock, peer = self.listener.accept()
+            sock, _ = self.listener.accept()
         except OSError:  # out of descriptors, say: free one, do not spin
-            if (victim := self._victim(None)) is not None:
-                self._crowd_out(victim)
+            if (victim := self._victim()) is not None:
+                self.reject(victim, "crowded out by newer connections")
             else:
                 time.sleep(0.05)
             return
         if (why := self.gate.admit(sock)) is not None:
             self.reject(sock, why)
             return
-        self.sources[sock] = str(peer[0])
-        if len(self.pending) >= self.limit:
-            source = self._source(sock)
-            if (victim := self._victim(source)) is None:
-                held = sum(self._source(s) == source for s in self.pending)
-                self.reject(sock, f"its source holds {held} of the {self.limit} seats of a full "
-                                  f"room already (its share: {self.share})")
-                return
-            self._crowd_out(victim)
+        if len(self.pending) >= self.limit and (victim := self._victim()) is not None:
+            self.reject(victim, "crowded out by newer connections")
         sock.setblocking(False)
         self.pending[sock] = (bytearray(), time.monotonic(), Greeting(self.credential, self.wanted))
         self.sel.register(sock, selectors.EVENT_READ)
 
-    def _victim(self, newcomer: Source | None) -> socket.socket | None:
-        """Who goes when the room is full, for a newcomer from `newcomer` (None: from any
-        source): the oldest that has not even knocked (a rank knocks as it connects: a crowd
-        of silent connections crowds out only itself); else, for a source below its share,
-        the oldest knocked one of a source above its share. A source at its share takes from
-        itself only; this user's own are never taken, nor one whose frame a checker holds."""
-        free = [s for s in self.pending if s not in self.held]
-        below = newcomer is None or self._ours(newcomer) or \
-            sum(self._source(s) == newcomer for s in self.pending) < self.share
-        for sock in free:
-            if self.pending[sock][2].knock is None and (below or self._source(sock) == newcomer):
-                return sock
-        if not below:
-            return None
-        seats = Counter(self._source(s) for s in self.pending)
-        for sock in free:
-            if not self._ours(source := self._source(sock)) and seats[source] > self.share:
+    def _victim(self) -> socket.socket | None:
+        """Who goes when the room is full: the oldest that has not even knocked (a rank
+        knocks as it connects: a crowd of silent connections crowds out only itself), never
+        one that knocked or whose frame a checker holds; else nobody."""
+        for sock, (_, _, greeting) in self.pending.items():
+            if greeting.knock is None and sock not in self.held:
                 return sock
         return None
-
-    def _crowd_out(self, victim: socket.socket) -> None:
-        if self.pending[victim][2].knock is None:
-            self.reject(victim, "crowded out by newer connections")
-        else:
-            self.reject(victim, f"crowded out: its source holds more than its share "
-                                f"({self.share}) of a full room")
-
-    def _source(self, sock: socket.socket) -> Source:
-        """Asked of the kernel only once the room is full, so a room that is not costs no
-        sock_diag, and a peer that cannot be on this host never does (gate.on_this_host)."""
-        source = self.sources[sock]
-        if isinstance(source, str):
-            source = (source, peer_uid(sock) if on_this_host(source) else None)
-            self.sources[sock] = source
-        return source
-
-    def _ours(self, source: Source) -> bool:
-        """This host's own user (a uid is named only for a peer on this host)."""
-        return source[1] == self.gate.uid
 
     def _listen(self, on: bool) -> None:
         """Take new connections, or leave them in the backlog until there is room."""
@@ -296,7 +236,6 @@ class Hall:
             self.sel.unregister(sock)
         self.pending.pop(sock, None)
         self.queued.pop(sock, None)
-        self.sources.pop(sock, None)
         sock.close()
 
     def close(self) -> None:

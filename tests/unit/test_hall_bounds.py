@@ -80,20 +80,8 @@ def room() -> Iterator[Callable[..., Hall]]:
         listener.close()
 
 
-def _dial(h: Hall, source: str = "127.0.0.1") -> socket.socket:
-    """A connection from `source` (any 127/8 address: a source of its own to the hall)."""
-    return socket.create_connection(h.listener.getsockname()[:2], timeout=FAILSAFE_S,
-                                    source_address=(source, 0))
-
-
-def _from_elsewhere(sock: socket.socket) -> int | None:
-    """hall.peer_uid for the seat tests: 127.0.0.1 is this user's (the job's own ranks), any
-    other address a host the kernel cannot name a uid on."""
-    return os.geteuid() if sock.getpeername()[0] == "127.0.0.1" else None
-
-
-def _seats(h: Hall, address: str) -> int:
-    return sum(s.getpeername()[0] == address for s in h.pending)
+def _dial(h: Hall) -> socket.socket:
+    return socket.create_connection(h.listener.getsockname()[:2], timeout=FAILSAFE_S)
 
 
 def _knock() -> bytes:
@@ -227,55 +215,6 @@ def test_a_full_gate_makes_a_knock_wait_its_turn_not_closes_it(room, monkeypatch
         _pump(h, lambda client=client: _readable(client))
         assert _challenged(client)
     assert not any("too many handshakes" in d for d in h.dropped), h.dropped
-
-
-def test_one_source_full_of_knocks_leaves_seats_for_another(room, monkeypatch):
-    """A source (127.0.0.2, from elsewhere) whose knocks fill the room: past its share it
-    takes no more seats, and a newcomer from another source takes the seat of its oldest
-    (before, the newcomer waited in the backlog until the knocks ran out of patience, which
-    here outlasts the test)."""
-    monkeypatch.setattr(hall, "peer_uid", _from_elsewhere, raising=False)
-    h = room(SharedSecret.of(SECRET, "test"), limit=8, patience=10 * FAILSAFE_S)
-    flood = [_dial(h, "127.0.0.2") for _ in range(8)]
-    for client in flood:
-        client.sendall(_knock())
-    _pump(h, lambda: all(_readable(c) for c in flood))  # each knocked: it was challenged
-    oldest = next(iter(h.pending))
-    more = _dial(h, "127.0.0.2")  # the flood goes on
-    more.sendall(_knock())
-    peer = _dial(h, "127.0.0.3")
-    peer.sendall(_knock())
-    _pump(h, lambda: _readable(peer))
-    assert _challenged(peer)
-    assert oldest not in h.pending and _seats(h, "127.0.0.2") == 7, h.dropped
-    assert _seats(h, "127.0.0.3") == 1, h.dropped
-    assert any("127.0.0.2: crowded out" in d and "share" in d for d in h.dropped), h.dropped
-    assert any("127.0.0.2: its source holds 8 of" in d for d in h.dropped), h.dropped
-    for client in [*flood, more, peer]:
-        client.close()
-
-
-def test_the_jobs_own_ranks_full_of_knocks_are_not_capped(room, monkeypatch):
-    """Every rank on one host comes from 127.0.0.1, as this user: a room they fill is theirs,
-    and their newcomer waits in the backlog as before; none of them goes for a stranger's
-    newcomer, which waits too."""
-    monkeypatch.setattr(hall, "peer_uid", _from_elsewhere, raising=False)
-    h = room(SharedSecret.of(SECRET, "test"), limit=8, patience=10 * FAILSAFE_S)
-    ranks = [_dial(h) for _ in range(8)]
-    for client in ranks:
-        client.sendall(_knock())
-    _pump(h, lambda: all(_readable(c) for c in ranks))
-    late, stranger = _dial(h), _dial(h, "127.0.0.2")
-    late.sendall(_knock())
-    stranger.sendall(_knock())
-    for _ in range(5):  # the listener is readable now: a hall that takes either does so now
-        h.hear(0)
-    assert len(h.pending) == 8 and _seats(h, "127.0.0.1") == 8 and not h.dropped, h.dropped
-    ranks[0].close()
-    _pump(h, lambda: _readable(late))
-    assert _challenged(late)
-    for client in [*ranks, late, stranger]:
-        client.close()
 
 
 def test_closing_a_gate_kills_the_process_a_checker_waits_for():
