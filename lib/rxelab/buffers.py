@@ -211,14 +211,17 @@ class Placement:
     later whether it still is: a numpy array can be given other memory or another length
     under the same object (`a.resize(n, refcheck=False)`, of it or of the array it views),
     freeing the old, which a new array may then take at the same address; a tensor's storage
-    can be resized or freed (_Holding.moved). Holds nothing: what it was made of is counted
-    by who refers to it (registrations the application dropped are let go)."""
+    can be resized or freed (_Holding.moved). Holds nothing of obj: what it was made of is
+    counted by who refers to it (registrations the application dropped are let go); but the
+    array it views, whose fields the pointer reads, is held (a view's base can be cleared,
+    `__setstate__`, and the pointer would read freed memory)."""
 
-    __slots__ = ("held", "pointer", "at")
+    __slots__ = ("held", "pointer", "at", "root")
 
     def __init__(self, obj: Any) -> None:
         self.held = holding(obj)
         root = _memory_root(obj)
+        self.root = root if root is not obj else None
         self.pointer = None if root is None else data_pointer(root)
         self.at = self._where(obj)
 

@@ -84,8 +84,8 @@ class Registry:
         if entry is None:
             self._make_room(pinned_size(buf.address, buf.nbytes))
             mr = self.make_mr(buf.address, buf.nbytes, access)
-            entry = Entry(mr, memoryview(buf.owner), pinned_size(buf.address, buf.nbytes),
-                          Placement(buf.owner))
+            view = memoryview(buf.owner)  # placed by what it exports (a memoryview's array)
+            entry = Entry(mr, view, pinned_size(buf.address, buf.nbytes), Placement(view.obj))
             self.entries[key] = entry
             self.registrations += 1
             self.pinned += entry.pinned

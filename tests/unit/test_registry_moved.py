@@ -8,6 +8,7 @@ made anew for what is there now (as a tensor's, tests/unit/test_tensors_fake.py)
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import numpy as np
@@ -63,16 +64,16 @@ def test_an_unchanged_array_keeps_its_registration():
     assert len(made) == 1 and not made[0].closed
 
 
-@pytest.mark.parametrize("view", [False, True], ids=["array", "view of it"])
+@pytest.mark.parametrize("view", ["array", "view of it", "memoryview of it"])
 def test_a_new_array_where_a_moved_array_was_gets_a_registration_of_its_own(view):
     reg, made = _registry()
-    base = np.zeros(N + 16 if view else N, np.float32)
-    a = base[16:] if view else base  # N float32s either way
+    base = np.zeros(N + 16 if view == "view of it" else N, np.float32)
+    a = base[16:] if view == "view of it" else base  # N float32s either way
     address = a.ctypes.data
-    reg.register(as_buffer(a, "x"), 0)
+    reg.register(as_buffer(memoryview(a) if view == "memoryview of it" else a, "x"), 0)
     reg.end_call()
     _moved_away(base)  # a view's memory is its base's: it went too
-    buf, _kept = _at(address, N, 16 if view else 0)
+    buf, _kept = _at(address, N, 16 if view == "view of it" else 0)
     mr = reg.register(buf, 0)
     assert len(made) == 2, "the stale registration is not reused"
     assert made[0].closed and mr is made[1] and (mr.address, mr.nbytes) == (address, 4 * N)
@@ -102,3 +103,16 @@ def test_a_placement_holds_nothing_and_follows_the_memory():
     a.resize(1 << 22, refcheck=False)
     assert placed.moved(a)
     assert not Placement(bytearray(8)).moved(bytearray(8)), "no array: its export holds it"
+
+
+def test_a_view_whose_base_was_cleared_leaves_its_placement_reading_the_array_it_held():
+    """The pointer reads the base array's own field: the placement holds that array, so a
+    view's base cleared (`__setstate__`) frees nothing it reads."""
+    base = np.zeros(N + 16, np.float32)
+    v = base[16:]
+    placed = Placement(v)
+    at, alive = base.ctypes.data, weakref.ref(base)
+    del base
+    v.__setstate__((1, (4,), np.dtype(np.float32), False, b"\0" * 16))  # v's base is gone
+    assert alive() is not None, "the array whose field the pointer reads is held"
+    assert placed.pointer.value == at and placed.moved(v), "v's memory is elsewhere now"
