@@ -78,6 +78,9 @@ def check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> str | int:
         ap.error("--admit-every must be >= 0 and --admit-timeout 0..3600")
     if not 0 <= args.expect_newcomers <= 64:
         ap.error("--expect-newcomers must be 0..64")
+    if args.expect_newcomers and not (args.admit_every and args.admit_timeout):
+        ap.error("--expect-newcomers waits at admit points: it needs --admit-every and "
+                 "--admit-timeout")
     if not 0 <= args.pause <= 60:
         ap.error("--pause must be 0..60 seconds")
     try:

@@ -265,3 +265,16 @@ def test_a_job_waits_at_its_admit_points_for_the_newcomer_it_expects_and_no_long
 def test_expect_is_a_small_whole_number(expect):
     with pytest.raises(rxelab.ConfigError, match="expect="):
         elastic.run(None, lambda c, k: None, 1, expect=expect)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("flags", [["--expect-newcomers", "1"],
+                                   ["--expect-newcomers", "1", "--admit-every", "3"],
+                                   ["--expect-newcomers", "1", "--admit-timeout", "30"],
+                                   ["--expect-newcomers", "65", "--admit-every", "3",
+                                    "--admit-timeout", "30"]])
+def test_the_demo_app_refuses_newcomers_it_could_not_wait_for(flags, capsys):
+    from apps import elastic_train
+
+    with pytest.raises(SystemExit) as ended:
+        elastic_train.main(flags)
+    assert ended.value.code == 2 and "--expect-newcomers" in capsys.readouterr().err
