@@ -1,5 +1,10 @@
 import sys
 
-from infra.cli import main
+try:
+    from infra.cli import main
+except KeyboardInterrupt:  # Ctrl-C (the process group's SIGINT) while still starting up: as
+    # main() would say it, not a traceback (a provision's `wait` child is started late)
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

@@ -52,3 +52,26 @@ def test_the_configure_step_takes_no_settings_but_the_config_provision_wrote(tmp
     """Terraform runs `configure` without any setting: it reads the lab's config file."""
     r = infra("configure", "--mtu", "1500", tmp_path=tmp_path)
     assert r.returncode == 2 and "unrecognized arguments: --mtu 1500" in r.stderr, r.stderr
+
+
+INTERRUPTED_WHILE_IMPORTING = """
+import runpy, sys
+
+class CtrlC:  # the group's SIGINT, landing while `python -m infra` still imports its modules
+    def find_spec(self, name, path=None, target=None):
+        if name == "infra.cli":
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["infra", "wait"]
+runpy.run_module("infra", run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_infra_starts_is_one_line_not_a_traceback():
+    """A provision's `wait` child is started late; Ctrl-C may reach it before main() runs
+    (the e2e test_ctrl_c_during_provision_stops_and_removes_everything saw its traceback)."""
+    r = subprocess.run([sys.executable, "-c", INTERRUPTED_WHILE_IMPORTING], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 130 and r.stderr == "interrupted\n", r.stderr
