@@ -63,9 +63,11 @@ class Estimate:
 class Lines:
     """Progress as plain lines (a log, a pipe, a test)."""
 
-    def __init__(self, steps: list[Step], rounds: int, say: Callable[[str], None] = print,
+    def __init__(self, steps: list[Step], rounds: int, say: Callable[[str], None] | None = None,
                  now: Callable[[], float] = time.monotonic) -> None:
-        self.steps, self.rounds, self.say = steps, rounds, say
+        # each line as it happens: a pipe (`| tee`, a test) would hold them to the end
+        self.steps, self.rounds = steps, rounds
+        self.say = say or (lambda line: print(line, flush=True))
         self.estimate = Estimate(steps, now)
 
     def __enter__(self) -> Lines:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,14 +16,52 @@ from infra.config import REPO
 
 pytestmark = pytest.mark.vm
 FAB = str(REPO / ".venv" / "bin" / "fab")
+LONGEST = 3  # a fab task's whole run, in its timeouts (each a silence at most)
 
 
 def fab(lab, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    """A fab task on the lab. timeout: how long it may go without printing a line (a node
+    deployed, a case begun): a busy host slows every step, and a total would fail a run that
+    is only slow; in all, never more than LONGEST times that. Stopped by its pid (SIGTERM:
+    fab cleans up the nodes; then SIGKILL) when either runs out."""
+    proc = subprocess.Popen([FAB, *args], cwd=REPO, env={**lab.env, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    said: dict[str, list[str]] = {"out": [], "err": []}
+    heard = [time.monotonic()]
+
+    def read(stream: Any, into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
+            heard[0] = time.monotonic()
+    readers = [threading.Thread(target=read, args=(s, said[k]), daemon=True)
+               for s, k in ((proc.stdout, "out"), (proc.stderr, "err"))]
+    for t in readers:
+        t.start()
+    began, why = time.monotonic(), ""
     try:
-        return subprocess.run([FAB, *args], cwd=REPO, env=lab.env, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"fab {' '.join(args)} did not finish within {timeout} s")
+        while proc.poll() is None and not why:
+            time.sleep(1)
+            now = time.monotonic()
+            if now - heard[0] > timeout:
+                last = "".join(said["out"][-1:]).strip() or "nothing"
+                why = f"printed nothing for {timeout:g} s (its last line: {last[:200]!r})"
+            elif now - began > LONGEST * timeout:
+                why = f"did not finish within {LONGEST * timeout:g} s"
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for t in readers:
+            t.join(10)
+    if why:
+        pytest.fail(f"fab {' '.join(args)} {why}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(said["out"]),
+                                       "".join(said["err"]))
 
 
 def run_spec(lab, tmp: Path, text: str) -> tuple[list[dict], str, dict]:
