@@ -1,7 +1,8 @@
 """CPU-bound processes beside the lab, as other people's work on a shared host: each in a
 session of its own (so the kernel's autogroups weigh each one as a separate user's job, not
 all together as one), each stopped by its own pid. The shared lab boots and deploys beside
-them (tests/conftest.py): a boot or deploy that only works on a quiet host fails there."""
+them (tests/conftest.py): a boot or deploy that only works on a quiet host fails there.
+Each also ends by itself once the process that started it is gone."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from dataclasses import dataclass, field
 
 from infra import run as runner
 
-SPIN = "while True: pass"
+# busy until stopped, or until the process that started it is gone (reparented): a test
+# process ended at once (xdist's os._exit after a SIGTERM, a SIGKILL) runs no __exit__, and
+# hogs in sessions of their own would spin on for good
+SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]): pass"  # argv[1]: its starter
 
 
 def default_count() -> int:
@@ -28,7 +32,8 @@ class Hogs:
 
     def __enter__(self) -> Hogs:
         for _ in range(self.count):
-            self.procs.append(subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True,
+            self.procs.append(subprocess.Popen([sys.executable, "-c", SPIN, str(os.getpid())],
+                                               start_new_session=True,
                                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
         return self
 
