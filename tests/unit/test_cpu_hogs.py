@@ -50,4 +50,4 @@ def test_hogs_end_when_their_starter_ends_without_stopping_them():
 def _spinning(pid: int) -> bool:
     """Alive and not a zombie (an orphan is reaped by init, or by us if we are its reaper)."""
     fields = runner.stat_fields(pid)
-    return bool(fields) and fields[0] != "Z"
+    return fields is not None and fields[0] != "Z"
