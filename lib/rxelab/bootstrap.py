@@ -6,13 +6,13 @@ first, then Open MPI's, then Slurm's. The rendezvous (rank 0's TCP address) come
 MASTER_ADDR/MASTER_PORT, or RXELAB_MASTER_ADDR/PORT. Under srun, which sets neither, it is
 the step's first node (rxelab.hostlist) and the first free of a few ports drawn from the job
 and step ids (slurm_ports): a port another user or job holds there moves rank 0 to the next,
-and the others dial each in turn until one proves itself (rxelab.forming).
+and the others dial each in turn until one proves itself (rxelab.control.rendezvous).
 
 A job's secret keeps strangers out of its control plane: RXELAB_JOB_TOKEN (our launcher
 passes one on each rank's standard input, never on a command line), or the file
 RXELAB_JOB_TOKEN_FILE names (the caller's own, readable by nobody else), or under Open MPI's
 mpirun the random key it gives every job (OMPI_MCA_orte_precondition_transports). It never
-travels: the ranks prove to each other that they hold it (rxelab.auth). A secret of less
+travels: the ranks prove to each other that they hold it (rxelab.control.handshake). A secret of less
 than 128 bits is refused (`rxelab-launch --new-token` makes one).
 """
 
@@ -24,8 +24,9 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rxelab import auth, hostlist, munge
-from rxelab.auth import OPEN, Credential, SharedSecret
+from rxelab import hostlist
+from rxelab.control import handshake, munge_credential
+from rxelab.control.handshake import OPEN, Credential, SharedSecret
 from rxelab.errors import ConfigError
 
 DEFAULT_PORT = 29500
@@ -50,8 +51,9 @@ class JobInfo:
     master_addr: str
     master_port: int
     source: str  # which launcher's variables (or "arguments") said so
-    credential: Credential = field(default=OPEN, repr=False)  # what its ranks prove (rxelab.auth)
-    job_id: str = ""  # drawn by rank 0 when the job forms (rxelab.control); "" until then
+    # what its ranks prove (rxelab.control.handshake)
+    credential: Credential = field(default=OPEN, repr=False)
+    job_id: str = ""  # drawn by rank 0 when the job forms (rxelab.control.plane); "" until then
     launch_id: str = ""  # the launcher's own id of this job (torchrun's, Slurm's), if any
     more_ports: tuple[int, ...] = ()  # srun: rendezvous ports tried after master_port, in order
 
@@ -173,20 +175,20 @@ def launch_id(env: Mapping[str, str]) -> str:
 
 
 def credential(env: Mapping[str, str]) -> Credential:
-    """The job's credential: its secret (rxelab.auth); under Slurm without one, MUNGE, the
-    cluster's own (rxelab.munge); OPEN when it has neither."""
+    """The job's credential: its secret (rxelab.control.handshake); under Slurm without one, MUNGE, the
+    cluster's own (rxelab.control.munge_credential); OPEN when it has neither."""
     secret, source = job_secret(env)
     if secret:
         return SharedSecret.of(secret, source)
-    if env.get("SLURM_JOB_ID") and munge.available():
-        return munge.MungeCredential()
+    if env.get("SLURM_JOB_ID") and munge_credential.available():
+        return munge_credential.MungeCredential()
     return OPEN
 
 
 def job_secret(env: Mapping[str, str]) -> tuple[str, str]:
     """The job's shared secret and where it came from, or ("", "")."""
     if env.get("RXELAB_JOB_TOKEN"):
-        auth.require_strong(env["RXELAB_JOB_TOKEN"], "RXELAB_JOB_TOKEN")
+        handshake.require_strong(env["RXELAB_JOB_TOKEN"], "RXELAB_JOB_TOKEN")
         return env["RXELAB_JOB_TOKEN"], "RXELAB_JOB_TOKEN"
     if path := env.get("RXELAB_JOB_TOKEN_FILE"):
         try:
@@ -207,7 +209,7 @@ def job_secret(env: Mapping[str, str]) -> tuple[str, str]:
         secret = data.decode(errors="replace").strip()
         if not secret or len(data) > 4096:
             raise ConfigError(f"RXELAB_JOB_TOKEN_FILE={path} must hold one secret line")
-        auth.require_strong(secret, f"RXELAB_JOB_TOKEN_FILE={path}")
+        handshake.require_strong(secret, f"RXELAB_JOB_TOKEN_FILE={path}")
         return secret, "RXELAB_JOB_TOKEN_FILE"
     key = env.get("OMPI_MCA_orte_precondition_transports", "")
     if key and "OMPI_COMM_WORLD_SIZE" in env and open_mpi_key_is_secret(key):
@@ -222,5 +224,5 @@ def open_mpi_key_is_secret(key: str) -> bool:
     MUNGE, or to none, saying so)."""
     first, dash, second = key.partition("-")
     return (bool(dash) and len(first) == len(second) == 16 and first != second
-            and set(key.lower()) - {"-"} <= auth.HEX_DIGITS
-            and auth.weakness(first + second) is None)
+            and set(key.lower()) - {"-"} <= handshake.HEX_DIGITS
+            and handshake.weakness(first + second) is None)

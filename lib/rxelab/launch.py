@@ -35,8 +35,8 @@ import threading
 import time
 from typing import Any
 
-from rxelab.auth import new_token
 from rxelab.bootstrap import job_secret
+from rxelab.control.handshake import new_token
 from rxelab.errors import ConfigError
 
 LOCAL_NAMES = {"localhost", "127.0.0.1"}

@@ -7,7 +7,7 @@ host: tests/unit/fakemunge.py stands in for munge and unmunge."""
 from __future__ import annotations
 
 import pytest
-from rxelab import munge
+from rxelab.control import munge_credential
 from rxelab.errors import ConfigError
 from rxelab.torch import rendezvous as rdv
 
@@ -29,12 +29,13 @@ def test_under_srun_with_munge_nothing_secret_goes_into_the_store(fake_munged, c
     try:
         job1, _ = rdv.meet(store, 1, 2, 5.0, env={**SRUN, "SLURM_PROCID": "1"})
         for job in (job0, job1):
-            assert isinstance(job.credential, munge.MungeCredential) and job.secured
+            assert isinstance(job.credential, munge_credential.MungeCredential) and job.secured
         assert rdv.SECRET_KEY not in store.data, "a secret in the store"
         assert "MUNGE" in store.data[rdv.WHERE_KEY].decode()
         hs0, hs1 = job0.credential.handshake(), job1.credential.handshake()
         t = b"transcript"
-        assert hs1.check(munge.LISTENER, t, hs0.prove(munge.LISTENER, t)), "they prove to each other"
+        proof = hs0.prove(munge_credential.LISTENER, t)
+        assert hs1.check(munge_credential.LISTENER, t, proof), "they prove to each other"
         assert "store" not in capsys.readouterr().err
     finally:
         listener.close()
@@ -44,13 +45,13 @@ def test_a_rank_without_munge_where_rank_0_uses_it_is_refused(fake_munged, monke
     store = Store()
     _, listener = rdv.meet(store, 0, 2, 5.0, env=SRUN)
     listener.close()
-    monkeypatch.setattr(munge, "SOCKETS", ("/nonexistent/munge.socket.2",))
+    monkeypatch.setattr(munge_credential, "SOCKETS", ("/nonexistent/munge.socket.2",))
     with pytest.raises(ConfigError, match="MUNGE"):
         rdv.meet(store, 1, 2, 5.0, env={**SRUN, "SLURM_PROCID": "1"})
 
 
 def test_under_srun_without_munge_the_secret_in_the_store_is_said(monkeypatch, capsys):
-    monkeypatch.setattr(munge, "SOCKETS", ("/nonexistent/munge.socket.2",))
+    monkeypatch.setattr(munge_credential, "SOCKETS", ("/nonexistent/munge.socket.2",))
     store = Store()
     job0, listener = rdv.meet(store, 0, 2, 5.0, env=SRUN)
     listener.close()

@@ -69,12 +69,12 @@ def install(where: Path, uid: int, key: str = "the cluster's munge key",
 
 
 def run_munged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """This test's munged: the scripts first on the PATH, and a socket where rxelab.munge
+    """This test's munged: the scripts first on the PATH, and a socket where rxelab.control.munge_credential
     looks for one (it takes MUNGE as there only where munged's socket is)."""
-    from rxelab import munge
+    from rxelab.control import munge_credential
 
     where = install(tmp_path / "bin", os.geteuid())
     sock = tmp_path / "munge.socket.2"
     sock.write_text("")
-    monkeypatch.setattr(munge, "SOCKETS", (str(sock),))
+    monkeypatch.setattr(munge_credential, "SOCKETS", (str(sock),))
     monkeypatch.setenv("PATH", f"{where}:{os.environ['PATH']}")

@@ -9,7 +9,7 @@ from typing import Any
 
 import rxelab
 from pyverbs import _fabric
-from rxelab import listeners
+from rxelab.control import addresses
 
 from tests.unit.fakejob import in_threads
 
@@ -19,7 +19,7 @@ def run_held(p: int, fn: Callable[[Any], Any], deadline: float, keep_errors: boo
     """Each rank's fn(comm) (or, keep_errors, its exception) in a job of p elastic ranks,
     threads on the fake fabric with the real control plane on 127.0.0.1 (options: init()'s;
     timeout 20 s unless given)."""
-    rendezvous = listeners.any_address(0)
+    rendezvous = addresses.any_address(0)
     port = rendezvous.getsockname()[1]
     _fabric.FABRIC.reset(seed=0, max_delay=0.0002)
 

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 
-from rxelab import auth, wire
+from rxelab.control import framing, handshake
 from rxelab.errors import ProtocolError
 
 
@@ -66,7 +66,7 @@ class Impostor:
                 buf += data
                 while True:
                     try:
-                        frame = wire.split_frame(buf)
+                        frame = framing.split_frame(buf)
                     except ProtocolError:  # sealed or foreign: it cannot read it
                         self.heard.append("unreadable")
                         buf.clear()
@@ -78,8 +78,8 @@ class Impostor:
                     self.heard.append(message["type"])
                     if message["type"] == "knock" and not self.silent:
                         with contextlib.suppress(OSError):  # a proof it cannot make
-                            conn.sendall(wire.encode({"type": "challenge", "nonce": auth.nonce(),
-                                                      "proof": auth.nonce()}))
+                            conn.sendall(framing.encode({"type": "challenge", "nonce": handshake.nonce(),
+                                                      "proof": handshake.nonce()}))
         self.raw.append(bytes(got))
 
     def close(self) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 import rxelab
-from rxelab import control, engine
+from rxelab import engine
+from rxelab.control import plane
 from rxelab.engine import CAUSE, Engine
 from rxelab.errors import Mismatch, MismatchError, PeerError, RdmaError
 from rxelab.messages import ABORT, CTRL, CTRL_VERSION, DIED, FAILED, MISMATCH, SEND_BIT, STALLED, SendOp
@@ -140,13 +141,13 @@ def test_a_job_told_by_a_malformed_notice_fails_cleanly_and_tells_the_control_pl
     never sent)."""
     blamed: list[int] = []
     lock = threading.Lock()
-    abort = control.ControlPlane.abort
+    abort = plane.ControlPlane.abort
 
     def told(self, reason, rank, *args, **kwargs):
         with lock:
             blamed.append(rank)
         return abort(self, reason, rank, *args, **kwargs)
-    monkeypatch.setattr(control.ControlPlane, "abort", told)
+    monkeypatch.setattr(plane.ControlPlane, "abort", told)
 
     def job(comm):
         buf = np.zeros(64, np.uint8)

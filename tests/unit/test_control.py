@@ -9,12 +9,12 @@ import threading
 import time
 
 import pytest
-from rxelab import listeners, wire
-from rxelab.auth import OPEN, SharedSecret
 from rxelab.bootstrap import JobInfo, discover
-from rxelab.control import ControlPlane
+from rxelab.control import addresses, framing
+from rxelab.control.connection import dial
+from rxelab.control.handshake import OPEN, SharedSecret
+from rxelab.control.plane import ControlPlane
 from rxelab.errors import AuthError, ConfigError, PeerError
-from rxelab.link import dial
 
 from tests.unit.fakejob import free_port
 
@@ -70,7 +70,7 @@ def test_an_idle_connection_an_http_probe_and_garbage_do_not_stop_the_job():
         http = socket.create_connection(("127.0.0.1", port))
         http.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         junk = socket.create_connection(("127.0.0.1", port))
-        junk.sendall(wire.HEADER.pack(wire.MAGIC, wire.VERSION, 9) + b"[[[[[[[[[")
+        junk.sendall(framing.HEADER.pack(framing.MAGIC, framing.VERSION, 9) + b"[[[[[[[[[")
         strays.extend([idle, http, junk])
 
     started = time.monotonic()
@@ -145,11 +145,11 @@ def raw_hello(rank: int = 1, world: int = 3) -> bytes:
     body = json.dumps({"type": "hello", "rank": rank, "world_size": world, "host": "x",
                        "settings": {}, "listen": 0, "generation": 0,
                        "endpoints": {str(k): v for k, v in endpoints(rank, world).items()}}).encode()
-    return wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(body)) + body
+    return framing.HEADER.pack(framing.MAGIC, framing.VERSION, len(body)) + body
 
 
 def knock_bytes(world: int = 3, port: int = 0) -> bytes:
-    return wire.encode({"type": "knock", "kind": "hello", "rank": 1, "to": 0, "generation": 0,
+    return framing.encode({"type": "knock", "kind": "hello", "rank": 1, "to": 0, "generation": 0,
                         "scope": f"rendezvous {port} {world}", "nonce": "ab" * 32})
 
 
@@ -188,7 +188,7 @@ def heard_by(socks: list[socket.socket]) -> bytes:
 
 STRANGERS = {
     "a hello without the handshake": lambda port: raw_hello(),
-    "a knock and then a forged proof": lambda port: knock_bytes(3, port) + wire.encode(
+    "a knock and then a forged proof": lambda port: knock_bytes(3, port) + framing.encode(
         {"type": "proof", "proof": "cd" * 32}),
     "garbage after a knock": lambda port: knock_bytes(3, port) + b"GET / HTTP/1.1\r\n\r\n",
 }
@@ -278,10 +278,10 @@ def test_the_secret_comes_from_a_private_file_or_open_mpi(tmp_path):
 def test_silent_connections_are_dropped_and_cannot_crowd_the_job_out(monkeypatch):
     """Before, a connection that never said hello was kept until the job's own deadline, and
     each took a descriptor: enough of them and real ranks could not get in."""
-    from rxelab import porter
 
-    monkeypatch.setattr(porter, "PATIENCE_S", 0.5)
-    monkeypatch.setattr(porter, "MAX_PENDING", 8)
+    from rxelab.control import listener
+    monkeypatch.setattr(listener, "PATIENCE_S", 0.5)
+    monkeypatch.setattr(listener, "MAX_PENDING", 8)
     port = free_port()
     idle: list[socket.socket] = []
 
@@ -309,7 +309,7 @@ def test_a_name_that_resolves_to_loopback_here_only_is_served_on_every_interface
     port = free_port()
     monkeypatch.setattr(socket, "getaddrinfo", lambda host, p, **kw: [
         (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.1.1", p))])
-    with listeners.listen(JobInfo(0, 2, "myhost", port, "test", OPEN)) as s:
+    with addresses.listen(JobInfo(0, 2, "myhost", port, "test", OPEN)) as s:
         assert s.getsockname()[0] == "0.0.0.0"
-    with listeners.listen(JobInfo(0, 2, "127.0.0.1", port, "test", OPEN)) as s:
+    with addresses.listen(JobInfo(0, 2, "127.0.0.1", port, "test", OPEN)) as s:
         assert s.getsockname()[0] == "127.0.1.1", "a loopback address named as such stays one"

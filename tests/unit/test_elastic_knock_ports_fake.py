@@ -18,7 +18,7 @@ from unittest import mock
 import numpy as np
 from rxelab import bootstrap
 from rxelab.comm import starting
-from rxelab.liveness import CONNECT_S, PROBE_S
+from rxelab.control.liveness import CONNECT_S, PROBE_S
 
 from tests.unit.elastic_helpers import secret  # noqa: F401 (autouse: jobs need the secret)
 from tests.unit.heldjob import run_held

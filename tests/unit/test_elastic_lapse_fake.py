@@ -1,4 +1,4 @@
-"""Heartbeats vouch for a rank only so long (rxelab.liveness, SILENT_S after it was last
+"""Heartbeats vouch for a rank only so long (rxelab.control.liveness, SILENT_S after it was last
 heard), on the in-memory fabric with the real control plane: a rank that stops just as a shrink
 begins (its process stopped, SIGSTOP: its sockets open, its beats gone, its listener taking
 connections and answering none) is dropped once its heartbeats lapse, and the shrink
@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 
-from rxelab.liveness import NO_PROOF_S, PROBE_S, SILENT_S, STRIKES
+from rxelab.control.liveness import NO_PROOF_S, PROBE_S, SILENT_S, STRIKES
 
 from tests.unit.elastic_helpers import (
     checked_allreduce,

@@ -171,8 +171,8 @@ def test_a_rank_cut_off_without_a_closed_connection_is_found_by_its_silence(monk
     """A node that powers off or drops off the network closes nothing, and the others may be
     waiting to receive (nothing of theirs could fail): the heartbeats find it, long before
     the no-progress timeout."""
-    from rxelab import control
-    monkeypatch.setattr(control, "SILENT_S", 2.0)
+    from rxelab.control import plane
+    monkeypatch.setattr(plane, "SILENT_S", 2.0)
 
     def job(comm):
         me = comm.rank

@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 
 import pytest
-from rxelab import forming
+from rxelab.control import rendezvous
 from rxelab.errors import PeerError, Reason
 
 
@@ -31,6 +31,6 @@ class ClosedLink:
 def test_a_hello_rank_0_cannot_take_is_rank_0_gone(error: OSError) -> None:
     link = ClosedLink(error)
     with pytest.raises(PeerError) as err:
-        forming._hello(None, link, {"type": "hello"}, deadline=0.0)  # type: ignore[arg-type]
+        rendezvous._hello(None, link, {"type": "hello"}, deadline=0.0)  # type: ignore[arg-type]
     assert err.value.peer == 0 and err.value.reason == Reason.DIED and link.closed
     assert "connection to rank 0 failed" in str(err.value)

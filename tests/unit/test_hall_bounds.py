@@ -1,10 +1,10 @@
-"""What a listener spends on connections that proved nothing yet has an end (rxelab.hall,
-rxelab.gate): a connection's patience is not renewed by a byte that finishes no frame; nothing
-it sends ahead while its frame waits for a check is buffered; a full gate makes a knock wait
-its turn, a full room leaves newcomers in the backlog (a prober times out: busy), where both
-closed them unanswered (to liveness: a stranger); a closed gate leaves no checker or munge
-process behind; a flood from elsewhere is refused by its rate before the kernel is asked who
-sent it.
+"""What a listener spends on connections that proved nothing yet has an end
+(rxelab.control.accepting, rxelab.control.accept_limits): a connection's patience is not
+renewed by a byte that finishes no frame; nothing it sends ahead while its frame waits for a
+check is buffered; a full gate makes a knock wait its turn, a full room leaves newcomers in the
+backlog (a prober times out: busy), where both closed them unanswered (to liveness: a
+stranger); a closed gate leaves no checker or munge process behind; a flood from elsewhere is
+refused by its rate before the kernel is asked who sent it.
 
 The hall is driven by hand (hear), on 127.0.0.1 with ports the kernel chose. Each `_pump`
 waits for an event the test names; its deadline only ends a test that fails."""
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rxelab import auth, gate, hall, wire
-from rxelab.auth import SharedSecret
-from rxelab.hall import Hall
+from rxelab.control import accept_limits, accepting, framing, handshake
+from rxelab.control.accepting import Hall
+from rxelab.control.handshake import SharedSecret
 
 SECRET = "JPrm-WjSNOqrWZ8HLGJnVaT8PRpWOIiXYT9TxA0tIKI"
 LIB = Path(__file__).resolve().parents[2] / "lib"
@@ -85,8 +85,8 @@ def _dial(h: Hall) -> socket.socket:
 
 
 def _knock() -> bytes:
-    return wire.encode({"type": "knock", "kind": "probe", "rank": 0, "to": 1, "generation": 0,
-                        "scope": "job", "nonce": auth.nonce()})
+    return framing.encode({"type": "knock", "kind": "probe", "rank": 0, "to": 1, "generation": 0,
+                        "scope": "job", "nonce": handshake.nonce()})
 
 
 def _pump(h: Hall, until: Callable[[], bool]) -> None:
@@ -107,7 +107,7 @@ def _queued(sock: socket.socket, request: int) -> int:
 
 def _challenged(client: socket.socket) -> bool:
     try:
-        return wire.recv(client, deadline=time.monotonic() + 5, peer="hall")["type"] == "challenge"
+        return framing.recv(client, deadline=time.monotonic() + 5, peer="hall")["type"] == "challenge"
     except Exception as err:
         pytest.fail(f"a knock was not answered: {type(err).__name__}: {err}")
 
@@ -116,7 +116,7 @@ def test_a_byte_that_finishes_no_frame_does_not_renew_a_connections_patience(roo
     """One byte of a knock every 0.7 s, at a patience of 1 s: dropped at the third, on the
     test's clock (before, each byte's check renewed the patience: pending for ever)."""
     now = [1000.0]
-    monkeypatch.setattr(hall.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(accepting.time, "monotonic", lambda: now[0])
     h = room(Costly(), patience=1.0)
     client = _dial(h)
     _pump(h, lambda: len(h.pending) == 1)
@@ -153,7 +153,7 @@ def test_what_comes_while_a_frame_is_checked_stays_in_the_kernel(room):
     for _ in range(5):  # what is there is in the kernel already: a reading hall takes it now
         h.hear(0)
     taken = sent - _queued(client, SIOCOUTQNSD) - _queued(server, termios.FIONREAD)
-    assert taken <= len(knock) + wire.HEADER.size + wire.HANDSHAKE_BODY, \
+    assert taken <= len(knock) + framing.HEADER.size + framing.HANDSHAKE_BODY, \
         f"the hall read {taken} bytes of a connection whose knock was still being checked"
     cred.go.set()
     _pump(h, lambda: server not in h.pending)
@@ -199,7 +199,7 @@ def test_a_full_room_leaves_a_newcomer_in_the_backlog_and_evicts_no_check(room):
 
 
 def test_a_full_gate_makes_a_knock_wait_its_turn_not_closes_it(room, monkeypatch):
-    monkeypatch.setattr(gate, "MAX_WAITING", 1)
+    monkeypatch.setattr(accept_limits, "MAX_WAITING", 1)
     cred = Costly()
     cred.go.clear()
     h = room(cred)
@@ -218,7 +218,7 @@ def test_a_full_gate_makes_a_knock_wait_its_turn_not_closes_it(room, monkeypatch
 
 
 def test_closing_a_gate_kills_the_process_a_checker_waits_for():
-    g = gate.Gate(Costly())
+    g = accept_limits.Gate(Costly())
     started: list[subprocess.Popen[bytes]] = []
     checkers: list[threading.Thread] = []
     running = threading.Event()
@@ -245,15 +245,15 @@ def test_a_munge_a_checker_starts_as_its_gate_closes_is_killed(monkeypatch):
     """The checker starts its munge only once close() looked for its processes (and found
     none): it is killed all the same, and the checker ends (before, close() looked once, and
     that munge outlived the gate)."""
-    monkeypatch.setattr(gate, "CLOSE_S", FAILSAFE_S)  # close() ends as its checkers do
+    monkeypatch.setattr(accept_limits, "CLOSE_S", FAILSAFE_S)  # close() ends as its checkers do
     looked, running = threading.Event(), threading.Event()
     started: list[subprocess.Popen[bytes]] = []
-    look = gate._kill_children
+    look = accept_limits._kill_children
 
     def look_and_say(thread: threading.Thread) -> None:
         look(thread)
         looked.set()
-    monkeypatch.setattr(gate, "_kill_children", look_and_say)
+    monkeypatch.setattr(accept_limits, "_kill_children", look_and_say)
 
     def work() -> int:
         running.set()
@@ -261,7 +261,7 @@ def test_a_munge_a_checker_starts_as_its_gate_closes_is_killed(monkeypatch):
         proc = subprocess.Popen(["sleep", "60"])
         started.append(proc)
         return proc.wait()
-    g = gate.Gate(Costly())
+    g = accept_limits.Gate(Costly())
     g.submit(work, lambda future: None)
     assert running.wait(FAILSAFE_S)
     g.close()
@@ -297,10 +297,10 @@ def test_a_submit_under_way_as_the_gate_closes_leaves_no_checker(monkeypatch):
                 closed.wait(hold_s)
             super().__init__(*args, **kwargs)
 
-    g = gate.Gate(Costly())
+    g = accept_limits.Gate(Costly())
     heard: list[Any] = []
     submitter = real_thread(target=g.submit, args=(lambda: None, heard.append), daemon=True)
-    monkeypatch.setattr(gate.threading, "Thread", Paused)
+    monkeypatch.setattr(accept_limits.threading, "Thread", Paused)
     submitter.start()
     assert paused.wait(FAILSAFE_S), "submit() never started a checker"
     g.close()
@@ -320,9 +320,9 @@ def test_a_submit_under_way_as_the_gate_closes_leaves_no_checker(monkeypatch):
 def test_a_check_still_running_does_not_hold_up_the_interpreters_exit():
     script = (
         "import threading, time\n"
-        "from rxelab import gate\n"
+        "from rxelab.control import accept_limits\n"
         "class C: costly = True\n"
-        "g, began = gate.Gate(C()), threading.Event()\n"
+        "g, began = accept_limits.Gate(C()), threading.Event()\n"
         "g.submit(lambda: (began.set(), time.sleep(60)), lambda f: None)\n"
         "began.wait()\n"
         "g.close()\n"
@@ -353,17 +353,17 @@ class _Peer:
 
 def test_a_flood_from_elsewhere_is_refused_by_its_rate_before_the_kernel_is_asked(monkeypatch):
     asked: list[str] = []
-    monkeypatch.setattr(gate, "peer_uid", lambda sock: asked.append(sock.address) or (
+    monkeypatch.setattr(accept_limits, "peer_uid", lambda sock: asked.append(sock.address) or (
         4321 if sock.address == "127.0.0.1" else None))  # another user's, here
-    monkeypatch.setattr(gate.time, "monotonic", lambda: 100.0)  # no token comes back meanwhile
-    g = gate.Gate(Costly())
+    monkeypatch.setattr(accept_limits.time, "monotonic", lambda: 100.0)  # no token comes back meanwhile
+    g = accept_limits.Gate(Costly())
     g.same_user_only = True
 
     def admit(address: str) -> str:
         return g.admit(_Peer(address)) or "admitted"  # type: ignore[arg-type]
-    said = [admit("192.0.2.7") for _ in range(gate.BURST + 10)]
-    assert said[:gate.BURST] == ["admitted"] * gate.BURST
-    assert all("connections a second from 192.0.2.7" in s for s in said[gate.BURST:]), said
+    said = [admit("192.0.2.7") for _ in range(accept_limits.BURST + 10)]
+    assert said[:accept_limits.BURST] == ["admitted"] * accept_limits.BURST
+    assert all("connections a second from 192.0.2.7" in s for s in said[accept_limits.BURST:]), said
     assert asked == [], f"sock_diag asked {len(asked)} times about a peer on another host"
     assert "another user (uid 4321)" in admit("127.0.0.1"), "a peer here is named by the kernel"
     assert asked == ["127.0.0.1"]

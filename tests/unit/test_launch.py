@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rxelab.auth import weakness
+from rxelab.control.handshake import weakness
 
 from infra.config import REPO
 

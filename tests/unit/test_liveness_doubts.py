@@ -1,7 +1,7 @@
-"""The rules of rxelab.liveness on a clock of the test's (no sleeping, no network, no luck):
+"""The rules of rxelab.control.liveness on a clock of the test's (no sleeping, no network, no luck):
 what one failed dial says (verdict_of); "unsure" has an end (no proof for NO_PROOF_S over
 STRIKES tries: gone); a connect that times out towards a rank its heartbeats vouch for is no
-death; and that vouching lapses SILENT_S after the rank was last heard (rxelab.control's own
+death; and that vouching lapses SILENT_S after the rank was last heard (rxelab.control.plane's own
 silence rule), so a node that stopped or powered off as a shrink began is dropped, never
 waited for to the shrink's deadline (before, it was vouched for as long as the shrink ran)."""
 
@@ -12,9 +12,9 @@ import errno
 import threading
 
 import pytest
-from rxelab import bootstrap, control
-from rxelab.errors import AuthError, PeerError, ProtocolError, Reason
-from rxelab.liveness import (
+from rxelab import bootstrap
+from rxelab.control import plane
+from rxelab.control.liveness import (
     ALIVE,
     EVERY_S,
     GONE,
@@ -29,6 +29,7 @@ from rxelab.liveness import (
     Watch,
     verdict_of,
 )
+from rxelab.errors import AuthError, PeerError, ProtocolError, Reason
 
 T0 = 1000.0  # the test's clock starts here
 
@@ -134,12 +135,12 @@ def test_the_control_plane_vouches_for_each_rank_from_when_it_was_last_heard(mon
     heard; one that said goodbye from its goodbye; one lost (closed, silent) not at all.
     Before, it was a plain set of ranks heard within 3 s, vouched for as long as a shrink
     ran."""
-    monkeypatch.setattr(control, "SILENT_S", 2.5)
+    monkeypatch.setattr(plane, "SILENT_S", 2.5)
     job = bootstrap.JobInfo(0, 4, "127.0.0.1", 1, "arguments")
-    plane = control.ControlPlane(job, 10.0)
-    plane.heard = {1: 50.0, 2: 60.0, 3: 61.0}
-    plane.left, plane.lost = {2}, {3}
-    lively = plane.lively()
+    control = plane.ControlPlane(job, 10.0)
+    control.heard = {1: 50.0, 2: 60.0, 3: 61.0}
+    control.left, control.lost = {2}, {3}
+    lively = control.lively()
     assert isinstance(lively, Lively) and set(lively) == {1, 2}
     assert dict(lively.until) == {1: 52.5, 2: 62.5}
     assert copy.deepcopy(lively).until == lively.until, "a copy keeps the times"

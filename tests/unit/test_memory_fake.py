@@ -86,8 +86,8 @@ def test_a_late_writer_cannot_touch_a_buffer_whose_receiver_gave_up(aborts_first
     if not aborts_first:  # the abort never arrives: only the closed registration protects
         from rxelab import engine
         monkeypatch.setattr(engine.Engine, "post_aborts", lambda self, *a, **k: [])
-        from rxelab import control
-        monkeypatch.setattr(control.ControlPlane, "abort", lambda self, *a, **k: None)
+        from rxelab.control import plane
+        monkeypatch.setattr(plane.ControlPlane, "abort", lambda self, *a, **k: None)
 
     def job(comm):
         buf = np.zeros(64, np.uint8)

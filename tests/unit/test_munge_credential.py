@@ -11,27 +11,27 @@ import time
 
 import numpy as np
 import pytest
-from rxelab import auth, munge
-from rxelab.auth import CONNECTOR, LISTENER
 from rxelab.bootstrap import discover
+from rxelab.control import handshake, munge_credential
+from rxelab.control.handshake import CONNECTOR, LISTENER
 
 from tests.unit.fakejob import run_ranks
 from tests.unit.fakemunge import install, run_munged
 
-T = auth.transcript({"kind": "hello", "rank": 1, "to": 0, "generation": 0,
+T = handshake.transcript({"kind": "hello", "rank": 1, "to": 0, "generation": 0,
                      "scope": "rendezvous 12345 3 slurm-7.0", "nonce": "ab" * 32}, "cd" * 32)
 
 
 @pytest.fixture
 def ours(tmp_path):
     where = install(tmp_path / "ours", os.geteuid())
-    return munge.MungeCredential(str(where / "munge"), str(where / "unmunge"))
+    return munge_credential.MungeCredential(str(where / "munge"), str(where / "unmunge"))
 
 
 @pytest.fixture
 def someone_else(tmp_path):
     where = install(tmp_path / "theirs", 4242)
-    cred = munge.MungeCredential(str(where / "munge"), str(where / "unmunge"))
+    cred = munge_credential.MungeCredential(str(where / "munge"), str(where / "unmunge"))
     cred.uid = 4242
     return cred
 
@@ -69,7 +69,7 @@ def test_an_srun_job_without_a_secret_forms_over_munge(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_STEP_ID", "0")
     job = discover(0, 3, "127.0.0.1", 1)
-    assert isinstance(job.credential, munge.MungeCredential) and job.secured
+    assert isinstance(job.credential, munge_credential.MungeCredential) and job.secured
     assert "slurm-77.0" in job.scope()
 
     def work(comm):
@@ -84,6 +84,6 @@ def test_an_srun_job_without_a_secret_forms_over_munge(tmp_path, monkeypatch):
 
 
 def test_without_munged_a_job_without_a_secret_stays_open(monkeypatch):
-    monkeypatch.setattr(munge, "SOCKETS", ("/nonexistent/munge.socket.2",))
+    monkeypatch.setattr(munge_credential, "SOCKETS", ("/nonexistent/munge.socket.2",))
     job = discover(0, 2, "127.0.0.1", 1, env={"SLURM_JOB_ID": "5"})
     assert not job.secured

@@ -14,7 +14,7 @@ import numpy as np
 from pyverbs import _fabric
 from rxelab import bootstrap
 from rxelab.comm import Communicator
-from rxelab.liveness import CONNECT_S, PROBE_S
+from rxelab.control.liveness import CONNECT_S, PROBE_S
 
 from tests.unit.fakejob import in_threads
 from tests.unit.strangers import stranger_process, wait_for_word

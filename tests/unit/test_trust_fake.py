@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import rxelab
 from pyverbs import _fabric
-from rxelab import auth, listeners, wire
-from rxelab.auth import SharedSecret
 from rxelab.bootstrap import discover
+from rxelab.control import addresses, framing, handshake
+from rxelab.control.connection import Greeting, dial
+from rxelab.control.handshake import SharedSecret
+from rxelab.control.listener import Porter
+from rxelab.control.liveness import ALIVE, probe
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError
-from rxelab.link import Greeting, dial
-from rxelab.liveness import ALIVE, probe
-from rxelab.porter import Porter
 
 from tests.unit.fakejob import die, free_port, run_ranks, settle
 from tests.unit.impostors import Impostor, bind_when_free
@@ -178,7 +178,7 @@ def test_a_squatter_before_rank_0_hears_only_knocks_and_its_replays_join_no_late
 
 
 # ---- item 3: [::1] beside an IPv4 rendezvous --------------------------------------------------
-needs_ipv6 = pytest.mark.skipif(not socket.has_ipv6 or not listeners.addresses("::1", 1),
+needs_ipv6 = pytest.mark.skipif(not socket.has_ipv6 or not addresses.addresses("::1", 1),
                                 reason="this host has no IPv6 loopback")
 
 
@@ -186,7 +186,7 @@ needs_ipv6 = pytest.mark.skipif(not socket.has_ipv6 or not listeners.addresses("
 def test_a_secured_rank_0_holds_every_family_so_nobody_can_take_ipv6_beside_it():
     port = free_port()
     job = discover(0, 2, "localhost", port, env={"RXELAB_JOB_TOKEN": SECRET})
-    with listeners.listen(job):
+    with addresses.listen(job):
         with pytest.raises(OSError):
             Impostor(("::1", port), family=socket.AF_INET6, v6only=True)
 
@@ -262,19 +262,19 @@ def test_a_secret_file_of_another_user_is_refused_even_if_private(tmp_path, monk
 def test_frames_after_the_handshake_are_sealed_and_a_changed_one_is_refused():
     cred = SharedSecret.of(SECRET, "test")
     knock = {"type": "knock", "kind": "hello", "rank": 1, "to": 0, "generation": 0, "scope": "s",
-             "nonce": auth.nonce()}
-    t = auth.transcript(knock, auth.nonce())
+             "nonce": handshake.nonce()}
+    t = handshake.transcript(knock, handshake.nonce())
     key = cred.seal_key(t)
-    sender, receiver = auth.Session(key, auth.CONNECTOR), auth.Session(key, auth.LISTENER)
-    frame = wire.encode({"type": "bye", "rank": 1}, sender)
-    assert wire.split_frame(frame, receiver) is not None
-    replayed = wire.encode({"type": "bye", "rank": 1}, auth.Session(key, auth.CONNECTOR))
+    sender, receiver = handshake.Session(key, handshake.CONNECTOR), handshake.Session(key, handshake.LISTENER)
+    frame = framing.encode({"type": "bye", "rank": 1}, sender)
+    assert framing.split_frame(frame, receiver) is not None
+    replayed = framing.encode({"type": "bye", "rank": 1}, handshake.Session(key, handshake.CONNECTOR))
     with pytest.raises(Exception, match="failed its seal"):
-        wire.split_frame(replayed, receiver)  # the first frame again: its number is spent
-    changed = bytearray(wire.encode({"type": "bye", "rank": 1}, sender))
+        framing.split_frame(replayed, receiver)  # the first frame again: its number is spent
+    changed = bytearray(framing.encode({"type": "bye", "rank": 1}, sender))
     changed[-40] ^= 1
     with pytest.raises(Exception, match="failed its seal"):
-        wire.split_frame(bytes(changed), receiver)
+        framing.split_frame(bytes(changed), receiver)
 
 
 # ---- a relay between ranks, or between jobs of one secret -----------------------------------
@@ -313,7 +313,7 @@ def _relay(target: tuple[str, int]) -> tuple[socket.socket, threading.Event]:
 def test_a_relay_from_a_dead_ranks_port_to_a_live_rank_does_not_make_it_alive():
     """The probe is bound to the rank it is for: rank 1's porter answers for rank 1 only."""
     cred = SharedSecret.of(SECRET, "test")
-    listener = listeners.any_address(0)
+    listener = addresses.any_address(0)
     porter = Porter(listener, cred, {"job"}, rank=1, generation=0)
     relay, stop = _relay(("127.0.0.1", porter.port))
     try:
@@ -337,13 +337,13 @@ def test_two_jobs_of_one_secret_under_their_launchers_are_bound_apart():
     assert len({a.scope(), b.scope(), c.scope()}) == 3
     assert "run-a" in a.scope() and "slurm-77.0" in c.scope()
     weird = discover(1, 4, env={**env, "TORCHELASTIC_RUN_ID": "x y;$(rm)" + "z" * 100})
-    assert wire.SCHEMAS["knock"]["scope"][1](weird.scope()), "a launcher's id is kept printable"
+    assert framing.SCHEMAS["knock"]["scope"][1](weird.scope()), "a launcher's id is kept printable"
 
 
 def test_nothing_big_is_read_from_a_connection_before_it_proved_itself():
     """A stranger may not make a listener buffer or parse a large frame before the handshake
     (64 waiting connections of 1 MiB each, before)."""
     g = Greeting(SharedSecret.of(SECRET, "test"), lambda knock: None)
-    buf = bytearray(wire.HEADER.pack(wire.MAGIC, wire.VERSION, 100_000))
+    buf = bytearray(framing.HEADER.pack(framing.MAGIC, framing.VERSION, 100_000))
     with pytest.raises(ProtocolError, match="exceeds the limit of 2048"):
         g.step(buf)

@@ -18,7 +18,7 @@ import threading
 import time
 
 import pytest
-from rxelab.liveness import EVERY_S, NO_PROOF_S, PROBE_S
+from rxelab.control.liveness import EVERY_S, NO_PROOF_S, PROBE_S
 
 from tests.unit.fakejob import die, settle
 from tests.unit.heldjob import run_held

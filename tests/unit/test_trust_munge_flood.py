@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import rxelab
 from pyverbs import _fabric
-from rxelab import munge
+from rxelab.control import munge_credential
 
 from tests.unit.fakejob import die, free_port, in_threads, settle
 from tests.unit.fakemunge import run_munged
@@ -30,7 +30,8 @@ from tests.unit.strangers import stranger_process
 
 FLOOD = r"""
 import json, signal, socket, sys, threading, time
-from rxelab import auth, wire
+from rxelab.control import handshake
+from rxelab.control import framing
 host, port, kind, scope, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -52,11 +53,11 @@ def knock_forever():
         count("tries")
         with s:
             try:
-                wire.send(s, {"type": "knock", "kind": kind, "rank": -1 if kind == "join" else 1,
-                              "to": 0, "generation": 0, "scope": scope, "nonce": auth.nonce()})
-                wire.recv(s, deadline=time.monotonic() + 5, peer="rank 0", expect="challenge")
+                framing.send(s, {"type": "knock", "kind": kind, "rank": -1 if kind == "join" else 1,
+                              "to": 0, "generation": 0, "scope": scope, "nonce": handshake.nonce()})
+                framing.recv(s, deadline=time.monotonic() + 5, peer="rank 0", expect="challenge")
                 count("challenged")  # rank 0 proved itself to us: a munge it ran
-                wire.send(s, {"type": "proof", "proof": "MUNGE:" + "A" * 300 + ":"})
+                framing.send(s, {"type": "proof", "proof": "MUNGE:" + "A" * 300 + ":"})
                 s.settimeout(5)
                 s.recv(100)
             except Exception:
@@ -180,14 +181,14 @@ def _survive(comm, me: int):
 
 def test_a_source_gets_a_burst_then_a_rate_and_another_source_its_own(monkeypatch):
     """The gate's rate per source, on a clock of the test's (no sleeping)."""
-    from rxelab import gate
+    from rxelab.control import accept_limits
     now = [100.0]
-    monkeypatch.setattr(gate.time, "monotonic", lambda: now[0])
-    g = gate.Gate(munge.MungeCredential())
+    monkeypatch.setattr(accept_limits.time, "monotonic", lambda: now[0])
+    g = accept_limits.Gate(munge_credential.MungeCredential())
     flood, rank = ("10.0.0.9", None), ("10.0.0.2", None)
-    assert all(g._take(flood) for _ in range(gate.BURST))
+    assert all(g._take(flood) for _ in range(accept_limits.BURST))
     assert not g._take(flood), "past the burst, nothing until time passes"
     assert g._take(rank), "another source is not held up by the flood"
     now[0] += 1.0
-    took = sum(g._take(flood) for _ in range(gate.BURST))
-    assert took == int(gate.RATE), took
+    took = sum(g._take(flood) for _ in range(accept_limits.BURST))
+    assert took == int(accept_limits.RATE), took

@@ -13,8 +13,8 @@ import time
 import pytest
 import rxelab
 from pyverbs import _fabric
-from rxelab import auth
 from rxelab.bootstrap import discover, job_secret, open_mpi_key_is_secret
+from rxelab.control import handshake
 from rxelab.errors import ConfigError
 from rxelab.launch import main as launch_main
 
@@ -23,7 +23,8 @@ from tests.unit.strangers import stranger_process
 
 GUESSER = r"""
 import socket, sys, time
-from rxelab import auth, wire
+from rxelab.control import handshake
+from rxelab.control import framing
 port, scope = int(sys.argv[1]), sys.argv[2]
 words = ["password", "letmein", "secret", "hunter2", "dragon"]
 end = time.monotonic() + float(sys.argv[3])
@@ -34,12 +35,12 @@ while time.monotonic() < end:
         time.sleep(0.02)
         continue
     knock = {"type": "knock", "kind": "hello", "rank": 1, "to": 0, "generation": 0,
-             "scope": scope, "nonce": auth.nonce()}
-    wire.send(s, knock)
-    challenge = wire.recv(s, deadline=time.monotonic() + 5, peer="rank 0", expect="challenge")
-    t = auth.transcript(knock, challenge["nonce"])
+             "scope": scope, "nonce": handshake.nonce()}
+    framing.send(s, knock)
+    challenge = framing.recv(s, deadline=time.monotonic() + 5, peer="rank 0", expect="challenge")
+    t = handshake.transcript(knock, challenge["nonce"])
     for w in words:  # offline: nothing more is sent
-        if auth.SharedSecret.of(w, "guess").check(auth.LISTENER, t, challenge["proof"]):
+        if handshake.SharedSecret.of(w, "guess").check(handshake.LISTENER, t, challenge["proof"]):
             print("found", w, flush=True)
             sys.exit(0)
     print("knocked, no guess fits", flush=True)
@@ -67,7 +68,7 @@ def test_a_weak_token_is_refused_before_a_stranger_can_knock(monkeypatch):
 
 
 def test_a_strong_token_still_forms_a_job(monkeypatch):
-    monkeypatch.setenv("RXELAB_JOB_TOKEN", auth.new_token())
+    monkeypatch.setenv("RXELAB_JOB_TOKEN", handshake.new_token())
     _fabric.FABRIC.reset(seed=0, max_delay=0.0002)
     port, sizes = free_port(), {}
 
@@ -97,13 +98,13 @@ def test_weak_tokens_in_the_environment_or_a_file_are_refused(weak, tmp_path):
 def test_the_generator_and_every_secret_the_project_makes_pass(capsys, tmp_path):
     assert launch_main(["--new-token"]) == 0
     token = capsys.readouterr().out.strip()
-    assert auth.strength(token) >= 128 and auth.weakness(token) is None
-    assert len({auth.new_token() for _ in range(100)}) == 100
+    assert handshake.strength(token) >= 128 and handshake.weakness(token) is None
+    assert len({handshake.new_token() for _ in range(100)}) == 100
     for _ in range(200):  # the launcher's, the torch rendezvous's (token_hex(32)), Open MPI's
-        assert auth.weakness(auth.new_token()) is None
-        assert auth.weakness(os.urandom(32).hex()) is None
+        assert handshake.weakness(handshake.new_token()) is None
+        assert handshake.weakness(os.urandom(32).hex()) is None
         assert open_mpi_key_is_secret(f"{os.urandom(8).hex()}-{os.urandom(8).hex()}")
-    assert auth.weakness("3c7ba4114e40cf4f3dfe2b82d46d028b") is None  # 32 hex digits: 128 bits
+    assert handshake.weakness("3c7ba4114e40cf4f3dfe2b82d46d028b") is None  # 32 hex digits: 128 bits
     path = tmp_path / "secret"
     path.write_text(token + "\n")
     path.chmod(0o600)

@@ -7,8 +7,9 @@ import socket
 import time
 
 import pytest
-from rxelab import messages, wire
+from rxelab import messages
 from rxelab.comm.guard import abort_code
+from rxelab.control import framing
 from rxelab.errors import MismatchError, PeerError, ProtocolError, Reason
 
 
@@ -35,11 +36,11 @@ def test_a_peer_that_says_nothing_is_silent_and_one_that_closes_died():
     a, b = socket.socketpair()
     try:
         with pytest.raises(PeerError) as silent:
-            wire.recv(a, deadline=time.monotonic() + 0.2, peer="rank 1")
+            framing.recv(a, deadline=time.monotonic() + 0.2, peer="rank 1")
         assert silent.value.reason == Reason.SILENT and silent.value.lost
         b.close()
         with pytest.raises(PeerError) as died:
-            wire.recv(a, deadline=time.monotonic() + 2, peer="rank 1")
+            framing.recv(a, deadline=time.monotonic() + 2, peer="rank 1")
         assert died.value.reason == Reason.DIED and died.value.lost
     finally:
         a.close()

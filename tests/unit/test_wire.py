@@ -6,7 +6,7 @@ import struct
 import time
 
 import pytest
-from rxelab import auth, wire
+from rxelab.control import framing, handshake
 from rxelab.errors import PeerError, ProtocolError
 
 GID = "0000:0000:0000:0000:0000:ffff:0a0a:000b"
@@ -21,15 +21,15 @@ def hello(**over):
 
 
 def test_round_trip():
-    assert wire.decode(wire.encode(hello())) == hello()
+    assert framing.decode(framing.encode(hello())) == hello()
     table = {"type": "table", "endpoints": {"0": EP, "2": EP}, "directory": {}, "job": "0f" * 16}
-    assert wire.decode(wire.encode(table)) == table
+    assert framing.decode(framing.encode(table)) == table
     elastic = {**table, "directory": {"0": ["node1", 29500], "2": ["10.10.0.13", 40001]}}
-    assert wire.decode(wire.encode(elastic)) == elastic
+    assert framing.decode(framing.encode(elastic)) == elastic
 
 
-def frame(body: bytes, version=wire.VERSION, magic=wire.MAGIC, length=None):
-    return wire.HEADER.pack(magic, version, len(body) if length is None else length) + body
+def frame(body: bytes, version=framing.VERSION, magic=framing.MAGIC, length=None):
+    return framing.HEADER.pack(magic, version, len(body) if length is None else length) + body
 
 
 @pytest.mark.parametrize(
@@ -39,7 +39,7 @@ def frame(body: bytes, version=wire.VERSION, magic=wire.MAGIC, length=None):
         (frame(b'{"type": "bye", "rank": 1}')[:-3], "truncated message: header says"),
         (frame(b'{"type": "bye", "rank": 1}', version=1), "message version 1"),
         (frame(b'{"type": "bye", "rank": 1}', magic=b"HTTP"), "not an rxelab message"),
-        (frame(b"", length=wire.MAX_BODY + auth.TAG_BYTES + 1), "exceeds the limit"),
+        (frame(b"", length=framing.MAX_BODY + handshake.TAG_BYTES + 1), "exceeds the limit"),
         (frame(b"\x80\x81"), "not JSON"),
         (frame(b"[1, 2]"), "not an object"),
         (frame(b'{"type": "gossip"}'), "unknown message type"),
@@ -59,7 +59,7 @@ def frame(body: bytes, version=wire.VERSION, magic=wire.MAGIC, length=None):
 )
 def test_bad_frames_are_protocol_errors(data, problem):
     with pytest.raises(ProtocolError, match=problem):
-        wire.decode(data)
+        framing.decode(data)
 
 
 @pytest.mark.parametrize(
@@ -74,12 +74,12 @@ def test_bad_frames_are_protocol_errors(data, problem):
 )
 def test_bad_endpoints_are_protocol_errors(endpoint, problem):
     with pytest.raises(ProtocolError, match=problem):
-        wire.encode(hello(endpoints={"0": endpoint}))
+        framing.encode(hello(endpoints={"0": endpoint}))
 
 
 def test_oversized_message_is_refused_before_sending():
     with pytest.raises(ProtocolError, match="exceeds"):
-        wire.encode({"type": "abort", "rank": 0, "reason": "x" * (wire.MAX_BODY + 10),
+        framing.encode({"type": "abort", "rank": 0, "reason": "x" * (framing.MAX_BODY + 10),
                      "why": "failed"})
 
 
@@ -91,29 +91,29 @@ def pair():
 def test_recv_over_a_socket_with_deadline():
     a, b = pair()
     with a, b:
-        wire.send(a, hello())
-        assert wire.recv(b, deadline=time.monotonic() + 5, peer="rank 1") == hello()
+        framing.send(a, hello())
+        assert framing.recv(b, deadline=time.monotonic() + 5, peer="rank 1") == hello()
         started = time.monotonic()
         with pytest.raises(PeerError, match="rank 1 did not answer in time"):
-            wire.recv(b, deadline=time.monotonic() + 0.3, peer="rank 1")
+            framing.recv(b, deadline=time.monotonic() + 0.3, peer="rank 1")
         assert time.monotonic() - started < 2
 
 
 def test_recv_reports_a_peer_that_closed_mid_message():
     a, b = pair()
     with b:
-        a.sendall(wire.encode(hello())[:20])
+        a.sendall(framing.encode(hello())[:20])
         a.close()
         with pytest.raises(PeerError, match="closed the connection mid-message"):
-            wire.recv(b, deadline=time.monotonic() + 5, peer="rank 2")
+            framing.recv(b, deadline=time.monotonic() + 5, peer="rank 2")
 
 
 def test_abort_from_a_peer_becomes_a_peer_error():
     a, b = pair()
     with a, b:
-        wire.send(a, {"type": "abort", "rank": 2, "reason": "out of memory", "why": "died"})
+        framing.send(a, {"type": "abort", "rank": 2, "reason": "out of memory", "why": "died"})
         with pytest.raises(PeerError, match="rank 2 aborted: out of memory") as e:
-            wire.recv(b, deadline=time.monotonic() + 5, peer="rank 2")
+            framing.recv(b, deadline=time.monotonic() + 5, peer="rank 2")
         assert e.value.peer == 2 and e.value.reason == "died", "the reason travels as it was found"
 
 
@@ -121,29 +121,29 @@ def test_an_abort_without_its_reason_or_with_an_unknown_one_is_refused():
     for message in ({"type": "abort", "rank": 2, "reason": "x"},
                     {"type": "abort", "rank": 2, "reason": "x", "why": "is gone"}):
         with pytest.raises(ProtocolError, match="why"):
-            wire.encode(message)
+            framing.encode(message)
 
 
 def test_wrong_message_type_is_named():
     a, b = pair()
     with a, b:
-        wire.send(a, {"type": "bye", "rank": 1})
+        framing.send(a, {"type": "bye", "rank": 1})
         with pytest.raises(ProtocolError, match="expected a table message from rank 0, got bye"):
-            wire.recv(b, deadline=time.monotonic() + 5, peer="rank 0", expect="table")
+            framing.recv(b, deadline=time.monotonic() + 5, peer="rank 0", expect="table")
 
 
 def test_header_is_network_byte_order():
-    data = wire.encode({"type": "bye", "rank": 1})
+    data = framing.encode({"type": "bye", "rank": 1})
     magic, version, length = struct.unpack("!4sHI", data[:10])
-    assert (magic, version, length) == (b"RXLB", wire.VERSION, len(data) - 10)
+    assert (magic, version, length) == (b"RXLB", framing.VERSION, len(data) - 10)
     assert json.loads(data[10:]) == {"type": "bye", "rank": 1}
 
 
 def test_frames_are_split_as_bytes_arrive_and_strangers_are_refused_at_once():
-    data = wire.encode(hello()) + wire.encode({"type": "bye", "rank": 1})
-    assert wire.split_frame(data[:5]) is None and wire.split_frame(data[:40]) is None
-    message, used = wire.split_frame(data)
-    assert message == hello() and wire.split_frame(data[used:])[0]["type"] == "bye"
+    data = framing.encode(hello()) + framing.encode({"type": "bye", "rank": 1})
+    assert framing.split_frame(data[:5]) is None and framing.split_frame(data[:40]) is None
+    message, used = framing.split_frame(data)
+    assert message == hello() and framing.split_frame(data[used:])[0]["type"] == "bye"
     for stranger in (b"GET / HTTP/1.1\r\n", b"SSH-2.0-OpenSSH", b"R\x00"):
         with pytest.raises(ProtocolError, match="not an rxelab message"):
-            wire.split_frame(stranger[:3])
+            framing.split_frame(stranger[:3])

@@ -8,7 +8,7 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rxelab import wire
+from rxelab.control import framing
 from rxelab.errors import ProtocolError
 
 json_values = st.recursive(
@@ -24,15 +24,15 @@ endpoint = st.fixed_dictionaries({"qpn": st.integers(0, (1 << 24) - 1),
 
 
 def frame(body: bytes) -> bytes:
-    return wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(body)) + body
+    return framing.HEADER.pack(framing.MAGIC, framing.VERSION, len(body)) + body
 
 
 def decodes_or_refuses(data: bytes) -> None:
     try:
-        message = wire.decode(data)
+        message = framing.decode(data)
     except ProtocolError:
         return
-    wire.validate(message)  # what came out passed its schema
+    framing.validate(message)  # what came out passed its schema
 
 
 @settings(max_examples=400, deadline=None)
@@ -40,7 +40,7 @@ def decodes_or_refuses(data: bytes) -> None:
 def test_arbitrary_bytes(data):
     decodes_or_refuses(data)
     try:
-        wire.split_frame(data)
+        framing.split_frame(data)
     except ProtocolError:
         pass
 
@@ -52,7 +52,7 @@ def test_arbitrary_json_bodies(value):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(sorted(wire.SCHEMAS)), st.dictionaries(st.text(max_size=10), json_values,
+@given(st.sampled_from(sorted(framing.SCHEMAS)), st.dictionaries(st.text(max_size=10), json_values,
                                                               max_size=6))
 def test_messages_of_known_types_with_arbitrary_fields(kind, fields):
     decodes_or_refuses(frame(json.dumps({"type": kind, **fields}).encode()))
@@ -66,4 +66,4 @@ def test_valid_hellos_round_trip(args):
     hello = {"type": "hello", "rank": rank, "world_size": world, "host": "h", "settings": {},
              "listen": 0, "generation": 0,
              "endpoints": {str(p): eps[p] for p in range(world) if p != rank}}
-    assert wire.decode(wire.encode(hello)) == hello
+    assert framing.decode(framing.encode(hello)) == hello

@@ -29,7 +29,7 @@ from rxelab.comm.named import NamedCollectives
 from rxelab.comm.p2p import PointToPoint
 from rxelab.comm.plans import Plan, PlanCache, Planner
 from rxelab.comm.results import Stats
-from rxelab.control import ControlPlane
+from rxelab.control.plane import ControlPlane
 from rxelab.engine import Engine
 from rxelab.errors import ClosedError, ConfigError, RdmaError
 from rxelab.registry import Registry

@@ -18,7 +18,7 @@ from rxelab import messages, verbs
 from rxelab.errors import ConfigError, MismatchError, PeerError, ProtocolError, Reason
 
 if TYPE_CHECKING:
-    from rxelab.control import ControlPlane
+    from rxelab.control.plane import ControlPlane
     from rxelab.engine import Engine
     from rxelab.registry import Registry
     from rxelab.requests import ProgressThread

@@ -4,15 +4,15 @@ MPIX_Comm_shrink); between steps a running job lets newcomers in (admit, and joi
 newcomer's side). MPI, Gloo and NCCL end the job instead.
 
 Every rank of an elastic job keeps a listener for the job's life, served by its porter
-(rxelab.porter: rank 0's is the job's rendezvous), and knows where the others listen. Every
-connection between them is proven both ways and sealed (rxelab.auth): a process without the
+(rxelab.control.listener: rank 0's is the job's rendezvous), and knows where the others listen. Every
+connection between them is proven both ways and sealed (rxelab.control.handshake): a process without the
 job's secret can neither answer for a rank, nor coordinate a shrink, nor learn the secret.
 A shrink needs no rank in particular to have survived:
 
 - The coordinator is the lowest old rank whose listener still answers, proven: each survivor
   tries them in order, and a refused connection, a listener that cannot prove itself (a
   stranger on a dead rank's port), or one that gives no proof for a few seconds (a stranger
-  that takes connections and closes them) moves it on to the next (rxelab.liveness). A
+  that takes connections and closes them) moves it on to the next (rxelab.control.liveness). A
   connect that times out is no death while heartbeats vouch for the rank (a flood of
   connects fills a live listener's queue): that one is tried again, up to SILENT_S after it
   was last heard (then it cannot be told from a powered-off node, and is gone). A live

@@ -10,11 +10,11 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from rxelab.control.connection import Link
+from rxelab.control.listener import answer
+from rxelab.control.liveness import ALIVE, GONE, Doubts, Watch, verdict_of
 from rxelab.errors import PeerError, ProtocolError, Reason
-from rxelab.link import Link
-from rxelab.liveness import ALIVE, GONE, Doubts, Watch, verdict_of
 from rxelab.membership.seat import READ_S, Build, Formed, Seat, T, quorate, say
-from rxelab.porter import answer
 
 
 def shrink(seat: Seat, build: Build[T], deadline: float, quorum: str | int) -> Formed[T]:
@@ -73,7 +73,7 @@ def agree(seat: Seat, members: list[int], dead: set[int], generation: int, deadl
 def ask(seat: Seat, candidate: int, generation: int, deadline: float,
         doubts: Doubts) -> list[int] | str | None:
     """The candidate's decision, None when it is gone (nothing listens there, what does
-    cannot prove it is of this job, or it gave no proof for long: rxelab.liveness), or
+    cannot prove it is of this job, or it gave no proof for long: rxelab.control.liveness), or
     "later" when it is not coordinating yet, or not proven either way yet."""
     began = time.monotonic()
     try:

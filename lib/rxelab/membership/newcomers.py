@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rxelab import listeners
 from rxelab.bootstrap import JobInfo
+from rxelab.control import addresses
+from rxelab.control.connection import Link, dial
+from rxelab.control.listener import answer
+from rxelab.control.liveness import CONNECT_S, PROBE_S
 from rxelab.errors import ConfigError, PeerError, ProtocolError
-from rxelab.link import Link, dial
-from rxelab.liveness import CONNECT_S, PROBE_S
 from rxelab.membership.seat import READ_S, Seat, say
-from rxelab.porter import answer
 
 MAX_NEWCOMERS = 64  # per admit
 GRACE_S = 0.1  # admit listens at least this long: newcomers queued before it say their join
@@ -110,7 +110,7 @@ def knock(job: JobInfo, settings: dict[str, Any], deadline: float,
             raise PeerError(f"join: not admitted by the job at {where} in time ({last})",
                             hint="the job admits newcomers when it calls comm.admit(); is it "
                                  "running, with this secret?")
-        for addr in [a for port in ports for a in listeners.addresses(job.master_addr, port)
+        for addr in [a for port in ports for a in addresses.addresses(job.master_addr, port)
                      or [(job.master_addr, port)]]:
             try:
                 link = dial(addr, job.credential, kind="join", rank=-1, to=0, generation=0,

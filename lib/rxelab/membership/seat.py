@@ -11,15 +11,15 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from rxelab.bootstrap import JobInfo
+from rxelab.control.connection import Link, dial
+from rxelab.control.listener import Porter
+from rxelab.control.liveness import CONNECT_S, PROBE_S, probe
 from rxelab.errors import ConfigError
-from rxelab.link import Link, dial
-from rxelab.liveness import CONNECT_S, PROBE_S, probe
-from rxelab.porter import Porter
 
 T = TypeVar("T")
 READ_S = 2.0  # an answer to a member, or a newcomer's to its offer, is taken within this
 # makes the communicator of a job and generation on the seat's porter; look(new rank) says
-# whether a member that has not come yet still lives (rxelab.liveness's verdict)
+# whether a member that has not come yet still lives (rxelab.control.liveness's verdict)
 Build = Callable[[JobInfo, int, Callable[[int], str] | None], T]
 
 
@@ -36,8 +36,8 @@ class Formed(Generic[T]):
 class Seat:
     """What a rank carries from one communicator to the next: the job (with its id), its
     porter, where the others listen, how it opened its device and set its options, and which
-    ranks its heartbeats said lived as it left (rxelab.control: a connect that times out
-    towards one of them is a crowded listener, not a death, rxelab.liveness)."""
+    ranks its heartbeats said lived as it left (rxelab.control.plane: a connect that times out
+    towards one of them is a crowded listener, not a death, rxelab.control.liveness)."""
 
     job: JobInfo
     porter: Porter
@@ -47,7 +47,7 @@ class Seat:
     lively: frozenset[int] = frozenset()
 
     def probe(self, rank: int, generation: int) -> str:
-        """Whether old rank `rank` still lives (rxelab.liveness: a proven answer from its
+        """Whether old rank `rank` still lives (rxelab.control.liveness: a proven answer from its
         listener, for that rank of that generation)."""
         return probe(self.directory[rank], self.job.credential, scope=self.job.job_id,
                      rank=self.job.rank, to=rank, generation=generation)

@@ -2,11 +2,11 @@
 not a port of their own. Rank 0 listens on a free port of every address and publishes where
 (its host, the port) in the store; the others read it there and dial, as under init().
 
-The job's secret (rxelab.auth: every control-plane connection proves it) comes from rxelab's
+The job's secret (rxelab.control.handshake: every control-plane connection proves it) comes from rxelab's
 own sources (RXELAB_JOB_TOKEN, RXELAB_JOB_TOKEN_FILE, Open MPI's job key: rxelab.bootstrap)
 where the ranks have one. Under srun without one, the ranks prove themselves with MUNGE, as
-rxelab.init does there (rxelab.munge), and nothing secret goes into the store. Otherwise rank
-0 draws a secret and puts it in the store, so the job is as closed as torch's store is
+rxelab.init does there (rxelab.control.munge_credential), and nothing secret goes into the
+store. Otherwise rank 0 draws a secret and puts it in the store, so the job is as closed as torch's store is
 (whoever can reach the store reads it and can join, and could join Gloo's job as well); under
 srun without munged, rank 0 says so.
 The host rank 0 publishes is RXELAB_MASTER_ADDR, else MASTER_ADDR, else its host name.
@@ -26,8 +26,9 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from rxelab import bootstrap, listeners, munge
-from rxelab.auth import Credential, SharedSecret
+from rxelab import bootstrap
+from rxelab.control import addresses, munge_credential
+from rxelab.control.handshake import Credential, SharedSecret
 from rxelab.errors import ConfigError, PeerError, ProtocolError, Reason
 
 WHERE_KEY = "rxelab/rendezvous"  # inside torch's PrefixStore of the group: one per group
@@ -140,8 +141,8 @@ def meet(store: Any, rank: int, size: int, wait_s: float,
                                  SharedSecret.of(secret or secrets.token_hex(32), source or "own"),
                                  launch_id=""), None
     mine: Credential | None = SharedSecret.of(secret, source) if secret else None
-    if mine is None and env.get("SLURM_JOB_ID") and munge.available():
-        mine, source = munge.MungeCredential(), MUNGE
+    if mine is None and env.get("SLURM_JOB_ID") and munge_credential.available():
+        mine, source = munge_credential.MungeCredential(), MUNGE
     if rank == 0:
         return _publish(store, size, mine, source, where(env, first_of_job),
                         under_srun=bool(env.get("SLURM_JOB_ID")))
@@ -153,7 +154,7 @@ def meet(store: Any, rank: int, size: int, wait_s: float,
         mine = SharedSecret.of(_text(_get(store, SECRET_KEY, "the job's secret"),
                                      "the job's secret", 256), FROM_STORE)
     elif info["secret"] == MUNGE:
-        if not isinstance(mine, munge.MungeCredential):
+        if not isinstance(mine, munge_credential.MungeCredential):
             raise ConfigError(f"rank 0 proves itself with MUNGE, this rank "
                               f"{'has a job secret (' + source + ')' if mine else 'has no munged'}",
                               hint="run munged on every node, or give every rank the same "
@@ -174,7 +175,7 @@ def _publish(store: Any, size: int, mine: Credential | None, source: str, host: 
         if under_srun:
             print(IN_STORE_UNDER_SRUN, file=sys.stderr, flush=True)
     try:
-        listener = listeners.any_address(0)  # a job with a secret: every address, a free port
+        listener = addresses.any_address(0)  # a job with a secret: every address, a free port
     except OSError as err:
         raise ConfigError(f"rank 0 cannot listen for the job's rendezvous: {err}") from None
     port, launch = listener.getsockname()[1], secrets.token_hex(8)

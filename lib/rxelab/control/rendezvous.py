@@ -1,7 +1,7 @@
 """How a communicator forms over TCP: rank 0 gathers every rank's hello (its QP endpoints,
 settings and, in an elastic job, its listener) and hands each rank the endpoints it must
 connect to; every other rank dials rank 0 and waits for its table. Each connection is proven
-first (rxelab.auth), so nothing is sent to, or taken from, a process without the job's secret.
+first (rxelab.control.handshake), so nothing is sent to, or taken from, a process without the job's secret.
 
 Rank 0 hears all hellos at once (its porter handshakes with every connection in parallel), so
 one slow or idle connection holds up nobody; what is not of this job is dropped and named in
@@ -21,18 +21,19 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rxelab import codecs, listeners, settings
+from rxelab import codecs, settings
+from rxelab.control import addresses
+from rxelab.control.listener import Porter, answer
+from rxelab.control.liveness import CONNECT_S, PROBE_S, STRIKES, Watch
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError, Reason
-from rxelab.liveness import CONNECT_S, PROBE_S, STRIKES, Watch
-from rxelab.porter import Porter, answer
 
 if TYPE_CHECKING:
     from rxelab.bootstrap import JobInfo
-    from rxelab.link import Link
+    from rxelab.control.connection import Link
 
 
 class Plane(Protocol):
-    """What forming reads and fills in of the control plane it forms (rxelab.control, which
+    """What forming reads and fills in of the control plane it forms (rxelab.control.plane, which
     calls in here: declared, so this module does not import it back)."""
 
     job: JobInfo
@@ -68,7 +69,7 @@ def _rendezvous(plane: Plane) -> socket.socket:
     ports = _ports(plane.job)
     for i, port in enumerate(ports):
         try:
-            return listeners.listen(dataclasses.replace(plane.job, master_port=port))
+            return addresses.listen(dataclasses.replace(plane.job, master_port=port))
         except ConfigError as err:
             if len(ports) == 1 or not _taken(err):
                 raise
@@ -81,7 +82,7 @@ def _rendezvous(plane: Plane) -> socket.socket:
 
 
 def _taken(err: ConfigError) -> bool:
-    """Whether listeners.listen failed because the port is held (its one-line error keeps
+    """Whether addresses.listen failed because the port is held (its one-line error keeps
     the OSError it came from as its context, or at least its words)."""
     cause = err.__context__
     return (isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE) or \
@@ -121,7 +122,7 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
     hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
     where: dict[int, str] = {}  # the address each rank reached us from
     # a shrink's members proved themselves in its agreement moments ago: a connect that
-    # times out is a crowded listener, not a death, until SILENT_S from now (rxelab.liveness:
+    # times out is a crowded listener, not a death, until SILENT_S from now (rxelab.control.liveness:
     # then a member that stopped or powered off as the mesh was built is gone)
     watch = Watch(plane.look, range(job.world_size)) if plane.look is not None else None
     beside: set[int] = set()
@@ -183,7 +184,7 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
             plane.close()
             raise PeerError(why, peer=lost[0], reason=Reason.DIED)
         # a rank on this host that came over loopback is reached where the others reach us
-        beside = {r for r in plane.peers if listeners.loopback(where[r])}
+        beside = {r for r in plane.peers if addresses.loopback(where[r])}
         plane.directory = {0: (job.master_addr, porter.port), **{
             r: (job.master_addr if r in beside else where[r], hellos[r]["listen"])
             for r in plane.peers}}
@@ -243,7 +244,7 @@ def join(plane: Plane, mine: dict[int, dict[str, Any]],
     job = plane.job
     deadline = time.monotonic() + plane.timeout
     if plane.elastic and plane.porter is None:
-        plane.porter = Porter(listeners.own(job), job.credential, set(), rank=job.rank,
+        plane.porter = Porter(addresses.own(job), job.credential, set(), rank=job.rank,
                               generation=plane.generation)
     hello = {"type": "hello", "rank": job.rank, "world_size": job.world_size,
              "host": socket.gethostname()[:200] or "?", "settings": options,
@@ -258,7 +259,7 @@ def join(plane: Plane, mine: dict[int, dict[str, Any]],
     where = f"{job.master_addr}:{'/'.join(str(p) for p in ports)}"
     while True:
         refused = 0
-        targets = [a for port in ports for a in listeners.addresses(job.master_addr, port)]
+        targets = [a for port in ports for a in addresses.addresses(job.master_addr, port)]
         if not targets:
             last = f"{job.master_addr} does not resolve"
         for addr in targets:
@@ -300,7 +301,7 @@ def join(plane: Plane, mine: dict[int, dict[str, Any]],
 
 
 def _dial_root(plane: Plane, addr: tuple[str, int], deadline: float) -> Link:
-    from rxelab.link import dial
+    from rxelab.control.connection import dial
 
     job = plane.job
     return dial(addr, job.credential, kind="hello", rank=job.rank, to=0,

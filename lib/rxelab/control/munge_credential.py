@@ -3,7 +3,7 @@ authentication instead. Every cluster node's munged shares one key; a credential
 names the uid that asked for it, expires (TTL), is refused if replayed, and here may be decoded
 only by that same uid (`munge --restrict-uid`).
 
-In the handshake of rxelab.auth, each end's proof is a MUNGE credential whose payload is its
+In the handshake of rxelab.control.handshake, each end's proof is a MUNGE credential whose payload is its
 role, a digest of the transcript (both nonces, what the connection is for, the job's scope:
 under srun its job and step ids) and a fresh random key. The other end decodes it (unmunge),
 and takes it only if it is the same user's, of the opposite role, over this very transcript;
@@ -21,7 +21,7 @@ import secrets
 import shutil
 import subprocess
 
-from rxelab.auth import CONNECTOR, LISTENER
+from rxelab.control.handshake import CONNECTOR, LISTENER
 
 SOCKETS = ("/run/munge/munge.socket.2", "/var/run/munge/munge.socket.2")
 TTL_S = 60  # a proof is good for this long (munged refuses it after, and refuses it twice)
@@ -38,7 +38,7 @@ def available() -> bool:
 class MungeCredential:
     secured = True
     source = "MUNGE (the cluster's own authentication)"
-    costly = True  # a proof is a process: a listener checks aside, at a rate (rxelab.gate)
+    costly = True  # a proof is a process: a listener checks aside, at a rate (rxelab.control.accept_limits)
     same_user_only = True  # a proof names the uid that made it: only ours is taken
 
     def __init__(self, munge: str = "munge", unmunge: str = "unmunge") -> None:

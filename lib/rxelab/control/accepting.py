@@ -1,6 +1,6 @@
 """A listener's waiting room: the connections that reach it, each taken through the handshake
-(rxelab.link.Greeting) up to its first sealed message, all at once, so one slow or silent
-connection holds up nobody. rxelab.porter serves a listener with it.
+(rxelab.control.connection.Greeting) up to its first sealed message, all at once, so one slow or silent
+connection holds up nobody. rxelab.control.listener serves a listener with it.
 
 Whatever does not prove itself in time - another program, a port scanner, a stray stream, a
 process without the job's secret, a connection that says nothing - is dropped, and why is
@@ -11,9 +11,9 @@ it sends ahead stays in the kernel's buffers (and then its sender's), never in o
 A crowd of silent connections cannot take every descriptor: past `limit` the oldest that has
 not knocked goes. A connection that knocked, or whose frame a checker holds, is never made to
 go for a newcomer: while none may go, the hall takes no new connection, and newcomers wait in
-the listener's backlog. A dialler that gives up meanwhile has timed out (to rxelab.liveness: a
+the listener's backlog. A dialler that gives up meanwhile has timed out (to rxelab.control.liveness: a
 busy listener), never been closed unanswered (a stranger's doing). Where proving costs (MUNGE),
-rxelab.gate bounds the work done for connections that have proved nothing yet: the
+rxelab.control.accept_limits bounds the work done for connections that have proved nothing yet: the
 handshake's steps run on its checker threads, never this one, at a rate per source.
 """
 
@@ -28,11 +28,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from rxelab import wire
-from rxelab.auth import Credential
+from rxelab.control import framing
+from rxelab.control.accept_limits import Gate
+from rxelab.control.connection import Greeting, Link
+from rxelab.control.handshake import Credential
 from rxelab.errors import ProtocolError
-from rxelab.gate import Gate
-from rxelab.link import Greeting, Link
 
 Heard = tuple[Link, dict[str, Any]]
 MAX_DROPPED = 32  # reasons kept for an error message
@@ -130,7 +130,7 @@ class Hall:
             out.append((greeting.link(sock), request))
 
     def _check_aside(self, sock: socket.socket) -> None:
-        """A whole frame of a costly handshake, to a checker thread (rxelab.gate), or to
+        """A whole frame of a costly handshake, to a checker thread (rxelab.control.accept_limits), or to
         wait its turn while the gate is full: a full gate is the listener's load, not a fault
         of the connection, which is neither dropped nor hurried for it."""
         with contextlib.suppress(KeyError, ValueError):
@@ -255,9 +255,9 @@ def _stage(greeting: Greeting) -> Stage:
 def _need(buf: bytearray, greeting: Greeting) -> int:
     """Bytes still to come of the frame at hand (0: it is whole). A bad start or header is a
     ProtocolError as soon as it came, before its body is read."""
-    limit = wire.HANDSHAKE_BODY if greeting.session is None else wire.MAX_BODY
-    if len(buf) <= wire.HEADER.size:
-        wire.split_frame(bytes(buf), None, limit)
-        if len(buf) < wire.HEADER.size:
-            return wire.HEADER.size - len(buf)
-    return int(wire.HEADER.size + wire.HEADER.unpack_from(buf)[2] - len(buf))
+    limit = framing.HANDSHAKE_BODY if greeting.session is None else framing.MAX_BODY
+    if len(buf) <= framing.HEADER.size:
+        framing.split_frame(bytes(buf), None, limit)
+        if len(buf) < framing.HEADER.size:
+            return framing.HEADER.size - len(buf)
+    return int(framing.HEADER.size + framing.HEADER.unpack_from(buf)[2] - len(buf))

@@ -1,5 +1,5 @@
 """A listener served by a thread of its own: every connection is taken through the handshake
-(rxelab.hall) whatever the rank is doing, liveness probes are answered at once, and each other
+(rxelab.control.accepting) whatever the rank is doing, liveness probes are answered at once, and each other
 request goes to whoever serves its kind now (rank 0 gathering hellos, a coordinator hearing
 shrinks, an admit hearing newcomers) or is told "later" (the asker tries again). Newcomers
 wait here until the job admits (their joins are parked, and dropped if they give up).
@@ -23,9 +23,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from rxelab.auth import Credential
-from rxelab.hall import Hall, Heard
-from rxelab.link import Link
+from rxelab.control.accepting import Hall, Heard
+from rxelab.control.connection import Link
+from rxelab.control.handshake import Credential
 
 PATIENCE_S = 5.0  # a connection must finish its handshake and say what it wants within this
 MAX_PENDING = 64  # connections in the handshake at once: beyond this the oldest goes
@@ -37,7 +37,7 @@ MAX_PARKED = 64
 class Porter:
     def __init__(self, listener: socket.socket, credential: Credential, scopes: set[str], *,
                  rank: int, generation: int) -> None:
-        """scopes: the job scopes it serves (rxelab.auth: knocks for others are dropped);
+        """scopes: the job scopes it serves (rxelab.control.handshake: knocks for others are dropped);
         rank and generation: what a probe is answered, and the first role it holds
         (update() as they change)."""
         self.listener = listener

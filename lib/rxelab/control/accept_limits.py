@@ -1,7 +1,8 @@
 """Work before proof, bounded: what a listener spends on connections that have proved nothing
-yet, where proving costs (a MUNGE proof is a munge or unmunge process; rxelab.munge). A knock's
-scope is public, and the listener proves itself first, so anyone who can connect can make it
-work. rxelab.hall asks the gate at each connection:
+yet, where proving costs (a MUNGE proof is a munge or unmunge process;
+rxelab.control.munge_credential). A knock's scope is public, and the listener proves itself
+first, so anyone who can connect can make it work. rxelab.control.accepting asks the gate at
+each connection:
 
 - a rate per source (its address, and its uid where the kernel names one): a flood from one
   source gets a few checks a second, not the listener's time. A peer that cannot be on this

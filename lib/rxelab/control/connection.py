@@ -1,5 +1,5 @@
-"""A control connection that has passed the handshake of rxelab.auth, from either end: the
-connector's side (dial) and the listener's (Greeting, fed frame by frame by rxelab.hall, so
+"""A control connection that has passed the handshake of rxelab.control.handshake, from either end: the
+connector's side (dial) and the listener's (Greeting, fed frame by frame by rxelab.control.accepting, so
 one listener handshakes with many connectors at once without a thread each). After it, a Link
 sends and takes only sealed frames.
 """
@@ -11,8 +11,8 @@ import socket
 import time
 from typing import Any
 
-from rxelab import auth, wire
-from rxelab.auth import CONNECTOR, LISTENER, Credential, Session
+from rxelab.control import framing, handshake
+from rxelab.control.handshake import CONNECTOR, LISTENER, Credential, Session
 from rxelab.errors import AuthError, ProtocolError
 
 
@@ -28,10 +28,10 @@ class Link:
 
     def send(self, message: dict[str, Any]) -> None:
         """Not thread-safe: a link's sends are serialized by its owner (sequence numbers)."""
-        self.sock.sendall(wire.encode(message, self.session))
+        self.sock.sendall(framing.encode(message, self.session))
 
     def recv(self, *, deadline: float, peer: str, expect: str | None = None) -> dict[str, Any]:
-        return wire.recv(self.sock, deadline=deadline, peer=peer, expect=expect,
+        return framing.recv(self.sock, deadline=deadline, peer=peer, expect=expect,
                          session=self.session)
 
     def take(self, data: bytes) -> list[dict[str, Any]]:
@@ -39,7 +39,7 @@ class Link:
         there and never blocks)."""
         self._buf += data
         out = []
-        while (got := wire.split_frame(self._buf, self.session)) is not None:
+        while (got := framing.split_frame(self._buf, self.session)) is not None:
             message, used = got
             del self._buf[:used]
             out.append(message)
@@ -64,19 +64,19 @@ def dial(address: tuple[str, int], credential: Credential, *, kind: str, rank: i
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         knock = {"type": "knock", "kind": kind, "rank": rank, "to": to, "generation": generation,
-                 "scope": scope, "nonce": auth.nonce()}
-        wire.send(sock, knock)
+                 "scope": scope, "nonce": handshake.nonce()}
+        framing.send(sock, knock)
         where = f"the listener at {address[0]}:{address[1]}"
         try:
-            challenge = wire.recv(sock, deadline=deadline, peer=where, expect="challenge",
-                                  limit=wire.HANDSHAKE_BODY)
+            challenge = framing.recv(sock, deadline=deadline, peer=where, expect="challenge",
+                                  limit=framing.HANDSHAKE_BODY)
         except ProtocolError as err:
             raise AuthError(f"{where} is not this job's: {err}") from None
-        transcript = auth.transcript(knock, challenge["nonce"])
+        transcript = handshake.transcript(knock, challenge["nonce"])
         hs = credential.handshake()
         if not hs.check(LISTENER, transcript, challenge["proof"]):
             raise AuthError(f"{where} does not hold this job's secret")
-        wire.send(sock, {"type": "proof", "proof": hs.prove(CONNECTOR, transcript)})
+        framing.send(sock, {"type": "proof", "proof": hs.prove(CONNECTOR, transcript)})
         return Link(sock, Session(hs.seal_key(transcript), CONNECTOR), knock)
     except BaseException:
         sock.close()
@@ -103,8 +103,8 @@ class Greeting:
         """Consume what whole frames buf holds: (bytes to send back, the first sealed message
         once it came, else None)."""
         reply = b""
-        while (got := wire.split_frame(buf, self.session, wire.MAX_BODY if self.session
-                                       else wire.HANDSHAKE_BODY)) is not None:
+        while (got := framing.split_frame(buf, self.session, framing.MAX_BODY if self.session
+                                       else framing.HANDSHAKE_BODY)) is not None:
             message, used = got
             del buf[:used]
             if self.knock is None:
@@ -122,9 +122,9 @@ class Greeting:
         if (why := self.wanted(knock)) is not None:
             raise ProtocolError(why)
         self.knock = knock
-        mine = auth.nonce()
-        self.transcript = auth.transcript(knock, mine)
-        return wire.encode({"type": "challenge", "nonce": mine,
+        mine = handshake.nonce()
+        self.transcript = handshake.transcript(knock, mine)
+        return framing.encode({"type": "challenge", "nonce": mine,
                             "proof": self.hs.prove(LISTENER, self.transcript)})
 
     def _check_proof(self, message: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 (QP numbers, PSNs, GIDs, barrier and close notices).
 
 A frame is a fixed header, `RXLB` + version (u16) + length (u32), then a UTF-8 JSON object;
-after a connection's handshake (rxelab.auth) the length also covers the frame's seal, which
+after a connection's handshake (rxelab.control.handshake) the length also covers the frame's seal, which
 follows the body. Never pickle: a peer's bytes are data, not code. Every message is checked
 against a schema before use; anything malformed, truncated, oversized, unsealed where a seal
 belongs, or of another version is a ProtocolError that says which.
@@ -16,7 +16,7 @@ import struct
 import time
 from typing import Any
 
-from rxelab.auth import TAG_BYTES, Session
+from rxelab.control.handshake import TAG_BYTES, Session
 from rxelab.errors import PeerError, ProtocolError, Reason
 
 MAGIC = b"RXLB"
@@ -38,7 +38,7 @@ _GID = (str, lambda v: len(v) == 39 and all(len(g) == 4 and set(g) <= _HEX for g
 _ENDPOINT = {"qpn": _U24, "psn": _U24, "gid": _GID, "lid": (int, lambda v: 0 <= v < 1 << 16)}
 _NONCE = (str, lambda v: len(v) == 64 and set(v) <= _LOWER_HEX)  # also a proof (HMAC-SHA256)
 _JOB = (str, lambda v: len(v) == 32 and set(v) <= _LOWER_HEX)  # the job's id, drawn by rank 0
-# an HMAC (rxelab.auth), or a MUNGE credential (rxelab.munge)
+# an HMAC (rxelab.control.handshake), or a MUNGE credential (rxelab.control.munge_credential)
 _PROOF = (str, lambda v: 0 < len(v) <= 1500 and v.isprintable())
 _SCOPE = (str, lambda v: 0 < len(v) <= 200 and v.isprintable())
 _PORT = (int, lambda v: 0 <= v < 1 << 16)  # 0: this rank keeps no listener (not elastic)
@@ -62,7 +62,7 @@ def _directory(v: Any) -> bool:
 
 
 SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
-    # the handshake (rxelab.auth), in the clear: what the connection is for and a nonce; the
+    # the handshake (rxelab.control.handshake), in the clear: what the connection is for and a nonce; the
     # listener's nonce and proof; the connector's proof. Everything after it is sealed.
     "knock": {"kind": (str, lambda v: v in KINDS), "rank": (int, lambda v: -1 <= v < 1 << 20),
               "to": _RANK, "generation": _GENERATION, "scope": _SCOPE, "nonce": _NONCE},
@@ -83,7 +83,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
     "members": {"generation": _GENERATION, "members": (list, lambda v: 0 < len(v) <= 1 << 20 and all(
         isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 20 for x in v))},
     "failed": {"reason": _REASON},
-    # is a rank there? Answered by its listener at any time (rxelab.porter)
+    # is a rank there? Answered by its listener at any time (rxelab.control.listener)
     "probe": {"rank": _RANK, "generation": _GENERATION},
     "alive": {"rank": _RANK, "generation": _GENERATION},
     # a newcomer to the job's rank 0, and the answers: an offer (taken in if it accepts), its

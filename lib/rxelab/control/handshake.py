@@ -13,7 +13,7 @@ in this job and in any other that shares the secret (the scope differs, and so d
 nonce). The secret itself never travels, nor anything that could stand for it.
 
 The credential is a small interface (a handshake that proves, checks and gives the seal's
-key), so a cluster's own stands in for the shared secret: MUNGE under Slurm (rxelab.munge).
+key), so a cluster's own stands in for the shared secret: MUNGE under Slurm (rxelab.control.munge_credential).
 Only the standard library's hmac, hashlib and secrets are used: no cryptography of our own
 beyond this protocol.
 

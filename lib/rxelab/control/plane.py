@@ -1,8 +1,8 @@
 """The TCP control plane: rank 0 collects every rank's QP endpoints and hands each rank the
-endpoints it must connect to (rxelab.forming); later it serves barriers and goodbyes. The
+endpoints it must connect to (rxelab.control.rendezvous); later it serves barriers and goodbyes. The
 connections stay open for the life of the communicator, so a rank that dies is noticed (its
 socket closes). Every connection was proven at its start and every message on it is sealed
-(rxelab.auth).
+(rxelab.control.handshake).
 
 After the exchange a reader thread on every rank takes whatever arrives, at any time: on
 rank 0 a closed connection or an abort is passed on to every other rank at once, whatever
@@ -21,17 +21,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rxelab import forming
 from rxelab.bootstrap import JobInfo
+from rxelab.control import rendezvous
+from rxelab.control.connection import Link
+from rxelab.control.listener import Porter
+from rxelab.control.liveness import SILENT_S, Lively
 from rxelab.errors import PeerError, ProtocolError, Reason
-from rxelab.link import Link
-from rxelab.liveness import SILENT_S, Lively
-from rxelab.porter import Porter
 
 # Elastic jobs: a node that powers off or drops off the network closes no connection, and a
 # rank waiting to receive from it posts nothing that could fail; without heartbeats it would
 # be found only by the no-progress timeout. Each end beats once a second; a link silent for
-# SILENT_S (rxelab.liveness: heartbeats vouch for a rank that long, in a shrink too) means
+# SILENT_S (rxelab.control.liveness: heartbeats vouch for a rank that long, in a shrink too) means
 # the rank behind it is gone.
 BEAT_S = 1.0
 
@@ -44,7 +44,7 @@ class ControlPlane:
         """elastic: this rank keeps a listener, served by its porter, for the job's life
         (rxelab.membership), given (a later generation's) or made here (rank 0's is the
         rendezvous), and every rank learns where the others listen. look(rank): whether a
-        rank that has not said hello yet still lives (rxelab.liveness's verdict on a shrink's
+        rank that has not said hello yet still lives (rxelab.control.liveness's verdict on a shrink's
         member, whose listener is known): rank 0 stops waiting for one that is gone.
         listener: rank 0's rendezvous, listening already (its starter published the port)."""
         self.listener = listener  # taken by forming; closed here if it never was
@@ -82,12 +82,12 @@ class ControlPlane:
         settings every rank must share: rank 0 compares each rank's with its own."""
         if self.job.world_size == 1:
             if self.elastic:  # alone, but others may join: the rendezvous stays open
-                forming.alone(self)
+                rendezvous.alone(self)
             return {}
         if self.job.rank == 0:
-            found = forming.serve(self, endpoints, options or {})
+            found = rendezvous.serve(self, endpoints, options or {})
         else:
-            found = forming.join(self, endpoints, options or {})
+            found = rendezvous.join(self, endpoints, options or {})
         self._start_reader()
         return found
 

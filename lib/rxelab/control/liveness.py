@@ -1,5 +1,5 @@
 """Is a rank of an elastic job alive? Its listener's porter answers a probe at once, proven
-(rxelab.auth) and bound to the rank and generation asked about. A TCP connect alone means
+(rxelab.control.handshake) and bound to the rank and generation asked about. A TCP connect alone means
 nothing: anyone can listen on a port a dead process left, and anyone can keep a live
 listener's accept queue full.
 
@@ -17,7 +17,7 @@ flood cannot make a death: a rank that gave no proof for NO_PROOF_S (STRIKES tri
 is gone, unless its heartbeats vouch for it still and its listener only failed to take a
 connection or to answer in time (what a flood of connects does to a live one), never closed
 one unproven. Heartbeats vouch for a rank until SILENT_S after it was last heard (Lively,
-from rxelab.control as this rank left the communicator; ranks given without times were heard
+from rxelab.control.plane as this rank left the communicator; ranks given without times were heard
 just now): the control plane's own rule, a link silent that long is a rank gone. So a node
 that powers off (or stops, or is cut off) just as a shrink starts is dropped once its
 heartbeats lapse, never waited for to the deadline.
@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from rxelab.auth import Credential
+from rxelab.control.connection import dial
+from rxelab.control.handshake import Credential
 from rxelab.errors import AuthError, PeerError, ProtocolError, Reason
-from rxelab.link import dial
 
 CONNECT_S = 3.0  # a listener that has not taken the connection by then: no answer this time
 PROBE_S = 4.0  # a porter answers within this, however busy its rank is
@@ -44,7 +44,7 @@ EVERY_S = 1.0  # a rank not yet come is probed again this long after its last pr
 STRIKES = 2  # probes without proof, at least, before a rank is gone
 NO_PROOF_S = 5.0  # ... over this long (a live porter proves itself in milliseconds)
 MAX_PROBES = 16  # probes in flight at once
-SILENT_S = 10.0  # heartbeats vouch for a rank this long after it was last heard (rxelab.control:
+SILENT_S = 10.0  # heartbeats vouch for a rank this long after it was last heard (rxelab.control.plane:
 # a link silent this long means the rank behind it is gone)
 ALIVE, GONE, UNSURE, SILENT, UNANSWERED = "alive", "gone", "unsure", "silent", "unanswered"
 
