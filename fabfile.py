@@ -21,17 +21,19 @@ import paramiko
 from fabric import task
 from invoke.exceptions import CommandTimedOut, Exit
 
-from experiments import about, compare_runs, ddp_report, did_you_mean, elastic_report, fleet, progress, runner
-from experiments import deploy as deploy_mod
 from experiments import report as report_mod
 from experiments import spec as spec_mod
+from experiments.report import compare_runs, ddp, elastic
+from experiments.running import about, fleet, progress, runner
+from experiments.running import deploy as deploy_mod
+from experiments.running.task_errors import one_line_errors
 from experiments.simulation import calibrate as sim_calibrate
 from experiments.simulation import costs as sim_costs
 from experiments.simulation import replayer as sim_replayer
 from experiments.simulation import run as sim_run
 from experiments.simulation import spec as sim_spec
 from experiments.simulation import validate as sim_validate
-from experiments.task_errors import one_line_errors
+from experiments.spec import did_you_mean
 from infra import inventory as inventory_mod
 from infra import run as runner_mod
 from infra import status as status_mod
@@ -163,13 +165,13 @@ def _run_spec(spec: str, inventory: str | None, results: str | None, launcher: s
     if write_report:
         _write_report(out)
     if chosen.elastic:
-        wrong = elastic_report.problems(elastic_report.load(out))
+        wrong = elastic.problems(elastic.load(out))
         print(f"results: {out}" + (f" ({'; '.join(wrong)})" if wrong else ""))
         if wrong:
             raise Exit("the elastic scenario did not end well: " + "; ".join(wrong), code=1)
     if chosen.ddp:
-        trained = ddp_report.load(out)
-        wrong = ddp_report.problems(trained)
+        trained = ddp.load(out)
+        wrong = ddp.problems(trained)
         lacking = [r["error"] for r in trained if r.get("status") == "skipped"]
         print(f"results: {out}" + (f" ({'; '.join(wrong)})" if wrong else "")
               + (f" (not run: {lacking[0]})" if lacking else ""))

@@ -63,7 +63,7 @@ class Node:
         10.0.3.15, ...), as on a real cluster. Open MPI 5's runtime (PRRTE) takes the other
         nodes' daemons for one node when they report an address in common, so the 10.0.2.15
         every node had made node2 and node3 one (its head node is another matter:
-        experiments.commands.mpi_hosts)."""
+        experiments.running.commands.mpi_hosts)."""
         return f"10.0.{self.index + 1}.0/24"
 
 

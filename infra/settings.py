@@ -3,7 +3,7 @@
 A user sets them as Make variables or environment variables (`make provision MTU=1500`,
 `RXELAB_CACHE=/big/disk make provision`). From this table come the CLI flags and their
 defaults (infra/cli.py), LabConfig's defaults and its one check of each value (Setting.check,
-called by LabConfig), the experiment specs' MTU range (experiments/spec.py), the Makefile's
+called by LabConfig), the experiment specs' MTU range (experiments/spec/__init__.py), the Makefile's
 help line (`python -m infra.settings`) and the README's settings table (a test keeps the
 README equal to it, and the Makefile's export line complete).
 

@@ -47,7 +47,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from experiments.figure_style import size_text
+from experiments.readable import size_text
 from experiments.simulation import costs as costs_mod
 from experiments.simulation.costs import Profile
 from experiments.simulation.exchanges import (

@@ -14,7 +14,8 @@ from typing import Any
 import jinja2
 import matplotlib.pyplot as plt
 
-from experiments.figure_style import MPI_ORDER, colour, plain_log, png, size_text
+from experiments.readable import size_text
+from experiments.report.figure_style import MPI_ORDER, colour, plain_log, png
 
 Row = dict[str, Any]
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "summary.md.j2"

@@ -21,7 +21,7 @@ import jinja2
 from rxelab import trace
 from rxelab.errors import ConfigError
 
-from experiments.figure_style import size_text
+from experiments.readable import size_text
 from experiments.simulation import calibrate, replayer, yardstick
 from experiments.simulation.calibrate import SPEC
 from experiments.simulation.costs import Profile

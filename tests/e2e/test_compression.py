@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments import counters
+from experiments.running import counters
 from tests.e2e.test_experiments import run_spec
 
 pytestmark = pytest.mark.vm

@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from experiments import fleet
+from experiments.running import fleet
 from tests.e2e.test_experiments import run_spec
 
 pytestmark = pytest.mark.vm

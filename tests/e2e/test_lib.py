@@ -21,7 +21,7 @@ SIZES = "0,1,7,4096,1048576"
 def deployed(lab):
     """lib/ and apps/ on every node, the way `fab deploy` puts them; skips with the reason if a
     node lacks an RDMA device or pyverbs (an unreachable node is a failure)."""
-    from experiments import deploy, fleet
+    from experiments.running import deploy, fleet
 
     try:
         deploy.deploy(lab.inventory)

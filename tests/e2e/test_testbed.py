@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from experiments import commands
+from experiments.running import commands
 from infra import lab as lab_mod
 from infra import network, vm
 from infra import run as runner

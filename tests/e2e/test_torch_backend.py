@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from experiments import fleet
+from experiments.running import fleet
 from infra.ssh import ssh_argv
 from tests.e2e.test_gloo import has_torch  # noqa: F401  (the fixture)
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from apps import ddp_train, sharded
-from experiments import scenario_docs
+from experiments.spec import scenarios
 from tests.torch.groups import environ, run_groups
 
 P = 3
@@ -39,8 +39,8 @@ def run(backend: str, hook: str, wrap: str = "ddp", **options) -> list[ddp_train
 
 
 def test_a_ddp_spec_names_the_hooks_and_wraps_the_app_takes() -> None:
-    assert scenario_docs.DDP_HOOKS == ddp_train.HOOKS
-    assert scenario_docs.WRAPS == sharded.SHARDED
+    assert scenarios.DDP_HOOKS == ddp_train.HOOKS
+    assert scenarios.WRAPS == sharded.SHARDED
 
 
 @pytest.mark.parametrize("hook", ddp_train.HOOKS)

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from experiments import beside, commands, fleet, runner, spec
+from experiments import spec
+from experiments.running import beside, commands, fleet, runner
 from infra.inventory import Inventory
 from tests.unit.test_runner_flow import HOSTS, cmds, make_runner, records, stops, summary
 from tests.unit.test_spec import GOOD

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from experiments.figure_style import size_text
+from experiments.readable import size_text
 from experiments.simulation import calibrate, validate
 from experiments.simulation import costs as costs_mod
 from tests.unit.calibrate_lab import (

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import fabfile
-from experiments import did_you_mean, spec_doc
 from experiments import spec as spec_mod
 from experiments.simulation import spec as sim_spec
+from experiments.spec import did_you_mean, document
 from tests.unit.readme_tables import missing_tests
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,9 +60,9 @@ def test_a_misspelled_spec_key_names_the_closest(tmp_path):
 
 
 def test_keys_are_looked_up_in_the_table_the_error_is_in():
-    assert "kill" in did_you_mean.keys_at(spec_doc.SpecDoc, ("elastic", "events", 0, "kil"))
-    assert "sizes" in did_you_mean.keys_at(spec_doc.SpecDoc, ("runs", 3, "sizs"))
-    assert did_you_mean.keys_at(spec_doc.SpecDoc, ("nowhere", "x")) == []
+    assert "kill" in did_you_mean.keys_at(document.SpecDoc, ("elastic", "events", 0, "kil"))
+    assert "sizes" in did_you_mean.keys_at(document.SpecDoc, ("runs", 3, "sizs"))
+    assert did_you_mean.keys_at(document.SpecDoc, ("nowhere", "x")) == []
     assert did_you_mean.hint("zzzz", ["sizes"]) == ""
 
 

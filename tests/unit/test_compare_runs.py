@@ -11,7 +11,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 import fabfile
-from experiments import compare_runs
+from experiments.report import compare_runs
 
 
 def record(case, app, transport, algorithm, size, round_, avg_us, status="ok"):

@@ -1,6 +1,6 @@
-"""The DDP scenario (a spec's [ddp] table, experiments/ddp.py) as far as the host goes: the
-job's command, what is read back from it, and what the report says of its records (the job
-itself runs on a lab with torch: tests/e2e/test_torch_backend.py)."""
+"""The DDP scenario (a spec's [ddp] table, experiments/running/ddp_scenario.py) as far as the
+host goes: the job's command, what is read back from it, and what the report says of its
+records (the job itself runs on a lab with torch: tests/e2e/test_torch_backend.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import json
 import shlex
 from pathlib import Path
 
-from experiments import ddp, ddp_report, report, spec
+from experiments import report, spec
+from experiments.report import ddp
+from experiments.running import ddp_scenario
 from infra.inventory import Host
 
 
@@ -43,7 +45,7 @@ def test_the_job_is_our_launcher_around_the_app_with_the_runs_id():
                                         "key": "/k", "known_hosts": "/kh"},
                   data_ip=f"10.0.0.{i}") for i in (1, 2, 3)]
     dd = spec.load("ddp").ddp
-    cmd = ddp.job_command(dd, hosts, "abc123", 4.0)
+    cmd = ddp_scenario.job_command(dd, hosts, "abc123", 4.0)
     words = shlex.split(cmd.replace("$HOME", "/home/lab"))
     assert words[0] == "RXELAB_RUN_ID=abc123"
     assert words[words.index("--hosts") + 1] == "10.0.0.1,10.0.0.2,10.0.0.3"
@@ -55,16 +57,16 @@ def test_only_rank_0s_json_lines_are_read_back():
     out = "\n".join(["[1] [INFO] noise", '[0] # round 1/3 rxelab: 2000 ms/step',
                      "[0] " + json.dumps(line("rxelab", 1, 2000)), "[0] {\"app\": \"ddp\", broken",
                      json.dumps(line("gloo", 1, 2600))])
-    got = ddp.parse(out)
+    got = ddp_scenario.parse(out)
     assert [g["variant"] for g in got] == ["rxelab", "gloo"]
 
 
 def test_ratios_are_marked_when_the_spreads_overlap():
     recs = records()
-    assert ddp_report.ratio(recs[0], recs) == (2000 / 2600, True)
-    r, apart = ddp_report.ratio(recs[4], recs)
+    assert ddp.ratio(recs[0], recs) == (2000 / 2600, True)
+    r, apart = ddp.ratio(recs[4], recs)
     assert round(r, 2) == 0.96 and not apart
-    lines = ddp_report.summary_lines(recs)
+    lines = ddp.summary_lines(recs)
     assert lines[0].startswith("DDP on 3 ranks, a model of 1.39 M parameters")
     assert "buckets of 1 MB: rxelab 0.77x of gloo; rxelab+fp16 1.02x (within spread) of gloo+fp16" in lines[1]
     assert "buckets of 25 MB: rxelab 0.96x (within spread) of gloo" in lines[2]
@@ -75,12 +77,12 @@ def test_a_bad_run_is_named():
     recs[0]["matches"] = False
     recs[2]["same_on_every_rank"] = False
     recs.append({"bucket_mb": 4, "status": "failed", "exit": 1, "error": "Traceback: boom"})
-    wrong = ddp_report.problems(recs)
+    wrong = ddp.problems(recs)
     assert wrong[0] == "rxelab at 1 MB: parameters do not match gloo's (max diff 1e-07)"
     assert wrong[1] == "rxelab+fp16 at 1 MB: parameters differ between ranks"
     assert wrong[2].startswith("buckets of 4 MB: the job failed (exit 1): Traceback: boom")
     skipped = [{"bucket_mb": 1, "status": "skipped", "error": "no torch on node1"}]
-    assert ddp_report.problems(skipped) == []
+    assert ddp.problems(skipped) == []
 
 
 def test_the_report_has_the_table_the_summary_and_the_plot(tmp_path: Path):
@@ -101,13 +103,13 @@ def test_fsdp_variants_are_asked_for_and_a_torch_without_them_is_a_skipped_row(m
     dd = {**spec.load("ddp").ddp, "wraps": ["fsdp", "fsdp2"]}
     hosts = [Host(name="node1", ssh={"host": "127.0.0.1", "port": 2221, "user": "lab", "key": "/k",
                                      "known_hosts": "/kh"}, data_ip="10.0.0.1")]
-    words = shlex.split(ddp.job_command(dd, hosts, "abc123", 4.0).replace("$HOME", "/home/lab"))
+    words = shlex.split(ddp_scenario.job_command(dd, hosts, "abc123", 4.0).replace("$HOME", "/home/lab"))
     assert words[words.index("--wraps") + 1] == "fsdp,fsdp2"
-    assert "--wraps" not in ddp.job_command({**dd, "wraps": []}, hosts, "abc123", 4.0)
-    assert "--wraps" not in ddp.job_command(dd, hosts, "abc123", 25.0, first=False), \
+    assert "--wraps" not in ddp_scenario.job_command({**dd, "wraps": []}, hosts, "abc123", 4.0)
+    assert "--wraps" not in ddp_scenario.job_command(dd, hosts, "abc123", 25.0, first=False), \
         "FSDP has no DDP bucket cap: its variants run in the first job only"
 
-    class Runner:  # what the scenario reads of experiments.runner's
+    class Runner:  # what the scenario reads of experiments.running.runner's
         spec = type("S", (), {"ddp": dd})()
         with_torch = {"node1"}
         run_id = "abc123"
@@ -130,19 +132,19 @@ def test_fsdp_variants_are_asked_for_and_a_torch_without_them_is_a_skipped_row(m
             return type("C", (), {"run": lambda self, *a, **k: result})()
 
     dd["bucket_mb"] = [4.0]
-    recs = list(ddp.Scenario(Runner()).run())
+    recs = list(ddp_scenario.Scenario(Runner()).run())
     assert [r["status"] for r in recs] == ["ok"] * 4 + ["skipped"], recs
     assert recs[-1]["variant"] == "rxelab+fsdp2" and "torch 2.6" in recs[-1]["error"]
     assert any("rxelab+fsdp2: not run: FSDP2" in x for x in Runner.said)
-    assert ddp_report.problems(recs) == []
-    _, rows = ddp_report.table(recs)
+    assert ddp.problems(recs) == []
+    _, rows = ddp.table(recs)
     # FSDP shards instead of bucketing: its rows have no cap, and stay out of the caps' plot
     assert rows[0][:2] == ["4 MB", "rxelab"]
     assert rows[2][:3] == ["-", "rxelab+fsdp", "2"] and rows[2][5] == "0.75x"
     assert rows[4][:4] == ["-", "rxelab+fsdp2", "-", "skipped"] and "torch 2.6" in rows[4][6]
-    lines = ddp_report.summary_lines(recs)
+    lines = ddp.summary_lines(recs)
     assert lines[1].startswith("buckets of 4 MB: rxelab 0.80x of gloo") and "fsdp" not in lines[1]
     assert lines[2] == "sharded (FSDP): rxelab+fsdp 0.75x of gloo+fsdp (time per step)", lines
     seen: list = []
-    monkeypatch.setattr(ddp_report.plots, "ddp_steps", lambda rs: seen.extend(rs) or b"png")
-    assert ddp_report.figure(recs) == b"png" and {r["variant"] for r in seen} == {"rxelab", "gloo"}
+    monkeypatch.setattr(ddp.plots, "ddp_steps", lambda rs: seen.extend(rs) or b"png")
+    assert ddp.figure(recs) == b"png" and {r["variant"] for r in seen} == {"rxelab", "gloo"}

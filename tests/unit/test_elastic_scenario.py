@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from experiments import elastic, elastic_report, report, spec
+from experiments import report, spec
+from experiments.report import elastic
+from experiments.running import elastic_scenario
 from infra.inventory import Host, RdmaEndpoint, SSHEndpoint
 
 HOSTS = [Host(f"node{i}", SSHEndpoint("127.0.0.1", 2220 + i), f"10.10.0.{10 + i}", RdmaEndpoint())
@@ -26,50 +28,50 @@ def test_the_shipped_scenario_kills_partitions_and_joins():
 
 
 def test_the_job_is_elastic_and_carries_the_run_id_and_the_secret_file():
-    cmd = elastic.job_command(EL, HOSTS, RUN, SECRET)
+    cmd = elastic_scenario.job_command(EL, HOSTS, RUN, SECRET)
     assert cmd.startswith(f"RXELAB_RUN_ID={RUN} ")
     assert "rxelab.launch --hosts 10.10.0.11,10.10.0.12,10.10.0.13 --port 29650" in cmd
     assert '--secret-file "$HOME"/rxelab/runs/0123456789ab/secret --elastic --per-host 2 --' in cmd
     assert "--kill 10:3" in cmd and "--admit-every 5" in cmd and "--join" not in cmd
     # the one newcomer is awaited at admit points: a short job cannot end before it came
     assert "--expect-newcomers 1 --admit-timeout 30" in cmd
-    alone = elastic.job_command({**EL, "events": [e for e in EL["events"] if "join" not in e]},
+    alone = elastic_scenario.job_command({**EL, "events": [e for e in EL["events"] if "join" not in e]},
                                 HOSTS, RUN, SECRET)
     assert "--expect-newcomers" not in alone and "--admit-timeout" not in alone
-    new = elastic.newcomer_command(EL, HOSTS[1], HOSTS[0], RUN, SECRET)
+    new = elastic_scenario.newcomer_command(EL, HOSTS[1], HOSTS[0], RUN, SECRET)
     assert "--hosts 10.10.0.12" in new and "--join --master 10.10.0.11" in new
     assert new.rstrip().endswith("--join --join-timeout 900")
-    mpi = elastic.mpi_command(EL, HOSTS, "10.10.0.0/24", RUN)
+    mpi = elastic_scenario.mpi_command(EL, HOSTS, "10.10.0.0/24", RUN)
     assert "mpirun -np 6 --host \"$(hostname)\":2,10.10.0.12:2,10.10.0.13:2" in mpi
     assert "--mpi" in mpi and "--kill 10:3" in mpi and "UCX_TLS=rc_v,self,sm" in mpi
 
 
 def test_the_secret_file_is_private_from_its_first_byte_and_never_on_a_command_line(tmp_path):
     path = tmp_path / "run dir" / "secret"
-    cmd = elastic.secret_command(str(path))
+    cmd = elastic_scenario.secret_command(str(path))
     subprocess.run(["sh", "-c", cmd], check=True, input="s3cret\nrest\n", text=True)
     assert path.read_text() == "s3cret\n" and path.stat().st_mode & 0o777 == 0o600
     assert "s3cret" not in cmd
 
 
 def test_heal_puts_back_the_addresses_it_found_and_waits_for_the_port():
-    cmd = elastic.heal_command(HOSTS[2], "ens7", ["10.10.0.13/24"])
+    cmd = elastic_scenario.heal_command(HOSTS[2], "ens7", ["10.10.0.13/24"])
     assert cmd.startswith("nd=ens7; ") and "gid_attrs" not in cmd, "named as found: no GID then"
     assert 'sudo -n ip link set dev "$nd" up' in cmd
     assert "sudo -n ip addr replace 10.10.0.13/24 dev \"$nd\"" in cmd
     assert "/sys/class/infiniband/rxe0/ports/1/state" in cmd and "ACTIVE" in cmd
-    cut = elastic.partition_command(HOSTS[2], RUN)
+    cut = elastic_scenario.partition_command(HOSTS[2], RUN)
     assert cut.endswith('sudo -n ip link set dev "$nd" down') and "SSH_CLIENT" in cut
     assert f"RXELAB_RUN_ID={RUN}-watchdog nohup sh -c" in cut, "a watchdog of its own id"
     assert "watchdog \"$nd\"" in cut and "dev $nd up" not in cut, "the name is an argument"
-    assert elastic.healed("port 4: ACTIVE\naddresses back\n")
-    assert not elastic.healed("port 4: ACTIVE\n"), "the addresses count too"
+    assert elastic_scenario.healed("port 4: ACTIVE\naddresses back\n")
+    assert not elastic_scenario.healed("port 4: ACTIVE\n"), "the addresses count too"
 
 
 def test_output_lines_are_parsed_with_the_launcher_prefix_and_stamped():
     text = ('[0] {"record": "elastic", "event": "step", "step": 3}\n# a comment\n'
             '[1] {"record": "stage"}\n[2] {broken\n{"record": "elastic", "event": "done"}\n')
-    got = elastic.parse(text, 12.5)
+    got = elastic_scenario.parse(text, 12.5)
     assert [e["event"] for e in got] == ["step", "done"] and all(e["arrived"] == 12.5 for e in got)
 
 
@@ -105,7 +107,7 @@ def scenario_records() -> list[dict]:
 
 
 def test_each_change_says_what_caused_it_and_what_it_cost():
-    rows = elastic_report.changes(scenario_records()[0])
+    rows = elastic.changes(scenario_records()[0])
     kill, cut, join = rows
     assert kill["kind"] == "kill" and kill["host_s"] == pytest.approx(1.5)
     assert kill["build_s"] == pytest.approx(0.35) and kill["detect_s"] == 0.8
@@ -113,11 +115,11 @@ def test_each_change_says_what_caused_it_and_what_it_cost():
     assert cut["kind"] == "partition" and cut["size"] == 3 and cut["host_s"] == pytest.approx(6.8)
     assert join["outcome"] == "admit to 4 ranks" and join["host_s"] == pytest.approx(0.9)
     assert join["agree_s"] is None and "detect_s" not in join, "nothing agreed: not 0.00"
-    before, after = elastic_report.step_times(scenario_records()[0])
+    before, after = elastic.step_times(scenario_records()[0])
     assert before == pytest.approx(0.1) and after == pytest.approx(0.12)
-    mpi = elastic_report.mpi_outcome(scenario_records()[1])
+    mpi = elastic.mpi_outcome(scenario_records()[1])
     assert mpi == {"exit": 137, "steps_done": 10, "abort_s": pytest.approx(1.5)}
-    assert elastic_report.problems(scenario_records()) == []
+    assert elastic.problems(scenario_records()) == []
 
 
 def test_two_causes_never_claim_one_change_and_a_timed_out_mpi_is_not_an_abort():
@@ -125,29 +127,29 @@ def test_two_causes_never_claim_one_change_and_a_timed_out_mpi_is_not_an_abort()
     # a second kill right after the first: the shrink that followed goes to the first only
     twice = {**rx, "events": [*rx["events"], {"event": "dying", "id": 5, "step": 10,
                                              "arrived": 1010.5}]}
-    rows = elastic_report.changes(twice)
+    rows = elastic.changes(twice)
     claimed = [r["done"] for r in rows if "done" in r]
     assert len(claimed) == len(set(claimed)) == 3, "each change once"
     assert rows[0]["who"] == "rank 3" and rows[0]["size"] == 5
     late = {**mpi, "exit": "timeout"}
-    line = elastic_report.summary_lines([late])[0]
+    line = elastic.summary_lines([late])[0]
     assert "did not end by its deadline" in line and "after the kill" not in line
     finished = {**mpi, "exit": 0, "events": [e for e in mpi["events"] if e["event"] != "dying"]}
-    assert "ended (exit 0)" in elastic_report.summary_lines([finished])[0]
+    assert "ended (exit 0)" in elastic.summary_lines([finished])[0]
 
 
 def test_a_bad_run_is_named():
     rx, mpi = scenario_records()
     differ = {**rx, "events": [*rx["events"], {"event": "done", "params": "xyz", "arrived": 1}]}
-    assert elastic_report.problems([differ]) == ["rxelab: the survivors' parameters differ"]
+    assert elastic.problems([differ]) == ["rxelab: the survivors' parameters differ"]
     wrong = {**mpi, "events": [{"event": "wrong", "error": "step 3: 1 != 2"}]}
-    assert elastic_report.problems([wrong]) == ["mpi-ucx: step 3: 1 != 2"]
+    assert elastic.problems([wrong]) == ["mpi-ucx: step 3: 1 != 2"]
     failed = {**rx, "exit": 3}
-    assert "ended with 3" in elastic_report.problems([failed])[0]
+    assert "ended with 3" in elastic.problems([failed])[0]
     uncut = {**rx, "actions": [{**rx["actions"][0], "ok": False, "error": "sudo: a password"}]}
-    assert "the partition of node3 did not happen: sudo" in elastic_report.problems([uncut])[0]
+    assert "the partition of node3 did not happen: sudo" in elastic.problems([uncut])[0]
     lost = {**rx, "newcomers": [{"exit": 143, "tail": "never admitted"}]}
-    assert "a newcomer ended with 143" in elastic_report.problems([lost])[0]
+    assert "a newcomer ended with 143" in elastic.problems([lost])[0]
 
 
 def test_the_report_has_the_table_the_summary_and_the_plot(tmp_path: Path):

@@ -4,7 +4,8 @@ wherever a reader meets it, and numbers read as a person would write them."""
 import matplotlib.pyplot as plt
 import pytest
 
-from experiments import figure_style as fs
+from experiments import readable
+from experiments.report import figure_style as fs
 
 
 def test_colours_are_fixed_per_series_and_each_contender_has_its_own_family():
@@ -30,13 +31,13 @@ def test_colours_are_fixed_per_series_and_each_contender_has_its_own_family():
                                      (1536, "1.5 KiB"), (65536, "64 KiB"), (1 << 20, "1 MiB"),
                                      (3 << 30, "3 GiB")])
 def test_sizes_read_in_binary_units(n, text):
-    assert fs.size_text(n) == text
+    assert readable.size_text(n) == text
 
 
 @pytest.mark.parametrize("us, text", [(123.4, "0.123"), (1234.0, "1.23"), (24567.0, "24.6"),
                                       (420000.0, "420"), (None, "-"), (float("nan"), "-")])
 def test_times_read_in_ms_with_three_figures(us, text):
-    assert fs.ms_text(us) == text
+    assert readable.ms_text(us) == text
 
 
 def test_a_size_axis_is_log2_and_labelled_in_binary_units():

@@ -15,7 +15,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from experiments import deploy, fleet
+from experiments.running import deploy, fleet
 from infra.inventory import Host, RdmaEndpoint, SSHEndpoint
 from infra.ssh import ssh_argv
 

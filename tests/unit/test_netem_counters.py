@@ -2,7 +2,8 @@
 
 import pytest
 
-from experiments import counters, netem
+from experiments.running import counters
+from experiments.spec import netem
 from infra.inventory import Host, RdmaEndpoint, SSHEndpoint
 
 

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from experiments import progress
+from experiments.running import progress
 
 CASE = {"app": "rxelab", "op": "alltoall", "algorithm": "pairwise", "nodes": 3,
         "size": 65536, "stages": 50, "tight": True, "transport": "tcp"}

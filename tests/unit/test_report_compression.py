@@ -39,7 +39,7 @@ def test_no_compression_table_without_coded_cases(results):
 
 
 def test_compression_figures_that_are_not_numbers_show_as_a_dash(results):
-    from experiments import compression_report
+    from experiments.report import compression
     row = {"op": "allreduce", "algorithm": "ring", "nodes": 3, "size": 8, "data": "sparse",
            "network": "none", "mode": "stages", "app": "rxelab", "status": "ok", "avg_us": 10.0,
            "wire_per_call": None}
@@ -47,5 +47,5 @@ def test_compression_figures_that_are_not_numbers_show_as_a_dash(results):
              "codec_ms_per_MiB": None},
             {**row, "contender": "rxelab-zstd", "compression": "zstd", "ratio": "<b>",
              "codec_ms_per_MiB": True}]
-    table = compression_report.table(rows)
+    table = compression.table(rows)
     assert table[1][7:10] == ["-", "-", "-"] and table[1][6] == "1.00x"

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from experiments import report, run_facts
+from experiments import report
+from experiments.report import run_facts
 from tests.unit.report_helpers import results_fixture  # noqa: F401 (the fixture: results)
 
 

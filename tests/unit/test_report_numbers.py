@@ -104,7 +104,7 @@ def test_a_case_beside_busy_nodes_reads_apart_from_the_same_case_alone(results):
     """The calibration's exchange beside a busy node is the same op, algorithm, nodes and
     size as the exchange alone: its row, the seed's table and its progress line say what it
     ran beside, so the two never read as one case measured twice."""
-    from experiments import caselog
+    from experiments.running import caselog
     records = report.load(results)[1]
     first = next(r for r in records if r["app"] == "rxelab")
     loaded = {**json.loads(json.dumps(first)), "case": 999, "busy_neighbours": 1,

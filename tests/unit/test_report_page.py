@@ -6,7 +6,8 @@ figures) appear when they do; an incomplete run says so."""
 import json
 import re
 
-from experiments import report, run_facts
+from experiments import report
+from experiments.report import run_facts
 from tests.unit.report_helpers import results_fixture  # noqa: F401 (the fixture: results)
 
 

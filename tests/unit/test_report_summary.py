@@ -2,7 +2,8 @@
 every failure, compares back-to-back rows apart from stage rows, speaks once for an impaired
 case run in rounds, and does not count cases that were not run as failures."""
 
-from experiments import report, report_summary
+from experiments import report
+from experiments.report import summary
 from tests.unit.report_helpers import results_fixture  # noqa: F401 (the fixture: results)
 
 
@@ -38,7 +39,7 @@ def test_an_impaired_case_run_in_rounds_speaks_once_against_its_own_kind_of_clea
                                   "avg_stage_us": base["summary"]["avg_stage_us"] * factor}})
     recs = [clean, fast, *lossy]
     flat = report.medians(report.rows(recs))
-    lines = [x for x in report_summary.loss_lines(flat, recs) if x.startswith("Under impairment")]
+    lines = [x for x in summary.loss_lines(flat, recs) if x.startswith("Under impairment")]
     assert len(lines) == 1 and lines[0].count("loss 1%") == 1, lines
     assert "loss 1%: 3.0x its clean time" in lines[0], "the median round over the stage-by-stage clean run"
 

@@ -4,7 +4,7 @@ tables that mark the fastest and whatever is inside its spread; the run's consta
 
 import pytest
 
-from experiments import report_summary, report_view
+from experiments.report import summary, view
 
 
 def row(contender, algorithm, size, ms, lo=None, hi=None, rounds=3, **kw):
@@ -24,7 +24,7 @@ RUN = [row("rxelab", "pairwise", 1024, 10, 9, 11), row("rxelab", "parallel", 102
 
 
 def test_the_headline_ratio_is_the_best_rxelab_over_each_rival_judged_by_the_spread():
-    [h] = report_view.headlines(RUN, set())
+    [h] = view.headlines(RUN, set())
     assert h.best == "pairwise at 1 KiB; parallel at 1 MiB"
     [ucx] = h.rivals
     assert ucx.name == "mpi-ucx" and ucx.sizes == 2
@@ -38,25 +38,25 @@ def test_the_headline_ratio_is_the_best_rxelab_over_each_rival_judged_by_the_spr
 
 def test_a_loss_beyond_the_spread_is_called_slower():
     run = [row("rxelab", "pairwise", 1024, 30, 29, 31), row("mpi-tcp", "mpi-default", 1024, 10, 9, 11)]
-    [h] = report_view.headlines(run, set())
+    [h] = view.headlines(run, set())
     assert (h.rivals[0].faster, h.rivals[0].slower) == (0, 1)
     words = h.rivals[0].words
     assert "slower beyond the rounds' spread at 1 of 1" in words and "at 1 KiB" in words
 
 
 def test_without_a_rival_the_headline_sets_the_algorithms_against_each_other():
-    [h] = report_view.headlines([r for r in RUN if r["contender"] == "rxelab"], set())
+    [h] = view.headlines([r for r in RUN if r["contender"] == "rxelab"], set())
     assert not h.rivals
     assert "1 KiB: pairwise 1.20x faster than parallel" in h.words
     assert "1 MiB: parallel 1.25x faster than pairwise (inside the spread)" in h.words
 
 
 def test_an_impaired_setting_gets_no_headline():
-    assert report_view.headlines([{**r, "network": "loss 1%"} for r in RUN], set()) == []
+    assert view.headlines([{**r, "network": "loss 1%"} for r in RUN], set()) == []
 
 
 def test_the_compact_table_marks_the_fastest_and_what_is_inside_its_spread():
-    [t] = report_view.compact(RUN, set())
+    [t] = view.compact(RUN, set())
     assert t.series == ["rxelab pairwise", "rxelab parallel", "mpi-ucx mpi-default"]
     (s1, small), (s2, big) = t.rows
     assert (s1, s2) == ("1 KiB", "1 MiB"), "sizes in order, in binary units"
@@ -67,11 +67,11 @@ def test_the_compact_table_marks_the_fastest_and_what_is_inside_its_spread():
 
 
 def test_constants_are_said_once_and_the_full_table_drops_them_and_empty_columns():
-    shared = report_view.constants(RUN)
+    shared = view.constants(RUN)
     heads = {h for _, h, _ in shared}
     assert {"op", "nodes", "RoCE MTU", "network", "rounds"} <= heads
     assert "pairs at once" not in heads, "a column empty everywhere is not a constant"
-    head, rows = report_view.full_table(RUN, heads)
+    head, rows = view.full_table(RUN, heads)
     assert head[:4] == ["contender", "algorithm", "size", "ms per call"]
     assert "pairs at once" not in head and "rxe pkts" not in head
     assert rows[0][:5] == ["rxelab", "pairwise", "1 KiB", "10.0", "9.00-11.0"]
@@ -82,7 +82,7 @@ def test_the_summary_orders_sizes_as_numbers_and_marks_a_ratio_inside_the_spread
         [row("mpi-ucx", "mpi-default", s, 20, 15, 25) for s in (1 << 20, 1024, 16384, 65536)]
     records = [{"status": "ok", "app": "rxelab", "transport": "tcp", "case": 0, "op": "alltoall",
                 "algorithm": "pairwise"}]
-    lines = report_summary.summary_lines(run, records, [])
+    lines = summary.summary_lines(run, records, [])
     sizes = [x.split(", ")[2] for x in lines if "fastest" in x]
     assert sizes == ["1 KiB per peer", "16 KiB per peer", "64 KiB per peer", "1 MiB per peer"]
     assert all("0.50x mpi-ucx's time (inside the rounds' spread)" in x for x in lines if "fastest" in x)
@@ -90,7 +90,7 @@ def test_the_summary_orders_sizes_as_numbers_and_marks_a_ratio_inside_the_spread
 
 def test_a_variant_of_rxelab_is_ours_not_a_rival():
     run = RUN + [row("rxelab-eager0", "parallel", 1024, 8, 7.5, 8.5)]
-    [h] = report_view.headlines(run, set())
+    [h] = view.headlines(run, set())
     assert [r.name for r in h.rivals] == ["mpi-ucx"]
     assert h.best.startswith("rxelab-eager0 parallel at 1 KiB")
 
@@ -98,14 +98,14 @@ def test_a_variant_of_rxelab_is_ours_not_a_rival():
 def test_a_round_that_took_no_time_is_left_out_of_the_headline_not_a_crash():
     run = [{**r, "round_min_us": 0.0} if r["contender"] == "mpi-ucx" and r["size"] == 1024 else r
            for r in RUN]
-    [h] = report_view.headlines(run, set())
+    [h] = view.headlines(run, set())
     assert h.rivals[0].sizes == 1, "only 1 MiB compared"
 
 
 def test_a_size_run_once_on_one_side_is_not_judged_by_a_spread_it_does_not_have():
     run = [{**r, "rounds": 1} if r["contender"] == "mpi-ucx" and r["size"] == 1024 else r
            for r in RUN]
-    [ucx] = report_view.headlines(run, set())[0].rivals
+    [ucx] = view.headlines(run, set())[0].rivals
     assert (ucx.faster, ucx.slower) == (0, 0)
     assert "one round, not judged, at 1 of 2" in ucx.words
     assert "inside the rounds' spread (no real difference) at 1 of 2" in ucx.words
@@ -114,7 +114,7 @@ def test_a_size_run_once_on_one_side_is_not_judged_by_a_spread_it_does_not_have(
 def test_settings_are_in_numeric_order_and_a_varying_mode_is_in_the_title():
     run = [{**r, "nodes": n} for n in (16, 2, 4) for r in RUN[:1]] + \
         [{**r, "mode": "stages"} for r in RUN[:1]]
-    shared = {k for k, _, _ in report_view.constants(run)}
-    titles = [t.title for t in report_view.compact(run, shared)]
+    shared = {k for k, _, _ in view.constants(run)}
+    titles = [t.title for t in view.compact(run, shared)]
     assert titles == ["alltoall, 2 nodes, back to back", "alltoall, 3 nodes, as stages",
                       "alltoall, 4 nodes, back to back", "alltoall, 16 nodes, back to back"]

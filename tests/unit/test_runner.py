@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from experiments import commands, netem
 from experiments.report import bandwidth, peak_to_mean
+from experiments.running import commands
+from experiments.spec import netem
 from infra.inventory import Host, RdmaEndpoint, SSHEndpoint
 
 HOSTS = [Host(f"node{i}", SSHEndpoint("127.0.0.1", 2220 + i), f"10.10.0.{10 + i}", RdmaEndpoint())
@@ -160,7 +161,7 @@ def test_peak_to_mean_of_load_samples():
 
 
 def test_unreachable_hosts_are_named_not_a_traceback():
-    from experiments import deploy, fleet
+    from experiments.running import deploy, fleet
     from infra.inventory import Inventory
 
     dead = Host("ghost", SSHEndpoint("127.0.0.1", 1, "lab"), "10.10.0.99", RdmaEndpoint())
@@ -264,14 +265,14 @@ def test_every_deadline_of_a_case_kills_what_ignores_its_term():
     import subprocess
     import time
 
-    from experiments import elastic
+    from experiments.running import elastic_scenario
     from tests.unit.test_elastic_scenario import EL
 
     mpi = {**CASE, "app": "mpi", "algorithm": "mpi-default", "transport": "tcp"}
     perf = {**CASE, "app": "perftest", "algorithm": "ib_write_bw", "nodes": 2}
     built = [commands.mpi_command(mpi, HOSTS, "10.10.0.0/24", RUN),
              commands.perftest_command(perf, HOSTS[0], RUN),
-             elastic.mpi_command(EL, HOSTS, "10.10.0.0/24", RUN)]
+             elastic_scenario.mpi_command(EL, HOSTS, "10.10.0.0/24", RUN)]
     for cmd in built:
         wrapper = re.search(r"\btimeout -k (\d+) (\d+) ", cmd)
         assert wrapper is not None and int(wrapper[1]) == commands.KILL_AFTER_S, cmd

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 from invoke.exceptions import CommandTimedOut
 
-from experiments import fleet, runner, spec
+from experiments import spec
+from experiments.running import fleet, runner
 from infra.inventory import Host, Inventory, RdmaEndpoint, SSHEndpoint
 
 HOSTS = tuple(Host(f"node{i}", SSHEndpoint("127.0.0.1", 2220 + i), f"10.10.0.{10 + i}",
@@ -55,7 +56,7 @@ class FakeConnection:
             if self.host.name in self.nodes.loop_fails:
                 return SimpleNamespace(stdout="", stderr="the loop ended at once", exited=1)
             return SimpleNamespace(stdout="loop 4242\n", stderr="", exited=0)
-        if "ping -c" in cmd:  # experiments.datapath's probe, run on the case's first node
+        if "ping -c" in cmd:  # experiments.running.datapath's probe, run on the case's first node
             out = "".join(f"unreachable {h.name}\n" for h in HOSTS
                           if h.name in self.nodes.unreachable and f" {h.data_ip} " in cmd)
             return SimpleNamespace(stdout=out, stderr="", exited=0)

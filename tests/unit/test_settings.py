@@ -162,7 +162,7 @@ def test_the_mtu_range_and_default_have_one_source(tmp_path):
 
 
 def test_the_spec_format_says_the_tables_mtu_range():
-    """experiments/spec.py's description of the format names the range the check takes from
+    """experiments/spec/__init__.py's description of the format names the range the check takes from
     the table (a description is not a check, but it must not drift either)."""
     from experiments import spec
 

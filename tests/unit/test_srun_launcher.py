@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import commands, fleet, runner, spec, srun
+from experiments import spec
+from experiments.running import commands, fleet, runner, srun
 from infra.inventory import Host, Inventory, RdmaEndpoint, SSHEndpoint
 from tests.unit.test_runner_flow import HOSTS, cmds, make_runner, records, summary
 
@@ -301,7 +302,7 @@ def test_a_host_of_another_cluster_keeps_its_own_rdma_device_under_srun(tmp_path
 
 
 def test_the_report_states_the_launcher(tmp_path):
-    from experiments import run_facts
+    from experiments.report import run_facts
 
     assert any(x.startswith("launcher: srun (Slurm started every rank")
                for x in run_facts.facts({"launcher": "srun"}, tmp_path))

@@ -78,13 +78,14 @@ def test_the_benchmark_measures_it_and_the_nonblocking_variant_runs(shift):
 
 
 def test_specs_and_the_report_read_it(shift):
-    from experiments import report, report_summary, spec
+    from experiments import report, spec
+    from experiments.report import summary
 
     s = spec.parse({"name": "t", "runs": [{"app": "rxelab", "op": "shift", "sizes": [8]}]})
     assert [c["algorithm"] for c in s.cases()] == ["direct"]
     with pytest.raises(spec.SpecError, match="no MPI counterpart"):
         spec.parse({"name": "t", "runs": [{"app": "mpi", "op": "shift", "sizes": [8]}]})
-    assert report_summary.size_unit("shift") == "per peer"
+    assert summary.size_unit("shift") == "per peer"
     assert report.bandwidth(1_000_000, 3, 1.0, "shift") == (1.0, 1.0)
 
 
@@ -283,7 +284,8 @@ def test_the_gloo_counterpart_is_called_as_its_adapter_says(gather, monkeypatch,
 
 
 def test_specs_and_the_report_read_the_rooted_one(gather):
-    from experiments import report, report_summary, spec
+    from experiments import report, spec
+    from experiments.report import summary
 
     s = spec.parse({"name": "t", "runs": [
         {"app": "rxelab", "op": "gather", "sizes": [8]},
@@ -294,5 +296,5 @@ def test_specs_and_the_report_read_the_rooted_one(gather):
     with pytest.raises(spec.SpecError, match="only rxelab's sequential"):
         spec.parse({"name": "t", "runs": [{"app": "rxelab", "op": "gather", "sizes": [8],
                                            "pairs": [2]}]})
-    assert report_summary.size_unit("gather") == "per rank"
+    assert summary.size_unit("gather") == "per rank"
     assert report.bandwidth(1_000_000, 4, 1.0, "gather") == (4.0, 3.0)

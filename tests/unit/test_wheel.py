@@ -25,7 +25,7 @@ FAKEVERBS = REPO / "tests" / "fakeverbs"
 def wheel(tmp_path_factory) -> Path:
     """`pip wheel lib/`, as fab deploy runs it (on a copy of lib/: no build files left in the
     checkout)."""
-    from experiments import deploy
+    from experiments.running import deploy
 
     found = deploy.build_wheel(tmp_path_factory.mktemp("dist"))
     assert not (REPO / "lib" / "build").exists(), "the build wrote into the checkout"
@@ -128,7 +128,7 @@ def test_deploys_own_steps_install_the_wheel_and_say_its_version(tmp_path):
     """What `fab deploy` runs on a node, run here in a home of its own: the bundle unpacked,
     the venv made (seeing the system's packages), the wheel installed offline, and the check
     reads the installed version back (before, a quoting slip made it say "not installed")."""
-    from experiments import deploy, fleet
+    from experiments.running import deploy, fleet
 
     data, digest = deploy.bundle()
     home = tmp_path / "home"

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments import plots
+from experiments.report import plots
 
 Record = dict[str, Any]
 HEAD = ["bucket cap", "variant", "buckets", "ms/step (min-max)", "ms per bucket",

@@ -1,8 +1,8 @@
-"""How every figure and table of rxelab's reports (a lab run's and a simulation's) writes sizes,
-times and colours, kept in one place so that a series looks the same wherever a reader meets
-it: sizes as 1 KiB ... 1 MiB on a log2 axis, times in ms, one colour family per contender
-(rxelab's algorithms in colour, MPI over UCX in black, MPI over TCP in grey, Gloo in brown),
-legends beside the data, PNGs at 150 dpi."""
+"""How every figure and table of rxelab's reports (a lab run's and a simulation's) writes
+sizes, times (experiments/readable.py) and colours, kept in one place so that a series looks the
+same wherever a reader meets it: sizes as 1 KiB ... 1 MiB on a log2 axis, times in ms, one
+colour family per contender (rxelab's algorithms in colour, MPI over UCX in black, MPI over TCP
+in grey, Gloo in brown), legends beside the data, PNGs at 150 dpi."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+from experiments.readable import size_text
 
 DPI = 150
 # rxelab's algorithms, each its own colour (tab10 without its grey and brown, then Dark2)
@@ -29,27 +31,6 @@ FAMILIES = {  # contender: its colours, darkest first, one per algorithm in MPI_
 FAMILIES["smpi"] = FAMILIES["mpi-ucx"]  # SMPI's copies of MPI's algorithms, in the simulation
 LINESTYLE = {"rxelab": "-", "mpi-ucx": "--", "smpi": "--", "mpi-tcp": ":", "gloo": "-.",
              "pyverbs": (0, (1, 1))}  # the hand loop (rxelab.handloop): the floor, dotted fine
-
-
-def size_text(n: float) -> str:
-    """Bytes as a person reads them: 1 KiB, 64 KiB, 1 MiB, 1.5 KiB, 1.001 KiB, 1023 KiB, 100 B."""
-    n = int(n)
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            value = n / (1 << shift)
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.4g} {unit}"
-    return f"{n} B"
-
-
-def ms_text(us: float | None) -> str:
-    """Microseconds as milliseconds with three significant figures (1.23, 12.3, 123, 1234)."""
-    if us is None or not math.isfinite(us):
-        return "-"
-    ms = us / 1e3
-    for limit, digits in ((99.95, 0), (9.995, 1), (0.9995, 2)):
-        if abs(ms) >= limit:
-            return f"{ms:.{digits}f}"
-    return f"{ms:.3g}"
 
 
 def colour(algorithm: str, contender: str = "rxelab") -> Any:

@@ -16,8 +16,8 @@ import re
 import shlex
 from typing import Any
 
-from experiments import commands
-from experiments.commands import case_timeout, started_by
+from experiments.running import commands
+from experiments.running.commands import case_timeout, started_by
 from infra.inventory import Host
 
 JOB_PREFIX = "rxelab-"

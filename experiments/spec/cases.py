@@ -1,4 +1,4 @@
-"""A checked experiment spec (experiments/spec.py makes one from its file) and the cases it
+"""A checked experiment spec (experiments/spec/__init__.py makes one from its file) and the cases it
 expands to, each one measurement's settings; who ran a case and with how many ranks."""
 
 from dataclasses import dataclass
@@ -57,7 +57,7 @@ class Spec:
     rounds: int = 1
     elastic: dict[str, Any] | None = None  # the elastic scenario, instead of runs
     launcher: str = "ssh"  # how the cases' ranks start (LAUNCHERS)
-    ddp: dict[str, Any] | None = None  # the DDP scenario (experiments/ddp.py), instead of runs
+    ddp: dict[str, Any] | None = None  # the DDP scenario (running/ddp_scenario.py), instead of runs
 
     def cases(self) -> list[dict[str, Any]]:
         return [c for r in self.runs for c in r.cases()]

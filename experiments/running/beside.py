@@ -11,8 +11,8 @@ import shlex
 import time
 from typing import Any
 
-from experiments import commands, fleet
-from experiments.caselog import tail
+from experiments.running import commands, fleet
+from experiments.running.caselog import tail
 from infra.inventory import Host
 
 LOOP = "while :; do :; done"  # a shell's busy loop: all of a CPU, no memory, no I/O

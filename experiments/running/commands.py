@@ -20,7 +20,8 @@ from typing import Any
 from rxelab import ops, perftest
 from rxelab import settings as library
 
-from experiments import counters, fleet, netem
+from experiments.running import counters, fleet
+from experiments.spec import netem
 from infra import rdmaport
 from infra.inventory import Host
 

@@ -1,6 +1,6 @@
 """The nodes, as Fabric sees them: connections built from any inventory (host keys checked
 against its known_hosts), where a deploy put things on a node, and long remote commands that
-Ctrl-C can stop. The deploy itself is experiments/deploy.py.
+Ctrl-C can stop. The deploy itself is experiments/running/deploy.py.
 
 Nothing here hangs: connections have connect, banner and authentication timeouts (generous: a
 busy TCG guest takes seconds of its CPU for one login), commands a deadline.

@@ -1,12 +1,12 @@
 """The scenarios a spec may hold instead of [[runs]]: an [elastic] table (ranks killed, nodes
-cut off and joining while a job goes on, experiments/elastic.py) and a [ddp] table
-(apps/ddp_train.py once per bucket size, experiments/ddp.py)."""
+cut off and joining while a job goes on, experiments/running/elastic_scenario.py) and a [ddp] table
+(apps/ddp_train.py once per bucket size, experiments/running/ddp_scenario.py)."""
 
 from typing import Annotated, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from experiments.spec_fields import BOUNDS, MAX_NODES, MAX_RANKS, Strict, bad, span
+from experiments.spec.fields import BOUNDS, MAX_NODES, MAX_RANKS, Strict, bad, span
 
 
 class Event(Strict):
@@ -84,7 +84,7 @@ WRAPS: tuple[str, ...] = get_args(Wrap)
 
 
 class DdpDoc(Strict):
-    """apps/ddp_train.py on the nodes, once per bucket size (experiments/ddp.py)."""
+    """apps/ddp_train.py on the nodes, once per bucket size (experiments/running/ddp_scenario.py)."""
 
     nodes: Annotated[int, span(2, MAX_NODES)] = 3
     width: Annotated[int, span(16, 8192)] = 768

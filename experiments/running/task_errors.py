@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 import paramiko
 from invoke.exceptions import CommandTimedOut, Exit, Failure, UnexpectedExit
 
-from experiments.deploy import STALL_SETTING
-from experiments.fleet import FleetError
+from experiments.running.deploy import STALL_SETTING
+from experiments.running.fleet import FleetError
+from experiments.running.watched import Stalled
 from experiments.spec import SpecError
-from experiments.watched import Stalled
 from infra.errors import LabError
 
 EXPECTED = (LabError, FleetError, SpecError, Stalled, Failure, paramiko.SSHException, EOFError,

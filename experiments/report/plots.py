@@ -1,4 +1,4 @@
-"""The report's figures, from its flat rows (experiments/report.py) and the raw records: each
+"""The report's figures, from its flat rows (experiments/report/__init__.py) and the raw records: each
 function returns PNG bytes, or nothing when the run has no data for that figure.
 
 A reader looks at pictures first, so each answers one question: how latency and bandwidth
@@ -15,10 +15,11 @@ from typing import Any
 import matplotlib.pyplot as plt
 from rxelab import ops
 
-from experiments.figure_style import legend_outside, plain_log, png, size_axis, size_text
-from experiments.figure_style import style as series_style
-from experiments.report_summary import load_moved
-from experiments.report_view import spread
+from experiments.readable import size_text
+from experiments.report.figure_style import legend_outside, plain_log, png, size_axis
+from experiments.report.figure_style import style as series_style
+from experiments.report.summary import load_moved
+from experiments.report.view import spread
 
 Row = dict[str, Any]
 

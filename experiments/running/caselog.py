@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments import counters, netem
-from experiments.figure_style import ms_text, size_text
-from experiments.spec import contender
+from experiments.readable import ms_text, size_text
+from experiments.running import counters
+from experiments.spec import contender, netem
 
 
 def label(case: dict[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """An experiment spec's vocabulary (apps, ops, tools, transports, launchers, the library's
 options) and its ranges, and the pydantic constraints its models build fields from
-(experiments/spec_doc.py, experiments/scenario_docs.py): each field's description is the
+(experiments/spec/document.py, experiments/spec/scenarios.py): each field's description is the
 message for any problem with its value, so every range is said once, here."""
 
 import reprlib
@@ -12,7 +12,7 @@ from rxelab import codecs, ops
 from rxelab import settings as library
 from rxelab.bench import HAND_LOOP, HAND_OPS
 
-from experiments import netem
+from experiments.spec import netem
 from infra import settings as lab_settings
 
 App = Literal["rxelab", "mpi", "gloo", "perftest"]

@@ -1,7 +1,7 @@
-"""An experiment spec's document as written (experiments/spec.py describes the format): the
+"""An experiment spec's document as written (experiments/spec/__init__.py describes the format): the
 pydantic models that check a TOML document, a [[runs]] table's fields and the spec around
-them; the vocabulary and ranges they use are experiments/spec_fields.py's, the scenarios
-experiments/scenario_docs.py's.
+them; the vocabulary and ranges they use are experiments/spec/fields.py's, the scenarios
+experiments/spec/scenarios.py's.
 
 A field's description is the message for any problem with its value; the cross-field rules
 raise their own (bad). Either way experiments.spec's SpecError names the field."""
@@ -21,8 +21,7 @@ from rxelab import codecs, ops
 from rxelab import settings as library
 from rxelab.bench import HAND_LOOP, HAND_MAX
 
-from experiments.scenario_docs import DdpDoc, ElasticDoc
-from experiments.spec_fields import (
+from experiments.spec.fields import (
     APPS,
     LAUNCHERS,
     LOSSY_OPS,
@@ -51,6 +50,7 @@ from experiments.spec_fields import (
     wholes,
     within,
 )
+from experiments.spec.scenarios import DdpDoc, ElasticDoc
 
 
 class RunFields(Strict):

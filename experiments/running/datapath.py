@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from experiments.fleet import FleetError
+from experiments.running.fleet import FleetError
 from infra.inventory import Host
 
 AFTER = ("failed", "timeout")  # the statuses after which the path is looked at

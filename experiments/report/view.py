@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from experiments.figure_style import ms_text, size_text
+from experiments.readable import ms_text, size_text
 
 Row = dict[str, Any]
 # what one compact table shares (its cases differ only in contender, algorithm and size)

@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from experiments import caselog
+from experiments.running import caselog
 
 Step = tuple[int, int, dict[str, Any]]  # (round, case index, case)
 

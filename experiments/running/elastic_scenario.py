@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from experiments import commands, fleet
-from experiments.commands import RUN_ID, remote_word, started_by
+from experiments.running import commands, fleet
+from experiments.running.commands import RUN_ID, remote_word, started_by
 from infra import rdmaport
 from infra.inventory import Host
 

@@ -28,10 +28,20 @@ from typing import Any
 from invoke.exceptions import CommandTimedOut
 
 from apps.stages import parse_output
-from experiments import beside, caselog, commands, counters, datapath, ddp, elastic, fleet, netem, srun
-from experiments import progress as progress_mod
-from experiments.commands import TIMED_OUT, case_timeout
-from experiments.spec import LAUNCHERS, SPECS, Spec, launcher_problem
+from experiments.running import (
+    beside,
+    caselog,
+    commands,
+    counters,
+    datapath,
+    ddp_scenario,
+    elastic_scenario,
+    fleet,
+    srun,
+)
+from experiments.running import progress as progress_mod
+from experiments.running.commands import TIMED_OUT, case_timeout
+from experiments.spec import LAUNCHERS, SPECS, Spec, launcher_problem, netem
 from infra.inventory import Host, Inventory
 
 NOT_RDMA = "moved no packets over the RDMA device: this run did not use RDMA"
@@ -103,7 +113,8 @@ class Runner:
                          **({"slurm_nodes": dict(self.slurm_nodes)} if self.slurm_nodes else {}))
             with open(self.dir / "records.jsonl", "x") as records, \
                     open(self.dir / "load.jsonl", "x") as loads:
-                for name, scenario in (("elastic", elastic.Scenario), ("ddp", ddp.Scenario)):
+                scenarios = (("elastic", elastic_scenario.Scenario), ("ddp", ddp_scenario.Scenario))
+                for name, scenario in scenarios:
                     if getattr(self.spec, name) is not None:
                         with open(self.dir / f"{name}.jsonl", "x") as out:
                             for record in scenario(self).run():
@@ -218,21 +229,21 @@ class Runner:
             restore = commands.restore_command(h, self.original_mtu.get(h.name), self.run_id,
                                                h.name in self.netem_on)
             if h.name in self.links_down:  # first: the NIC we took down comes back up
-                restore = (f"{elastic.heal_command(h, self.netdevs[h.name], self.links_down[h.name])}"
-                           f"; {restore}")
+                heal = elastic_scenario.heal_command(h, self.netdevs[h.name], self.links_down[h.name])
+                restore = f"{heal}; {restore}"
             ids = (self.run_id, beside.load_id(self.run_id), beside.loop_id(self.run_id),
-                   elastic.watchdog_id(self.run_id))
+                   elastic_scenario.watchdog_id(self.run_id))
             cancel = f"{srun.cancel_command(self.run_id)}; " if self._slurm_head(h) else ""
             return (f"{cancel}{commands.stop_command(*ids)}; {restore}; "
                     f"rm -rf {self.remote_dir}")
-        results = self._on_hosts(self.hosts, undo, timeout=60 + elastic.HEAL_S)
+        results = self._on_hosts(self.hosts, undo, timeout=60 + elastic_scenario.HEAL_S)
         self.netem_on.clear()
         for name in list(self.links_down):
             out = results[name]  # every host has its entry
-            if isinstance(out, Exception) or not elastic.healed(out.stdout):
+            if isinstance(out, Exception) or not elastic_scenario.healed(out.stdout):
                 self.say(f"WARNING: {name}'s data NIC ({self.netdevs.get(name)}) may still be "
                          f"down: {out if isinstance(out, Exception) else out.stdout.strip()}; "
-                         f"its own watchdog brings it up within {elastic.WATCHDOG_S} s")
+                         f"its own watchdog brings it up within {elastic_scenario.WATCHDOG_S} s")
         self.links_down.clear()
 
     def _prepare(self, hosts: list[Host], case: dict[str, Any]) -> dict[str, dict[str, Any]]:

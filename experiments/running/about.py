@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from experiments import commands, fleet
+from experiments.running import commands, fleet
 from infra.inventory import Host
 
 # What each node says of itself: its kernel, how it runs (systemd-detect-virt: qemu = TCG,

@@ -9,10 +9,11 @@ from typing import Any
 
 from rxelab import ops
 
-from experiments import compression_report, counters, netem
-from experiments.figure_style import ms_text, size_text
-from experiments.report_view import order, ours_, overlap
-from experiments.spec import contender
+from experiments.readable import ms_text, size_text
+from experiments.report import compression
+from experiments.report.view import order, ours_, overlap
+from experiments.running import counters
+from experiments.spec import contender, netem
 
 BACK_TO_BACK = "back to back"  # how a case timed call by call is named
 
@@ -103,7 +104,7 @@ def summary_lines(flat: list[dict[str, Any]], records: list[dict[str, Any]],
             f"{name} {min(v)}-{max(v)}" for name, v in sorted(moved.items()))
             + " (mpi-tcp should be 0: it does not use RDMA).")
     lines += loss_lines(flat, records)
-    lines += compression_report.lines(flat)
+    lines += compression.lines(flat)
     case_label = {r["case"]: f"{r['op']}/{r['algorithm']}" for r in records}
     ratios_by: dict[str, list[float]] = defaultdict(list)
     for entry in loads:

@@ -16,12 +16,13 @@ from typing import Any
 import jinja2
 from rxelab import ops, perftest
 
-from experiments import compression_report, counters, ddp_report, elastic_report, netem, plots
-from experiments import report_view as view
-from experiments.figure_style import size_text
-from experiments.report_summary import BACK_TO_BACK, peak_to_mean, summary_lines
-from experiments.run_facts import facts, how_nodes_ran, mpi_rdma_note, text
-from experiments.spec import contender, ranks
+from experiments.readable import size_text
+from experiments.report import compression, ddp, elastic, plots
+from experiments.report import view as view
+from experiments.report.run_facts import facts, how_nodes_ran, mpi_rdma_note, text
+from experiments.report.summary import BACK_TO_BACK, peak_to_mean, summary_lines
+from experiments.running import counters
+from experiments.spec import contender, netem, ranks
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -203,24 +204,24 @@ def write(results: Path) -> tuple[Path, Path]:
     images = figures(flat, records, loads)
     summary = summary_lines(flat, records, loads)
     sections = []
-    scenario = elastic_report.load(results)
+    scenario = elastic.load(results)
     if scenario:
-        summary = [*elastic_report.summary_lines(scenario), *summary[1:]]
-        if (png := elastic_report.figure(scenario)) is not None:
+        summary = [*elastic.summary_lines(scenario), *summary[1:]]
+        if (png := elastic.figure(scenario)) is not None:
             images = {"elastic.png": png, **images}
-    el_head, el_rows = elastic_report.table(scenario)
-    trained = ddp_report.load(results)
+    el_head, el_rows = elastic.table(scenario)
+    trained = ddp.load(results)
     if trained:
-        summary = [*ddp_report.summary_lines(trained), *summary[1:]]
-        if (png := ddp_report.figure(trained)) is not None:
+        summary = [*ddp.summary_lines(trained), *summary[1:]]
+        if (png := ddp.figure(trained)) is not None:
             images = {"ddp.png": png, **images}
-        el_head, el_rows = ddp_report.table(trained)
+        el_head, el_rows = ddp.table(trained)
     if el_rows:
         sections.append({"heading": "DDP against Gloo" if trained else "Changes of members",
                          "head": el_head, "rows": el_rows})
-    coded = compression_report.table(flat)
+    coded = compression.table(flat)
     if coded:
-        sections.append({"heading": "Compression", "head": compression_report.HEAD, "rows": coded})
+        sections.append({"heading": "Compression", "head": compression.HEAD, "rows": coded})
     for name, data in images.items():
         (results / name).write_bytes(data)
     shared = view.constants(flat)

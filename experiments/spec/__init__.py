@@ -34,7 +34,7 @@
                               #   runs, 0..63 (a busy machine: `fab calibrate` fits a rank's
                               #   wake-up on it); the spec takes them too; not with launcher =
                               #   "srun" (a Slurm cluster's other nodes are other jobs')
-    netem = [{}, {loss = 1}]  # impairments of the data NICs, one case each (experiments/netem.py)
+    netem = [{}, {loss = 1}]  # impairments of the data NICs, one case each (experiments/spec/netem.py)
     mtu = [1500, 9000]        # data NIC MTU for the case, {mtu_low}..{mtu_high} (default: as provisioned)
     timeout_s = 300           # a case's deadline, 10..604800 (default: grows with the work)
     ranks_per_node = 2        # rxelab: ranks on each node (default 1), 1..8
@@ -49,7 +49,7 @@ An rxelab run also takes every option of init() (rxelab.settings), under its own
 {options}
 
 Instead of [[runs]], a spec may describe one elastic scenario (apps/elastic_train.py under
-rxelab, then the same loop under Open MPI over UCX; experiments/elastic.py):
+rxelab, then the same loop under Open MPI over UCX; experiments/running/elastic_scenario.py):
 
     [elastic]
     nodes = 3                 # 2..64
@@ -68,7 +68,7 @@ rxelab, then the same loop under Open MPI over UCX; experiments/elastic.py):
 
 Or one DDP scenario (apps/ddp_train.py: the same model trained with DistributedDataParallel
 under rxelab and Gloo, alternated rounds inside one job, once per bucket size; needs a lab
-built with EXTRAS=torch; experiments/ddp.py):
+built with EXTRAS=torch; experiments/running/ddp_scenario.py):
 
     [ddp]
     nodes = 3                 # 2..64
@@ -102,11 +102,10 @@ from pydantic.fields import FieldInfo
 from rxelab import ops
 from rxelab import settings as library
 
-from experiments import did_you_mean
-from experiments.scenario_docs import DdpDoc, ElasticDoc, Event
-from experiments.spec_cases import Run, Spec, contender, ranks
-from experiments.spec_doc import KEYS, RunDoc, SpecDoc
-from experiments.spec_fields import (
+from experiments.spec import did_you_mean
+from experiments.spec.cases import Run, Spec, contender, ranks
+from experiments.spec.document import KEYS, RunDoc, SpecDoc
+from experiments.spec.fields import (
     APPS,
     BOUNDS,
     GLOO_ALGORITHMS,
@@ -123,6 +122,7 @@ from experiments.spec_fields import (
     TRANSPORTS,
     short,
 )
+from experiments.spec.scenarios import DdpDoc, ElasticDoc, Event
 from infra import documents
 from infra.documents import spell
 
@@ -139,7 +139,7 @@ __doc__ = __doc__.replace("{options}", "\n".join(  # type: ignore[union-attr]
     "{mpi_labels}", "|".join(dict.fromkeys(a for c in ops.COLLECTIVES.values() if c.mpi
                                            for a in c.mpi.tuned))).replace(
     "{lossy_ops}", ", ".join(LOSSY_OPS))
-SPECS = Path(__file__).resolve().parent / "specs"
+SPECS = Path(__file__).resolve().parent.parent / "specs"
 MAX_BYTES = documents.MAX_BYTES
 MAX_PROBLEMS, MAX_LINE = 40, 300  # what an error shows of a broken file
 

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from experiments import plots
+from experiments.report import plots
 
 Record = dict[str, Any]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from invoke.exceptions import CommandTimedOut
 
-from experiments import commands, fleet
-from experiments.commands import started_by
+from experiments.running import commands, fleet
+from experiments.running.commands import started_by
 from infra.inventory import Host
 
 PORT = 29660  # the job's rendezvous on the first node (torch's store; rxelab's meets in it)

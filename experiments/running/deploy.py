@@ -6,7 +6,7 @@ The library goes as a user installs it: the rxelab wheel (`pip wheel lib/`), ins
 (pyverbs, numpy, mpi4py are the distribution's), ~/rxelab/venv; every rank runs its python.
 
 A busy node takes minutes to make a venv, so each remote step is waited for while the node
-makes progress (experiments/watched.py), each node's steps are shown as they start, and a node
+makes progress (experiments/running/watched.py), each node's steps are shown as they start, and a node
 that fails is one line naming it and what to do.
 """
 
@@ -31,8 +31,8 @@ from pathlib import Path
 import paramiko
 from invoke.exceptions import Failure
 
-from experiments import watched
-from experiments.fleet import REMOTE_HOME, FleetError, connect
+from experiments.running import watched
+from experiments.running.fleet import REMOTE_HOME, FleetError, connect
 from infra import rdmaport, settings
 from infra.config import REPO
 from infra.inventory import Host, Inventory
