@@ -1,4 +1,4 @@
-# rxelab: the testbed's entry points. Settings (declared in infra/settings.py, listed in the
+# rxelab: the testbed's entry points. Settings (declared in infra/lab_settings.py, listed in the
 # README): NODES IMAGE EXTRAS ACCEL MEM_MB DATA_NET MTU LAB SSH_PORT_BASE and the RXELAB_* ones.
 PY := .venv/bin/python
 export NODES IMAGE EXTRAS ACCEL MEM_MB DATA_NET MTU LAB SSH_PORT_BASE INVENTORY
@@ -8,7 +8,7 @@ export RXELAB_ACCEPT_NEW_HOST_KEYS
 .PHONY: help check deps test-deps provision status boot-profile ssh destroy test test-unit
 help:
 	@echo "make check       # can this host run the lab? (Terraform or OpenTofu, Python, disk, memory; seconds)"
-	@echo "make provision   # boot the lab ($$($(PY) -m infra.settings 2>/dev/null || python3 -m infra.settings 2>/dev/null || echo 'settings: README'))"
+	@echo "make provision   # boot the lab ($$($(PY) -m infra.lab_settings 2>/dev/null || python3 -m infra.lab_settings 2>/dev/null || echo 'settings: README'))"
 	@echo "make status      # node, state, SSH endpoint, data IP, RDMA port state"
 	@echo "make boot-profile # where each node's boot went: kernel, systemd, cloud-init, readiness"
 	@echo "make ssh NODE=node1"

@@ -306,15 +306,15 @@ def validate(c, results=None, profile=None, beside=None):
         try:
             lab_run = other is None or (other / "records.jsonl").is_file()
         except OSError as err:
-            raise sim_validate.ValidationError(f"--beside {beside}: {err}") from None
+            raise sim_validate.CannotValidate(f"--beside {beside}: {err}") from None
         if not lab_run:
-            raise sim_validate.ValidationError(f"--beside {beside}: not a lab run's directory "
+            raise sim_validate.CannotValidate(f"--beside {beside}: not a lab run's directory "
                                                "(no records.jsonl)")
         used = (sim_costs.load(sim_spec.profile_path(profile)) if profile is not None
                 else sim_validate.own_profile(chosen)
                 or sim_costs.load(sim_spec.profile_path("lab")))
         out = sim_validate.write(chosen, used, other)
-    except (sim_validate.ValidationError, sim_costs.ProfileError,
+    except (sim_validate.CannotValidate, sim_costs.ProfileError,
             sim_replayer.SimulationError) as err:
         raise Exit(f"error: {err}", code=1) from None
     print(out.read_text())

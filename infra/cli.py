@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from infra import bootprofile, images, inventory, lab, network, settings, status, terraform, vm
+from infra import bootprofile, images, inventory, lab, lab_settings, network, status, terraform, vm
 from infra import run as runner
 from infra.config import DataNet, LabConfig, default_state_dir
 from infra.errors import LabError
@@ -24,20 +24,20 @@ from infra.state import LabState
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    for s in settings.LAB_SETTINGS:
+    for s in lab_settings.LAB_SETTINGS:
         p.add_argument(s.flag, dest=s.field, default=s.from_env(), metavar=s.name,
                        help=f"{s.help} (default {s.default}; or {s.name}=...)")
 
 
 def _config(args: argparse.Namespace) -> LabConfig:
     return LabConfig.from_strings(
-        state_dir=args.state_dir, **{s.field: getattr(args, s.field) for s in settings.LAB_SETTINGS})
+        state_dir=args.state_dir, **{s.field: getattr(args, s.field) for s in lab_settings.LAB_SETTINGS})
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m infra", description=__doc__.split("\n\n")[0])
     p.add_argument("--state-dir", type=lambda s: Path(s).resolve(), default=default_state_dir(),
-                   help=f"the lab's state directory (default: $RXELAB_STATE or {settings.STATE_DIR}/)")
+                   help=f"the lab's state directory (default: $RXELAB_STATE or {lab_settings.STATE_DIR}/)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every command run")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra import settings
+from infra import lab_settings
 from infra.errors import LabError
-from infra.settings import Accel, DataNet, Extras, Image
+from infra.lab_settings import Accel, DataNet, Extras, Image
 
 __all__ = ["Accel", "DataNet", "Extras", "Image", "LabConfig", "Node", "REPO"]
 
@@ -32,13 +32,13 @@ VDE_MAX_MTU = 1500  # vde_switch's packet buffer (VDE_MTU 1504) holds no bigger 
 
 
 def default_state_dir() -> Path:
-    return Path(str(settings.value("RXELAB_STATE") or REPO / settings.STATE_DIR)).resolve()
+    return Path(str(lab_settings.value("RXELAB_STATE") or REPO / lab_settings.STATE_DIR)).resolve()
 
 
 def cache_dir() -> Path:
     """Absolute but not resolved: the links on the way are owned_paths.cache_subdir's to
     check (resolved here, a link another user owns would never be looked at)."""
-    base = settings.value("RXELAB_CACHE") or os.path.join(
+    base = lab_settings.value("RXELAB_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "rxelab"
     )
     path = Path(str(base))
@@ -68,13 +68,13 @@ class Node:
 
 
 def _default(name: str) -> Any:
-    """A lab setting's default, from the settings table (infra/settings.py)."""
-    return settings.BY_FIELD[name].default_value
+    """A lab setting's default, from the settings table (infra/lab_settings.py)."""
+    return lab_settings.BY_FIELD[name].default_value
 
 
 @dataclass(frozen=True)
 class LabConfig:
-    """One lab. Its fields, their defaults and their ranges are declared in infra/settings.py;
+    """One lab. Its fields, their defaults and their ranges are declared in infra/lab_settings.py;
     every value is checked there (Setting.check), once per LabConfig made."""
 
     nodes: int = _default("nodes")
@@ -90,7 +90,7 @@ class LabConfig:
     state_dir: Path = field(default_factory=default_state_dir)
 
     def __post_init__(self) -> None:
-        for s in settings.LAB_SETTINGS:
+        for s in lab_settings.LAB_SETTINGS:
             s.check(getattr(self, s.field))  # raises naming the setting and its range
         if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", self.lab):
             raise LabError(
@@ -105,10 +105,10 @@ class LabConfig:
     def from_strings(cls, *, state_dir: Path | None = None, **typed: str | int) -> LabConfig:
         """Build from user-typed values (Make variables, CLI flags), keyed by field name, with
         clear errors; missing ones take the table's defaults."""
-        unknown = sorted(typed.keys() - settings.BY_FIELD.keys())
+        unknown = sorted(typed.keys() - lab_settings.BY_FIELD.keys())
         if unknown:
             raise LabError(f"unknown lab settings {unknown}")
-        values = {f: s.convert(typed[f]) for f, s in settings.BY_FIELD.items() if f in typed}
+        values = {f: s.convert(typed[f]) for f, s in lab_settings.BY_FIELD.items() if f in typed}
         return cls(**values, **({"state_dir": state_dir} if state_dir else {}))  # type: ignore[arg-type]
 
     # ---- derived names -------------------------------------------------------------

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import apt_sources, settings
+from infra import apt_sources, lab_settings
 from infra import run as runner
 from infra.config import Extras, Image
 from infra.errors import LabError
@@ -110,7 +110,7 @@ def ensure_debian(extras: Extras = Extras.NONE, image: Image = Image.DEBIAN12) -
         print(f"image: {image.value} found in cache ({dest})", flush=True)
         return cached
     runner.require("mmdebstrap", "mkfs.ext4")
-    given = settings.value("RXELAB_APT_SOURCES")
+    given = lab_settings.value("RXELAB_APT_SOURCES")
     suite = release(image).suite
     sources_text = apt_sources.image_sources(suite, Path(str(given)) if given else None)
     debs = cache_subdir("debs", make=True)  # root's image is built from what is there
@@ -142,8 +142,8 @@ def ensure_debian(extras: Extras = Extras.NONE, image: Image = Image.DEBIAN12) -
             ],
             prefix="image: ",
             # a busy host builds for long but keeps moving: stopped only when it stands still
-            timeout=settings.CAP_STALLS * settings.stall_window(),
-            stall=settings.stall_window(),
+            timeout=lab_settings.CAP_STALLS * lab_settings.stall_window(),
+            stall=lab_settings.stall_window(),
             log_file=work / "mmdebstrap.log",
         )
         kernel, initrd = _extract_boot_files(tar, work)
@@ -168,8 +168,9 @@ def _tar_to_ext4(tar: Path, disk: Path, scratch: Path, size: str = DEBIAN_DISK_S
         runner.require("fakeroot")
         argv = ["fakeroot", *argv]
     try:
-        runner.run_streaming(argv, prefix="image: ", timeout=settings.CAP_STALLS * settings.stall_window(),
-                             stall=settings.stall_window(), log_file=scratch.parent / "ext4.log")
+        stall = lab_settings.stall_window()
+        runner.run_streaming(argv, prefix="image: ", timeout=lab_settings.CAP_STALLS * stall,
+                             stall=stall, log_file=scratch.parent / "ext4.log")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

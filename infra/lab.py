@@ -12,7 +12,7 @@ import socket
 import time
 
 from infra import accel as accel_mod
-from infra import images, inventory, network, nocloud, readiness, settings, vm
+from infra import images, inventory, lab_settings, network, nocloud, readiness, vm
 from infra import run as runner
 from infra.config import Accel, LabConfig
 from infra.errors import LabError
@@ -67,9 +67,9 @@ def node_down(state: LabState, index: int) -> None:
 
 
 def boot_deadlines() -> readiness.Deadlines:
-    """How long a node may stand still, and the whole wait at most (infra/settings.py)."""
-    return readiness.Deadlines(stall=settings.stall_window(),
-                               total=float(settings.value("RXELAB_BOOT_TIMEOUT")))  # type: ignore[arg-type]
+    """How long a node may stand still, and the whole wait at most (infra/lab_settings.py)."""
+    return readiness.Deadlines(stall=lab_settings.stall_window(),
+                               total=float(lab_settings.value("RXELAB_BOOT_TIMEOUT")))  # type: ignore[arg-type]
 
 
 def wait(state: LabState) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import shlex
 
+from infra import lab_settings
 from infra import run as runner
-from infra import settings
 from infra.inventory import Host
 
 
@@ -18,7 +18,7 @@ def shell_vars(**values: object) -> str:
 def accept_new_host_keys() -> bool:
     """RXELAB_ACCEPT_NEW_HOST_KEYS=1: a host seen for the first time is trusted (and its key
     remembered); otherwise only keys already in a known_hosts file are."""
-    return bool(settings.value("RXELAB_ACCEPT_NEW_HOST_KEYS"))
+    return bool(lab_settings.value("RXELAB_ACCEPT_NEW_HOST_KEYS"))
 
 
 def ssh_argv(host: Host, *command: str, connect_timeout: int = 10, tty: bool = False) -> list[str]:

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import settings
+from infra import lab_settings
 from infra.config import LabConfig
 from infra.errors import LabError
 from infra.owned_paths import check_chain
@@ -219,11 +219,11 @@ class LabState:
     def save_request(self, config: LabConfig) -> str:
         """Write the config provision was asked for; return its digest, which Terraform is
         given so that a changed setting replaces the lab. The digest covers the lab settings
-        (infra/settings.py) alone, as Terraform's trigger did when it was given each of them:
+        (infra/lab_settings.py) alone, as Terraform's trigger did when it was given each of them:
         a field added to the config, or where state lives, replaces nothing."""
         write_atomic(self.request_file, config.to_json())
         chosen = json.loads(config.to_json())
-        asked = {s.field: chosen[s.field] for s in settings.LAB_SETTINGS}
+        asked = {s.field: chosen[s.field] for s in lab_settings.LAB_SETTINGS}
         return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
 
     def load_request(self) -> LabConfig:

@@ -14,8 +14,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from infra import lab_settings
 from infra import run as runner
-from infra import settings
 from infra.config import Image
 from infra.errors import LabError
 from infra.image_cache import BaseImage, fresh_build_dir, images_dir, load_manifest, publish
@@ -58,7 +58,7 @@ def cached_ubuntu() -> BaseImage | None:
 
 
 def ensure_ubuntu(base_url: str | None = None) -> BaseImage:
-    base_url = base_url or str(settings.value("RXELAB_UBUNTU_URL"))
+    base_url = base_url or str(lab_settings.value("RXELAB_UBUNTU_URL"))
     cached = cached_ubuntu()
     if cached is not None:
         print(f"image: ubuntu-24.04 found in cache ({cached.disk})", flush=True)
@@ -95,7 +95,7 @@ def ensure_ubuntu(base_url: str | None = None) -> BaseImage:
 def ubuntu_keyring() -> Path:
     """The keyring that holds Ubuntu's cloud image key, and gpgv to use it, or a LabError that
     says how to get them; checked before any download."""
-    keyring = Path(str(settings.value("RXELAB_UBUNTU_KEYRING"))).expanduser().resolve()
+    keyring = Path(str(lab_settings.value("RXELAB_UBUNTU_KEYRING"))).expanduser().resolve()
     if not keyring.is_file():
         raise LabError(
             f"no keyring at {keyring} (RXELAB_UBUNTU_KEYRING) to check that the Ubuntu image's "

@@ -1,5 +1,5 @@
 # All Terraform is given (infra/terraform.py writes them): the lab's settings are not among
-# them. They are declared, defaulted and checked in infra/settings.py, and `make provision`
+# them. They are declared, defaulted and checked in infra/lab_settings.py, and `make provision`
 # writes the lab's config to its state directory, where every step reads it.
 
 variable "state_dir" {

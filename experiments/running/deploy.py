@@ -33,14 +33,14 @@ from invoke.exceptions import Failure
 
 from experiments.running import watched
 from experiments.running.fleet import REMOTE_HOME, FleetError, connect
-from infra import rdmaport, settings
+from infra import lab_settings, rdmaport
 from infra.config import REPO
 from infra.inventory import Host, Inventory
 
 # The deploy directory is ours only if it carries this file: a ~/rxelab of the user's own is
 # refused, never replaced.
 DEPLOY_MARK = ".rxelab-deploy"
-STALL_SETTING = settings.STALL
+STALL_SETTING = lab_settings.STALL
 
 
 def build_wheel(out: Path) -> Path:
@@ -167,7 +167,7 @@ def deploy_one(host: Host, data: bytes, digest: str,
                say: Callable[[str], None] = lambda line: None) -> NodeCheck:
     """One node's deploy and check; what went wrong is in the NodeCheck's problems, one line
     each, never an exception."""
-    stall = settings.stall_window()
+    stall = lab_settings.stall_window()
     began = time.monotonic()
 
     def step(what: str) -> None:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from infra.lab_settings import CAP_STALLS
 from infra.run import BUSY_SHARE
-from infra.settings import CAP_STALLS
 
 TICK_MARK = "@rxelab-tick"
 STEP_MARK = "@rxelab-step"

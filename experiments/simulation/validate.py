@@ -30,8 +30,9 @@ from experiments.simulation.exchanges import CALLS  # as many calls a replay as 
 TEMPLATE = Path(__file__).resolve().parent.parent / "simulator" / "validation.md.j2"
 
 
-class ValidationError(ValueError):
-    pass
+class CannotValidate(ValueError):
+    """A run (or the runs under a directory) that cannot be set beside predictions: said in one
+    line by `fab validate`. Not pydantic's ValidationError, which a spec's checks raise."""
 
 
 @dataclass(frozen=True)
@@ -97,11 +98,11 @@ def rows(records: list[dict[str, Any]], profile: Profile) -> list[Row]:
         try:
             predicted = predict(op, algorithm, ranks, nodes, size, profile)
         except ConfigError as err:
-            raise ValidationError(f"{op}/{algorithm} at p={ranks}: {err}") from None
+            raise CannotValidate(f"{op}/{algorithm} at p={ranks}: {err}") from None
         out.append(Row(op, algorithm, ranks, nodes, size, statistics.median(seconds),
                        min(seconds), max(seconds), len(seconds), predicted))
     if not out:
-        raise ValidationError("the run has no rxelab case with calls back to back (tight) that "
+        raise CannotValidate("the run has no rxelab case with calls back to back (tight) that "
                               "finished: run `fab run-experiment --spec validation`")
     return out
 
@@ -148,30 +149,30 @@ def newest(root: Path) -> Path:
             if '"tight": true' in (run / "records.jsonl").read_text():
                 return run
     except (OSError, UnicodeDecodeError) as err:
-        raise ValidationError(f"reading the runs under {root}: {err}") from None
-    raise ValidationError(f"no lab run under {root} has rxelab calls back to back: run "
+        raise CannotValidate(f"reading the runs under {root}: {err}") from None
+    raise CannotValidate(f"no lab run under {root} has rxelab calls back to back: run "
                           "`fab run-experiment --spec validation` first")
 
 
 def named_run(path: Path) -> Path:
-    """A run directory named on the command line, or ValidationError saying what it is not
+    """A run directory named on the command line, or CannotValidate saying what it is not
     (a results root given for a run: the run under it to name instead)."""
     try:
         if (path / "records.jsonl").is_file():
             return path
         found, a_file = path.is_dir(), path.is_file()
     except OSError as err:
-        raise ValidationError(f"{path}: {err}") from None
+        raise CannotValidate(f"{path}: {err}") from None
     if a_file and path.name == "records.jsonl":
-        raise ValidationError(f"{path} is a run's records: name its directory, `--results "
+        raise CannotValidate(f"{path} is a run's records: name its directory, `--results "
                               f"{path.parent}`")
     hint = ""
     if found:
         try:
             hint = f"; the newest run under it: `--results {newest(path)}`"
-        except ValidationError:
+        except CannotValidate:
             pass
-    raise ValidationError(f"{path} is not a lab run's directory (no records.jsonl){hint}")
+    raise CannotValidate(f"{path} is not a lab run's directory (no records.jsonl){hint}")
 
 
 def own_profile(run: Path) -> Profile | None:
@@ -183,36 +184,36 @@ def own_profile(run: Path) -> Profile | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:
-        raise ValidationError(f"{run}/environment.json: {err}") from None
+        raise CannotValidate(f"{run}/environment.json: {err}") from None
     if not calibrate.holds_calibration(environment):
         return None
     try:
         profile = calibrate.fit_run(run, calibrate.check_name(run.name[:64]))
     except calibrate.CalibrationError as err:
-        raise ValidationError(f"the run's own calibration cannot be fitted: {err}; or "
+        raise CannotValidate(f"the run's own calibration cannot be fitted: {err}; or "
                               "predict with another run's profile (`fab validate --profile "
                               "lab`)") from None
     try:
         calibrate.save(profile, run / "profile.json")
     except calibrate.CalibrationError as err:
-        raise ValidationError(f"keeping the run's own profile: {err}") from None
+        raise CannotValidate(f"keeping the run's own profile: {err}") from None
     return profile
 
 
 def _records(run: Path) -> list[dict[str, Any]]:
-    """A run's records.jsonl, or ValidationError naming the run."""
+    """A run's records.jsonl, or CannotValidate naming the run."""
     try:
         return [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()
                 if line.strip()]
     except (OSError, ValueError) as err:
-        raise ValidationError(f"{run} is not a run's directory: {err}") from None
+        raise CannotValidate(f"{run} is not a run's directory: {err}") from None
 
 
 def _beside(table: list[Row], other: Path) -> list[Row]:
     try:
         return yardstick.beside(table, lab_cases(_records(other)))
     except (KeyError, TypeError, AttributeError) as err:
-        raise ValidationError(f"{other}: a record without {err}: not a run of this rxelab") \
+        raise CannotValidate(f"{other}: a record without {err}: not a run of this rxelab") \
             from None
 
 
@@ -223,27 +224,27 @@ def against_itself(run: Path, table: list[Row], other: Path | None) -> dict[str,
     (a broken or unrelated run is passed over); None when there is none."""
     if other is not None:
         if other.resolve() == run.resolve():
-            raise ValidationError(f"{other}: the run itself, not another run of its cases")
+            raise CannotValidate(f"{other}: the run itself, not another run of its cases")
         try:
             same_id = yardstick.run_id_of(run)
             if same_id is not None and yardstick.run_id_of(other) == same_id:
-                raise ValidationError(f"{other}: a copy of the run itself (run id {same_id}), "
+                raise CannotValidate(f"{other}: a copy of the run itself (run id {same_id}), "
                                       "not another run of its cases")
         except yardstick.YardstickError as err:
-            raise ValidationError(str(err)) from None
+            raise CannotValidate(str(err)) from None
         lab = _beside(table, other)
         if not lab:
-            raise ValidationError(f"{other} ran none of {run.name}'s cases (calls back to "
+            raise CannotValidate(f"{other} ran none of {run.name}'s cases (calls back to "
                                   "back): nothing to set beside it")
     else:
         try:
             candidates = yardstick.candidates(run)
         except yardstick.YardstickError as err:
-            raise ValidationError(str(err)) from None
+            raise CannotValidate(str(err)) from None
         for candidate in candidates:
             try:
                 lab = _beside(table, candidate)
-            except ValidationError:
+            except CannotValidate:
                 continue
             if lab:
                 other = candidate
@@ -266,13 +267,13 @@ def write(run: Path, profile: Profile, beside: Path | None = None) -> Path:
     try:
         table = rows(records, profile)
     except (KeyError, TypeError, AttributeError) as err:
-        raise ValidationError(f"{run}: a record without {err}: not a run of this rxelab") from None
+        raise CannotValidate(f"{run}: a record without {err}: not a run of this rxelab") from None
     order = rankings(table)
     itself = against_itself(run, table, beside)
     try:
         return _write(run, profile, table, order, itself)
     except OSError as err:
-        raise ValidationError(f"writing the validation into {run}: {err}") from None
+        raise CannotValidate(f"writing the validation into {run}: {err}") from None
 
 
 def _write(run: Path, profile: Profile, table: list[Row], order: list[dict[str, Any]],

@@ -13,7 +13,7 @@ from rxelab import settings as library
 from rxelab.bench import HAND_LOOP, HAND_OPS
 
 from experiments.spec import netem
-from infra import settings as lab_settings
+from infra import lab_settings
 
 App = Literal["rxelab", "mpi", "gloo", "perftest"]
 APPS: tuple[str, ...] = get_args(App)

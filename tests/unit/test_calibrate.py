@@ -215,9 +215,9 @@ def test_the_same_p_on_other_nodes_is_ranked_and_summed_up_apart():
 def test_validation_of_a_run_without_back_to_back_calls_is_refused(fitted, tmp_path):
     (tmp_path / "records.jsonl").write_text(json.dumps({"app": "rxelab", "status": "ok",
                                                         "summary": {"tight": False}}) + "\n")
-    with pytest.raises(validate.ValidationError, match="tight"):
+    with pytest.raises(validate.CannotValidate, match="tight"):
         validate.write(tmp_path, fitted)
-    with pytest.raises(validate.ValidationError, match="validation"):
+    with pytest.raises(validate.CannotValidate, match="validation"):
         validate.newest(tmp_path / "nothing-here")
 
 
@@ -361,6 +361,6 @@ def test_a_validation_run_whose_calibration_failed_says_so(tmp_path):
     failed = [{**r, "status": "failed"} if r.get("included") and r.get("nodes") == 1
               and r["app"] == "rxelab" else r for r in run]
     (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in failed))
-    with pytest.raises(validate.ValidationError,
+    with pytest.raises(validate.CannotValidate,
                        match="no good round of alltoall pairwise 1 0: rerun it.*--profile lab"):
         validate.own_profile(tmp_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import debian_image, images, settings, ubuntu_image
+from infra import debian_image, images, lab_settings, ubuntu_image
 from infra.config import Image
 from infra.errors import LabError
 
@@ -242,7 +242,7 @@ def test_a_missing_keyring_is_refused_before_anything_is_downloaded(cache, image
 
 def test_the_default_keyring_and_pinned_key_are_ubuntus():
     assert images.UBUNTU_SIGNING_KEY == "D2EB44626FDDC30B513D5BB71A5D6C4C7DB87C81"
-    assert settings.BY_NAME["RXELAB_UBUNTU_KEYRING"].default == \
+    assert lab_settings.BY_NAME["RXELAB_UBUNTU_KEYRING"].default == \
         "/usr/share/keyrings/ubuntu-cloudimage-keyring.gpg"
 
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from infra import settings, terraform
+from infra import lab_settings, terraform
 from infra.cli import parser
 from infra.config import REPO, LabConfig
 from infra.errors import LabError
@@ -26,7 +26,7 @@ def test_terraform_is_given_the_state_directory_and_the_configs_digest_not_the_s
     assert declared == {"state_dir", "config_digest", "python"}
     assert set(terraform.variables(LabState(tmp_path), "d1gest")) == declared
     tf = "\n".join(p.read_text() for p in sorted((REPO / "terraform").glob("*.tf")))
-    for s in settings.LAB_SETTINGS:
+    for s in lab_settings.LAB_SETTINGS:
         assert f"var.{s.field}" not in tf and f'"{s.flag}"' not in tf, s.field
         if s.low is not None:
             assert f">= {s.low}" not in tf and f"<= {s.high}" not in tf, s.name
@@ -41,12 +41,12 @@ def test_the_makefile_passes_every_setting_through():
     for line in (REPO / "Makefile").read_text().splitlines():
         if line.startswith("export "):
             exported |= set(line.split()[1:])
-    missing = {s.name for s in settings.SETTINGS} - exported
+    missing = {s.name for s in lab_settings.SETTINGS} - exported
     assert not missing, f"Makefile does not export {missing}"
 
 
 def test_the_readme_table_is_the_settings_table():
-    assert settings.markdown_table() in (REPO / "README.md").read_text()
+    assert lab_settings.markdown_table() in (REPO / "README.md").read_text()
 
 
 def test_cli_flags_and_defaults_come_from_the_table(monkeypatch):
@@ -66,22 +66,22 @@ def test_lab_settings_parse_with_clear_errors():
 
 def test_host_settings_are_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("RXELAB_BOOT_TIMEOUT", "77")
-    assert settings.value("RXELAB_BOOT_TIMEOUT") == 77
+    assert lab_settings.value("RXELAB_BOOT_TIMEOUT") == 77
     monkeypatch.setenv("RXELAB_BOOT_TIMEOUT", "soon")
     with pytest.raises(LabError, match="RXELAB_BOOT_TIMEOUT='soon' is not a whole number"):
-        settings.value("RXELAB_BOOT_TIMEOUT")
+        lab_settings.value("RXELAB_BOOT_TIMEOUT")
     monkeypatch.delenv("RXELAB_BOOT_TIMEOUT")
-    assert settings.value("RXELAB_BOOT_TIMEOUT") == 3600, "its default"
+    assert lab_settings.value("RXELAB_BOOT_TIMEOUT") == 3600, "its default"
     monkeypatch.setenv("RXELAB_STALL", "5")
     with pytest.raises(LabError, match="RXELAB_STALL=5 is out of range"):
-        settings.value("RXELAB_STALL")
+        lab_settings.value("RXELAB_STALL")
     monkeypatch.delenv("RXELAB_CACHE", raising=False)
-    assert settings.value("RXELAB_CACHE") is None, "no default: None"
+    assert lab_settings.value("RXELAB_CACHE") is None, "no default: None"
 
 
 def test_lab_config_takes_its_defaults_from_the_table(tmp_path):
     config = LabConfig(state_dir=tmp_path)
-    for s in settings.LAB_SETTINGS:
+    for s in lab_settings.LAB_SETTINGS:
         assert getattr(config, s.field) == s.convert(s.default), s.name
     assert config == LabConfig.from_strings(state_dir=tmp_path)
 
@@ -101,10 +101,10 @@ def test_each_lab_setting_is_checked_when_a_config_is_made(tmp_path):
 
 ONE_SOURCE = r"""
 import json, sys
-from infra import settings
+from infra import lab_settings
 
 # A different MTU row in the table, before anything else reads it.
-mtu = settings.BY_NAME["MTU"]
+mtu = lab_settings.BY_NAME["MTU"]
 for name, value in (("default", "4000"), ("low", 2000), ("high", 8000)):
     object.__setattr__(mtu, name, value)
 
@@ -131,14 +131,14 @@ print(json.dumps({
     "default": LabConfig(state_dir="/nonexistent").mtu,
     "lab": [lab_accepts(v) for v in ("1500", "3000", "9000")],
     "spec": [spec_accepts(v) for v in (1500, 3000, 9000)],
-    "help": settings.make_help(),
-    "readme": settings.markdown_table(),
+    "help": lab_settings.make_help(),
+    "readme": lab_settings.markdown_table(),
 }))
 """
 
 
 def test_the_mtu_range_and_default_have_one_source(tmp_path):
-    """Changing the MTU's row in infra/settings.py changes LabConfig's default, its check,
+    """Changing the MTU's row in infra/lab_settings.py changes LabConfig's default, its check,
     the experiment specs' check, `make help` and the README table: nothing restates them."""
     import json
     import os
@@ -166,24 +166,24 @@ def test_the_spec_format_says_the_tables_mtu_range():
     the table (a description is not a check, but it must not drift either)."""
     from experiments import spec
 
-    low, high = settings.BY_NAME["MTU"].bounds
+    low, high = lab_settings.BY_NAME["MTU"].bounds
     assert spec.MTU_RANGE == (low, high)
     assert f"{low}..{high}" in (spec.__doc__ or "")
 
 
 def test_the_state_directory_is_named_once():
-    """`.lab` is spelled in infra/settings.py alone: the code, the Makefile and the help texts
+    """`.lab` is spelled in infra/lab_settings.py alone: the code, the Makefile and the help texts
     take it from there, and Terraform is given the directory."""
     spelled = re.compile(r"(?<![\w.])\.lab\b(?!\.)")
     files = [*(REPO / "infra").rglob("*.py"), *(REPO / "experiments").glob("*.py"),
              *(REPO / "terraform").glob("*.tf"), REPO / "Makefile", REPO / "fabfile.py"]
     found = [f"{p.relative_to(REPO)}:{n}" for p in files
              for n, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
-    assert found == ["infra/settings.py:" + str(next(
-        n for n, line in enumerate((REPO / "infra/settings.py").read_text().splitlines(), 1)
+    assert found == ["infra/lab_settings.py:" + str(next(
+        n for n, line in enumerate((REPO / "infra/lab_settings.py").read_text().splitlines(), 1)
         if line.startswith("STATE_DIR = ")))]
-    assert settings.STATE_DIR == ".lab"
-    assert f"(default {settings.STATE_DIR}/)" in settings.BY_NAME["RXELAB_STATE"].help
+    assert lab_settings.STATE_DIR == ".lab"
+    assert f"(default {lab_settings.STATE_DIR}/)" in lab_settings.BY_NAME["RXELAB_STATE"].help
 
 
 def test_make_help_shows_the_tables_defaults():
@@ -192,4 +192,4 @@ def test_make_help_shows_the_tables_defaults():
     r = subprocess.run(["make", "-s", "help", "PY=" + __import__("sys").executable], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert f"# boot the lab ({settings.make_help()})" in r.stdout
+    assert f"# boot the lab ({lab_settings.make_help()})" in r.stdout

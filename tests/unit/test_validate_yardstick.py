@@ -141,13 +141,13 @@ def test_a_yardstick_run_that_is_no_yardstick_is_refused_by_name(tmp_path):
     mine = run_dir(tmp_path / "a", "validation", {("pairwise", 1024): 1e-3})
     other = run_dir(tmp_path / "b", "validation", {("parallel", 65536): 1e-3})
     table = [row("pairwise", 1e-3, 1e-3)]
-    with pytest.raises(validate.ValidationError, match="ran none of a's cases"):
+    with pytest.raises(validate.CannotValidate, match="ran none of a's cases"):
         validate.against_itself(mine, table, other)
     assert validate.against_itself(mine, table, None) is None  # chosen alone: left out, no error
-    with pytest.raises(validate.ValidationError, match="the run itself"):
+    with pytest.raises(validate.CannotValidate, match="the run itself"):
         validate.against_itself(mine, table, mine)
     (other / "records.jsonl").write_text("{broken\n")
-    with pytest.raises(validate.ValidationError, match="not a run's directory"):
+    with pytest.raises(validate.CannotValidate, match="not a run's directory"):
         validate.against_itself(mine, table, other)
 
 
@@ -162,7 +162,7 @@ def test_a_refused_yardstick_writes_no_validation(tmp_path, monkeypatch):
     unrelated = run_dir(tmp_path / "b", "validation", {("parallel", 65536): 1e-3})
     monkeypatch.setattr(validate, "rows", lambda records, profile: [row("pairwise", 1e-3, 1e-3)])
     for other, why in ((mine, "the run itself"), (unrelated, "ran none of a's cases")):
-        with pytest.raises(validate.ValidationError, match=why):
+        with pytest.raises(validate.CannotValidate, match=why):
             validate.write(mine, PLACEHOLDER, other)
     with pytest.raises(Exit, match="--beside .*not a lab run's directory"):
         fabfile.validate(Context(), results=str(mine), profile=None,
@@ -184,14 +184,14 @@ def test_a_copy_of_the_run_is_no_yardstick(tmp_path):
     table = [row("pairwise", 1e-3, 1e-3)]
     assert yardstick.candidates(mine) == []
     assert validate.against_itself(mine, table, None) is None
-    with pytest.raises(validate.ValidationError, match="a copy of the run itself .run id a1b2c3"):
+    with pytest.raises(validate.CannotValidate, match="a copy of the run itself .run id a1b2c3"):
         validate.against_itself(mine, table, copy)
     other = run_dir(tmp_path / "20260101-000000-validation", "validation", one, run_id="d4e5f6")
     assert yardstick.candidates(mine) == [other]
     assert validate.against_itself(mine, table, None)["run"] == other.name
     assert validate.against_itself(mine, table, other)["run"] == other.name
     (other / "environment.json").write_text("{not json")
-    with pytest.raises(validate.ValidationError, match="environment.json"):
+    with pytest.raises(validate.CannotValidate, match="environment.json"):
         validate.against_itself(mine, table, other)
     assert yardstick.candidates(mine) == []  # passed over when chosen
 
@@ -212,9 +212,9 @@ def test_a_results_root_named_as_the_run_is_refused_naming_the_run_under_it(tmp_
     with pytest.raises(Exit, match="nowhere is not a lab run's directory .no records.jsonl.$"):
         fabfile.validate(Context(), results=str(tmp_path / "nowhere"), profile=None, beside=None)
     assert validate.named_run(mine) == mine
-    with pytest.raises(validate.ValidationError, match="a run's records: name its directory"):
+    with pytest.raises(validate.CannotValidate, match="a run's records: name its directory"):
         validate.named_run(mine / "records.jsonl")
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "records.jsonl").write_bytes(b"\xff\xfe not text")
-    with pytest.raises(validate.ValidationError, match="reading the runs under"):
+    with pytest.raises(validate.CannotValidate, match="reading the runs under"):
         validate.newest(tmp_path)  # refused by name, not a traceback

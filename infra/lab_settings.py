@@ -4,7 +4,7 @@ A user sets them as Make variables or environment variables (`make provision MTU
 `RXELAB_CACHE=/big/disk make provision`). From this table come the CLI flags and their
 defaults (infra/cli.py), LabConfig's defaults and its one check of each value (Setting.check,
 called by LabConfig), the experiment specs' MTU range (experiments/spec/__init__.py), the Makefile's
-help line (`python -m infra.settings`) and the README's settings table (a test keeps the
+help line (`python -m infra.lab_settings`) and the README's settings table (a test keeps the
 README equal to it, and the Makefile's export line complete).
 
 Lab settings (with a `field`) shape a lab: `make provision` writes them once, as the lab's
