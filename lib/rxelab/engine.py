@@ -359,11 +359,10 @@ class Engine(Waits):
 
     def post_aborts(self, tag: int, why: AbortReason = Reason.FAILED, blamed: int | None = None,
                     cause: Mismatch | None = None) -> list[SendOp]:
-        """Best effort: tell every peer to stop waiting for this rank, and why (a Reason, or
-        MISMATCH, sent as its ABORT_CODE; and the rank this one blames, if any); a mismatch
-        that started the failure, found here or told by a peer, goes along (CAUSE) where the
-        wire can carry it: the notices go all the same where it cannot (a count out of
-        range, a bug's)."""
+        """Best effort: tell every peer to stop waiting for this rank, and why (an AbortReason,
+        sent as its ABORT_CODE; and the rank this one blames, if any); a mismatch that started
+        the failure, found here or told by a peer, goes along (CAUSE) where the wire can carry
+        it: the notices go all the same where it cannot (a count out of range, a bug's)."""
         notices = []
         try:
             extra = b"" if cause is None else CAUSE.pack(cause.sender, cause.receiver,
