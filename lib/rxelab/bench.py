@@ -203,7 +203,7 @@ def preamble(comm: Any, args: argparse.Namespace) -> list[str]:
     return [
         "# rxelab collective benchmark",
         f"# kernel {platform.release()}, python {platform.python_version()}, pyverbs {rdma_core}",
-        f"# device {dev.name} port {dev.port} gid index {dev.gid_index} mtu enum {dev.mtu}, "
+        f"# device {dev.name} port {dev.port} gid index {dev.gid_index} mtu enum {dev.mtu_enum}, "
         f"ranks {comm.size}",
         f"# iterations {args.iterations} (sizes > 64 KiB: {max(2, args.iterations // 4)}), "
         f"warm-up {args.warmup}",

@@ -26,34 +26,36 @@ class Described(Protocol):
     def counts(self) -> Callable[[int, int, int], tuple[list[int], list[int]]] | None: ...
 
 
-Call = Callable[[Any, Any], Any]  # (send, recv) -> None: one call of a counterpart
+# (send, recv) -> None: one call of an MPI or Gloo counterpart on the test buffers (not
+# rxelab.collectives.common.Call, what an algorithm of rxelab runs on)
+CounterpartCall = Callable[[Any, Any], Any]
 # (description, mpi4py communicator, the MPI module) -> the call on the test buffers
-MpiBinder = Callable[[Described, Any, Any], Call]
+MpiBinder = Callable[[Described, Any, Any], CounterpartCall]
 # (description, torch.distributed, rank, size) -> the call on the test buffers as tensors
-GlooBinder = Callable[[Described, Any, int, int], Call]
+GlooBinder = Callable[[Described, Any, int, int], CounterpartCall]
 
 
-def mpi_buffers(c: Described, comm: Any, MPI: Any) -> Call:
+def mpi_buffers(c: Described, comm: Any, MPI: Any) -> CounterpartCall:
     """comm.Alltoall(send, recv), and the like."""
     assert c.mpi is not None
     return getattr(comm, c.mpi.call)  # type: ignore[no-any-return]
 
 
-def mpi_reduction(c: Described, comm: Any, MPI: Any) -> Call:
+def mpi_reduction(c: Described, comm: Any, MPI: Any) -> CounterpartCall:
     """comm.Allreduce(send, recv, op=MPI.SUM), and the like."""
     assert c.mpi is not None
     method, op = getattr(comm, c.mpi.call), MPI.SUM
     return lambda send, recv: method(send, recv, op=op)
 
 
-def mpi_from_root(c: Described, comm: Any, MPI: Any) -> Call:
+def mpi_from_root(c: Described, comm: Any, MPI: Any) -> CounterpartCall:
     """comm.Bcast(buf, root=ROOT): in place, one buffer."""
     assert c.mpi is not None
     method = getattr(comm, c.mpi.call)
     return lambda send, recv: method(send, root=ROOT)
 
 
-def mpi_varying(c: Described, comm: Any, MPI: Any) -> Call:
+def mpi_varying(c: Described, comm: Any, MPI: Any) -> CounterpartCall:
     """comm.Alltoallv([send, counts], [recv, counts]) with the test data's counts."""
     assert c.mpi is not None and c.counts is not None
     method, rank, p = getattr(comm, c.mpi.call), comm.Get_rank(), comm.Get_size()
@@ -78,19 +80,19 @@ class Mpi:
     smpi: Mapping[str, str] = field(default_factory=lambda: {"mpi-default": "ompi"})
 
 
-def gloo_buffers(c: Described, dist: Any, rank: int, p: int) -> Call:
+def gloo_buffers(c: Described, dist: Any, rank: int, p: int) -> CounterpartCall:
     """dist.all_to_all_single(out, send), and the like."""
     method = getattr(dist, str(c.gloo))
     return lambda send, out: method(out, send)
 
 
-def gloo_listed(c: Described, dist: Any, rank: int, p: int) -> Call:
+def gloo_listed(c: Described, dist: Any, rank: int, p: int) -> CounterpartCall:
     """dist.all_gather(list of p views of out, send)."""
     method = getattr(dist, str(c.gloo))
     return lambda send, out: method(list(out.chunk(p)), send)
 
 
-def gloo_reduction(c: Described, dist: Any, rank: int, p: int) -> Call:
+def gloo_reduction(c: Described, dist: Any, rank: int, p: int) -> CounterpartCall:
     """dist.all_reduce in place: the input copied into the result first (as a training loop
     keeps its gradient)."""
     method, op = getattr(dist, str(c.gloo)), dist.ReduceOp.SUM
@@ -101,13 +103,13 @@ def gloo_reduction(c: Described, dist: Any, rank: int, p: int) -> Call:
     return call
 
 
-def gloo_from_root(c: Described, dist: Any, rank: int, p: int) -> Call:
+def gloo_from_root(c: Described, dist: Any, rank: int, p: int) -> CounterpartCall:
     """dist.broadcast(buf, src=ROOT): in place, one buffer."""
     method = getattr(dist, str(c.gloo))
     return lambda send, out: method(send, src=ROOT)
 
 
-def gloo_varying(c: Described, dist: Any, rank: int, p: int) -> Call:
+def gloo_varying(c: Described, dist: Any, rank: int, p: int) -> CounterpartCall:
     """dist.all_to_all_single(out, send, split sizes) with the test data's counts."""
     assert c.counts is not None
     method, counts = getattr(dist, str(c.gloo)), c.counts

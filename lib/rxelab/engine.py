@@ -31,14 +31,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rxelab import abort_notices, verbs
-from rxelab.errors import Mismatch, PeerError, ProtocolError
+from rxelab.errors import Mismatch, PeerError, ProtocolError, Reason
 from rxelab.messages import (
     ABORT,
+    ABORT_CODE,
     CAUSE,
     CTRL,
     CTRL_VERSION,
     DATA_BIT,
-    FAILED,
     MOVING,
     PROGRESS_IMM,
     RTR,
@@ -46,6 +46,7 @@ from rxelab.messages import (
     SEND_BIT,
     TOKEN,
     UNTRACKED,
+    AbortReason,
     SendOp,
     WriteOp,
 )
@@ -356,11 +357,11 @@ class Engine(Waits):
                 time.sleep(0.0001)
         return True
 
-    def post_aborts(self, tag: int, why: int = FAILED, blamed: int | None = None,
+    def post_aborts(self, tag: int, why: AbortReason = Reason.FAILED, blamed: int | None = None,
                     cause: Mismatch | None = None) -> list[SendOp]:
-        """Best effort: tell every peer to stop waiting for this rank, and why (one of
-        ABORT_REASONS, and the rank this one blames, if any); a mismatch that started the
-        failure, found here or told by a peer, goes along (CAUSE) where the wire can carry
+        """Best effort: tell every peer to stop waiting for this rank, and why (an AbortReason,
+        sent as its ABORT_CODE; and the rank this one blames, if any); a mismatch that started
+        the failure, found here or told by a peer, goes along (CAUSE) where the wire can carry
         it: the notices go all the same where it cannot (a count out of range, a bug's)."""
         notices = []
         try:
@@ -371,7 +372,7 @@ class Engine(Waits):
             extra = b""
         for peer in self.conns:
             try:
-                notices.append(self.send_ctrl(peer, ABORT, tag, rkey=why,
+                notices.append(self.send_ctrl(peer, ABORT, tag, rkey=ABORT_CODE[why],
                                               addr=0 if blamed is None else blamed + 1, acked=True,
                                               extra=extra))
             except Exception:  # the peer may be the one that is gone

@@ -8,13 +8,35 @@ from enum import StrEnum
 
 class Reason(StrEnum):
     """Why a peer let this rank down, set where the error is raised: what a caller (and the
-    abort notice to the other ranks) acts on, never read back out of a message's text."""
+    abort notice to the other ranks) acts on, never read back out of a message's text.
+    Below each, the modules that find it. Passed on as it is: a control plane's abort
+    carries its sender's Reason (control/framing.py, control/plane.py); an RDMA abort notice
+    carries it as a code (messages.ABORT_CODE: a lost peer as DIED, ABORTED as FAILED) and
+    stops the call as ABORTED. Not a probe's outcome: that is control/liveness.py's
+    Verdict, whose rank, once gone, is DIED (liveness.GONE_REASON)."""
 
-    DIED = "died"  # its process or connection is gone
-    SILENT = "silent"  # it stopped answering: no heartbeat, no reply in time
-    STALLED = "no progress"  # an operation made no progress for the timeout
-    ABORTED = "aborted by a peer"  # a rank stopped the operation and said so
-    FAILED = "failed"  # a work completion or a message failed otherwise
+    # its process or connection is gone: control/plane.py (a control connection closed, a
+    # rank gone at a barrier), control/framing.py (the other end closed or broke mid-read),
+    # control/rendezvous.py (a rank's connection broke as it joined, its listener gone by
+    # control/liveness.py's verdicts, rank 0 gone)
+    DIED = "died"
+    # it stopped answering: control/plane.py (no heartbeat for liveness.SILENT_S),
+    # control/framing.py (no reply by the deadline), control/rendezvous.py (ranks that did
+    # not join in time, rank 0 out of reach), membership/agreement.py (a shrink's candidate
+    # did not answer), torch/rendezvous.py (nothing in torch's store in time)
+    SILENT = "silent"
+    # an operation made no progress for the timeout: waits.py (an RDMA wait),
+    # control/plane.py (a barrier not reached or released), control/rendezvous.py (rank 0
+    # not gathering the generation)
+    STALLED = "no progress"
+    # a rank stopped the operation and said so: waits.py (its RDMA abort notice,
+    # abort_notices.py), control/rendezvous.py (rank 0 refused the join)
+    ABORTED = "aborted by a peer"
+    # a work completion or a message failed otherwise: engine.py (a work completion's
+    # status), control/plane.py (a bad control message), comm/guard.py (a failure that is
+    # no PeerError, told to the control plane); the default of PeerError (membership/,
+    # control/rendezvous.py)
+    FAILED = "failed"
 
 
 class RdmaError(Exception):

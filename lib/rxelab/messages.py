@@ -1,7 +1,8 @@
 """What the progress engine puts on the wire and tracks, without the engine: the control
-message's format and kinds, why a rank aborted and the mismatch an abort may carry (CAUSE),
-the work-request ids, and the operations an algorithm holds while its data moves (WriteOp,
-SendOp). rxelab.abort_notices checks an abort notice that arrives.
+message's format and kinds, why a rank aborted (a rxelab.errors.Reason, or MISMATCH) and
+its code on the wire, the mismatch an abort may carry (CAUSE), the work-request ids, and
+the operations an algorithm holds while its data moves (WriteOp, SendOp).
+rxelab.abort_notices checks an abort notice that arrives.
 
 Pure Python: the algorithms (rxelab.collectives) and a recording engine import it on a host
 without pyverbs; only rxelab.verbs imports that.
@@ -12,13 +13,27 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Final, Literal
+
+from rxelab.errors import Reason
 
 CTRL = struct.Struct("!BBHIIIQQ")  # kind, version, reserved, tag, rkey, codec, addr, length
 CTRL_VERSION = 2  # 2: a ready-to-receive names the codec of the block it awaits
 RTR, TOKEN, ABORT, RTS, MOVING = 1, 2, 3, 4, 5
-FAILED, STALLED, DIED, MISMATCH = 0, 1, 2, 3  # why a rank aborted
-ABORT_REASONS = {FAILED: "it failed", STALLED: "no progress from", DIED: "it found dead",
-                 MISMATCH: "counts disagree with"}
+# Why a rank aborted, as its abort notice says: the Reason it stopped for (rxelab.comm.guard
+# sends a silent peer as dead, an abort it was told of as its own failure), or MISMATCH: it
+# and a peer disagree on the call (a MismatchError or a ProtocolError, which carry no Reason).
+MISMATCH: Final = "mismatch"
+AbortReason = Literal[Reason.FAILED, Reason.STALLED, Reason.DIED, "mismatch"]
+# its code in the notice's rkey, the same for every version of rxelab (ranks of two versions
+# read each other's notices): never renumber one
+ABORT_CODE: dict[AbortReason, int] = {Reason.FAILED: 0, Reason.STALLED: 1, Reason.DIED: 2,
+                                      MISMATCH: 3}
+ABORT_REASON: dict[int, AbortReason] = {code: why for why, code in ABORT_CODE.items()}
+ABORT_WORDS: dict[AbortReason, str] = {Reason.FAILED: "it failed",  # how a notice is told
+                                       Reason.STALLED: "no progress from",
+                                       Reason.DIED: "it found dead",
+                                       MISMATCH: "counts disagree with"}
 # The immediate of a progress notice: no tag is all ones (collective tags use 30 bits, p2p
 # and user tags leave bits clear), and it reads the same in either byte order.
 PROGRESS_IMM = 0xFFFFFFFF

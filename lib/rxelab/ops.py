@@ -27,7 +27,7 @@ import numpy as np
 
 from rxelab import layouts, testdata
 from rxelab.counterparts import (
-    Call,
+    CounterpartCall,
     GlooBinder,
     Mpi,
     gloo_buffers,
@@ -92,13 +92,13 @@ class Collective:
         """The buffers a call is given: in place, the one buffer (and None)."""
         return (send, None) if self.in_place else (send, recv)
 
-    def mpi_call(self, comm: Any, MPI: Any) -> Call:
+    def mpi_call(self, comm: Any, MPI: Any) -> CounterpartCall:
         """The MPI counterpart's call on the test buffers: f(send, recv)."""
         if self.mpi is None:
             raise ConfigError(f"{self.name} has no MPI counterpart")
         return self.mpi.bind(self, comm, MPI)
 
-    def gloo_call(self, dist: Any, rank: int, p: int) -> Call:
+    def gloo_call(self, dist: Any, rank: int, p: int) -> CounterpartCall:
         """The Gloo counterpart's call on the test buffers as tensors: f(send, out)."""
         if self.gloo is None:
             raise ConfigError(f"{self.name} has no Gloo counterpart {self.no_gloo}")

@@ -1,4 +1,5 @@
-"""The seed's C API, one call each, so the seed's programs port line by line:
+"""The seed's C API, one call each, so the seed's programs port line by line.
+The seed: the C programs this project started from (an RDMA library and its test program).
 
     seed C                                  here
     rdma_init(&ctx, ...)                    ctx = rdma_init(rank, world_size, master_addr, port)

@@ -94,7 +94,7 @@ class Device:
             self.name, self.port = self._choose(name, port)
             self.ctx = Context(name=self.name)
             attr = self.ctx.query_port(self.port)
-            self.mtu = attr.active_mtu
+            self.mtu_enum = attr.active_mtu  # an IBV_MTU_* (IBV_MTU_4096 is 5), not bytes
             self.lid = attr.lid
             self.gid_index = self._choose_gid(gid_index, attr.gid_tbl_len)
             self.gid = str(self.ctx.query_gid(self.port, self.gid_index))
@@ -229,7 +229,7 @@ class Connection:
         self.remote = remote
         attr = QPAttr(port_num=self.dev.port)
         attr.qp_access_flags = ACCESS_REMOTE
-        attr.path_mtu = self.dev.mtu
+        attr.path_mtu = self.dev.mtu_enum
         attr.dest_qp_num = remote.qpn
         attr.rq_psn = remote.psn
         attr.sq_psn = self.psn

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from rxelab.codecs import BY_ID
 from rxelab.errors import Mismatch, MismatchError, PeerError, RdmaError, Reason
-from rxelab.messages import FAILED, SendOp, WriteOp
+from rxelab.messages import AbortReason, SendOp, WriteOp
 
 if TYPE_CHECKING:
     from rxelab.verbs import Connection, Device
@@ -44,18 +44,19 @@ class Arrival:
 
 @dataclass(frozen=True)
 class Notice:
-    """An abort notice as it was filed: why in words, the reason's code (rxelab.messages),
-    the rank its sender blames, and the mismatch that started it all, where one did."""
+    """An abort notice as it was filed: why in words, and as its sender said it (a Reason,
+    or MISMATCH: rxelab.messages), the rank its sender blames, and the mismatch that started
+    it all, where one did."""
 
-    reason: str
-    code: int
+    words: str
+    why: AbortReason
     blamed: int | None
     mismatch: Mismatch | None = None
 
     def passes_on(self, sender: int) -> bool:
         """Whether the notice only passes on another rank's failure (its sender was stopped
         by that rank's notice): that rank's own notice says what went wrong."""
-        return self.code == FAILED and self.blamed is not None and self.blamed != sender
+        return self.why == Reason.FAILED and self.blamed is not None and self.blamed != sender
 
 
 @dataclass
@@ -176,7 +177,7 @@ class Waits:
     def _notice_error(self, who: int, notice: Notice, context: str) -> RdmaError:
         m = notice.mismatch
         if m is None:
-            return PeerError(f"rank {who} stopped the operation ({notice.reason}){context}",
+            return PeerError(f"rank {who} stopped the operation ({notice.words}){context}",
                              peer=who, reason=Reason.ABORTED)
         other = m.other(self.rank)
         if other is None:

@@ -18,8 +18,8 @@ import pytest
 from rxelab import abort_notices, codecs
 from rxelab.collectives.common import Call
 from rxelab.engine import Engine
-from rxelab.errors import Mismatch, RdmaError
-from rxelab.messages import ABORT, CAUSE, FAILED, MISMATCH
+from rxelab.errors import Mismatch, RdmaError, Reason
+from rxelab.messages import ABORT, ABORT_CODE, CAUSE, MISMATCH
 
 from tests.unit.fakejob import run_ranks
 
@@ -44,14 +44,14 @@ def test_a_cause_the_wire_cannot_carry_leaves_the_notices_going_out_without_it(c
     notices = eng.post_aborts(7, MISMATCH, 0, cause)
     assert [n.peer for n in notices] == [0, 2], "every peer is told"
     assert [(s["peer"], s["kind"], s["rkey"], s["extra"]) for s in sent] == \
-        [(0, ABORT, MISMATCH, b""), (2, ABORT, MISMATCH, b"")]
+        [(0, ABORT, ABORT_CODE[MISMATCH], b""), (2, ABORT, ABORT_CODE[MISMATCH], b"")]
 
 
 def test_a_cause_that_fits_goes_along():
     eng = _engine()
     extras: list[bytes] = []
     eng.send_ctrl = lambda peer, kind, tag, **kw: extras.append(kw["extra"])  # type: ignore[assignment,method-assign]
-    eng.post_aborts(7, FAILED, 0, Mismatch(0, 1, 5, 7))
+    eng.post_aborts(7, Reason.FAILED, 0, Mismatch(0, 1, 5, 7))
     assert extras == [CAUSE.pack(0, 1, 5, 7)] * 2
 
 
@@ -91,5 +91,5 @@ def test_a_receiver_advertising_less_than_a_header_is_a_mismatch_the_wire_carrie
     assert f"rank 1 expects 0 bytes from rank 0, which has {block} for it" in said[0], said[0]
     assert f"rank 0 sends {block} bytes to this rank, which expects 0" in said[1], said[1]
     m = Mismatch(0, 1, block, 0)  # what rank 0's notice carries is read back as sent
-    notice = abort_notices.parse(0, 2, MISMATCH, 1 + 1, cause=CAUSE.pack(0, 1, block, 0))
+    notice = abort_notices.parse(0, 2, ABORT_CODE[MISMATCH], 1 + 1, cause=CAUSE.pack(0, 1, block, 0))
     assert notice.mismatch == m and notice.blamed == 1

@@ -22,8 +22,8 @@ import rxelab
 from rxelab import engine
 from rxelab.control import plane
 from rxelab.engine import CAUSE, Engine
-from rxelab.errors import Mismatch, MismatchError, PeerError, RdmaError
-from rxelab.messages import ABORT, CTRL, CTRL_VERSION, DIED, FAILED, MISMATCH, SEND_BIT, STALLED, SendOp
+from rxelab.errors import Mismatch, MismatchError, PeerError, RdmaError, Reason
+from rxelab.messages import ABORT, ABORT_CODE, CTRL, CTRL_VERSION, MISMATCH, SEND_BIT, SendOp
 
 from tests.unit.fakejob import run_ranks
 
@@ -47,51 +47,56 @@ def _file(eng: Engine, peer: int, code: int, blamed: int | None,
     eng._file_ctrl(peer, data, len(data))
 
 
-@pytest.mark.parametrize("code,blamed,cause,said", [
-    (FAILED, 0, None, "it failed"),  # its own failure
-    (FAILED, 2, None, "rank 2 stopped"),  # another's failure passed on
-    (FAILED, None, None, "it failed"),
-    (FAILED, 1, None, "rank 1 stopped"),  # it blames this rank
-    (STALLED, 1, None, "no progress from rank 1"),
-    (DIED, 2, None, "it found dead rank 2"),
+@pytest.mark.parametrize("why,blamed,cause,said", [
+    (Reason.FAILED, 0, None, "it failed"),  # its own failure
+    (Reason.FAILED, 2, None, "rank 2 stopped"),  # another's failure passed on
+    (Reason.FAILED, None, None, "it failed"),
+    (Reason.FAILED, 1, None, "rank 1 stopped"),  # it blames this rank
+    (Reason.STALLED, 1, None, "no progress from rank 1"),
+    (Reason.DIED, 2, None, "it found dead rank 2"),
     (MISMATCH, None, None, "counts disagree with"),  # a protocol error, no cause
     (MISMATCH, 1, (0, 1, 6000, 4096), "counts disagree with rank 1"),  # the sender's notice
     (MISMATCH, 1, (1, 0, 3000, 4096), "counts disagree with rank 1"),  # the receiver's
-    (FAILED, 2, (2, 1, 5, 0), "rank 2 stopped"),  # a bystander passes a mismatch on
-    (FAILED, 0, (1, 2, 0, 5), "it failed"),
+    (Reason.FAILED, 2, (2, 1, 5, 0), "rank 2 stopped"),  # a bystander passes a mismatch on
+    (Reason.FAILED, 0, (1, 2, 0, 5), "it failed"),
 ])
-def test_a_well_formed_notice_is_filed_as_before(code, blamed, cause, said):
+def test_a_well_formed_notice_is_filed_as_before(why, blamed, cause, said):
     eng = _engine()
-    _file(eng, 0, code, blamed, cause)
+    _file(eng, 0, ABORT_CODE[why], blamed, cause)
     notice = eng.box.aborts[0]
-    assert (notice.reason, notice.code, notice.blamed) == (said, code, blamed)
+    assert (notice.words, notice.why, notice.blamed) == (said, why, blamed)
     assert notice.mismatch == (None if cause is None else Mismatch(*cause))
 
 
+def test_the_codes_on_the_wire_are_those_every_version_sends():
+    """Ranks of two versions read each other's notices: a code is never renumbered."""
+    assert ABORT_CODE == {Reason.FAILED: 0, Reason.STALLED: 1, Reason.DIED: 2, MISMATCH: 3}
+
+
 MALFORMED = {
-    "a blamed rank of 2**40": (dict(code=FAILED, blamed=BIG), "rank 1099511627776"),
-    "the largest blamed rank": (dict(code=DIED, blamed=None, addr=(1 << 64) - 1),
+    "a blamed rank of 2**40": (dict(code=ABORT_CODE[Reason.FAILED], blamed=BIG), "rank 1099511627776"),
+    "the largest blamed rank": (dict(code=ABORT_CODE[Reason.DIED], blamed=None, addr=(1 << 64) - 1),
                                 "rank 18446744073709551614"),
-    "a blamed rank one past the last": (dict(code=STALLED, blamed=P), "rank 3"),
+    "a blamed rank one past the last": (dict(code=ABORT_CODE[Reason.STALLED], blamed=P), "rank 3"),
     "an unknown code": (dict(code=99, blamed=None), "code 99"),
     "an unknown code blaming a rank": (dict(code=4, blamed=2), "code 4"),
-    "a mismatch's sender out of range": (dict(code=MISMATCH, blamed=0,
+    "a mismatch's sender out of range": (dict(code=ABORT_CODE[MISMATCH], blamed=0,
                                               cause=((1 << 32) - 1, 0, 5, 7)), "rank 4294967295"),
-    "a mismatch's receiver out of range": (dict(code=MISMATCH, blamed=3, cause=(0, 3, 5, 7)),
+    "a mismatch's receiver out of range": (dict(code=ABORT_CODE[MISMATCH], blamed=3, cause=(0, 3, 5, 7)),
                                            "rank 3"),
-    "a mismatch of a rank with itself": (dict(code=MISMATCH, blamed=1, cause=(1, 1, 5, 7)),
+    "a mismatch of a rank with itself": (dict(code=ABORT_CODE[MISMATCH], blamed=1, cause=(1, 1, 5, 7)),
                                          "with itself"),
-    "a mismatch of equal sizes": (dict(code=MISMATCH, blamed=1, cause=(0, 1, 4096, 4096)),
+    "a mismatch of equal sizes": (dict(code=ABORT_CODE[MISMATCH], blamed=1, cause=(0, 1, 4096, 4096)),
                                   "4096 bytes both"),
-    "a mismatch its sender is no party to": (dict(code=MISMATCH, blamed=2, cause=(2, 1, 5, 7)),
+    "a mismatch its sender is no party to": (dict(code=ABORT_CODE[MISMATCH], blamed=2, cause=(2, 1, 5, 7)),
                                              "rank 0 is neither"),
-    "a mismatch blaming a bystander": (dict(code=MISMATCH, blamed=2, cause=(0, 1, 5, 7)),
+    "a mismatch blaming a bystander": (dict(code=ABORT_CODE[MISMATCH], blamed=2, cause=(0, 1, 5, 7)),
                                        "blames rank 2"),
-    "a mismatch blaming nobody": (dict(code=MISMATCH, blamed=None, cause=(0, 1, 5, 7)),
+    "a mismatch blaming nobody": (dict(code=ABORT_CODE[MISMATCH], blamed=None, cause=(0, 1, 5, 7)),
                                   "blames no rank"),
-    "a cause with a stall": (dict(code=STALLED, blamed=1, cause=(0, 1, 5, 7)), "a cause"),
-    "a codec": (dict(code=FAILED, blamed=0, codec=2), "codec 2"),
-    "a length": (dict(code=FAILED, blamed=0, nbytes=64), "length 64"),
+    "a cause with a stall": (dict(code=ABORT_CODE[Reason.STALLED], blamed=1, cause=(0, 1, 5, 7)), "a cause"),
+    "a codec": (dict(code=ABORT_CODE[Reason.FAILED], blamed=0, codec=2), "codec 2"),
+    "a length": (dict(code=ABORT_CODE[Reason.FAILED], blamed=0, nbytes=64), "length 64"),
 }
 
 
@@ -100,8 +105,8 @@ def test_a_malformed_notice_stops_the_call_as_one_clear_error_of_its_sender(fiel
     eng = _engine()
     _file(eng, 0, **fields)
     notice = eng.box.aborts[0]  # it stops the call all the same: its sender did stop
-    assert "malformed" in notice.reason and named in notice.reason, notice.reason
-    assert (notice.code, notice.blamed, notice.mismatch) == (FAILED, None, None)
+    assert "malformed" in notice.words and named in notice.words, notice.words
+    assert (notice.why, notice.blamed, notice.mismatch) == (Reason.FAILED, None, None)
     err = eng.stopped(" while this rank waited for a block")
     assert type(err) is PeerError and err.peer == 0, repr(err)  # its sender: a rank of the job
     assert err.mismatch is None
@@ -110,7 +115,7 @@ def test_a_malformed_notice_stops_the_call_as_one_clear_error_of_its_sender(fiel
 
 def test_a_well_formed_mismatch_notice_still_names_the_other_rank():
     eng = _engine()
-    _file(eng, 0, MISMATCH, 1, (0, 1, 6000, 4096))
+    _file(eng, 0, ABORT_CODE[MISMATCH], 1, (0, 1, 6000, 4096))
     err = eng.stopped("")
     assert isinstance(err, MismatchError) and err.peer == 0
     assert "rank 0 sends 6000 bytes to this rank, which expects 4096" in str(err)
@@ -118,16 +123,17 @@ def test_a_well_formed_mismatch_notice_still_names_the_other_rank():
 
 def test_the_first_notice_of_a_rank_stays_the_one_filed():
     eng = _engine()
-    _file(eng, 2, FAILED, 2)
-    _file(eng, 2, FAILED, BIG)
-    assert eng.box.aborts[2].reason == "it failed"
+    _file(eng, 2, ABORT_CODE[Reason.FAILED], 2)
+    _file(eng, 2, ABORT_CODE[Reason.FAILED], BIG)
+    assert eng.box.aborts[2].words == "it failed"
 
 
 CRAFTED = {  # what rank 0 sends rank 1 instead of a notice of its own
-    "blames rank 2**40, a mismatch of rank 2**32-1": dict(rkey=MISMATCH, addr=BIG + 1,
+    "blames rank 2**40, a mismatch of rank 2**32-1": dict(rkey=ABORT_CODE[MISMATCH], addr=BIG + 1,
                                                           extra=CAUSE.pack((1 << 32) - 1, 1, 5, 7)),
     "an unknown code": dict(rkey=99, addr=0, extra=b""),
-    "a mismatch of rank 1 with itself": dict(rkey=MISMATCH, addr=1 + 1, extra=CAUSE.pack(1, 1, 5, 7)),
+    "a mismatch of rank 1 with itself": dict(rkey=ABORT_CODE[MISMATCH], addr=1 + 1,
+                                             extra=CAUSE.pack(1, 1, 5, 7)),
 }
 
 

@@ -15,17 +15,13 @@ import pytest
 from rxelab import bootstrap
 from rxelab.control import plane
 from rxelab.control.liveness import (
-    ALIVE,
     EVERY_S,
-    GONE,
     NO_PROOF_S,
-    SILENT,
     SILENT_S,
     STRIKES,
-    UNANSWERED,
-    UNSURE,
     Doubts,
     Lively,
+    Verdict,
     Watch,
     verdict_of,
 )
@@ -43,21 +39,21 @@ class Clock:
 
 
 @pytest.mark.parametrize("err, verdict", [
-    (ConnectionRefusedError(), GONE),
-    (AuthError("a stranger on the port"), GONE),
-    (PeerError("said nothing", reason=Reason.SILENT), SILENT),
-    (PeerError("closed mid-handshake", reason=Reason.DIED), UNSURE),
-    (ConnectionResetError(), UNSURE),
-    (BrokenPipeError(), UNSURE),
-    (ProtocolError("not a challenge"), UNSURE),
-    (TimeoutError("timed out"), UNANSWERED),  # socket.create_connection's
-    (OSError(errno.EHOSTUNREACH, "no route to host"), UNANSWERED),
+    (ConnectionRefusedError(), Verdict.GONE),
+    (AuthError("a stranger on the port"), Verdict.GONE),
+    (PeerError("said nothing", reason=Reason.SILENT), Verdict.MUTE),
+    (PeerError("closed mid-handshake", reason=Reason.DIED), Verdict.UNSURE),
+    (ConnectionResetError(), Verdict.UNSURE),
+    (BrokenPipeError(), Verdict.UNSURE),
+    (ProtocolError("not a challenge"), Verdict.UNSURE),
+    (TimeoutError("timed out"), Verdict.UNANSWERED),  # socket.create_connection's
+    (OSError(errno.EHOSTUNREACH, "no route to host"), Verdict.UNANSWERED),
 ], ids=lambda x: type(x).__name__ if isinstance(x, BaseException) else x)
 def test_what_one_failed_dial_says(err, verdict):
     assert verdict_of(err) == verdict
 
 
-@pytest.mark.parametrize("verdict", [UNSURE, SILENT, UNANSWERED])
+@pytest.mark.parametrize("verdict", [Verdict.UNSURE, Verdict.MUTE, Verdict.UNANSWERED])
 def test_unsure_has_an_end_no_proof_for_no_proof_s_over_strikes_tries_is_gone(verdict):
     clock = Clock()
     doubts = Doubts((), clock)
@@ -75,21 +71,21 @@ def test_unsure_has_an_end_no_proof_for_no_proof_s_over_strikes_tries_is_gone(ve
 def test_a_proof_starts_the_doubt_over_and_a_refusal_is_death_at_once():
     clock = Clock()
     doubts = Doubts((), clock)
-    doubts.note(1, UNSURE, T0)
-    doubts.note(1, ALIVE, T0 + 1)
+    doubts.note(1, Verdict.UNSURE, T0)
+    doubts.note(1, Verdict.ALIVE, T0 + 1)
     for i in range(STRIKES):
-        doubts.note(1, UNSURE, T0 + 2 + i)
+        doubts.note(1, Verdict.UNSURE, T0 + 2 + i)
     clock.now = T0 + NO_PROOF_S + 1
     assert not doubts.gone(1) and doubts.alive(1), "proven a second in: its doubt starts then"
     clock.now = T0 + NO_PROOF_S + 2
     assert doubts.gone(1)
-    doubts.note(2, GONE, T0)
+    doubts.note(2, Verdict.GONE, T0)
     assert doubts.gone(2)
     doubts.forget(2)  # it came after all
     assert not doubts.gone(2) and doubts.alive(2)
 
 
-@pytest.mark.parametrize("verdict", [UNANSWERED, SILENT])
+@pytest.mark.parametrize("verdict", [Verdict.UNANSWERED, Verdict.MUTE])
 def test_a_timeout_on_a_rank_its_heartbeats_vouch_for_is_no_death_until_they_lapse(verdict):
     """Rank 1 was last heard at T0 (its heartbeats vouch for it to T0 + SILENT_S); rank 2 is
     vouched for by nobody. Both time out on every try."""
@@ -112,8 +108,8 @@ def test_a_timeout_on_a_rank_its_heartbeats_vouch_for_is_no_death_until_they_lap
 def test_vouching_never_covers_a_listener_that_took_a_connection_and_closed_it_unproven():
     clock = Clock()
     doubts = Doubts(Lively({1: T0 + SILENT_S}), clock)
-    doubts.note(1, UNANSWERED, T0)
-    doubts.note(1, UNSURE, T0 + 1)  # taken and closed: no flood does that, a squatter does
+    doubts.note(1, Verdict.UNANSWERED, T0)
+    doubts.note(1, Verdict.UNSURE, T0 + 1)  # taken and closed: no flood does that, a squatter does
     clock.now = T0 + NO_PROOF_S
     assert doubts.gone(1)
 
@@ -123,7 +119,7 @@ def test_ranks_given_without_times_were_heard_just_now():
     clock = Clock()
     doubts = Doubts(range(3), clock)
     for k in range(STRIKES):
-        doubts.note(1, UNANSWERED, T0 + k)
+        doubts.note(1, Verdict.UNANSWERED, T0 + k)
     clock.now = T0 + SILENT_S
     assert not doubts.gone(1) and doubts.alive(2), "vouched for SILENT_S from the start"
     clock.now = T0 + SILENT_S + 0.01
@@ -152,9 +148,9 @@ def test_a_watch_vouches_on_its_clock_and_drops_a_member_once_that_lapses():
     clock = Clock()
     filed = threading.Semaphore(0)
 
-    def look(rank: int) -> str:
+    def look(rank: int) -> Verdict:
         filed.release()
-        return UNANSWERED
+        return Verdict.UNANSWERED
     watch = Watch(look, range(2), clock)
 
     def probe_once() -> set[int]:

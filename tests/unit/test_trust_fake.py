@@ -20,7 +20,7 @@ from rxelab.control import addresses, framing, handshake
 from rxelab.control.connection import Greeting, dial
 from rxelab.control.handshake import SharedSecret
 from rxelab.control.listener import Porter
-from rxelab.control.liveness import ALIVE, probe
+from rxelab.control.liveness import Verdict, probe
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError
 
 from tests.unit.fakejob import die, free_port, run_ranks, settle
@@ -318,11 +318,11 @@ def test_a_relay_from_a_dead_ranks_port_to_a_live_rank_does_not_make_it_alive():
     relay, stop = _relay(("127.0.0.1", porter.port))
     try:
         where = ("127.0.0.1", relay.getsockname()[1])
-        assert probe(where, cred, scope="job", rank=0, to=1, generation=0) == ALIVE, \
+        assert probe(where, cred, scope="job", rank=0, to=1, generation=0) == Verdict.ALIVE, \
             "a relay of rank 1's own probe is rank 1 answering"
-        assert probe(where, cred, scope="job", rank=0, to=2, generation=0) != ALIVE
+        assert probe(where, cred, scope="job", rank=0, to=2, generation=0) != Verdict.ALIVE
         assert probe(("127.0.0.1", porter.port), cred, scope="job", rank=0, to=2,
-                     generation=0) != ALIVE, "rank 1 answered for rank 2"
+                     generation=0) != Verdict.ALIVE, "rank 1 answered for rank 2"
     finally:
         stop.set()
         relay.close()

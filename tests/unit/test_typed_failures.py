@@ -8,28 +8,28 @@ import time
 
 import pytest
 from rxelab import messages
-from rxelab.comm.guard import abort_code
+from rxelab.comm.guard import abort_reason
 from rxelab.control import framing
 from rxelab.errors import MismatchError, PeerError, ProtocolError, Reason
 
 
-@pytest.mark.parametrize(("reason", "code"), [
-    (Reason.DIED, messages.DIED), (Reason.SILENT, messages.DIED),
-    (Reason.STALLED, messages.STALLED), (Reason.ABORTED, messages.FAILED),
-    (Reason.FAILED, messages.FAILED)])
-def test_the_abort_a_rank_sends_follows_the_reason(reason, code):
-    assert abort_code(PeerError("something", peer=1, reason=reason)) == code
+@pytest.mark.parametrize(("reason", "told"), [
+    (Reason.DIED, Reason.DIED), (Reason.SILENT, Reason.DIED),
+    (Reason.STALLED, Reason.STALLED), (Reason.ABORTED, Reason.FAILED),
+    (Reason.FAILED, Reason.FAILED)])
+def test_the_abort_a_rank_sends_follows_the_reason(reason, told):
+    assert abort_reason(PeerError("something", peer=1, reason=reason)) == told
 
 
 def test_the_words_of_a_message_do_not_choose_the_abort():
-    assert abort_code(PeerError("rank 1 is gone, no progress")) == messages.FAILED
-    assert abort_code(PeerError("fine words", reason=Reason.SILENT)) == messages.DIED
+    assert abort_reason(PeerError("rank 1 is gone, no progress")) == Reason.FAILED
+    assert abort_reason(PeerError("fine words", reason=Reason.SILENT)) == Reason.DIED
 
 
 def test_disagreements_abort_as_mismatches():
-    assert abort_code(MismatchError("counts")) == messages.MISMATCH
-    assert abort_code(ProtocolError("bad frame")) == messages.MISMATCH
-    assert abort_code(KeyboardInterrupt()) == messages.FAILED
+    assert abort_reason(MismatchError("counts")) == messages.MISMATCH
+    assert abort_reason(ProtocolError("bad frame")) == messages.MISMATCH
+    assert abort_reason(KeyboardInterrupt()) == Reason.FAILED
 
 
 def test_a_peer_that_says_nothing_is_silent_and_one_that_closes_died():

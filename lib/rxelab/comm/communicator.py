@@ -29,6 +29,7 @@ from rxelab.comm.named import NamedCollectives
 from rxelab.comm.p2p import PointToPoint
 from rxelab.comm.plans import Plan, PlanCache, Planner
 from rxelab.comm.results import Stats
+from rxelab.control.liveness import Verdict
 from rxelab.control.plane import ControlPlane
 from rxelab.engine import Engine
 from rxelab.errors import ClosedError, ConfigError, RdmaError
@@ -45,7 +46,7 @@ class Communicator(PointToPoint, NamedCollectives):
     def __init__(self, job: bootstrap.JobInfo, *, device: str | None = None,
                  port: int | None = None, gid_index: int | None = None, elastic: bool = False,
                  _porter: Any = None, _generation: int = 0,
-                 _look: Callable[[int], str] | None = None, compression: str | None = None,
+                 _look: Callable[[int], Verdict] | None = None, compression: str | None = None,
                  _listener: socket.socket | None = None,
                  **options: Any) -> None:
         """options: those of rxelab.settings (timeout, eager_limit, chunk, window, slots,
@@ -355,7 +356,7 @@ class Communicator(PointToPoint, NamedCollectives):
     def _builder(seat: membership.Seat) -> membership.Build[Communicator]:
         """How membership makes the next communicator: on the seat's porter, as it opened."""
         def build(job: bootstrap.JobInfo, generation: int,
-                  look: Callable[[int], str] | None = None) -> Communicator:
+                  look: Callable[[int], Verdict] | None = None) -> Communicator:
             return Communicator(job, elastic=True, _porter=seat.porter,
                                 _generation=generation, _look=look, **seat.opened)
         return build

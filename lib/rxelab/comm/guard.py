@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rxelab import messages, verbs
+from rxelab import verbs
 from rxelab.errors import ConfigError, MismatchError, PeerError, ProtocolError, Reason
+from rxelab.messages import MISMATCH, AbortReason
 
 if TYPE_CHECKING:
     from rxelab.control.plane import ControlPlane
@@ -62,16 +63,17 @@ class Guarded(Protocol):
     progress: ProgressThread
 
 
-def abort_code(err: BaseException) -> int:
-    """What the RDMA abort notice tells the peers of why this rank stopped."""
+def abort_reason(err: BaseException) -> AbortReason:
+    """What the RDMA abort notice tells the peers of why this rank stopped: a peer lost
+    (died, or silent) as DIED, an abort this rank was told of as its own failure."""
     if isinstance(err, ProtocolError | MismatchError):
-        return messages.MISMATCH
+        return MISMATCH
     if isinstance(err, PeerError):
         if err.lost:
-            return messages.DIED
+            return Reason.DIED
         if err.reason == Reason.STALLED:
-            return messages.STALLED
-    return messages.FAILED
+            return Reason.STALLED
+    return Reason.FAILED
 
 
 def fail(comm: Guarded, what: str, tag: int, err: BaseException) -> None:
@@ -88,7 +90,7 @@ def fail(comm: Guarded, what: str, tag: int, err: BaseException) -> None:
     cause = getattr(err, "mismatch", None)
     notices: list[Any] = []
     try:  # the notices go out first: a work request that still reads our memory would
-        notices = comm.engine.post_aborts(tag, abort_code(err), blamed,  # fail, and take
+        notices = comm.engine.post_aborts(tag, abort_reason(err), blamed,  # fail, and take
                                           cause)  # them along
         comm.engine.await_notices(notices)
     except BaseException:  # telling peers is best effort

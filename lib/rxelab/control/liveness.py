@@ -3,14 +3,15 @@
 nothing: anyone can listen on a port a dead process left, and anyone can keep a live
 listener's accept queue full.
 
-What one probe says (verdict_of):
+What one probe says, its Verdict (verdict_of), an outcome of one try and not why a rank is
+down (that is a rxelab.errors.Reason: GONE_REASON, once the verdicts make a rank gone):
 - ALIVE: a proven answer;
 - GONE: nothing listens there (refused), or what listens cannot prove it holds the job's
   secret (a stranger on the port);
 - UNANSWERED: no connection within CONNECT_S: a dead or cut-off node, or a live listener
   whose accept queue a flood of connects keeps full;
-- UNSURE, SILENT: the connection was taken, then closed before the handshake ended, or said
-  nothing within PROBE_S: a crowded listener, or a stranger on the port.
+- UNSURE, MUTE: the connection was taken, then closed before the handshake ended (UNSURE),
+  or said nothing within PROBE_S (MUTE): a crowded listener, or a stranger on the port.
 
 Only GONE is death at once. Doubts weighs the rest over time, so "unsure" has an end and a
 flood cannot make a death: a rank that gave no proof for NO_PROOF_S (STRIKES tries at least)
@@ -32,7 +33,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from types import MappingProxyType
+from typing import Final
 
 from rxelab.control.connection import dial
 from rxelab.control.handshake import Credential
@@ -46,27 +49,41 @@ NO_PROOF_S = 5.0  # ... over this long (a live porter proves itself in milliseco
 MAX_PROBES = 16  # probes in flight at once
 SILENT_S = 10.0  # heartbeats vouch for a rank this long after it was last heard (rxelab.control.plane:
 # a link silent this long means the rank behind it is gone)
-ALIVE, GONE, UNSURE, SILENT, UNANSWERED = "alive", "gone", "unsure", "silent", "unanswered"
 
 
-def verdict_of(err: BaseException) -> str:
+class Verdict(StrEnum):
+    """What one probe says of the rank behind an address (the module's docstring)."""
+
+    ALIVE = "alive"  # a proven answer
+    GONE = "gone"  # refused, or a stranger on the port: a death at once
+    UNANSWERED = "unanswered"  # nothing took the connection within CONNECT_S
+    UNSURE = "unsure"  # taken, then closed before any proof (or the probe failed otherwise)
+    MUTE = "mute"  # taken, then nothing said within PROBE_S
+
+
+# why a rank is down once its verdicts make it gone (GONE at once, or Doubts.gone over time),
+# where that stops a call (rxelab.control.rendezvous): taken for dead, as a closed connection
+GONE_REASON: Final = Reason.DIED
+
+
+def verdict_of(err: BaseException) -> Verdict:
     """What a dial that failed with `err` says of the rank behind the address."""
     if isinstance(err, ConnectionRefusedError | AuthError):
-        return GONE
-    if isinstance(err, PeerError):
-        return SILENT if err.reason == Reason.SILENT else UNSURE
+        return Verdict.GONE
+    if isinstance(err, PeerError):  # the handshake's own read: it said nothing, or closed
+        return Verdict.MUTE if err.reason == Reason.SILENT else Verdict.UNSURE
     if isinstance(err, ConnectionResetError | BrokenPipeError | ConnectionAbortedError
                   | ProtocolError):
-        return UNSURE  # taken, then dropped before any proof
+        return Verdict.UNSURE  # taken, then dropped before any proof
     if isinstance(err, OSError):
-        return UNANSWERED  # a timeout, an unreachable host: nothing took the connection
-    return UNSURE
+        return Verdict.UNANSWERED  # a timeout, an unreachable host: nothing took the connection
+    return Verdict.UNSURE
 
 
 def probe(address: tuple[str, int], credential: Credential, *, scope: str, rank: int, to: int,
-          generation: int) -> str:
-    """What listens at `address` for rank `to` of `generation` (rank: the asker's): ALIVE,
-    GONE, UNANSWERED, SILENT or UNSURE (see the module's docstring)."""
+          generation: int) -> Verdict:
+    """What listens at `address` for rank `to` of `generation` (rank: the asker's): its
+    Verdict (see the module's docstring)."""
     deadline = time.monotonic() + PROBE_S
     try:
         link = dial(address, credential, kind="probe", rank=rank, to=to, generation=generation,
@@ -76,9 +93,9 @@ def probe(address: tuple[str, int], credential: Credential, *, scope: str, rank:
     try:
         link.send({"type": "probe", "rank": rank, "generation": generation})
         reply = link.recv(deadline=deadline, peer=f"the listener at {address[0]}:{address[1]}")
-        return ALIVE if reply["type"] == "alive" else UNSURE
+        return Verdict.ALIVE if reply["type"] == "alive" else Verdict.UNSURE
     except (OSError, ProtocolError, PeerError):
-        return UNSURE
+        return Verdict.UNSURE
     finally:
         link.close()
 
@@ -124,17 +141,17 @@ class Doubts:
         self._gone: set[int] = set()
         self._proven: set[int] = set()
 
-    def note(self, rank: int, verdict: str, began: float) -> None:
+    def note(self, rank: int, verdict: Verdict, began: float) -> None:
         """A try that began at `began` (on the clock) said `verdict`."""
-        if verdict == ALIVE:
+        if verdict == Verdict.ALIVE:
             self._proven.add(rank)
             self._doubts.pop(rank, None)
-        elif verdict == GONE:
+        elif verdict == Verdict.GONE:
             self._gone.add(rank)
         else:
             doubt = self._doubts.setdefault(rank, Doubt(began))
             doubt.tries += 1
-            doubt.taken |= verdict == UNSURE
+            doubt.taken |= verdict == Verdict.UNSURE
 
     def vouched(self, rank: int) -> bool:
         """Whether its heartbeats still vouch for it (not SILENT_S past its last one)."""
@@ -164,7 +181,7 @@ class Watch:
     none running (again EVERY_S after its last), at most MAX_PROBES at once, and returns
     those of them found gone so far (Doubts, with `lively` and `clock`)."""
 
-    def __init__(self, look: Callable[[int], str], lively: Iterable[int] = (),
+    def __init__(self, look: Callable[[int], Verdict], lively: Iterable[int] = (),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.look = look
         self._clock = clock
@@ -199,7 +216,7 @@ class Watch:
         try:
             verdict = self.look(rank)
         except Exception:  # a probe that fails says nothing either way
-            verdict = UNSURE
+            verdict = Verdict.UNSURE
         with self._lock:
             self._running.discard(rank)
             self._last[rank] = self._clock()

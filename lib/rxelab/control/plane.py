@@ -25,7 +25,7 @@ from rxelab.bootstrap import JobInfo
 from rxelab.control import rendezvous
 from rxelab.control.connection import Link
 from rxelab.control.listener import Porter
-from rxelab.control.liveness import SILENT_S, Lively
+from rxelab.control.liveness import SILENT_S, Lively, Verdict
 from rxelab.errors import PeerError, ProtocolError, Reason
 
 # Elastic jobs: a node that powers off or drops off the network closes no connection, and a
@@ -39,7 +39,7 @@ BEAT_S = 1.0
 class ControlPlane:
     def __init__(self, job: JobInfo, timeout: float, *, elastic: bool = False,
                  porter: Porter | None = None, generation: int = 0,
-                 look: Callable[[int], str] | None = None,
+                 look: Callable[[int], Verdict] | None = None,
                  listener: socket.socket | None = None) -> None:
         """elastic: this rank keeps a listener, served by its porter, for the job's life
         (rxelab.membership), given (a later generation's) or made here (rank 0's is the

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rxelab import codecs, settings
 from rxelab.control import addresses
 from rxelab.control.listener import Porter, answer
-from rxelab.control.liveness import CONNECT_S, PROBE_S, STRIKES, Watch
+from rxelab.control.liveness import CONNECT_S, GONE_REASON, PROBE_S, STRIKES, Verdict, Watch
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError, Reason
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class Plane(Protocol):
     elastic: bool
     porter: Porter | None
     generation: int
-    look: Callable[[int], str] | None
+    look: Callable[[int], Verdict] | None
     job_id: str
     directory: dict[int, tuple[str, int]]
     peers: dict[int, Link]
@@ -143,7 +143,7 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
                 if watch is not None and (gone := watch.gone(missing)):
                     r = min(gone)
                     raise PeerError(f"rank {r} is gone (its listener no longer answers) before "
-                                    "it joined", peer=r, reason=Reason.DIED)
+                                    "it joined", peer=r, reason=GONE_REASON)
                 try:
                     link, hello = inbox.get(timeout=min(remaining, 0.5))
                 except queue.Empty:

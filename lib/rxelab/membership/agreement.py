@@ -12,7 +12,7 @@ from typing import Any
 
 from rxelab.control.connection import Link
 from rxelab.control.listener import answer
-from rxelab.control.liveness import ALIVE, GONE, Doubts, Watch, verdict_of
+from rxelab.control.liveness import Doubts, Verdict, Watch, verdict_of
 from rxelab.errors import PeerError, ProtocolError, Reason
 from rxelab.membership.seat import READ_S, Build, Formed, Seat, T, quorate, say
 
@@ -38,7 +38,7 @@ def shrink(seat: Seat, build: Build[T], deadline: float, quorum: str | int) -> F
                   "lost": [m for m in range(seat.job.world_size) if m not in decided],
                   "agree_s": agreed - started}
 
-        def look(rank: int, decided: list[int] = decided) -> str:
+        def look(rank: int, decided: list[int] = decided) -> Verdict:
             return seat.probe(decided[rank], generation)
         try:
             comm = build(job, generation + 1, look)
@@ -81,13 +81,13 @@ def ask(seat: Seat, candidate: int, generation: int, deadline: float,
     except (OSError, ProtocolError, PeerError) as err:
         verdict = verdict_of(err)
         doubts.note(candidate, verdict, began)
-        if verdict == GONE or doubts.gone(candidate):
+        if verdict == Verdict.GONE or doubts.gone(candidate):
             return None
         if time.monotonic() >= deadline:
             raise PeerError(f"shrink: rank {candidate} did not answer in time: {err}",
                             peer=candidate, reason=Reason.SILENT) from None
         return "later"  # closed on us, said nothing, or its connect timed out: once more
-    doubts.note(candidate, ALIVE, began)
+    doubts.note(candidate, Verdict.ALIVE, began)
     try:
         link.send({"type": "shrink", "rank": seat.job.rank, "generation": generation})
         # a little past our deadline: the coordinator's verdict at its own comes first

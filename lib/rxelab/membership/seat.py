@@ -13,14 +13,14 @@ from typing import Any, Generic, TypeVar
 from rxelab.bootstrap import JobInfo
 from rxelab.control.connection import Link, dial
 from rxelab.control.listener import Porter
-from rxelab.control.liveness import CONNECT_S, PROBE_S, probe
+from rxelab.control.liveness import CONNECT_S, PROBE_S, Verdict, probe
 from rxelab.errors import ConfigError
 
 T = TypeVar("T")
 READ_S = 2.0  # an answer to a member, or a newcomer's to its offer, is taken within this
 # makes the communicator of a job and generation on the seat's porter; look(new rank) says
 # whether a member that has not come yet still lives (rxelab.control.liveness's verdict)
-Build = Callable[[JobInfo, int, Callable[[int], str] | None], T]
+Build = Callable[[JobInfo, int, Callable[[int], Verdict] | None], T]
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Seat:
     opened: dict[str, Any]  # device=, port=, gid_index= and the settings, for the next init
     lively: frozenset[int] = frozenset()
 
-    def probe(self, rank: int, generation: int) -> str:
+    def probe(self, rank: int, generation: int) -> Verdict:
         """Whether old rank `rank` still lives (rxelab.control.liveness: a proven answer from its
         listener, for that rank of that generation)."""
         return probe(self.directory[rank], self.job.credential, scope=self.job.job_id,
