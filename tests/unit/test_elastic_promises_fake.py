@@ -52,7 +52,6 @@ def loop(me: int, killed: dict[int, int], steps: int = 8):
 
 
 # ---- item 8: rank 0 dies, alone or with another in the same step --------------------------
-@pytest.mark.slow
 @pytest.mark.parametrize("killed", [{0: 3}, {0: 3, 3: 3}, {0: 2, 1: 2}],
                          ids=["rank 0", "rank 0 and rank 3", "rank 0 and its neighbour"])
 def test_the_loop_survives_rank_0_and_every_survivor_ends_with_the_same_parameters(killed):
