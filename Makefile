@@ -5,7 +5,7 @@ export NODES IMAGE EXTRAS ACCEL MEM_MB DATA_NET MTU LAB SSH_PORT_BASE INVENTORY
 export RXELAB_STATE RXELAB_CACHE RXELAB_STALL RXELAB_BOOT_TIMEOUT RXELAB_UBUNTU_URL RXELAB_UBUNTU_KEYRING RXELAB_APT_SOURCES
 export RXELAB_ACCEPT_NEW_HOST_KEYS
 
-.PHONY: help check deps test-deps provision status boot-profile ssh destroy test test-unit
+.PHONY: help check deps test-deps provision status boot-profile ssh destroy test test-unit test-slow
 help:
 	@echo "make check       # can this host run the lab? (Terraform or OpenTofu, Python, disk, memory; seconds)"
 	@echo "make provision   # boot the lab ($$($(PY) -m infra.lab_settings 2>/dev/null || python3 -m infra.lab_settings 2>/dev/null || echo 'settings: README'))"
@@ -19,7 +19,9 @@ help:
 	@echo ".venv/bin/fab validate        # a lab run's cases predicted beside what the lab took"
 	@echo ".venv/bin/fab simulate --spec smoke   # predict beyond the lab with SimGrid (no lab needed)"
 	@echo "make destroy     # remove VMs, network, overlays and state"
-	@echo "make test        # the whole test suite (boots its own lab); test-unit: no VMs"
+	@echo "make test        # the whole test suite (boots its own lab; ~30 min)"
+	@echo "make test-unit   # the quick loop: no VMs, no tests marked slow (a few minutes)"
+	@echo "make test-slow   # the host tests marked slow (wheel builds, venvs, replays, reports; no VMs)"
 
 check:
 	@bash infra/check-host.sh
@@ -52,13 +54,19 @@ destroy: deps
 
 # Two workers: the VM tests in order on one (tests/conftest.py says how), the unit tests beside;
 # then the torch backend's host tests under the distribution's torch (.venv-torch: Debian 12's
-# 1.13) and under a current torch 2 from pip (.venv-torch2).
+# 1.13) and under a current torch 2 from pip (.venv-torch2). The 30 slowest are listed: what CI spends.
 test: test-deps
-	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --durations=30 $(PYTEST_ARGS)
 	.venv-torch/bin/python -m pytest tests/torch $(PYTEST_ARGS)
 	.venv-torch2/bin/python -m pytest tests/torch $(PYTEST_ARGS)
 
+# The quick loop: neither the VM tests nor the host tests marked slow (pyproject.toml: why),
+# on two workers, each test module whole on one (tests/conftest.py); then the torch backend's.
 test-unit: test-deps
-	$(PY) -m pytest -m 'not vm' $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -m 'not vm and not slow' $(PYTEST_ARGS)
 	.venv-torch/bin/python -m pytest tests/torch $(PYTEST_ARGS)
 	.venv-torch2/bin/python -m pytest tests/torch $(PYTEST_ARGS)
+
+# What test-unit leaves out and needs no lab: `make test-unit test-slow` runs every host test.
+test-slow: test-deps
+	$(PY) -m pytest -m 'slow and not vm' $(PYTEST_ARGS)

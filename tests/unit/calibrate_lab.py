@@ -3,6 +3,9 @@ so a fit must find those costs again (tests/unit/test_calibrate.py, test_calibra
 
 from __future__ import annotations
 
+import copy
+import functools
+
 from rxelab import trace
 
 from experiments.simulation import calibrate, replayer
@@ -31,6 +34,7 @@ def made_lab(host_cpus: int = HOST_CPUS) -> Profile:
                    wake=WAKE)
 
 
+@functools.cache  # a replay each: made once per process, the same every time
 def lab(op: str, algorithm: str, p: int, size: int) -> float:
     return calibrate.replayed(op, algorithm, p, size, made_lab().lab(p), truth())
 
@@ -50,7 +54,13 @@ def record(op, algorithm, p, size, seconds, spread=0.05, busy=None, loaded=0):
 
 def beside(size: int, loaded: int, host_cpus: int = HOST_CPUS) -> list[dict]:
     """The 2-rank exchange beside `loaded` nodes each running a CPU loop, as the made-up lab
-    runs it (the machine's cores outnumbered: each blocked rank spends WAKE's share to run again)."""
+    runs it (the machine's cores outnumbered: each blocked rank spends WAKE's share to run again).
+    Replayed once per process; each caller gets records of its own to change."""
+    return copy.deepcopy(_beside(size, loaded, host_cpus))
+
+
+@functools.cache
+def _beside(size: int, loaded: int, host_cpus: int) -> list[dict]:
     t = trace.record("alltoall", "pairwise", 2, size, calls=CALLS)
     seconds = replayer.replay(t, made_lab(host_cpus).lab(2 + loaded), truth(),
                               busy=loaded).seconds / CALLS
@@ -73,6 +83,13 @@ def link(tool, size, value, nodes=2):
 
 
 def made_up_run() -> list[dict]:
+    """The calibrate spec's figures on the made-up lab. Its replays take seconds, so it is made
+    once per process; each caller gets records of its own to change."""
+    return copy.deepcopy(_made_up_run())
+
+
+@functools.cache
+def _made_up_run() -> list[dict]:
     out = record("alltoall", "pairwise", 1, 0, CALL)
     out += record("alltoall", "pairwise", 1, 1 << 20, CALL + COPY * (1 << 20))
     for s in SIZES:

@@ -44,6 +44,7 @@ def fitted():
     return calibrate.fit(made_up_run(), "made-up", NODE_CPUS, HOST_CPUS)
 
 
+@pytest.mark.slow
 def test_the_fit_finds_the_costs_the_lab_was_made_with(fitted):
     assert fitted.latency == pytest.approx(LATENCY) and fitted.bandwidth == pytest.approx(BANDWIDTH)
     assert fitted.duplex_bandwidth == pytest.approx(DUPLEX)
@@ -61,6 +62,7 @@ def test_the_fit_finds_the_costs_the_lab_was_made_with(fitted):
         assert row["replay_s"] == pytest.approx(row["lab_s"], rel=1e-3), what
 
 
+@pytest.mark.slow
 def test_a_size_measured_faster_than_a_smaller_one_keeps_its_cost_and_is_said():
     run = [r for r in made_up_run() if not (r["app"] == "rxelab" and r["size"] == 65536
                                              and r["summary"]["ranks"] == 2)]
@@ -72,13 +74,14 @@ def test_a_size_measured_faster_than_a_smaller_one_keeps_its_cost_and_is_said():
 
 
 @pytest.mark.parametrize("missing", [("perftest", "ib_send_lat"), ("perftest", "ib_write_bw"),
-                                     ("rxelab", "ring")])
+                                     pytest.param(("rxelab", "ring"), marks=pytest.mark.slow)])
 def test_a_missing_measurement_is_named(missing):
     run = [r for r in made_up_run() if (r["app"], r["algorithm"]) != missing]
     with pytest.raises(calibrate.CalibrationError, match=missing[1]):
         calibrate.fit(run, "short", NODE_CPUS, HOST_CPUS)
 
 
+@pytest.mark.slow
 def test_a_run_without_the_nodes_cpu_charges_a_byte_to_the_cpu_and_says_so():
     run = made_up_run()
     for r in run:
@@ -97,6 +100,7 @@ def test_a_busy_share_that_is_no_share_is_not_a_measurement(shares):
     assert not any(k[0] == "busy" for k in calibrate.measurements(run))
 
 
+@pytest.mark.slow
 def test_an_exchange_no_busier_at_1_mib_than_at_64_kib_charges_a_byte_to_the_cpu():
     run = made_up_run()
     for r in run:
@@ -107,6 +111,7 @@ def test_an_exchange_no_busier_at_1_mib_than_at_64_kib_charges_a_byte_to_the_cpu
     assert any("no busier" in n for n in got.measured["notes"])
 
 
+@pytest.mark.slow
 def test_a_run_without_the_loopback_fits_and_says_so():
     run = [r for r in made_up_run() if r.get("nodes") != 1 or r["app"] != "perftest"]
     got = calibrate.fit(run, "older", NODE_CPUS, HOST_CPUS)
@@ -123,6 +128,7 @@ def test_failed_rounds_are_not_measurements():
         calibrate.fit(run, "short", NODE_CPUS, HOST_CPUS)
 
 
+@pytest.mark.slow
 def test_a_fitted_profile_is_saved_and_read_back(fitted, tmp_path):
     path = tmp_path / "profiles" / "lab.json"
     calibrate.save(fitted, path)
@@ -144,6 +150,7 @@ def test_a_bad_profile_name_is_refused(name):
         calibrate.check_name(name)
 
 
+@pytest.mark.slow
 def test_a_run_of_another_spec_is_not_fitted(tmp_path):
     (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in made_up_run()))
     (tmp_path / "environment.json").write_text(json.dumps({"spec": "smoke", "hosts": {}}))
@@ -159,6 +166,7 @@ def test_a_run_of_another_spec_is_not_fitted(tmp_path):
         calibrate.fit_run(tmp_path, "lab")
 
 
+@pytest.mark.slow
 def test_the_lab_is_vms_sharing_the_machines_cores(fitted):
     """The profile's nodes as VMs of its CPUs on a machine of its cores; a message's bytes
     cost each VM the CPU measured per byte and pass each VM's data path at the rate the
@@ -176,6 +184,7 @@ def test_the_lab_is_vms_sharing_the_machines_cores(fitted):
     assert (six.hosts, six.host_of(5), six.machine_cores) == (3, 2, HOST_CPUS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("near", "within"), [(True, True), (False, False)])
 def test_validation_sets_predictions_beside_the_lab(fitted, tmp_path, near, within):
     """A lab run at p = 3 made with the truth: the fitted profile predicts inside its spread;
@@ -212,6 +221,7 @@ def test_the_same_p_on_other_nodes_is_ranked_and_summed_up_apart():
         [(3, 2, 1, 1), (6, 0, 0, 1)]
 
 
+@pytest.mark.slow
 def test_validation_of_a_run_without_back_to_back_calls_is_refused(fitted, tmp_path):
     (tmp_path / "records.jsonl").write_text(json.dumps({"app": "rxelab", "status": "ok",
                                                         "summary": {"tight": False}}) + "\n")
@@ -221,6 +231,7 @@ def test_validation_of_a_run_without_back_to_back_calls_is_refused(fitted, tmp_p
         validate.newest(tmp_path / "nothing-here")
 
 
+@pytest.mark.slow
 def test_the_calibrate_spec_measures_what_the_fit_needs():
     """Every figure fit() asks for is a case of the shipped calibrate spec (and nothing there
     goes unused): made up from the spec's own cases, the run fits."""
@@ -250,6 +261,7 @@ def test_the_calibrate_spec_measures_what_the_fit_needs():
     assert got.wake and row["replay_s"] == pytest.approx(row["lab_s"], rel=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", PING_PONG_SIZES)
 def test_a_ping_pong_slower_than_its_replay_is_reported_not_fitted(fitted, size):
     """The ping-pong is a check: a lab whose ping-pong took twice what the exchanges' costs
@@ -266,6 +278,7 @@ def test_a_ping_pong_slower_than_its_replay_is_reported_not_fitted(fitted, size)
     assert any(f"ping-pong {size} B" in line for line in calibrate.describe(got))
 
 
+@pytest.mark.slow
 def test_a_run_without_the_ping_pong_fits_the_same(fitted):
     """Calibration runs from before 2026-11-28 have no ping-pong: the same profile, no check."""
     got = calibrate.fit([r for r in made_up_run() if r.get("op") != calibrate.PING_PONG[0]],
@@ -316,6 +329,7 @@ def validation_run(tmp_path, includes=("calibrate",)):
     return run
 
 
+@pytest.mark.slow
 def test_a_validation_run_is_predicted_from_its_own_calibration_cases(tmp_path, fitted):
     """A run whose spec includes the calibrate spec: `fab validate` fits a profile on the
     cases the include brought in (saved beside the run), the spec's own cases left out of
@@ -341,6 +355,7 @@ def test_a_validation_run_is_predicted_from_its_own_calibration_cases(tmp_path, 
     assert "run in each of this run's\nrounds" in out.read_text()
 
 
+@pytest.mark.slow
 def test_fab_validate_takes_the_runs_own_profile_unless_told(tmp_path, fitted, capsys):
     from invoke import Context
 

@@ -21,6 +21,7 @@ from tests.unit.simulator_helpers import needs_simgrid
 pytestmark = needs_simgrid
 
 
+@pytest.mark.slow
 def test_a_run_without_the_exchange_beside_busy_nodes_wakes_at_once_and_says_so():
     """Calibration runs from before the exchange beside a busy node (2026-11-28) fit the rest
     as before."""
@@ -34,6 +35,7 @@ def test_a_run_without_the_exchange_beside_busy_nodes_wakes_at_once_and_says_so(
     assert got.lab(3).wake == 0 and "runs again at once" in "\n".join(calibrate.describe(got))
 
 
+@pytest.mark.slow
 def test_a_machine_with_a_core_for_every_vm_fits_no_wake_and_says_so():
     """Nodes with a core each (eight cores under three VMs) never wait for one: the exchange
     beside a busy node is not the wake-up's measurement there."""
@@ -57,6 +59,7 @@ def test_the_exchange_beside_busy_nodes_is_not_taken_for_the_exchange_alone():
     assert m[("call", "alltoall", "pairwise", 2, 1024)].rounds == 3
 
 
+@pytest.mark.slow
 def test_the_exchange_beside_more_busy_nodes_is_replayed_as_a_check_not_fitted():
     """validation-p8 runs the exchange beside two loops too (4 VMs on the 2 cores): the wake
     is still fitted on one loop, and two are replayed with it beside the lab's figure. On the

@@ -33,12 +33,14 @@ def test_bad_input_is_one_clear_message(tmp_path, args, message):
     assert "Traceback" not in r.stderr and "hint:" in r.stderr
 
 
+@pytest.mark.slow
 def test_destroy_with_nothing_there_is_fine_and_repeatable(tmp_path):
     for _ in range(2):
         r = infra("destroy", tmp_path=tmp_path)
         assert r.returncode == 0 and "nothing to destroy" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_status_reads_any_inventory(tmp_path):
     inv = tmp_path / "hosts.json"
     inv.write_text('{"version": 1, "nodes": [{"name": "far", "ssh": {"host": "127.0.0.1", '

@@ -21,6 +21,7 @@ def fab(*argv):
     return subprocess.run([str(FAB), *argv], cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, meant", [(["run-experimnt"], "'run-experiment'"),
                                          (["simulat"], "'simulate'"),
                                          (["report", "--reslts", "x"], "'--results'")])
@@ -30,12 +31,14 @@ def test_a_misspelled_task_or_flag_names_the_closest(argv, meant):
     assert f"(did you mean {meant}?)" in done.stderr and "fab --list" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_word_like_no_task_gets_no_guess():
     done = fab("xyzzy")
     assert done.returncode == 1 and "did you mean" not in done.stderr
     assert "No idea what 'xyzzy' is!" in done.stderr
 
 
+@pytest.mark.slow
 def test_fab_list_shows_each_task_s_whole_first_sentence():
     listed = " ".join(fab("--list").stdout.split())
     tasks = [t for t in vars(fabfile).values() if type(t).__name__ == "Task"]

@@ -18,6 +18,7 @@ from tests.unit.test_codecs_fake import RENDEZVOUS, coded, decode
 MiB = 1 << 20
 
 
+@pytest.mark.slow
 def test_staging_is_counted_before_anything_is_posted_and_the_communicator_stays_usable():
     n = 4 * MiB // 4  # float32: 4 MiB in place, and as much scratch
 
@@ -35,7 +36,7 @@ def test_staging_is_counted_before_anything_is_posted_and_the_communicator_stays
         assert small == 3.0 and big == 3.0
 
 
-@pytest.mark.parametrize("p", [2, 3, 5])
+@pytest.mark.parametrize("p", [2, 3, pytest.param(5, marks=pytest.mark.slow)])
 def test_the_staging_bound_covers_what_every_collective_stages(p):
     """What each call really staged (its areas, pinned in whole pages: coded blocks' and an
     algorithm's workspace) never exceeds what was counted for it."""

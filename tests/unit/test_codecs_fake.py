@@ -37,7 +37,7 @@ def every_collective(codec: str, count: int, pattern: str):
 
 
 @pytest.mark.parametrize("codec", LOSSLESS)
-@pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("p", [1, 2, 3, *(pytest.param(p, marks=pytest.mark.slow) for p in (5, 8))])
 def test_lossless_codecs_deliver_every_byte_of_every_collective(codec, p):
     for pattern in ("sparse", "random"):  # coded, and stored (random does not shrink)
         for result in run_ranks(p, every_collective(codec, 3001, pattern), seed=p, **RENDEZVOUS):

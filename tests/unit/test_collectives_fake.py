@@ -157,7 +157,7 @@ REDUCE_COUNTS = [0, 1, 7, 1500]  # elements; 1500 float64 = 12000 B: several chu
 
 
 @PROTOCOLS
-@pytest.mark.parametrize("p", range(1, 9))
+@pytest.mark.parametrize("p", [*range(1, 6), *(pytest.param(p, marks=pytest.mark.slow) for p in range(6, 9))])
 def test_allreduce_reduce_scatter_and_bcast_against_numpy(p, eager_limit):
     from rxelab import ops
 

@@ -82,6 +82,7 @@ def test_an_idle_connection_an_http_probe_and_garbage_do_not_stop_the_job():
     assert time.monotonic() - started < 8, "served at once, not after the idle one's timeout"
 
 
+@pytest.mark.slow
 def test_a_process_of_another_job_cannot_join():
     port = free_port()
 

@@ -63,6 +63,7 @@ def test_newcomers_join_between_steps_and_everyone_computes_with_them(monkeypatc
     assert out[0][1] == [3, 4]
 
 
+@pytest.mark.slow
 def test_a_newcomer_without_the_secret_is_never_admitted(monkeypatch):
     results: dict = {}
 

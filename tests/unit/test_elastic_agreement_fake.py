@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from rxelab.comm import Communicator
 from rxelab.membership import agreement as membership
 
@@ -69,6 +70,7 @@ def test_a_coordinator_that_dies_during_the_agreement_hands_it_to_the_next(monke
         assert out[r] == ([2, 3, 4], [0, 1]), out
 
 
+@pytest.mark.slow
 def test_a_member_that_dies_while_the_new_mesh_is_built_makes_them_agree_again(monkeypatch):
     real = Communicator._builder
 

@@ -16,12 +16,15 @@ import types
 from unittest import mock
 
 import numpy as np
+import pytest
 from rxelab import bootstrap
 from rxelab.comm import starting
 from rxelab.control.liveness import CONNECT_S, PROBE_S
 
 from tests.unit.elastic_helpers import secret  # noqa: F401 (autouse: jobs need the secret)
 from tests.unit.heldjob import run_held
+
+pytestmark = pytest.mark.slow  # knocks past a squatter that answers nothing
 
 TIMEOUT_S = 60  # the communicators' (admit listens for up to half of it)
 # the squatter costs a knock PROBE_S a round, the next port CONNECT_S; a loaded host 3 rounds

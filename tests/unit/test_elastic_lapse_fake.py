@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 
+import pytest
 from rxelab.control.liveness import NO_PROOF_S, PROBE_S, SILENT_S, STRIKES
 
 from tests.unit.elastic_helpers import (
@@ -22,6 +23,8 @@ from tests.unit.elastic_helpers import (
 )
 from tests.unit.fakejob import die, settle
 from tests.unit.heldjob import run_held
+
+pytestmark = pytest.mark.slow  # waits for a stopped rank's heartbeats to lapse
 
 # the stopped rank is dropped once its heartbeats lapse (SILENT_S) and STRIKES tries of
 # PROBE_S each went unanswered over NO_PROOF_S; the shrink's deadline, three times that, is

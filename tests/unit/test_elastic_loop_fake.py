@@ -48,6 +48,7 @@ def training(me: int, when: dict[int, int], log: list | None = None):
     return step, params[me], seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(8))
 def test_random_schedules_of_deaths_during_a_training_loop(seed):
     """p ranks, a minority of victims each dying at a random step; elastic.run shrinks, rolls
@@ -130,6 +131,7 @@ def test_the_loop_shares_step_and_state_with_newcomers_and_reports_every_change(
     assert sorted(set(done)) == list(range(8)) and len(done) <= 9, done
 
 
+@pytest.mark.slow
 def test_the_demo_app_trains_through_a_death_and_a_newcomer(monkeypatch, capsys):
     """apps/elastic_train.py as the lab runs it, its ranks as threads: rank 3 of 5 dies at
     step 4, a newcomer joins at step 6; every step is checked by the app, survivors end with
@@ -183,6 +185,7 @@ def test_the_demo_app_trains_through_a_death_and_a_newcomer(monkeypatch, capsys)
     assert sorted(set(steps)) == list(range(10))
 
 
+@pytest.mark.slow
 def test_a_death_while_the_loop_recovers_is_survived_too(monkeypatch):
     """Rank 1 dies at step 3; rank 3 dies while the survivors agree where to go on: they
     shrink again and finish together."""

@@ -162,6 +162,7 @@ def test_a_newcomer_that_gave_up_is_not_taken_in_by_the_next_admit():
         assert took < 5, f"the job stalled {took:.1f} s over a newcomer that was gone"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("theirs,word", [({"eager_limit": 1024}, "eager_limit"),
                                          ({"compression": "lz4"}, "compression")])
 def test_a_newcomer_with_other_options_is_refused_and_the_job_goes_on_as_it_was(theirs, word):
@@ -212,6 +213,7 @@ def test_an_elastic_job_with_compression_admits_a_newcomer_with_the_same_codec()
 
 
 # ---- item 14: a port scanner during admit ---------------------------------------------------
+@pytest.mark.slow
 def test_silent_connections_during_admit_do_not_keep_rank_0_past_the_others():
     stop = threading.Event()
     opened: list[socket.socket] = []
@@ -251,6 +253,7 @@ def test_silent_connections_during_admit_do_not_keep_rank_0_past_the_others():
         assert took < 4, f"admit took {took:.1f} s with a communicator timeout of 4 s"
 
 
+@pytest.mark.slow
 def test_a_newcomer_waits_at_the_rendezvous_for_an_admit_that_does_not_wait(monkeypatch):
     """admit(timeout=0) takes whoever waits: a newcomer knocking between admits is kept
     waiting (parked) until the next one - one knock - not told "later" to knock again and

@@ -78,6 +78,7 @@ def test_the_quorum_rule_lets_one_side_of_a_split_at_most_go_on():
     assert not membership.quorate([5], members, 2)
 
 
+@pytest.mark.slow
 def test_deaths_seen_at_different_moments_end_in_one_set():
     """Rank 2 dies in a loop of collectives; rank 4 sees that failure and dies before the
     shrink; rank 5 dies a moment after the others saw the first failure. Each survivor's
@@ -103,6 +104,7 @@ def test_deaths_seen_at_different_moments_end_in_one_set():
         assert out[r][1] == [0, 1, 3, 6], out
 
 
+@pytest.mark.slow
 def test_a_live_rank_that_never_comes_is_named_and_nothing_hangs():
     def job(comm):
         me = comm.rank
@@ -124,6 +126,7 @@ def test_a_live_rank_that_never_comes_is_named_and_nothing_hangs():
         assert took < 6
 
 
+@pytest.mark.slow
 def test_repeated_shrinks_and_a_shrink_without_a_death():
     def job(comm):
         me = comm.rank
@@ -167,6 +170,7 @@ def _open_sockets() -> int:
     return found
 
 
+@pytest.mark.slow
 def test_a_rank_cut_off_without_a_closed_connection_is_found_by_its_silence(monkeypatch):
     """A node that powers off or drops off the network closes nothing, and the others may be
     waiting to receive (nothing of theirs could fail): the heartbeats find it, long before

@@ -12,7 +12,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from tests.unit.fakenode import frozen_nodes
+
+pytestmark = pytest.mark.slow  # fab against frozen nodes: every task waits out its stall window
 
 REPO = Path(__file__).resolve().parents[2]
 FAB = [sys.executable, "-m", "fabric"]

@@ -60,6 +60,7 @@ def test_ctrl_c_in_a_barrier_fails_the_communicator_and_tells_the_peers():
     assert out[1] == "failed" and out[0] < 3 and out[2] < 3, out
 
 
+@pytest.mark.slow
 def test_a_dead_peer_is_reported_while_rank_0_is_busy_elsewhere():
     """#5: binomial bcast at p = 4: rank 3 waits for rank 2, which dies; rank 0 (the only
     watcher of every connection) had finished its part and was not in an RDMA wait, so rank 3
@@ -83,6 +84,7 @@ def test_a_dead_peer_is_reported_while_rank_0_is_busy_elsewhere():
     assert "rank 2" in message and took < 3, (message, took)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["bcast", "send/recv"])
 def test_a_slow_one_way_transfer_that_moves_is_not_cut_off(how):
     """64 one-KiB chunks, one in flight at a time, ~30 ms each: ~2 s, with a 1 s no-progress
@@ -100,6 +102,7 @@ def test_a_slow_one_way_transfer_that_moves_is_not_cut_off(how):
                      eager_limit=0) == [0, 0]
 
 
+@pytest.mark.slow
 def test_a_rank_waiting_its_turn_in_the_sequential_walk_is_not_cut_off():
     """Each pair's exchange takes ~1 s, and moves; the last pair waits ~5 s for its turn with a
     1 s no-progress deadline (it saw no completion of its own meanwhile)."""
@@ -113,6 +116,7 @@ def test_a_rank_waiting_its_turn_in_the_sequential_walk_is_not_cut_off():
     assert out == [[0, 1, 2, 3]] * 4
 
 
+@pytest.mark.slow
 def test_a_rank_that_hangs_late_in_the_sequential_walk_is_found_in_a_few_deadlines():
     """Patience counts the pairs between a rank's last step and its turn, not those since the
     call began: at p = 6 rank 4 waited 15 deadlines for a rank that hung before their pair."""

@@ -147,6 +147,7 @@ def test_the_demo_app_refuses_a_hand_loop_it_cannot_run_in_words(capsys):
         assert exit_.value.code == 2 and said in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_peer_that_sends_no_endpoint_is_one_line_not_a_traceback(monkeypatch):
     import threading
 

@@ -157,6 +157,7 @@ def test_lines_of_a_known_hosts_that_paramiko_cannot_read_are_skipped_as_ssh_doe
         connect_once(host)
 
 
+@pytest.mark.slow
 def test_a_bad_accept_new_setting_is_one_error_before_any_connection(tmp_path):
     import json
     import os

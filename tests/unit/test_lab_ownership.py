@@ -38,6 +38,7 @@ def test_destroy_refuses_a_directory_that_is_not_a_lab(tmp_path):
     assert (home / ".bashrc").exists()
 
 
+@pytest.mark.slow
 def test_destroy_removes_what_the_lab_made_and_leaves_the_rest(tmp_path):
     state = LabState(tmp_path / "lab")
     state.claim()

@@ -119,6 +119,7 @@ def stop_all(proc, tmp_path):
             pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_destroy_signalled_midway_finishes(tmp_path, sig):
     """A destroy is the clean-up itself: SIGTERM (a cancelled CI job, a test session's
@@ -145,6 +146,7 @@ def test_a_destroy_signalled_midway_finishes(tmp_path, sig):
         assert "lab destroyed" in said, said
 
 
+@pytest.mark.slow
 def test_a_second_sigterm_during_provision_does_not_cut_terraforms_interrupt_short(tmp_path):
     """One SIGTERM is one interrupt: a second one right after it (make passes one on to its
     child as the group gets its own) let Terraform finish its interrupt, not killed midway."""

@@ -99,6 +99,7 @@ def test_no_rank_outlives_its_launcher(tmp_path, cleanup, sig):
         assert p.returncode in (130, 143), p.returncode
 
 
+@pytest.mark.slow
 def test_the_timeout_ends_every_rank(tmp_path, cleanup):
     p = launcher(tmp_path, "--hosts", "localhost", "--per-host", "2", "--timeout", "3",
                  command=RANK)
@@ -126,6 +127,7 @@ def test_a_second_signal_during_the_stop_does_not_interrupt_the_clean_up(tmp_pat
     assert wait_gone(pids) == []
 
 
+@pytest.mark.slow
 def test_an_elastic_job_goes_on_past_a_failed_rank_and_ends_well_if_any_rank_did(tmp_path, cleanup):
     """Without --elastic the first failure ends the job (the rest within 90 s); with it, rank
     1's failure leaves rank 0 running to its own end, and the job's status is a success."""
@@ -145,6 +147,7 @@ def test_an_elastic_job_goes_on_past_a_failed_rank_and_ends_well_if_any_rank_did
     assert p.returncode == 1, "a wrong result is not a loss the job may take"
 
 
+@pytest.mark.slow
 def test_newcomers_get_the_rendezvous_and_the_job_s_secret_from_a_private_file(tmp_path, cleanup):
     secret = tmp_path / "secret"
     secret.write_text("JPrm-WjSNOqrWZ8HLGJnVaT8PRpWOIiXYT9TxA0tIKI\n")

@@ -76,6 +76,7 @@ def test_peak_inflight_counts_eager_blocks_too():
     assert all(x >= 64 for x in run_ranks(3, job))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("aborts_first", [True, False])
 def test_a_late_writer_cannot_touch_a_buffer_whose_receiver_gave_up(aborts_first, monkeypatch):
     """rank 1's recv times out and the application reuses the buffer; rank 0's send comes

@@ -16,6 +16,8 @@ from rxelab.errors import RdmaError
 
 from tests.unit.fakejob import run_ranks
 
+pytestmark = pytest.mark.slow  # every algorithm over many seeds and delays
+
 P = 3
 BLOCK = 4096  # bytes every other pair agrees on (rendezvous: eager_limit=0)
 PAIRS = list(itertools.permutations(range(P), 2))  # (sender, receiver)

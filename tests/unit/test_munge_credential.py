@@ -47,6 +47,7 @@ def test_both_ends_prove_themselves_and_agree_on_the_seal(ours):
     assert other.seal_key(T) != connector.seal_key(T), "every connection's keys are its own"
 
 
+@pytest.mark.slow
 def test_a_proof_of_another_role_transcript_or_user_or_a_replay_is_refused(ours, someone_else):
     assert not ours.handshake().check(CONNECTOR, T, ours.handshake().prove(LISTENER, T)), \
         "a listener's proof as a connector's"

@@ -125,6 +125,7 @@ def _no_ssh(monkeypatch, answers=None):
     monkeypatch.setattr(readiness, "SLOW_POLL_S", 0.2)
 
 
+@pytest.mark.slow
 def test_a_node_that_stands_still_is_failed_after_the_stall_window_naming_its_stage_and_setting(
         tmp_path, monkeypatch):
     """Idle VM, silent console, probe saying the same thing: the stall window ends the wait,
@@ -146,6 +147,7 @@ def test_a_node_that_stands_still_is_failed_after_the_stall_window_naming_its_st
     assert "RXELAB_STALL=" in text and "finished at" in text, text
 
 
+@pytest.mark.slow
 def test_a_slow_node_whose_console_keeps_printing_is_waited_for_past_the_stall_window(
         tmp_path, monkeypatch):
     _no_ssh(monkeypatch, ['boot-finished\n{"v1": {"errors": []}}\n4: ACTIVE\n'])
@@ -171,6 +173,7 @@ def test_a_slow_node_whose_console_keeps_printing_is_waited_for_past_the_stall_w
     assert ready["node1"] > 2.5, "three times the stall window, and not failed"
 
 
+@pytest.mark.slow
 def test_a_slow_node_whose_vm_stays_busy_is_waited_for_though_its_console_is_silent(
         tmp_path, monkeypatch):
     """Before cloud-init's first line, a busy host's guest may print nothing for minutes: its

@@ -17,6 +17,8 @@ from selenium.webdriver.chrome.service import Service
 
 from experiments import report
 
+pytestmark = pytest.mark.slow  # headless Chromium renders a report
+
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "results-rounds"
 CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 WIDTH, HEIGHT = 1280, 900

@@ -3,10 +3,13 @@ without coded cases, and a dash for a figure that is not a number."""
 
 import json
 
+import pytest
+
 from experiments import report
 from tests.unit.report_helpers import results_fixture  # noqa: F401 (the fixture: results)
 
 
+@pytest.mark.slow
 def test_compression_table_sets_each_codec_beside_the_same_case_uncoded(results):
     path = results / "records.jsonl"
     records = [json.loads(x) for x in path.read_text().splitlines()]
@@ -34,6 +37,7 @@ def test_compression_table_sets_each_codec_beside_the_same_case_uncoded(results)
     assert "Compression zstd: faster than none in 1 of 2 cases; best 0.50x" in md
 
 
+@pytest.mark.slow
 def test_no_compression_table_without_coded_cases(results):
     assert "## Compression" not in report.write(results)[1].read_text()
 

@@ -11,6 +11,8 @@ from experiments import report
 from experiments.report import run_facts
 from tests.unit.report_helpers import results_fixture  # noqa: F401 (the fixture: results)
 
+pytestmark = pytest.mark.slow  # each test renders a whole report, figures and all
+
 
 def with_env(results, **env):
     """The fixture's run with environment.json replaced by env (plus spec and complete)."""

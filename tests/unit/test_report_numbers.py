@@ -40,6 +40,7 @@ def _rounds(records, factors):
     return out
 
 
+@pytest.mark.slow
 def test_rounds_give_each_case_its_median(results):
     records = report.load(results)[1]
     once = {r["case"]: r["avg_us"] for r in report.rows(records)}
@@ -63,6 +64,7 @@ def test_rounds_give_each_case_its_median(results):
         "the full table shows each case's median round and the rounds' range, in ms"
 
 
+@pytest.mark.slow
 def test_share_of_the_link_and_the_ratio_to_ucx(results):
     records = report.load(results)[1]
     link = report.link_rate(records)
@@ -81,6 +83,7 @@ def test_share_of_the_link_and_the_ratio_to_ucx(results):
     assert "ratio-to-ucx.png" in md and "% of the link" in md and "% of link" in md
 
 
+@pytest.mark.slow
 def test_the_share_of_the_link_is_of_each_direction_s_share_when_both_ways_were_measured(results):
     records = report.load(results)[1]
     one = report.link_rate(records)

@@ -6,9 +6,13 @@ figures) appear when they do; an incomplete run says so."""
 import json
 import re
 
+import pytest
+
 from experiments import report
 from experiments.report import run_facts
 from tests.unit.report_helpers import results_fixture  # noqa: F401 (the fixture: results)
+
+pytestmark = pytest.mark.slow  # each test renders a whole report, figures and all
 
 
 def test_report_has_the_tables_plots_and_the_emulation_caveat(results):

@@ -35,6 +35,7 @@ def test_a_dead_peer_is_named_by_its_closed_connection_long_before_the_timeout()
         assert took < 5, f"found after {took:.1f} s, the timeout is 30 s"
 
 
+@pytest.mark.slow
 def test_a_hung_peer_ends_in_a_no_progress_error_naming_what_was_awaited():
     def job(comm):
         comm.barrier()

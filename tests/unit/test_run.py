@@ -29,6 +29,7 @@ def test_failed_command_error_quotes_its_tail():
     assert e.value.returncode == 3
 
 
+@pytest.mark.slow
 def test_timeout_stops_the_whole_process_group(tmp_path):
     marker = tmp_path / "child-survived"
     started = time.monotonic()
@@ -199,6 +200,7 @@ def test_streaming_shows_lines_and_keeps_a_log(tmp_path, capsys):
     assert log.read_text() == "one\ntwo\n"
 
 
+@pytest.mark.slow
 def test_a_silent_busy_command_is_waited_for_past_the_stall_window_and_an_idle_one_stopped(
         tmp_path, monkeypatch):
     """A build on a busy host may print nothing for minutes while it works (mkfs, dpkg): its

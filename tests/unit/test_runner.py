@@ -160,6 +160,7 @@ def test_peak_to_mean_of_load_samples():
     assert ratio == pytest.approx(4.0 / 2.0), "idle samples do not count in the mean"
 
 
+@pytest.mark.slow
 def test_unreachable_hosts_are_named_not_a_traceback():
     from experiments.running import deploy, fleet
     from infra.inventory import Inventory
@@ -256,6 +257,7 @@ def test_the_benchmarks_perftest_takes_the_jobs_own_ack_timeout(monkeypatch):
     assert ran and ran[0][ran[0].index("-u") + 1] == "20" and ran[0][-1] == "10.0.0.2"
 
 
+@pytest.mark.slow
 def test_every_deadline_of_a_case_kills_what_ignores_its_term():
     """mpirun whose daemon sat on a node that died ignored timeout's TERM and held its case for
     ever (2026-12-02, a guest kernel's panic): every deadline wrapper of a case's command sends

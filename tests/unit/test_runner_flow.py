@@ -139,6 +139,7 @@ BW = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRat
       " 1048576    200              0.53               0.528                0.000063\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("nodes", "server"), [(2, "node2"), (1, "node1")])
 def test_a_perftest_pair_on_one_node_runs_over_its_loopback(tmp_path, monkeypatch, nodes, server):
     """perftest on 2 nodes: server on the second, client on the first; on 1 node, both on it
@@ -258,6 +259,7 @@ def test_only_what_a_case_changed_is_undone_and_only_where(tmp_path, monkeypatch
     assert not any("ip link set" in c for _, c in nodes.log), "no MTU was changed, none is set"
 
 
+@pytest.mark.slow
 def test_the_load_sampler_understands_what_the_runner_tells_it(tmp_path, monkeypatch):
     import shlex
 

@@ -86,6 +86,7 @@ def test_unknown_spec_names_the_shipped_ones():
         sim_spec.load("no-such-spec")
 
 
+@pytest.mark.slow
 @needs_simgrid
 def test_a_run_writes_a_row_per_case_and_agrees_with_loggp(tmp_path):
     s = sim_spec.load(str(write(tmp_path, RUN)))
@@ -103,6 +104,7 @@ def test_a_run_writes_a_row_per_case_and_agrees_with_loggp(tmp_path):
     assert json.loads((out / "profile.json").read_text())["name"] == "placeholder"
 
 
+@pytest.mark.slow
 @needs_simgrid
 def test_fab_simulate_runs_a_spec_and_refuses_a_bad_one(tmp_path):
     fab = [sys.executable, "-m", "fabric"]

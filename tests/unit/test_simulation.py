@@ -180,6 +180,7 @@ def test_cpu_loops_beside_a_trace_share_the_cores_and_are_not_its_time():
         replayer.replay(t, lab, c, busy=1)
 
 
+@pytest.mark.slow
 @needs_simgrid
 def test_an_oversubscribed_fat_tree_slows_an_all_to_all():
     t = trace.record("alltoall", "parallel", 64, 1 << 16, eager_limit=0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 from experiments.simulation import figures
 
 
@@ -38,6 +40,7 @@ def test_the_tables_name_the_fastest_and_the_sequential_ratio():
     assert at64["ms"]["sequential k=4"] == 0.05
 
 
+@pytest.mark.slow
 def test_figures_and_summary_are_written(tmp_path):
     failed = {**row("parallel", 1024, 0.0), "status": "failed", "error": "ran past 600 s"}
     written = figures.write(tmp_path, [*ROWS, failed])

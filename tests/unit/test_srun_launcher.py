@@ -272,6 +272,7 @@ def test_the_spec_chooses_the_launcher_and_an_elastic_scenario_keeps_its_own(tmp
         runner.Runner(spec.parse(doc), Inventory("t", HOSTS), tmp_path, launcher="pbs")
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_an_unknown_launcher_before_touching_a_node(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fabric", "run-experiment", "--spec", "smoke",
                         "--launcher", "pbs", "--inventory", str(tmp_path / "none.json")],

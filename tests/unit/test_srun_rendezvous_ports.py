@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from pyverbs import _fabric
 from rxelab import bootstrap
 from rxelab.comm import Communicator
@@ -71,6 +72,7 @@ def test_every_rank_draws_the_same_short_list_of_ports_and_colliding_jobs_part_a
     assert bootstrap.discover(env={**env, "MASTER_PORT": "4000"}).more_ports == ()
 
 
+@pytest.mark.slow
 def test_a_squatter_on_the_first_port_does_not_keep_an_srun_job_from_forming():
     job_id = 7919
     first = bootstrap.slurm_port(srun_env(job_id, 0, 3))

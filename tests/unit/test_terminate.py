@@ -104,6 +104,7 @@ def sessions() -> Iterator[list[subprocess.Popen[str]]]:
             proc.wait()
 
 
+@pytest.mark.slow
 def test_sigterm_finalizes_the_session_fixtures(tmp_path: Path, sessions: list) -> None:
     proc, out = session(tmp_path)
     sessions.append(proc)
@@ -124,6 +125,7 @@ def test_without_the_handler_sigterm_leaves_the_fixtures_as_they_were(tmp_path: 
     assert not list(out.glob("tearing-*"))
 
 
+@pytest.mark.slow
 def test_a_second_sigterm_does_not_cut_the_teardown_short(tmp_path: Path, sessions: list) -> None:
     proc, out = session(tmp_path, teardown_s=WAIT_S)
     sessions.append(proc)
@@ -147,6 +149,7 @@ DETACHED = """
 DETACHED_S = 20  # past the 15 s after which xdist's controller has ended its workers
 
 
+@pytest.mark.slow
 def test_under_xdist_a_teardown_in_a_session_of_its_own_outlives_the_workers(tmp_path: Path,
                                                                             sessions: list) -> None:
     """SIGTERM to the whole group (as `timeout` or a cancelled CI job sends it): each worker

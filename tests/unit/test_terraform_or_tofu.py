@@ -71,6 +71,7 @@ def check_host(path: str, *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60, env={**os.environ, "PATH": path})
 
 
+@pytest.mark.slow
 def test_make_check_says_what_is_missing_in_seconds_and_install_deps_stops_there(tmp_path):
     no_tf = tofu_standin.path_without("tofu", tmp_path / "a", tofu_standin.path_without(
         "terraform", tmp_path / "b"))

@@ -59,7 +59,8 @@ def checked_sum(comm, me: int) -> float:
 
 
 # ---- item 1: a stranger on rank 0's port after its death ------------------------------------
-@pytest.mark.parametrize("silent", [False, True], ids=["forged challenge", "silent"])
+@pytest.mark.parametrize("silent", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["forged challenge", "silent"])
 def test_a_stranger_on_rank_0s_port_after_it_died_cannot_take_the_shrink_over(impostors, silent):
     def job(comm):
         me = comm.rank
@@ -141,6 +142,7 @@ def test_a_captured_exchange_is_worthless_in_this_job_and_any_other_with_the_sec
     assert not passed, "a guessed secret passed"
 
 
+@pytest.mark.slow
 def test_a_squatter_before_rank_0_hears_only_knocks_and_its_replays_join_no_later_job(impostors):
     """It binds the rendezvous first: the ranks never send it a hello (it cannot prove
     itself), and whatever it heard, replayed into a later job of the same secret, gets
@@ -226,7 +228,8 @@ def test_ranks_pass_over_a_listener_on_ipv6_that_cannot_prove_itself(impostors, 
 
 
 # ---- item 4: a dead rank's port taken by a stranger ----------------------------------------
-@pytest.mark.parametrize("silent", [False, True], ids=["forged challenge", "silent"])
+@pytest.mark.parametrize("silent", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["forged challenge", "silent"])
 def test_a_stranger_on_a_dead_ranks_port_does_not_keep_it_alive(impostors, silent):
     def job(comm):
         me = comm.rank

@@ -25,6 +25,8 @@ from tests.unit.heldjob import run_held
 from tests.unit.strangers import stranger_process, wait_for_word
 from tests.unit.test_trust_fake import checked_sum, until_failure
 
+pytestmark = pytest.mark.slow  # strangers' processes; probes waited out
+
 SECRET = "5f0c2a9e7b1d4e6f8a3c5b7d9e1f2a4c6b8d0e2f4a6c8b0d2e4f6a8c0b2d4e6f"
 
 # takes host:port once it is free (retrying the bind until then), then accepts and closes

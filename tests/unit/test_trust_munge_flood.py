@@ -121,6 +121,7 @@ def _checked_sum(comm) -> float:
     return float(y[0])
 
 
+@pytest.mark.slow
 def test_a_flood_of_munge_knocks_keeps_no_job_from_forming():
     baseline, out = _form(3, free_port(), False, _checked_sum)
     assert out == [6.0] * 3
@@ -139,6 +140,7 @@ def test_a_flood_of_munge_knocks_keeps_no_job_from_forming():
         f"rank 0 ran munge for the flood's knocks: {stats}"
 
 
+@pytest.mark.slow
 def test_an_elastic_job_that_loses_a_rank_under_a_flood_shrinks_and_goes_on():
     port = free_port()
     flooding = threading.Event()

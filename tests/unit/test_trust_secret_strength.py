@@ -49,6 +49,7 @@ print("nothing listened", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_weak_token_is_refused_before_a_stranger_can_knock(monkeypatch):
     """The stranger knocks at rank 0's rendezvous for the whole time rank 0 tries to start;
     rank 0 refuses the weak token at once, naming it, and nothing ever listens."""

@@ -17,6 +17,8 @@ import numpy
 import pytest
 import rxelab
 
+pytestmark = pytest.mark.slow  # pip wheel, a venv, the installed scripts run
+
 REPO = Path(__file__).resolve().parents[2]
 FAKEVERBS = REPO / "tests" / "fakeverbs"
 

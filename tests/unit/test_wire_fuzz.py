@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rxelab.control import framing
@@ -45,12 +46,14 @@ def test_arbitrary_bytes(data):
         pass
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(json_values)
 def test_arbitrary_json_bodies(value):
     decodes_or_refuses(frame(json.dumps(value).encode()))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(sorted(framing.SCHEMAS)), st.dictionaries(st.text(max_size=10), json_values,
                                                               max_size=6))
@@ -58,6 +61,7 @@ def test_messages_of_known_types_with_arbitrary_fields(kind, fields):
     decodes_or_refuses(frame(json.dumps({"type": kind, **fields}).encode()))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 8).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n - 1),
                                                      st.lists(endpoint, min_size=n, max_size=n))))
