@@ -52,7 +52,7 @@ def environment(hosts: list[Host], lab_state: Path | None) -> dict[str, Any]:
     """Read from the nodes themselves: kernel, how they run (the accelerator), rdma-core, Open
     MPI and UCX versions, MTUs; from the lab, if this is one, its image. The first node speaks
     for the run; every node's own account is kept under `hosts`."""
-    def ask(h: Host) -> tuple[dict[str, Any], dict[str, Any]]:
+    def ask(h: Host) -> tuple[dict[str, Any], commands.Readings]:
         with fleet.connect(h) as c:
             r = c.run(ABOUT + commands.readings_command(h), hide=True, warn=True, timeout=60)
         return parse_about(r.stdout), commands.parse_readings(r.stdout)

@@ -6,6 +6,7 @@ case; a loop it cannot stop ends the run."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 import secrets
 import shutil
@@ -28,8 +29,8 @@ def test_busy_neighbours_are_counted_in_the_nodes_a_spec_takes():
     doc["runs"][0]["busy_neighbours"] = 2
     got = spec.parse(doc)
     assert got.max_nodes == 3 + 2
-    assert {c.get("busy_neighbours") for c in got.cases() if c["app"] == "rxelab"} == {2}
-    assert not any("busy_neighbours" in c for c in got.cases() if c["app"] != "rxelab")
+    assert {c.busy_neighbours for c in got.cases() if c.app == "rxelab"} == {2}
+    assert not any("busy_neighbours" in json.loads(c.to_json()) for c in got.cases() if c.app != "rxelab")
     assert spec.parse(GOOD).max_nodes == 3
     assert spec.load("calibrate").max_nodes == 3  # the exchange's two and a busy third
 

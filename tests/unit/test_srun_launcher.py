@@ -52,7 +52,7 @@ def started(tmp_path: Path, command: str) -> dict:
 
 
 def test_srun_starts_the_demo_app_on_slurms_nodes_with_nothing_exported(tmp_path):
-    got = started(tmp_path, srun.rxelab_command({**CASE, "ranks_per_node": 2}, NODES, RUN))
+    got = started(tmp_path, srun.rxelab_command(spec.Case(**CASE, ranks_per_node=2), NODES, RUN))
     argv, app = got["argv"], got["argv"][got["argv"].index("--quiet") + 1:]
     assert f"--job-name=rxelab-{RUN}" in argv and "--nodelist=c-01,c-02,c-03" in argv
     assert "--nodes=3" in argv and "--ntasks-per-node=2" in argv
@@ -72,7 +72,8 @@ def test_srun_starts_the_demo_app_on_slurms_nodes_with_nothing_exported(tmp_path
 def test_srun_starts_open_mpi_with_the_same_settings_as_mpirun(tmp_path):
     """One place says how Open MPI runs: what mpirun passes as --mca and -x reaches srun's
     ranks as OMPI_MCA_* and UCX_* variables."""
-    for case in (MPI, {**MPI, "transport": "tcp"}, {**MPI, "algorithm": "mpi-default"}):
+    for case in map(spec.Case.model_validate,
+                    (MPI, {**MPI, "transport": "tcp"}, {**MPI, "algorithm": "mpi-default"})):
         got = started(tmp_path, srun.mpi_command(case, HOSTS, NODES, "10.10.0.0/24", RUN))
         argv = got["argv"]
         app = next(i for i, a in enumerate(argv) if a.endswith("apps/mpi_compare.py"))
@@ -84,11 +85,11 @@ def test_srun_starts_open_mpi_with_the_same_settings_as_mpirun(tmp_path):
         for k, v in mca.items():
             assert f"--mca {k} {commands.shlex.quote(v)}" in mpirun
     assert f"--wait={srun.MPI_WAIT_S}" in got["argv"], "a rank stuck in finalize is ended"
-    ucx = started(tmp_path, srun.mpi_command(MPI, HOSTS, NODES, "10.10.0.0/24", RUN))["env"]
+    ucx = started(tmp_path, srun.mpi_command(spec.Case(**MPI), HOSTS, NODES, "10.10.0.0/24", RUN))["env"]
     assert ucx["OMPI_MCA_pml"] == "ucx" and ucx["OMPI_MCA_btl"] == "^openib,uct"
     assert ucx["UCX_UD_ETH_DGID_CHECK"] == "n" and ucx["UCX_NET_DEVICES"] == "rxe0:1"
     assert ucx["OMPI_MCA_coll_tuned_alltoall_algorithm"] == "2"
-    tcp = started(tmp_path, srun.mpi_command({**MPI, "transport": "tcp"}, HOSTS, NODES,
+    tcp = started(tmp_path, srun.mpi_command(spec.Case(**{**MPI, "transport": "tcp"}), HOSTS, NODES,
                                              "10.10.0.0/24", RUN))["env"]
     assert tcp["OMPI_MCA_btl"] == "tcp,self" and tcp["OMPI_MCA_btl_tcp_if_include"] == "10.10.0.0/24"
     assert not any(k.startswith("UCX_") for k in tcp)
@@ -229,7 +230,7 @@ def test_gloo_under_srun_is_told_the_data_nic(tmp_path, monkeypatch):
     assert recs[0]["status"] == "ok" and recs[0]["launcher"] == "srun"
     (_, cmd), = cmds(nodes, "srun --job-name")
     assert "GLOO_SOCKET_IFNAME=ens7 " in cmd and "gloo_compare.py" in cmd
-    got = started(tmp_path, srun.gloo_command(CASE, NODES, RUN, "data 0"))
+    got = started(tmp_path, srun.gloo_command(spec.Case(**CASE), NODES, RUN, "data 0"))
     assert got["env"] == {"RXELAB_RUN_ID": RUN, "GLOO_SOCKET_IFNAME": "data 0"}, "quoted, one word"
     assert "--mpi=pmix" not in got["argv"]
     assert any(a.endswith("apps/gloo_compare.py") for a in got["argv"])
@@ -297,7 +298,8 @@ def test_gloos_app_takes_torchruns_variables_from_slurms():
 def test_a_host_of_another_cluster_keeps_its_own_rdma_device_under_srun(tmp_path):
     roce = [Host(f"h{i}", SSHEndpoint("h"), f"10.0.0.{i}", RdmaEndpoint("mlx5_1", 2, 3))
             for i in (1, 2)]
-    got = started(tmp_path, srun.mpi_command({**MPI, "nodes": 2}, roce, ["h1", "h2"], "10.0.0.0/24", RUN))
+    got = started(tmp_path, srun.mpi_command(spec.Case(**{**MPI, "nodes": 2}), roce, ["h1", "h2"],
+                                             "10.0.0.0/24", RUN))
     assert got["env"]["UCX_NET_DEVICES"] == "mlx5_1:2" and got["env"]["UCX_IB_GID_INDEX"] == "3"
 
 
@@ -316,9 +318,9 @@ def test_the_report_says_which_cases_ended_badly_after_their_figures():
     from experiments import report
 
     base = {"case": 0, "app": "mpi", "transport": "ucx", "op": "alltoall",
-            "algorithm": "mpi-default", "status": "ok"}
-    lines = report.summary_lines([], [{**base, "after_summary": "exit 137: task 1: Killed"},
-                                      {**base, "transport": "tcp"}], [])
+            "algorithm": "mpi-default", "status": "ok", "nodes": 2, "size": 8}
+    lines = report.summary_lines([], [report.Record(**base, after_summary="exit 137: task 1: Killed"),
+                                      report.Record(**{**base, "transport": "tcp"})], [])
     said = [x for x in lines if "did not end well" in x]
     assert said == ["1 mpi-ucx cases printed verified figures, then their job did not end well "
                     "(kept; records' after_summary): exit 137: task 1: Killed"]
