@@ -24,10 +24,12 @@ from experiments.report.run_facts import facts, how_nodes_ran, mpi_rdma_note, te
 from experiments.report.summary import BACK_TO_BACK, peak_to_mean, summary_lines
 from experiments.report.view import Row
 from experiments.running import counters
-from experiments.running.records import Load, Record, Summary
+from experiments.running.records import Load, NotARecord, Record, Summary, read_records
 from experiments.spec import contender, netem, ranks
 
-__all__ = ["Load", "Record", "Row", "Summary", "bandwidth", "load", "medians", "rows", "write"]
+# what a run records, for experiments/simulation (which reads runs through the report)
+__all__ = ["Load", "NotARecord", "Record", "Row", "Summary", "bandwidth", "load", "medians",
+           "read_records", "rows", "write"]
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -42,7 +44,7 @@ def _md(value: Any) -> str:
 def load(results: Path) -> tuple[dict[str, Any], list[Record], list[Load]]:
     """A run's environment.json, records.jsonl and load.jsonl (experiments.running.records)."""
     env = json.loads((results / "environment.json").read_text())
-    records = [Record.from_json(x) for x in (results / "records.jsonl").read_text().splitlines() if x]
+    records = read_records((results / "records.jsonl").read_text())
     loads_path = results / "load.jsonl"
     loads = [Load.from_json(x) for x in loads_path.read_text().splitlines() if x] \
         if loads_path.exists() else []

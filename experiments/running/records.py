@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainValidator, ValidationError
 
 from experiments.spec import Case, netem
 
@@ -142,3 +142,25 @@ class Load(Line):
     case: int
     node: str
     samples: list[Sample] = []
+
+
+class NotARecord(ValueError):
+    """A line of records.jsonl that is no record of any version; says what it lacks, as a
+    KeyError would ("'app'")."""
+
+
+def read_records(text: str) -> list[Record]:
+    """The records of a records.jsonl's text, blank lines left out. A line that is no JSON raises
+    json's ValueError; one that is JSON but no record, NotARecord."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(Record.from_json(line))
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = repr(".".join(str(x) for x in first["loc"]) or "anything")
+            raise NotARecord(where if first["type"] == "missing"
+                             else f"{where} as it should be ({first['msg']})") from None
+    return out
