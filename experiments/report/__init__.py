@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -24,12 +23,19 @@ from experiments.report.run_facts import facts, how_nodes_ran, mpi_rdma_note, te
 from experiments.report.summary import BACK_TO_BACK, peak_to_mean, summary_lines
 from experiments.report.view import Row
 from experiments.running import counters
-from experiments.running.records import Load, NotARecord, Record, Summary, read_records
+from experiments.running.records import (
+    Environment,
+    Load,
+    NotARecord,
+    Record,
+    Summary,
+    read_records,
+)
 from experiments.spec import contender, netem, ranks
 
 # what a run records, for experiments/simulation (which reads runs through the report)
-__all__ = ["Load", "NotARecord", "Record", "Row", "Summary", "bandwidth", "load", "medians",
-           "read_records", "rows", "write"]
+__all__ = ["Environment", "Load", "NotARecord", "Record", "Row", "Summary", "bandwidth", "load",
+           "medians", "read_records", "rows", "write"]
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -41,9 +47,9 @@ def _md(value: Any) -> str:
     return text.replace("[", "\\[").replace("]", "\\]").replace("\n", " ")
 
 
-def load(results: Path) -> tuple[dict[str, Any], list[Record], list[Load]]:
+def load(results: Path) -> tuple[Environment, list[Record], list[Load]]:
     """A run's environment.json, records.jsonl and load.jsonl (experiments.running.records)."""
-    env = json.loads((results / "environment.json").read_text())
+    env = Environment.read((results / "environment.json").read_text())
     records = read_records((results / "records.jsonl").read_text())
     loads_path = results / "load.jsonl"
     loads = [Load.from_json(x) for x in loads_path.read_text().splitlines() if x] \
@@ -224,11 +230,11 @@ def write(results: Path) -> tuple[Path, Path]:
     first = [n for n in ("ddp.png", "elastic.png", "stages.png", "loss.png", "pairs.png",
                          "ratio-to-ucx.png") if n in images]
     page = {
-        "title": f"rxelab report: {text(env.get('spec')) or results.name}",
+        "title": f"rxelab report: {text(env.spec) or results.name}",
         "constants": [(head, value) for _, head, value in shared],
         "headlines": view.headlines(flat, {k for k, _, _ in shared}),
         "note": how_nodes_ran(env)[1], "sections": sections,
-        "incomplete": not env.get("complete"),
+        "incomplete": not env.complete,
         "tables": view.compact(flat, {k for k, _, _ in shared}),
         "summary": summary, "facts": facts(env, results) + ([rate_note] if rate_note else []),
         "seed": {"counts": counts, "rows": seed_rows} if seed_rows else None,

@@ -25,7 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from fabric import Connection
 from invoke.exceptions import CommandTimedOut
+from invoke.runners import Result
 
 from apps.stages import parse_output
 from experiments.running import (
@@ -41,7 +43,7 @@ from experiments.running import (
 )
 from experiments.running import progress as progress_mod
 from experiments.running.commands import TIMED_OUT, Readings, case_timeout
-from experiments.running.records import Load, Partial, Record, Summary
+from experiments.running.records import Environment, Load, Record
 from experiments.spec import LAUNCHERS, SPECS, Case, Spec, launcher_problem
 from infra.inventory import Host, Inventory
 
@@ -80,7 +82,7 @@ class Runner:
         self.links_down: dict[str, list[str]] = {}  # nodes whose data NIC we took down
         self.network = ""  # the data network as Open MPI's if_include takes it
         self.slurm_nodes: dict[str, str] = {}  # per node: its name as Slurm knows it (srun)
-        self.connections: dict[str, Any] = {}  # one SSH connection per node for the whole run
+        self.connections: dict[str, Connection] = {}  # one SSH connection per node for the run
         self.with_torch: set[str] = set()  # nodes that said they can run the gloo contender
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.dir = results_root / f"{stamp}-{spec.name}"
@@ -95,23 +97,24 @@ class Runner:
         """This run's own directory on every node (inside the deploy directory, which is ours)."""
         return commands.remote_word(f"$HOME/{fleet.REMOTE_HOME}/runs/{self.run_id}")
 
-    def run(self, environment: dict[str, Any]) -> Path:
+    def run(self, environment: Environment) -> Path:  # what the nodes said (about.environment)
         shutil.copy(self.spec.source, self.dir / "spec.toml")
         for name in self.spec.includes:  # what its include added, as it was
             shutil.copy(SPECS / f"{name}.toml", self.dir / f"include-{name}.toml")
-        state = {"spec": self.spec.name, "includes": list(self.spec.includes),
-                 "started": time.time(), "complete": False,
-                 "run_id": self.run_id, "launcher": self.launcher, **environment}
+        state = Environment.model_validate({
+            "spec": self.spec.name, "includes": list(self.spec.includes), "started": time.time(),
+            "complete": False, "run_id": self.run_id, "launcher": self.launcher,
+            **environment.model_dump(exclude_unset=True)})
         self._write_env(state)
-        self.with_torch = {name for name, h in (environment.get("hosts") or {}).items()
-                           if isinstance(h, dict) and h.get("torch")}
+        self.with_torch = {name for name, h in (state.hosts or {}).items() if h.torch}
         cases = self.spec.cases()
         head = fleet.connect(self.hosts[0])
         try:
             self._discover()
-            state.update(netdevs=dict(self.netdevs), data_network=self.network,
-                         rdma_devices={h.name: h.rdma.device for h in self.hosts},
-                         **({"slurm_nodes": dict(self.slurm_nodes)} if self.slurm_nodes else {}))
+            state.netdevs, state.data_network = dict(self.netdevs), self.network
+            state.rdma_devices = {h.name: h.rdma.device for h in self.hosts}
+            if self.slurm_nodes:
+                state.slurm_nodes = dict(self.slurm_nodes)
             with open(self.dir / "records.jsonl", "x") as records, \
                     open(self.dir / "load.jsonl", "x") as loads:
                 scenarios = (("elastic", elastic_scenario.Scenario), ("ddp", ddp_scenario.Scenario))
@@ -139,7 +142,7 @@ class Runner:
                                 + "; ".join(record.busy_left) + "): the run stops here, so "
                                 "no case is measured beside it; it ends by itself within "
                                 f"{commands.case_timeout(case) + beside.GRACE_S:.0f} s")
-            state["complete"] = True
+            state.complete = True
         except KeyboardInterrupt:
             self.say("interrupted: partial results kept, marked incomplete")
             raise
@@ -150,7 +153,7 @@ class Runner:
                 head.close()
                 for c in self.connections.values():
                     c.close()
-                state["finished"] = time.time()
+                state.finished = time.time()
                 self._write_env(state)
         return self.dir
 
@@ -202,13 +205,13 @@ class Runner:
         if problems:
             raise fleet.FleetError("launcher = \"srun\": " + "; ".join(problems))
 
-    def _write_env(self, state: dict[str, Any]) -> None:
-        (self.dir / "environment.json").write_text(json.dumps(state, indent=2) + "\n")
+    def _write_env(self, state: Environment) -> None:
+        (self.dir / "environment.json").write_text(state.to_json(indent=2) + "\n")
 
     def _on_hosts(self, hosts: list[Host], command: Callable[[Host], str],
-                  timeout: float = 60) -> dict[str, Any]:
+                  timeout: float = 60) -> dict[str, Result | Exception]:
         """One command per host, in parallel; the Result (or the exception) per host name."""
-        def one(h: Host) -> Any:
+        def one(h: Host) -> Result | Exception:
             try:
                 return self._connection(h).run(command(h), hide=True, warn=True, timeout=timeout)
             except Exception as err:  # reported per host by the caller
@@ -348,15 +351,7 @@ class Runner:
             except CommandTimedOut as err:  # the remote deadline did not end it: ours did
                 stdout = text = err.result.stdout or ""
                 exit_code = TIMED_OUT
-            found = parse_output(stdout)  # the apps' lines (apps/stages.py), as they print them
-            summary = next((Summary.model_validate(x) for x in reversed(found)
-                            if x["record"] == "summary"), None)
-            stages = [x["seconds"] for x in found if x["record"] == "stage"]
-            if stages:
-                record.stage_seconds = stages
-            progress = [x for x in found if x["record"] == "progress"]
-            if summary is None and progress:
-                record.partial = Partial.model_validate(progress[-1])
+            summary = record.read_output(parse_output(stdout))
         if summary is None and exit_code == TIMED_OUT:
             record.status = "timeout"
             record.error = (f"passed its deadline of {deadline:.0f} s (the spec's timeout_s extends "

@@ -37,7 +37,6 @@ notes say both."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
@@ -48,7 +47,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from experiments.readable import size_text
-from experiments.report import NotARecord, Record, read_records
+from experiments.report import Environment, NotARecord, Record, read_records
 from experiments.simulation import costs as costs_mod
 from experiments.simulation.costs import Profile
 from experiments.simulation.exchanges import (
@@ -181,15 +180,15 @@ def fit(records: Iterable[Record], name: str, node_cpus: int = 1,
     return replace(link, costs=final, measured=measured, wake=woken)
 
 
-def cpus(environment: dict[str, Any]) -> tuple[int, int | None]:
+def cpus(environment: Environment) -> tuple[int, int | None]:
     """A node's CPUs, and the machine's cores where the nodes are this machine's VMs (None:
     they are not)."""
-    found = [h.get("cpus") for h in (environment.get("hosts") or {}).values()]
-    if not found or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0
-                            for c in found):
+    found = [h.cpus for h in (environment.hosts or {}).values()]
+    counted = [c for c in found if c is not None and c > 0]
+    if not found or len(counted) < len(found):
         raise CalibrationError("the nodes did not say how many CPUs they have (nproc)")
-    host = environment.get("lab_host_cpus")
-    return min(found), (host if isinstance(host, int) and host > 0 else None)
+    host = environment.lab_host_cpus
+    return min(counted), (host if host is not None and host > 0 else None)
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -202,13 +201,10 @@ def check_name(name: str) -> str:
     return name
 
 
-def holds_calibration(environment: Any) -> bool:
+def holds_calibration(environment: Environment) -> bool:
     """Whether a run's environment.json says it ran the calibrate spec's cases: its own run,
     or a spec that includes it (the validation spec does: both then meet the same lab)."""
-    if not isinstance(environment, dict):
-        return False
-    includes = environment.get("includes")
-    return environment.get("spec") == SPEC or (isinstance(includes, list) and SPEC in includes)
+    return environment.spec == SPEC or SPEC in environment.includes
 
 
 def fit_run(out: Path, name: str) -> Profile:
@@ -216,14 +212,14 @@ def fit_run(out: Path, name: str) -> Profile:
     spec's cases."""
     try:
         lines = (out / "records.jsonl").read_text()
-        environment = json.loads((out / "environment.json").read_text())
+        environment = Environment.read((out / "environment.json").read_text())
     except (OSError, ValueError) as err:
         raise CalibrationError(f"{out} is not a run's directory: {err}") from None
-    spec = environment.get("spec") if isinstance(environment, dict) else None
+    spec = environment.spec
     if not holds_calibration(environment):
         raise CalibrationError(f"{out} is a run of spec {spec!r}, which neither is nor includes "
                                f"{SPEC!r}")
-    if not isinstance(environment.get("hosts"), dict):
+    if environment.hosts is None:
         raise CalibrationError(f"{out}: its environment.json names no hosts: not a run of this "
                                "rxelab")
     try:
@@ -232,7 +228,7 @@ def fit_run(out: Path, name: str) -> Profile:
         raise CalibrationError(f"{out}: a record without {err}: not a run of this rxelab") from None
     except ValueError as err:
         raise CalibrationError(f"{out} is not a run's directory: {err}") from None
-    if environment["spec"] != SPEC:  # another spec's run: the cases its include brought in,
+    if environment.spec != SPEC:  # another spec's run: the cases its include brought in,
         # and its own beside two or more busy nodes (validation-p8's: a check, not fitted)
         records = [r for r in records if r.included == SPEC or r.busy_neighbours >= 2]
     try:

@@ -22,7 +22,7 @@ from rxelab import trace
 from rxelab.errors import ConfigError
 
 from experiments.readable import size_text
-from experiments.report import NotARecord, Record, read_records
+from experiments.report import Environment, NotARecord, Record, read_records
 from experiments.simulation import calibrate, replayer, yardstick
 from experiments.simulation.calibrate import SPEC
 from experiments.simulation.costs import Profile
@@ -181,7 +181,7 @@ def own_profile(run: Path) -> Profile | None:
     calibrate spec runs them in each of its rounds), saved beside it as profile.json; None
     where the run has none."""
     try:
-        environment = json.loads((run / "environment.json").read_text())
+        environment = Environment.read((run / "environment.json").read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:

@@ -14,6 +14,7 @@ import pytest
 
 from experiments import spec
 from experiments.running import commands, fleet, runner, srun
+from experiments.running.records import Environment
 from infra.inventory import Host, Inventory, RdmaEndpoint, SSHEndpoint
 from tests.unit.test_runner_flow import HOSTS, cmds, make_runner, records, summary
 
@@ -170,7 +171,7 @@ def test_the_runner_starts_every_job_through_srun_and_cancels_its_own(tmp_path, 
     r, nodes = make_runner(tmp_path, monkeypatch, RUNS, launcher="srun")
     nodes.outputs += [summary(True), summary(True, "mpi")]
     monkeypatch.setattr(r, "_perftest", lambda case, hosts: " 8 200 1.0 1.0 0.1\n")
-    out = r.run({"nodes": 3})
+    out = r.run(Environment.model_validate({"nodes": 3}))
     recs = records(out)
     assert [(x["app"], x["launcher"]) for x in recs] == [
         ("rxelab", "srun"), ("mpi", "srun"), ("perftest", "ssh")]
@@ -190,7 +191,7 @@ def test_a_failed_case_under_srun_is_cancelled_at_once(tmp_path, monkeypatch):
     r, nodes = make_runner(tmp_path, monkeypatch, RUNS.split("[[runs]]\napp = \"mpi\"")[0],
                            launcher="srun")
     nodes.outputs += ["srun: error: node2: task 1: Exited with exit code 1"]
-    recs = records(r.run({"nodes": 3}))
+    recs = records(r.run(Environment.model_validate({"nodes": 3})))
     assert recs[0]["status"] == "failed" and "task 1: Exited" in recs[0]["error"]
     assert len(cmds(nodes, "scancel")) == 2, "after the case, and in the run's clean-up"
 
@@ -202,7 +203,7 @@ def test_figures_that_came_before_a_bad_end_are_kept_and_the_end_is_said(tmp_pat
                            launcher="srun")
     hung = summary(True, "mpi") + "\nsrun: error: node1: task 0: Killed\n"
     nodes.outputs += [summary(True), (hung, 137)]
-    recs = records(r.run({"nodes": 3}))
+    recs = records(r.run(Environment.model_validate({"nodes": 3})))
     assert [x["status"] for x in recs] == ["ok", "ok"]
     assert "after_summary" not in recs[0]
     assert len(cmds(nodes, "scancel")) == 2, "the stuck job is cancelled after its case, then at the end"
@@ -214,7 +215,7 @@ def test_a_spec_that_srun_cannot_place_stops_the_run_before_any_case(tmp_path, m
     r, nodes = make_runner(tmp_path, monkeypatch, per_node, launcher="srun")
     nodes.slurm["node2"] = nodes.slurm["node1"]
     with pytest.raises(fleet.FleetError) as e:
-        r.run({"nodes": 3})
+        r.run(Environment.model_validate({"nodes": 3}))
     assert "node1, node2 are one Slurm node, slurm-node1" in str(e.value)
     assert "has 4 CPUs in Slurm, the spec asks for 8 ranks per node" in str(e.value)
     assert not cmds(nodes, "srun --job-name")
@@ -226,7 +227,8 @@ def test_gloo_under_srun_is_told_the_data_nic(tmp_path, monkeypatch):
     gloo = '[[runs]]\napp = "gloo"\nop = "allreduce"\nnodes = [3]\nsizes = [8]\n'
     r, nodes = make_runner(tmp_path, monkeypatch, gloo, launcher="srun")
     nodes.outputs += [summary(True, "gloo")]
-    recs = records(r.run({"nodes": 3, "hosts": {h.name: {"torch": "1.13.1"} for h in HOSTS}}))
+    recs = records(r.run(Environment.model_validate(
+        {"nodes": 3, "hosts": {h.name: {"torch": "1.13.1"} for h in HOSTS}})))
     assert recs[0]["status"] == "ok" and recs[0]["launcher"] == "srun"
     (_, cmd), = cmds(nodes, "srun --job-name")
     assert "GLOO_SOCKET_IFNAME=ens7 " in cmd and "gloo_compare.py" in cmd
@@ -240,7 +242,7 @@ def test_the_cli_launcher_overrides_the_specs(tmp_path, monkeypatch):
     only_rxelab = RUNS.split("[[runs]]\napp = \"mpi\"")[0]
     r, nodes = make_runner(tmp_path, monkeypatch, 'launcher = "srun"\n' + only_rxelab, launcher="ssh")
     nodes.outputs += [summary(True)]
-    assert [x["launcher"] for x in records(r.run({"nodes": 3}))] == ["ssh"]
+    assert [x["launcher"] for x in records(r.run(Environment.model_validate({"nodes": 3})))] == ["ssh"]
     assert cmds(nodes, "rxelab.launch --hosts") and not cmds(nodes, "srun") and not cmds(nodes, "scancel")
 
 
@@ -249,7 +251,7 @@ def test_a_node_slurm_does_not_know_stops_the_run_before_any_case(tmp_path, monk
     nodes.slurm["node3"] = ("node3", "")
     nodes.slurm["node2"] = ("node2", "DOWN+NOT_RESPONDING")
     with pytest.raises(fleet.FleetError) as e:
-        r.run({"nodes": 3})
+        r.run(Environment.model_validate({"nodes": 3}))
     assert "node3: Slurm knows no node 'node3'" in str(e.value)
     assert "node2: Slurm node node2 is DOWN+NOT_RESPONDING" in str(e.value)
     assert not cmds(nodes, "srun --job-name")
@@ -307,11 +309,11 @@ def test_the_report_states_the_launcher(tmp_path):
     from experiments.report import run_facts
 
     assert any(x.startswith("launcher: srun (Slurm started every rank")
-               for x in run_facts.facts({"launcher": "srun"}, tmp_path))
+               for x in run_facts.facts(Environment.model_validate({"launcher": "srun"}), tmp_path))
     assert any(x.startswith("launcher: ssh (our launcher")
-               for x in run_facts.facts({"launcher": "ssh"}, tmp_path))
+               for x in run_facts.facts(Environment.model_validate({"launcher": "ssh"}), tmp_path))
     assert any(x.startswith("launcher: ssh (our launcher") and "before launchers were recorded" in x
-               for x in run_facts.facts({}, tmp_path)), "runs before the key were all over SSH"
+               for x in run_facts.facts(Environment(), tmp_path)), "runs before the key were all over SSH"
 
 
 def test_the_report_says_which_cases_ended_badly_after_their_figures():
