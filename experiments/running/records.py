@@ -102,10 +102,15 @@ class Partial(Line):
 
 
 class Record(Case):
-    """One case in one round, as it ran: a line of records.jsonl."""
+    """One case in one round, as it ran: a line of records.jsonl. Only its app is a must: a
+    line made by hand (or by a tool) that says less reads, what it leaves out empty."""
 
     model_config = ConfigDict(frozen=False)
 
+    op: str = ""
+    algorithm: str = ""
+    nodes: int = 0
+    size: int = 0
     case: int = 0  # the case's number in its spec
     round: int = 0
     netem_label: str | None = None

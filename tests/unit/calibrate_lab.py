@@ -69,8 +69,8 @@ def exchange(size: int) -> list[dict]:
 
 def link(tool, size, value, nodes=2):
     key = "lat_us" if tool == "ib_send_lat" else "bw_MBps"
-    return [{"app": "perftest", "op": "link", "algorithm": tool, "size": size, "status": "ok",
-             "nodes": nodes, "summary": {key: value}}] * 3
+    return [{"app": "perftest", "algorithm": tool, "size": size, "status": "ok", "nodes": nodes,
+             "summary": {key: value}}] * 3
 
 
 def typed(run: list[dict]) -> list[Record]:
