@@ -177,23 +177,23 @@ def _run_spec(spec: str, inventory: str | None, results: str | None, launcher: s
               + (f" (not run: {lacking[0]})" if lacking else ""))
         if wrong:
             raise Exit("the DDP scenario did not end well: " + "; ".join(wrong), code=1)
-    skipped = [r for r in records if r["status"] == "skipped"]  # a contender the nodes lack
-    bad = [r for r in records if r["status"] not in ("ok", "skipped")]
+    skipped = [r for r in records if r.status == "skipped"]  # a contender the nodes lack
+    bad = [r for r in records if r.status not in ("ok", "skipped")]
     print(f"results: {out} ({len(records) - len(bad) - len(skipped)}/{len(records)} cases ok"
           + (f", {len(skipped)} not run" if skipped else "") + ")")
     for who in sorted({spec_mod.contender(r) for r in skipped}):
         first = next(r for r in skipped if spec_mod.contender(r) == who)
-        print(f"{who} cases were not run: {first.get('error', 'skipped')}")
+        print(f"{who} cases were not run: {'skipped' if first.error is None else first.error}")
     # Wrong data is always a failure; a case that fails or runs out of time on an impaired
     # network is a finding of the study (it is in the report), not a failure of the run.
-    broken = [r for r in bad if r["status"] == "wrong" or not any((r.get("netem") or {}).values())]
+    broken = [r for r in bad if r.status == "wrong" or not any(r.netem.values())]
     if broken:
         raise Exit(f"{len(broken)} cases did not verify: " + ", ".join(
-            f"{spec_mod.contender(r)} {r['op']}/{r['algorithm']} ({r['status']})" for r in broken),
+            f"{spec_mod.contender(r)} {r.op}/{r.algorithm} ({r.status})" for r in broken),
             code=1)
     if bad:
         print(f"{len(bad)} cases under impairment did not finish (see the report): " + ", ".join(
-            f"{spec_mod.contender(r)} {r['algorithm']} {r.get('netem')} ({r['status']})" for r in bad))
+            f"{spec_mod.contender(r)} {r.algorithm} {r.netem} ({r.status})" for r in bad))
     return out
 
 

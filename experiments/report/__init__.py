@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,21 @@ from experiments.report import compression, ddp, elastic, plots
 from experiments.report import view as view
 from experiments.report.run_facts import facts, how_nodes_ran, mpi_rdma_note, text
 from experiments.report.summary import BACK_TO_BACK, peak_to_mean, summary_lines
+from experiments.report.view import Row
 from experiments.running import counters
+from experiments.running.records import (
+    Environment,
+    Load,
+    NotARecord,
+    Record,
+    Summary,
+    read_records,
+)
 from experiments.spec import contender, netem, ranks
+
+# what a run records, for experiments/simulation (which reads runs through the report)
+__all__ = ["Environment", "Load", "NotARecord", "Record", "Row", "Summary", "bandwidth", "load",
+           "medians", "read_records", "rows", "write"]
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -34,11 +47,13 @@ def _md(value: Any) -> str:
     return text.replace("[", "\\[").replace("]", "\\]").replace("\n", " ")
 
 
-def load(results: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-    env = json.loads((results / "environment.json").read_text())
-    records = [json.loads(x) for x in (results / "records.jsonl").read_text().splitlines() if x]
+def load(results: Path) -> tuple[Environment, list[Record], list[Load]]:
+    """A run's environment.json, records.jsonl and load.jsonl (experiments.running.records)."""
+    env = Environment.read((results / "environment.json").read_text())
+    records = read_records((results / "records.jsonl").read_text())
     loads_path = results / "load.jsonl"
-    loads = [json.loads(x) for x in loads_path.read_text().splitlines() if x] if loads_path.exists() else []
+    loads = [Load.from_json(x) for x in loads_path.read_text().splitlines() if x] \
+        if loads_path.exists() else []
     return env, records, loads
 
 
@@ -52,52 +67,42 @@ def bandwidth(size: int, ranks: int, seconds: float, op: str = "alltoall") -> tu
     return algbw, algbw * c.busbw(ranks)
 
 
-def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def rows(records: list[Record]) -> list[Row]:
     """One flat row per collective case that produced figures: a summary, or the stages a
     timed-out case finished (avg only)."""
     out = []
     for r in records:
-        if r["app"] == "perftest":
+        if r.app == "perftest":
             continue
-        s = r.get("summary")
-        partial = r.get("partial")
-        if s:
-            avg, low, high, total = (s["avg_stage_us"], s["min_stage_us"], s["max_stage_us"],
-                                     s["total_seconds"])
-        elif r["status"] == "timeout" and partial and partial.get("stages_done"):
-            total = partial["seconds"]
-            avg, low, high = total / partial["stages_done"] * 1e6, None, None
+        s, partial = r.summary, r.partial
+        if s is not None and s.avg_stage_us is not None and s.total_seconds is not None:
+            avg, low, high, total = s.avg_stage_us, s.min_stage_us, s.max_stage_us, s.total_seconds
+        elif r.status == "timeout" and partial and partial.stages_done:
+            total = partial.seconds
+            avg, low, high = total / partial.stages_done * 1e6, None, None
         else:
             continue
-        algbw, busbw = bandwidth(r["size"], ranks(r), avg / 1e6, r["op"])
-        imp = r.get("netem") or {}
-        rxe = r.get("rxe")
-        out.append({"contender": contender({"transport": "tcp", **r}), "app": r["app"],
-                    "op": r["op"], "algorithm": r["algorithm"], "nodes": r["nodes"],
-                    "size": r["size"], "stages": r["stages"],
-                    "network": network(imp, r.get("busy_hosts")),
-                    "loss": float(imp.get("loss", 0)),
-                    "loss_only": not any(v for k, v in imp.items() if k != "loss"),
-                    "active_mtu": r.get("active_mtu") or "-", "avg_us": avg, "min_us": low,
-                    "max_us": high, "total_s": total, "algbw": algbw, "busbw": busbw,
-                    "wrong": s["wrong"] if s else "-", "status": r["status"],
-                    "peak_pinned": (s or {}).get("peak_pinned"),
-                    "peak_inflight": (s or {}).get("peak_inflight"),
-                    "rxe_pkts": counters.total(rxe, "sent_pkts") if rxe else None,
-                    "retries": counters.total(rxe, "completer_retry_err") if rxe else None,
-                    "stage_seconds": r.get("stage_seconds"), "case": r["case"],
-                    "ranks": ranks(r), "pairs": r.get("pairs"),
-                    "mode": BACK_TO_BACK if r.get("tight") else "stages",
-                    "data": r.get("data") or "pattern",
-                    "compression": r.get("compression") or "none",
-                    "ratio": (s or {}).get("compression_ratio"),
-                    "codec_ms_per_MiB": (s or {}).get("codec_ms_per_MiB"),
-                    "wire_per_call": (s or {}).get("wire_bytes_per_call"),
-                    "round": r.get("round", 0), "rounds": 1})
+        algbw, busbw = bandwidth(r.size, ranks(r), avg / 1e6, r.op)
+        imp, rxe = r.netem, r.rxe
+        got = s if s is not None else Summary()  # a timed-out case's: no figure
+        out.append(Row(
+            contender=contender(r), app=r.app, op=r.op, algorithm=r.algorithm, nodes=r.nodes,
+            size=r.size, stages=r.stages, network=network(imp, r.busy_hosts),
+            loss=float(imp.get("loss", 0)), loss_only=not any(v for k, v in imp.items() if k != "loss"),
+            active_mtu=r.active_mtu or "-", avg_us=avg, min_us=low, max_us=high, total_s=total,
+            algbw=algbw, busbw=busbw, wrong="-" if s is None else s.wrong, status=r.status,
+            peak_pinned=got.peak_pinned, peak_inflight=got.peak_inflight,
+            rxe_pkts=counters.total(rxe, "sent_pkts") if rxe else None,
+            retries=counters.total(rxe, "completer_retry_err") if rxe else None,
+            stage_seconds=r.stage_seconds, case=r.case, ranks=ranks(r), pairs=r.pairs,
+            mode=BACK_TO_BACK if r.tight else "stages", data=r.data or "pattern",
+            compression=r.compression or "none", ratio=got.compression_ratio,
+            codec_ms_per_MiB=got.codec_ms_per_MiB, wire_per_call=got.wire_bytes_per_call,
+            round=r.round, rounds=1))
     return out
 
 
-def network(imp: dict[str, Any], busy: Any) -> str:
+def network(imp: netem.Impairment, busy: list[str] | None) -> str:
     """What a case ran in: its impairment (netem's label, "none") and the nodes busy beside it
     (busy_neighbours), so a case beside busy nodes never reads as the same case alone."""
     if not isinstance(busy, list) or not busy:
@@ -106,48 +111,45 @@ def network(imp: dict[str, Any], busy: Any) -> str:
     return f"{netem.label(imp)}, {loaded}" if any(imp.values()) else loaded
 
 
-SAME_CASE = ("case", "contender", "op", "algorithm", "nodes", "ranks", "pairs", "size", "stages",
-             "network", "active_mtu", "mode", "data")
-
-
-def medians(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def medians(flat: list[Row]) -> list[Row]:
     """One row per case: of a case run in several rounds, the round with the median time (the
     lower middle of an even count) among its rounds that ended ok (all of them when none did),
     which says how many rounds it is the median of and their range. Rows of one round are
     each their own median."""
-    by_case: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    by_case: dict[tuple[object, ...], list[Row]] = defaultdict(list)
     for r in flat:  # a case's number, and what it is (records put together by hand keep apart)
-        by_case[tuple(r[k] for k in SAME_CASE)].append(r)
+        by_case[(r.case, r.contender, r.op, r.algorithm, r.nodes, r.ranks, r.pairs, r.size,
+                 r.stages, r.network, r.active_mtu, r.mode, r.data)].append(r)
     out = []
     for rs in by_case.values():
-        good = [r for r in rs if r["status"] == "ok"]  # a round that ran out of time is no peer
-        ranked = sorted(good or rs, key=lambda r: r["avg_us"])
-        out.append({**ranked[(len(ranked) - 1) // 2], "rounds": len(ranked),
-                    "round_min_us": ranked[0]["avg_us"], "round_max_us": ranked[-1]["avg_us"]})
+        good = [r for r in rs if r.status == "ok"]  # a round that ran out of time is no peer
+        ranked = sorted(good or rs, key=lambda r: r.avg_us)
+        out.append(replace(ranked[(len(ranked) - 1) // 2], rounds=len(ranked),
+                           round_min_us=ranked[0].avg_us, round_max_us=ranked[-1].avg_us))
     return out
 
 
-def link_share(flat: list[dict[str, Any]], link_MBps: float | None) -> None:
+def link_share(flat: list[Row], link_MBps: float | None) -> None:
     """Each row's "% of link": the bytes each rank must send (and receive) for its collective
     over the rate the link carries (`share_rate`): busbw over that rate (nccl-tests' busbw is
     exactly those bytes per second). One rank per node only: ranks sharing a node share its
     link."""
     for r in flat:
-        alone = r["ranks"] == r["nodes"]
-        r["link_pct"] = 100 * r["busbw"] / link_MBps if link_MBps and alone and r["busbw"] else None
+        alone = r.ranks == r.nodes
+        r.link_pct = 100 * r.busbw / link_MBps if link_MBps and alone and r.busbw else None
 
 
-def link_rate(records: list[dict[str, Any]], tool: str = "ib_write_bw") -> float | None:
+def link_rate(records: list[Record], tool: str = "ib_write_bw") -> float | None:
     """The link's rate in this run (MB/s): the tool's best between two nodes, where it ran
     (ib_write_bw_bidir's is both directions' sum; a pair on one node is rxe's loopback, not
     the link)."""
-    limit = [r["summary"]["bw_MBps"] for r in records
-             if r["app"] == "perftest" and r["algorithm"] == tool and r.get("nodes", 2) != 1
-             and r.get("summary", {}).get("bw_MBps")]
+    limit = [bw for r in records
+             if r.app == "perftest" and r.algorithm == tool and r.nodes != 1
+             and (bw := r.summary and r.summary.bw_MBps)]
     return max(limit) if limit else None
 
 
-def share_rate(records: list[dict[str, Any]]) -> tuple[float | None, str]:
+def share_rate(records: list[Record]) -> tuple[float | None, str]:
     """What "% of link" divides by, and how to say it. Every rank of a collective sends and
     receives at once, and rxe spends the CPU of both ends on every byte, so where the run
     measured both directions at once (ib_write_bw -b) the rate is each direction's share of
@@ -163,13 +165,12 @@ def share_rate(records: list[dict[str, Any]]) -> tuple[float | None, str]:
     return None, ""
 
 
-def figures(flat: list[dict[str, Any]], records: list[dict[str, Any]],
-            loads: list[dict[str, Any]]) -> dict[str, bytes]:
+def figures(flat: list[Row], records: list[Record], loads: list[Load]) -> dict[str, bytes]:
     out = plots.size_scaling(flat, link_rate(records))
     load_ratio: dict[int, float] = {}
     for entry in loads:
-        ratio = peak_to_mean(entry["samples"])[2]
-        load_ratio[entry["case"]] = max(load_ratio.get(entry["case"], 0.0), ratio)
+        ratio = peak_to_mean(entry.samples)[2]
+        load_ratio[entry.case] = max(load_ratio.get(entry.case, 0.0), ratio)
     for name, png in (("pairs.png", plots.pairs_dial(flat, load_ratio)),
                       ("stages.png", plots.stages(flat)),
                       ("ratio-to-ucx.png", plots.ratio_to(flat, "mpi-ucx")),
@@ -181,17 +182,17 @@ def figures(flat: list[dict[str, Any]], records: list[dict[str, Any]],
     return out
 
 
-def seed_table(flat: list[dict[str, Any]]) -> tuple[list[int], list[tuple[str, list[str]]]]:
+def seed_table(flat: list[Row]) -> tuple[list[int], list[tuple[str, list[str]]]]:
     """The seed's table: total seconds per (contender algorithm) and number of stages, where a
     run has more than one stage count (the seed spec: 100, 1000, 10000)."""
-    stage_counts = sorted({r["stages"] for r in flat})
+    stage_counts = sorted({r.stages for r in flat})
     if len(stage_counts) < 2:
         return [], []
     cells: dict[str, dict[int, float]] = defaultdict(dict)
     for r in flat:  # the same case at more stage counts: nodes and network tell cases apart
-        where = "" if r["network"] == "none" else f", {r['network']}"
-        cells[f"{r['contender']} {r['op']}/{r['algorithm']} {r['nodes']} nodes "
-              f"{size_text(r['size'])}{where}"][r["stages"]] = r["total_s"]
+        where = "" if r.network == "none" else f", {r.network}"
+        cells[f"{r.contender} {r.op}/{r.algorithm} {r.nodes} nodes "
+              f"{size_text(r.size)}{where}"][r.stages] = r.total_s
     return stage_counts, [(name, [f"{by[n]:.2f}" if n in by else "-" for n in stage_counts])
                           for name, by in sorted(cells.items())]
 
@@ -229,16 +230,16 @@ def write(results: Path) -> tuple[Path, Path]:
     first = [n for n in ("ddp.png", "elastic.png", "stages.png", "loss.png", "pairs.png",
                          "ratio-to-ucx.png") if n in images]
     page = {
-        "title": f"rxelab report: {text(env.get('spec')) or results.name}",
+        "title": f"rxelab report: {text(env.spec) or results.name}",
         "constants": [(head, value) for _, head, value in shared],
         "headlines": view.headlines(flat, {k for k, _, _ in shared}),
         "note": how_nodes_ran(env)[1], "sections": sections,
-        "incomplete": not env.get("complete"),
+        "incomplete": not env.complete,
         "tables": view.compact(flat, {k for k, _, _ in shared}),
         "summary": summary, "facts": facts(env, results) + ([rate_note] if rate_note else []),
         "seed": {"counts": counts, "rows": seed_rows} if seed_rows else None,
-        "perf": [(r["algorithm"], size_text(r["size"]), _perf(r["summary"]))
-                 for r in records if r["app"] == "perftest" and r.get("summary")],
+        "perf": [(r.algorithm, size_text(r.size), _perf(r.summary))
+                 for r in records if r.app == "perftest" and r.summary],
         "full": dict(zip(("head", "rows"), view.full_table(flat, {h for _, h, _ in shared}),
                          strict=True)) if flat else None,
         "mpi_note": mpi_rdma_note(env), "full_note": view.NOTE_FULL}
@@ -267,8 +268,8 @@ def _cell(value: Any) -> str:
     return " ".join(str(value).replace("\\", "\\\\").replace("|", "\\|").split())
 
 
-def _perf(s: dict[str, Any]) -> str:
-    return f"{s['bw_MBps']:.2f} MB/s" if "bw_MBps" in s else f"{s['lat_us']:.1f} us"
+def _perf(s: Summary) -> str:
+    return f"{s.bw_MBps:.2f} MB/s" if s.bw_MBps is not None else f"{s.lat_us:.1f} us"
 
 
 def _data_uri(data: bytes) -> str:

@@ -11,9 +11,9 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from experiments import report
+from experiments.report.view import Row
 
 REFERENCES = ("mpi-ucx", "mpi-tcp", "pyverbs")  # what rxelab's time is divided by (pyverbs: the
 # hand loop's, rxelab.handloop, where a run has it)
@@ -76,14 +76,13 @@ class Change:
         return "within spread"
 
 
-def ratios(rows: list[dict[str, Any]]) -> dict[Case, Ratios]:
+def ratios(rows: list[Row]) -> dict[Case, Ratios]:
     """Each rxelab case's time over each reference's, in the same round of one run."""
-    by_round: dict[tuple, dict[int, float]] = defaultdict(dict)
+    by_round: dict[tuple[str, int, str, str, int, str, str, int], dict[int, float]] = defaultdict(dict)
     for r in rows:
-        if r["status"] == "ok" and r["avg_us"]:
-            key = (r["op"], r["size"], r["mode"], r["network"], r["nodes"], r["contender"],
-                   r["algorithm"], r["case"])
-            by_round[key][int(r["round"])] = float(r["avg_us"])
+        if r.status == "ok" and r.avg_us:
+            key = (r.op, r.size, r.mode, r.network, r.nodes, r.contender, r.algorithm, r.case)
+            by_round[key][r.round] = float(r.avg_us)
     out = {}
     for key, times in by_round.items():
         op, size, mode, network, nodes, who, algorithm, number = key

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+
+from experiments.running.records import Environment
 
 EMULATION_NOTE = ("Absolute numbers here come from VMs under emulation (TCG) and are not hardware "
                   "numbers; the ratios between algorithms measured in the same run are what carry over.")
@@ -17,14 +18,14 @@ KVM_NOTE = ("Absolute numbers here come from VMs with hardware virtualization (K
 UNRECORDED_NOTE = ("How the nodes ran (emulated VMs, VMs with hardware virtualization or bare "
                    "metal) was not recorded for this run: read absolute numbers with that in mind.")
 UNKNOWN = "unknown"
-# Where a version comes from in environment.json: its key under "versions", then the Debian
+# Where a version comes from in environment.json: its name under "versions", then the Debian
 # package of older runs (under "packages"), whose upstream part is taken.
 VERSION_SOURCES = (("rxelab", "rxelab", None), ("Open MPI", "open_mpi", "openmpi-bin"),
                    ("UCX", "ucx", "libucx0"), ("rdma-core", "rdma_core", "rdma-core"))
 DGID_CHECK = "UCX_UD_ETH_DGID_CHECK"
 
 
-def text(value: Any) -> str | None:
+def text(value: object) -> str | None:
     """An env value as text, or None where the run did not record it ("?", empty, null).
     The text is untrusted (it comes from remote hosts): callers escape it for their output."""
     if value is None or isinstance(value, (dict, list)) and not value:
@@ -33,16 +34,11 @@ def text(value: Any) -> str | None:
     return None if text in ("", "?") else text
 
 
-def active_mtu(env: dict[str, Any]) -> str | None:
+def active_mtu(env: Environment) -> str | None:
     """The RoCE path MTU (the RDMA port's active MTU) the run recorded: `active_mtu`, or
     `mtu` in runs before it had that name (their `mtu` was already the port's, never the data
     NIC's, which is `netdev_mtu`)."""
-    return text(env["active_mtu"] if "active_mtu" in env else env.get("mtu"))
-
-
-def _mapping(env: dict[str, Any], key: str) -> dict[str, Any]:
-    value = env.get(key)
-    return value if isinstance(value, dict) else {}
+    return text(env.active_mtu if "active_mtu" in env.model_fields_set else env.mtu)
 
 
 def upstream_version(debian: str) -> str:
@@ -53,26 +49,26 @@ def upstream_version(debian: str) -> str:
     return re.sub(r"[+~](dfsg|ds)\d*$", "", v) or debian
 
 
-def versions(env: dict[str, Any]) -> dict[str, str]:
+def versions(env: Environment) -> dict[str, str]:
     """The rxelab wheel's, Open MPI, UCX, rdma-core and kernel versions of the run, "unknown"
     where not recorded."""
-    recorded, packages = _mapping(env, "versions"), _mapping(env, "packages")
+    recorded, packages = env.versions, env.packages
     out = {}
     for name, key, package in VERSION_SOURCES:
         v = text(recorded.get(key))
         if v is None and package and (p := text(packages.get(package))) is not None:
             v = upstream_version(p)
         out[name] = v or UNKNOWN
-    out["kernel"] = text(recorded.get("kernel")) or text(env.get("kernel")) or UNKNOWN
+    out["kernel"] = text(recorded.get("kernel")) or text(env.kernel) or UNKNOWN
     return out
 
 
-def how_nodes_ran(env: dict[str, Any]) -> tuple[str, str]:
+def how_nodes_ran(env: Environment) -> tuple[str, str]:
     """(what the facts list says, the caveat above the report or "" for bare metal), from
     "accel" (tcg, kvm, none for bare metal, another hypervisor) and "virtualization"
     (systemd-detect-virt on the first node: qemu means emulation, kvm hardware virtualization)."""
-    accel = (text(env.get("accel")) or "").lower()
-    virt = (text(env.get("virtualization")) or "").lower()
+    accel = (text(env.accel) or "").lower()
+    virt = (text(env.virtualization) or "").lower()
     if accel == "tcg" or virt == "qemu":
         return "VMs under emulation (TCG)", EMULATION_NOTE
     if accel == "kvm" or virt == "kvm":
@@ -87,21 +83,20 @@ def how_nodes_ran(env: dict[str, Any]) -> tuple[str, str]:
     return "not recorded", UNRECORDED_NOTE
 
 
-def rdma_devices(env: dict[str, Any]) -> list[str]:
+def rdma_devices(env: Environment) -> list[str]:
     """The RDMA device names of the run: per node where recorded, else UCX_NET_DEVICES's."""
-    named = [d for d in (text(v) for v in _mapping(env, "rdma_devices").values()) if d]
+    named = [d for d in (text(v) for v in env.rdma_devices.values()) if d]
     if named:
         return sorted(set(named))
-    net = text(_mapping(env, "ucx_settings").get("UCX_NET_DEVICES"))
+    net = text(env.ucx_settings.get("UCX_NET_DEVICES"))
     return sorted({x.split(":", 1)[0] for x in net.split(",") if x}) if net else []
 
 
-def mpi_rdma_note(env: dict[str, Any]) -> str:
+def mpi_rdma_note(env: Environment) -> str:
     """How the mpi-ucx rows ran, as recorded: versions, RDMA device and UCX settings, "unknown"
     where the run did not record them; and why UCX_UD_ETH_DGID_CHECK=n on rxe."""
     ver = versions(env)
-    settings = {k: t for k, v in _mapping(env, "ucx_settings").items()
-                if (t := text(v)) is not None}
+    settings = {k: t for k, v in env.ucx_settings.items() if (t := text(v)) is not None}
     devices = ", ".join(rdma_devices(env)) or UNKNOWN
     mca = "--mca pml ucx --mca btl ^openib,uct"
     if settings:
@@ -125,28 +120,28 @@ def mpi_rdma_note(env: dict[str, Any]) -> str:
             "such counters give no reading). mpi-tcp rows run Open MPI's ob1/TCP on the data NIC.")
 
 
-def facts(env: dict[str, Any], results: Path) -> list[str]:
+def facts(env: Environment, results: Path) -> list[str]:
     """The run's facts, each read from environment.json ("unknown" where not recorded)."""
-    def known(key: str) -> str:
-        return text(env.get(key)) or UNKNOWN
-    status = "complete" if env.get("complete") else "INCOMPLETE (interrupted or failed: partial results)"
+    def known(value: object) -> str:
+        return text(value) or UNKNOWN
+    status = "complete" if env.complete else "INCOMPLETE (interrupted or failed: partial results)"
     ver = versions(env)
     ran = how_nodes_ran(env)[0]
-    out = [f"results: {results.name} ({status})", f"nodes: {known('nodes')}",
-           f"nodes ran as: {ran}; accel: {known('accel')}, systemd-detect-virt: "
-           f"{known('virtualization')}, image: {known('image')}",
+    out = [f"results: {results.name} ({status})", f"nodes: {known(env.nodes)}",
+           f"nodes ran as: {ran}; accel: {known(env.accel)}, systemd-detect-virt: "
+           f"{known(env.virtualization)}, image: {known(env.image)}",
            "versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
            f"launcher: {launcher_fact(env)}",
-           f"RoCE path MTU: {active_mtu(env) or UNKNOWN} (data NIC MTU {known('netdev_mtu')})"]
-    devices = {k: t for k, v in _mapping(env, "rdma_devices").items() if (t := text(v))}
-    netdevs = {k: t for k, v in _mapping(env, "netdevs").items() if (t := text(v))}
+           f"RoCE path MTU: {active_mtu(env) or UNKNOWN} (data NIC MTU {known(env.netdev_mtu)})"]
+    devices = {k: t for k, v in env.rdma_devices.items() if (t := text(v))}
+    netdevs = {k: t for k, v in env.netdevs.items() if (t := text(v))}
     if devices or netdevs:
         out.append("RDMA devices: " + (", ".join(f"{k} {v}" for k, v in devices.items()) or UNKNOWN)
                    + "; data NICs: " + (", ".join(f"{k} {v}" for k, v in netdevs.items()) or UNKNOWN))
-    packages = _mapping(env, "packages")
+    packages = env.packages
     if packages:
         out.append("packages: " + ", ".join(f"{k} {v}" for k, v in packages.items()))
-    settings = _mapping(env, "ucx_settings")
+    settings = env.ucx_settings
     out.append("UCX settings of mpi-ucx cases: " + (
         " ".join(f"{k}={v}" for k, v in settings.items()) if settings else UNKNOWN))
     out.append(gloo_fact(env))
@@ -158,21 +153,21 @@ LAUNCHED_BY = {"ssh": "ssh (our launcher, and mpirun, over SSH)",
                        "perftest pairs over SSH)"}
 
 
-def launcher_fact(env: dict[str, Any]) -> str:
+def launcher_fact(env: Environment) -> str:
     """How the ranks were started, as recorded."""
-    said = text(env.get("launcher"))
+    said = text(env.launcher)
     if said is None:  # recorded since 2026-11-25; every run before started over SSH
         return LAUNCHED_BY["ssh"] + ", as every run before launchers were recorded"
     return LAUNCHED_BY.get(said, said)
 
 
-def gloo_fact(env: dict[str, Any]) -> str:
+def gloo_fact(env: Environment) -> str:
     """Whether the nodes could run the gloo contender (torch.distributed over Gloo): the torch
     each node reported, or which nodes had none."""
-    hosts = {k: v for k, v in _mapping(env, "hosts").items() if isinstance(v, dict)}
-    if not any("torch" in h for h in hosts.values()):
+    hosts = env.hosts or {}
+    if not any("torch" in h.model_fields_set for h in hosts.values()):
         return f"Gloo (torch.distributed): {UNKNOWN}"
-    found = {name: text(h.get("torch")) for name, h in hosts.items()}
+    found = {name: text(h.torch) for name, h in hosts.items()}
     lacking = sorted(name for name, v in found.items() if v is None)
     if lacking:
         return (f"Gloo (torch.distributed): no torch on {', '.join(lacking)}: gloo cases were not "

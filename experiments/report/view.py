@@ -10,11 +10,56 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
 
 from experiments.readable import ms_text, size_text
 
-Row = dict[str, Any]
+
+@dataclass
+class Row:
+    """A case's figures as the report shows them, one per round (experiments.report.rows makes
+    them from the records); of a case run in rounds, report.medians keeps its median round's,
+    with how many rounds it is the median of and their range."""
+
+    contender: str  # experiments.spec.contender
+    app: str
+    op: str
+    algorithm: str
+    nodes: int
+    size: int
+    avg_us: float  # per call, the slowest rank's
+    status: str
+    network: str = "none"  # its impairment and the nodes busy beside it, as a reader reads them
+    mode: str = "stages"  # or back to back
+    data: str = "pattern"
+    compression: str = "none"
+    stages: int = 1
+    ranks: int = 0
+    case: int = 0
+    round: int = 0
+    pairs: int | None = None
+    active_mtu: int | str = "-"
+    loss: float = 0.0
+    loss_only: bool = True  # no impairment but loss
+    min_us: float | None = None
+    max_us: float | None = None
+    total_s: float = 0.0
+    algbw: float = 0.0
+    busbw: float = 0.0
+    wrong: int | str | None = "-"
+    peak_pinned: int | None = None
+    peak_inflight: int | None = None
+    rxe_pkts: int | None = None
+    retries: int | None = None
+    stage_seconds: list[float] | None = None
+    ratio: float | None = None  # compression's
+    codec_ms_per_MiB: float | None = None
+    wire_per_call: float | None = None
+    rounds: int = 1
+    round_min_us: float | None = None
+    round_max_us: float | None = None
+    link_pct: float | None = None  # report.link_share's
+
+
 # what one compact table shares (its cases differ only in contender, algorithm and size)
 SETTING = ("op", "nodes", "ranks", "stages", "mode", "network", "active_mtu", "data", "compression")
 SETTING_LABELS = {"nodes": "{} nodes", "ranks": "{} ranks", "stages": "{} calls",
@@ -40,19 +85,19 @@ NOTE_FULL = ("ms per call: the slowest rank's average over the calls of the medi
 
 
 def series_name(r: Row) -> str:
-    k = f" k={r['pairs']}" if (r.get("pairs") or 1) > 1 else ""
-    return f"{r['contender']} {r['algorithm']}{k}"
+    k = f" k={r.pairs}" if (r.pairs or 1) > 1 else ""
+    return f"{r.contender} {r.algorithm}{k}"
 
 
 def ours_(r: Row) -> bool:
     """rxelab's own rows, its variants too (rxelab-eager0: rendezvous only; rxelab-zstd)."""
-    return str(r["contender"]).startswith("rxelab")
+    return r.contender.startswith("rxelab")
 
 
 def overlap(a: Row, b: Row) -> bool:
     """Whether two cases, each run in several rounds, have overlapping ranges of rounds: no
     real difference between them. A case of one round has no spread to judge by."""
-    if a.get("rounds", 1) < 2 or b.get("rounds", 1) < 2:
+    if a.rounds < 2 or b.rounds < 2:
         return False
     (alo, ahi), (blo, bhi) = spread(a), spread(b)
     return alo <= bhi and blo <= ahi
@@ -60,19 +105,19 @@ def overlap(a: Row, b: Row) -> bool:
 
 def spread(r: Row) -> tuple[float, float]:
     """The lowest and highest round's time per call (us); a case of one round: its own."""
-    low, high = r.get("round_min_us"), r.get("round_max_us")
-    return (float(r["avg_us"] if low is None else low), float(r["avg_us"] if high is None else high))
+    low, high = r.round_min_us, r.round_max_us
+    return (float(r.avg_us if low is None else low), float(r.avg_us if high is None else high))
 
 
 def range_text(r: Row) -> str:
     lo, hi = spread(r)
-    return "-" if r.get("rounds", 1) < 2 else f"{ms_text(lo)}-{ms_text(hi)}"
+    return "-" if r.rounds < 2 else f"{ms_text(lo)}-{ms_text(hi)}"
 
 
 def _value(r: Row, key: str, how: str) -> str:
     if key == "spread":
         return range_text(r)
-    v = r.get(key)
+    v = getattr(r, key)  # a column of FULL_COLUMNS: a field of Row
     if v is None or v == "":
         return "-"
     if how == "size":
@@ -122,7 +167,7 @@ class Headline:
 def settings(flat: list[Row]) -> dict[tuple, list[Row]]:
     out: dict[tuple, list[Row]] = defaultdict(list)
     for r in flat:
-        out[tuple(r.get(k) for k in SETTING)].append(r)
+        out[tuple(getattr(r, k) for k in SETTING)].append(r)
     return dict(sorted(out.items(), key=lambda kv: order(kv[0])))
 
 
@@ -167,16 +212,16 @@ def compact(flat: list[Row], shared: set[str]) -> list[Table]:
     """Per setting: a row per size, a column per series, the best of each row marked and
     those whose rounds overlap the best's marked as inside its spread."""
     out = []
-    for key, rs in settings([r for r in flat if r["status"] == "ok"]).items():
+    for key, rs in settings([r for r in flat if r.status == "ok"]).items():
         names = sorted({series_name(r) for r in rs},
                        key=lambda n: (not n.startswith("rxelab"), n))
         by_size: dict[int, dict[str, Row]] = defaultdict(dict)
         for r in rs:
-            by_size[r["size"]][series_name(r)] = r
+            by_size[r.size][series_name(r)] = r
         rows = []
         for size in sorted(by_size):
             here = by_size[size]
-            best = min(here.values(), key=lambda r: r["avg_us"])
+            best = min(here.values(), key=lambda r: r.avg_us)
             cells: list[Cell | None] = []
             for n in names:
                 found = here.get(n)
@@ -184,7 +229,7 @@ def compact(flat: list[Row], shared: set[str]) -> list[Table]:
                     cells.append(None)
                     continue
                 rng = range_text(found)
-                cells.append(Cell(ms_text(found["avg_us"]), "" if rng == "-" else rng,
+                cells.append(Cell(ms_text(found.avg_us), "" if rng == "-" else rng,
                                   found is best, found is not best and overlap(found, best)))
             rows.append((size_text(size), cells))
         out.append(Table(setting_title(key, shared), names, rows))
@@ -199,27 +244,27 @@ def headlines(flat: list[Row], shared: set[str]) -> list[Headline]:
     """Per setting on a clean network: the best rxelab algorithm at each size against each
     other contender's best there."""
     out = []
-    timed = [r for r in flat if r["status"] == "ok" and r["avg_us"] > 0 and spread(r)[0] > 0]
+    timed = [r for r in flat if r.status == "ok" and r.avg_us > 0 and spread(r)[0] > 0]
     for key, rs in settings(timed).items():
         if dict(zip(SETTING, key, strict=True))["network"] not in ("none", None):
             continue
         ours = [r for r in rs if ours_(r)]
         if not ours:
             continue
-        sizes = sorted({r["size"] for r in ours})
-        best = {s: min((r for r in ours if r["size"] == s), key=lambda r: r["avg_us"]) for s in sizes}
+        sizes = sorted({r.size for r in ours})
+        best = {s: min((r for r in ours if r.size == s), key=lambda r: r.avg_us) for s in sizes}
         wins: dict[str, list[int]] = defaultdict(list)
         for s, r in best.items():
             wins[series_name(r).removeprefix("rxelab ")].append(s)
         who = "; ".join(f"{name} at {_sizes(ss, len(sizes))}"
                         for name, ss in sorted(wins.items(), key=lambda kv: -len(kv[1])))
         h = Headline(setting_title(key, shared), who)
-        for rival in sorted({r["contender"] for r in rs if not ours_(r)}):
+        for rival in sorted({r.contender for r in rs if not ours_(r)}):
             pairs = []
             for s in sizes:
-                theirs = [r for r in rs if r["contender"] == rival and r["size"] == s]
+                theirs = [r for r in rs if r.contender == rival and r.size == s]
                 if theirs:
-                    pairs.append((s, best[s], min(theirs, key=lambda r: r["avg_us"])))
+                    pairs.append((s, best[s], min(theirs, key=lambda r: r.avg_us)))
             if pairs:
                 h.rivals.append(_rival(rival, pairs))
         if not h.rivals:
@@ -235,10 +280,10 @@ def _rival(name: str, pairs: list[tuple[int, Row, Row]]) -> Rival:
     ratios, lows, highs, faster, slower, judged = [], [], [], 0, 0, 0
     for _, mine, theirs in pairs:
         (mlo, mhi), (tlo, thi) = spread(mine), spread(theirs)
-        ratios.append(mine["avg_us"] / theirs["avg_us"])
+        ratios.append(mine.avg_us / theirs.avg_us)
         lows.append(mlo / thi)
         highs.append(mhi / tlo)
-        if mine.get("rounds", 1) > 1 and theirs.get("rounds", 1) > 1:
+        if mine.rounds > 1 and theirs.rounds > 1:
             judged += 1
             faster += highs[-1] < 1
             slower += lows[-1] > 1
@@ -270,12 +315,12 @@ def _alone(ours: list[Row], sizes: list[int]) -> str:
     """With nothing to compare with: the best rxelab algorithm against the runner-up."""
     parts = []
     for s in sizes:
-        here = sorted((r for r in ours if r["size"] == s), key=lambda r: r["avg_us"])
+        here = sorted((r for r in ours if r.size == s), key=lambda r: r.avg_us)
         if len(here) < 2:
             continue
         first, second = here[0], here[1]
         name = lambda r: series_name(r).removeprefix("rxelab ")  # noqa: E731
-        parts.append(f"{size_text(s)}: {name(first)} {second['avg_us'] / first['avg_us']:.2f}x "
+        parts.append(f"{size_text(s)}: {name(first)} {second.avg_us / first.avg_us:.2f}x "
                      f"faster than {name(second)}"
                      + (" (inside the spread)" if overlap(first, second) else ""))
     return "; ".join(parts) or "one algorithm only"

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from experiments.running import commands, fleet
+from experiments.running.records import Environment
 from infra.inventory import Host
 
 # What each node says of itself: its kernel, how it runs (systemd-detect-virt: qemu = TCG,
@@ -34,25 +35,42 @@ PACKAGES = ("rdma-core", "python3-pyverbs", "openmpi-bin", "libucx0", "perftest"
 ACCEL = {"qemu": "tcg", "kvm": "kvm", "none": "none"}
 
 
-def parse_about(text: str) -> dict[str, Any]:
-    about: dict[str, Any] = {"packages": {}}
+@dataclass
+class About:
+    """What a node said of itself (ABOUT's output), each None where it said nothing."""
+
+    packages: dict[str, str] = field(default_factory=dict)  # PACKAGES' Debian versions
+    cpus: int | None = None
+    kernel: str | None = None
+    virt: str | None = None  # systemd-detect-virt's word
+    open_mpi: str | None = None
+    ucx: str | None = None
+    torch: str | None = None
+    rxelab: str | None = None
+
+
+SAID = ("kernel", "virt", "open_mpi", "ucx", "torch", "rxelab")  # About's words, each a line
+
+
+def parse_about(text: str) -> About:
+    about = About()
     for line in text.splitlines():
         key, _, value = line.strip().partition(" ")
         if key == "pkg" and value.split(" ", 1)[0] in PACKAGES and " " in value:
             name, version = value.split(" ", 1)
-            about["packages"][name] = version
+            about.packages[name] = version
         elif key == "cpus" and value.strip().isdigit():
-            about["cpus"] = int(value.strip())
-        elif key in ("kernel", "virt", "open_mpi", "ucx", "torch", "rxelab") and value.strip():
-            about[key] = value.strip()[:200]
+            about.cpus = int(value.strip())
+        elif key in SAID and value.strip():
+            setattr(about, key, value.strip()[:200])
     return about
 
 
-def environment(hosts: list[Host], lab_state: Path | None) -> dict[str, Any]:
+def environment(hosts: list[Host], lab_state: Path | None) -> Environment:
     """Read from the nodes themselves: kernel, how they run (the accelerator), rdma-core, Open
     MPI and UCX versions, MTUs; from the lab, if this is one, its image. The first node speaks
     for the run; every node's own account is kept under `hosts`."""
-    def ask(h: Host) -> tuple[dict[str, Any], dict[str, Any]]:
+    def ask(h: Host) -> tuple[About, commands.Readings]:
         with fleet.connect(h) as c:
             r = c.run(ABOUT + commands.readings_command(h), hide=True, warn=True, timeout=60)
         return parse_about(r.stdout), commands.parse_readings(r.stdout)
@@ -60,26 +78,24 @@ def environment(hosts: list[Host], lab_state: Path | None) -> dict[str, Any]:
     with ThreadPoolExecutor(max_workers=8) as pool:
         answers = dict(zip([h.name for h in hosts], pool.map(ask, hosts), strict=True))
     first, readings = answers[hosts[0].name]
-    virt = first.get("virt", "?")
-    env: dict[str, Any] = {
-        "nodes": len(hosts), "kernel": first.get("kernel", "?"), "virtualization": virt,
-        "accel": ACCEL.get(virt, virt),
+    virt = "?" if first.virt is None else first.virt
+    env = Environment.model_validate({
+        "nodes": len(hosts), "kernel": "?" if first.kernel is None else first.kernel,
+        "virtualization": virt, "accel": ACCEL.get(virt, virt),
         # as the tools say them; the report falls back to the packages' versions
-        "versions": {"open_mpi": first.get("open_mpi"), "ucx": first.get("ucx"),
-                     "kernel": first.get("kernel"), "torch": first.get("torch"),
-                     "rxelab": first.get("rxelab")},
-        "packages": first["packages"],
+        "versions": {"open_mpi": first.open_mpi, "ucx": first.ucx, "kernel": first.kernel,
+                     "torch": first.torch, "rxelab": first.rxelab},
+        "packages": first.packages,
         "active_mtu": readings.get("active_mtu", "?"),  # the RoCE path MTU
         "netdev_mtu": readings.get("netdev_mtu", "?"),  # the data NIC's (a spec's `mtu`)
         "ucx_settings": commands.ucx_settings(hosts[0]),
-        "hosts": {name: {"kernel": a.get("kernel"), "virtualization": a.get("virt"),
-                         "open_mpi": a.get("open_mpi"), "torch": a.get("torch"),
-                         "cpus": a.get("cpus"), "rdma_device": h.rdma.device}
+        "hosts": {name: {"kernel": a.kernel, "virtualization": a.virt, "open_mpi": a.open_mpi,
+                         "torch": a.torch, "cpus": a.cpus, "rdma_device": h.rdma.device}
                   for (name, (a, _)), h in zip(answers.items(), hosts, strict=True)},
-    }
+    })
     if lab_state is not None and (lab_state / "boot.json").exists():
         boot = json.loads((lab_state / "boot.json").read_text())
-        env["lab_accel"] = boot.get("accel")
-        env["image"] = boot.get("image", {}).get("kind")
-        env["lab_host_cpus"] = os.cpu_count()  # the lab's VMs share this machine's cores
+        env.lab_accel = boot.get("accel")
+        env.image = boot.get("image", {}).get("kind")
+        env.lab_host_cpus = os.cpu_count()  # the lab's VMs share this machine's cores
     return env

@@ -6,13 +6,14 @@ leaves the other, and the run's end stops both."""
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from typing import Any
 
 from experiments.running import commands, fleet
 from experiments.running.caselog import tail
+from experiments.running.records import Load, Sample
+from experiments.spec import Case
 from infra.inventory import Host
 
 LOOP = "while :; do :; done"  # a shell's busy loop: all of a CPU, no memory, no I/O
@@ -28,10 +29,10 @@ def loop_id(run_id: str) -> str:
     return run_id + "-busy"
 
 
-def neighbours(hosts: list[Host], case: dict[str, Any]) -> list[Host]:
+def neighbours(hosts: list[Host], case: Case) -> list[Host]:
     """The nodes a case loads: the `busy_neighbours` after its own (the run's hosts, in the
     inventory's order: the spec counted them in its nodes)."""
-    return hosts[case["nodes"]:case["nodes"] + int(case.get("busy_neighbours") or 0)]
+    return hosts[case.nodes:case.nodes + case.busy_neighbours]
 
 
 def loop_command(run_id: str, seconds: float) -> str:
@@ -92,13 +93,13 @@ def start_samplers(runner: Any, hosts: list[Host], index: int) -> list[Host]:
     return hosts
 
 
-def stop_samplers(runner: Any, hosts: list[Host], index: int) -> list[dict]:
+def stop_samplers(runner: Any, hosts: list[Host], index: int) -> list[Load]:
     out = []
     for h in hosts:
         c = runner._connection(h)
         c.run(commands.stop_command(load_id(runner.run_id)), hide=True, warn=True, timeout=30)
         data = f"{runner.remote_dir}/load-{index}.jsonl"
         r = c.run(f"cat {data}; rm -f {data}", hide=True, warn=True, timeout=60)
-        samples = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
-        out.append({"case": index, "node": h.name, "samples": samples})
+        samples = [Sample.from_json(x) for x in r.stdout.splitlines() if x.startswith("{")]
+        out.append(Load(case=index, node=h.name, samples=samples))
     return out

@@ -15,13 +15,14 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
-from typing import Any
+from typing import TypedDict
 
 from rxelab import ops, perftest
 from rxelab import settings as library
 
 from experiments.running import counters, fleet
-from experiments.spec import netem
+from experiments.running.records import Summary
+from experiments.spec import Case, netem
 from infra import rdmaport
 from infra.inventory import Host
 
@@ -36,14 +37,14 @@ TIMED_OUT = 124  # what `timeout` and our launcher exit with when the deadline p
 KILL_AFTER_S = 30
 
 
-def case_timeout(case: dict[str, Any]) -> float:
+def case_timeout(case: Case) -> float:
     """The spec's deadline, or a generous one under emulation: ~40 ms per small stage, ~5 MB/s
     per node pair, more under loss."""
-    if case.get("timeout_s"):
-        return float(case["timeout_s"])
-    volume = case["size"] * case["nodes"] * (case["stages"] + case["warmup"])
-    slower = 1 + 5 * float(case.get("netem", {}).get("loss", 0))
-    return 180 + (0.2 * (case["stages"] + case["warmup"]) + volume / 1e6) * slower
+    if case.timeout_s:
+        return float(case.timeout_s)
+    volume = case.size * case.nodes * (case.stages + case.warmup)
+    slower = 1 + 5 * float(case.netem.get("loss", 0))
+    return 180 + (0.2 * (case.stages + case.warmup) + volume / 1e6) * slower
 
 
 def started_by(run_id: str) -> str:
@@ -65,38 +66,39 @@ def stop_command(*run_ids: str, say_left: bool = False) -> str:
             f"pids=$(ours); [ -z \"$pids\" ] || kill -KILL $pids 2>/dev/null; true{left}")
 
 
-def app_argv(case: dict[str, Any], script: str) -> list[str]:
+def app_argv(case: Case, script: str) -> list[str]:
     """One of the apps (they take the same flags) on the case, run by the venv's python (the
     wheel's rxelab: the apps read its description of the ops)."""
     p = fleet.remote_paths()
-    return [p["python"], f"{p['apps']}/{script}", "--op", case["op"], "--algorithm",
-            case["algorithm"], "--size", str(case["size"]), "--stages", str(case["stages"]),
-            "--warmup", str(case["warmup"]), *(["--tight"] if case.get("tight") else []),
-            *(["--data", case["data"]] if case.get("data") else [])]
+    return [p["python"], f"{p['apps']}/{script}", "--op", case.op, "--algorithm",
+            case.algorithm, "--size", str(case.size), "--stages", str(case.stages),
+            "--warmup", str(case.warmup), *(["--tight"] if case.tight else []),
+            *(["--data", case.data] if case.data else [])]
 
 
-def rxelab_app(case: dict[str, Any]) -> list[str]:
+def rxelab_app(case: Case) -> list[str]:
     """The demo app of an rxelab case, with init()'s options as flags."""
     app = app_argv(case, "server_client.py")
-    for key in (*library.BY_NAME, "pairs", "compression"):
-        if case.get(key) is not None:
-            app += [f"--{key.replace('_', '-')}", str(case[key])]
+    flags = [(name, case.option(name)) for name in library.BY_NAME]
+    for key, value in (*flags, ("pairs", case.pairs), ("compression", case.compression)):
+        if value is not None:
+            app += [f"--{key.replace('_', '-')}", str(value)]
     return app
 
 
-def rxelab_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str) -> str:
+def rxelab_command(case: Case, hosts: list[Host], port: int, run_id: str) -> str:
     p = fleet.remote_paths()
     argv = [p["python"], "-m", "rxelab.launch", "--hosts", ",".join(h.data_ip for h in hosts),
-            "--per-host", str(case.get("ranks_per_node") or 1), "--port", str(port),
+            "--per-host", str(case.ranks_per_node or 1), "--port", str(port),
             "--timeout", f"{case_timeout(case):.0f}", "--", *rxelab_app(case)]
     return started_by(run_id) + remote_join(argv)
 
 
-def gloo_app(case: dict[str, Any]) -> list[str]:
+def gloo_app(case: Case) -> list[str]:
     return app_argv(case, "gloo_compare.py")
 
 
-def gloo_command(case: dict[str, Any], hosts: list[Host], port: int, run_id: str) -> str:
+def gloo_command(case: Case, hosts: list[Host], port: int, run_id: str) -> str:
     """torch.distributed over Gloo (apps/gloo_compare.py), started by our launcher as torchrun
     would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); the app finds the interface on the
     data network from MASTER_ADDR."""
@@ -144,30 +146,30 @@ def ucx_settings(host: Host, ranks_per_host: int = 1) -> dict[str, str]:
     }
 
 
-def mpi_settings(case: dict[str, Any], hosts: list[Host],
+def mpi_settings(case: Case, hosts: list[Host],
                  network: str) -> tuple[dict[str, str], dict[str, str]]:
     """(MCA parameters, environment) of an Open MPI case, whatever starts it: the transport
     (UCX on the RDMA device, or ob1's TCP on the data network) and the collective algorithm
     the case forces through coll_tuned. mpirun takes them as --mca and -x, srun as the
     OMPI_MCA_* and other variables of its environment."""
-    if case["transport"] == "tcp":
+    if case.transport == "tcp":
         mca, env = {"pml": "ob1", "btl": "tcp,self", "btl_tcp_if_include": network}, {}
     else:
         mca, env = {"pml": "ucx", "btl": "^openib,uct"}, ucx_settings(hosts[0])
-    described = ops.COLLECTIVES[case["op"]].mpi
+    described = ops.COLLECTIVES[case.op].mpi
     assert described is not None, "spec validation lets only collectives with an MPI counterpart through"
-    forced = described.tuned[case["algorithm"]]
+    forced = described.tuned[case.algorithm]
     if forced is not None:
         mca.update({"coll_tuned_use_dynamic_rules": "1",
-                    f"coll_tuned_{case['op']}_algorithm": str(forced)})
+                    f"coll_tuned_{case.op}_algorithm": str(forced)})
     return mca, env
 
 
-def mpi_app(case: dict[str, Any]) -> list[str]:
+def mpi_app(case: Case) -> list[str]:
     return app_argv(case, "mpi_compare.py")
 
 
-def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: str) -> str:
+def mpi_command(case: Case, hosts: list[Host], network: str, run_id: str) -> str:
     """network: the data network as Open MPI's if_include takes it (a CIDR such as
     10.10.0.0/24, or interface names), found on the hosts themselves, never assumed."""
     mca, env = mpi_settings(case, hosts, network)
@@ -179,24 +181,23 @@ def mpi_command(case: dict[str, Any], hosts: list[Host], network: str, run_id: s
     return started_by(run_id) + remote_join(argv)
 
 
-def perftest_command(case: dict[str, Any], host: Host, run_id: str, server_ip: str = "") -> str:
+def perftest_command(case: Case, host: Host, run_id: str, server_ip: str = "") -> str:
     """One side of a perftest pair (the server without server_ip), under the case's deadline."""
     argv = ["timeout", "-k", str(KILL_AFTER_S), f"{case_timeout(case):.0f}", *perftest_argv(case, host)]
     return started_by(run_id) + shlex.join([*argv, *([server_ip] if server_ip else [])])
 
 
-def perftest_argv(case: dict[str, Any], host: Host) -> list[str]:
+def perftest_argv(case: Case, host: Host) -> list[str]:
     r = host.rdma
-    return perftest.argv(case["algorithm"], r.device, r.port, r.gid_index, case["size"],
-                         case["stages"])
+    return perftest.argv(case.algorithm, r.device, r.port, r.gid_index, case.size, case.stages)
 
 
-def parse_perftest(tool: str, text: str, size: int) -> dict[str, Any] | None:
+def parse_perftest(tool: str, text: str, size: int) -> Summary | None:
     found = perftest.parse(tool, text)
     if found is None:
         return None
-    return {"record": "summary", "app": "perftest", "op": tool, "size": size,
-            "iterations": found.pop("iterations"), "ok": True, **found}
+    return Summary.model_validate({"record": "summary", "app": "perftest", "op": tool, "size": size,
+                                   "iterations": found.pop("iterations"), "ok": True, **found})
 
 
 # ---- around a case, on each node ----------------------------------------------------------
@@ -214,14 +215,14 @@ def netem_handle(run_id: str) -> str:
     return f"{int(run_id[:4], 16) % 0xFFF0 + 1:x}"
 
 
-def prepare_command(host: Host, case: dict[str, Any], run_id: str) -> str:
+def prepare_command(host: Host, case: Case, run_id: str) -> str:
     """Set the case's MTU and impairment, then print the netdev's MTU, the port's active MTU
     and the device counters (the 'before' reading)."""
     steps = [rdmaport.netdev_assign(host.rdma)]
-    if case.get("mtu"):
-        steps.append(f"sudo -n ip link set dev \"$nd\" mtu {int(case['mtu'])}")
-    if any(case.get("netem", {}).values()):
-        steps += [TC, DEFAULT_ROOT, netem.apply_command('"$nd"', case["netem"], netem_handle(run_id))]
+    if case.mtu:
+        steps.append(f"sudo -n ip link set dev \"$nd\" mtu {int(case.mtu)}")
+    if any(case.netem.values()):
+        steps += [TC, DEFAULT_ROOT, netem.apply_command('"$nd"', case.netem, netem_handle(run_id))]
     return " && ".join(f"{{ {s}; }}" for s in steps) + " || exit 3; " + readings_command(host)
 
 
@@ -250,19 +251,32 @@ def readings_command(host: Host) -> str:
 IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # a Linux interface name as the lab's NICs have
 
 
-def parse_readings(text: str) -> dict[str, Any]:
+class Readings(TypedDict, total=False):
+    """What readings_command printed, each key only where a node said it."""
+
+    counters: dict[str, int]  # the RDMA device's
+    inet: list[str]  # the data NIC's addresses
+    netdev: str  # the data NIC under the RDMA port's GID
+    netdev_mtu: int
+    active_mtu: int  # the RoCE path MTU
+    netem_gone: bool  # after a restore: the run's impairment is gone (or never was)
+
+
+def parse_readings(text: str) -> Readings:
     """netdev, its MTU and addresses, active_mtu and the counters from readings_command's output."""
-    out: dict[str, Any] = {"counters": counters.parse(text), "inet": []}
+    out = Readings(counters=counters.parse(text), inet=[])
     for line in text.splitlines():
         key, _, value = line.strip().partition(" ")
         if key == "netem_ours":
             out["netem_gone"] = value.strip() == "absent"
-        elif key in ("netdev_mtu", "active_mtu") and value.strip().isdigit():
-            out[key] = int(value)
+        elif key == "netdev_mtu" and value.strip().isdigit():
+            out["netdev_mtu"] = int(value)
+        elif key == "active_mtu" and value.strip().isdigit():
+            out["active_mtu"] = int(value)
         elif key == "netdev" and IFNAME.fullmatch(value.strip()):  # a node's word, checked:
             out["netdev"] = value.strip()  # it goes into later commands and the environment
         elif key == "inet" and value.strip():
-            out["inet"].append(value.strip())
+            out.setdefault("inet", []).append(value.strip())
     return out
 
 

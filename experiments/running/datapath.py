@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Sequence
-from typing import Any
+
+from invoke.runners import Result
 
 from experiments.running.fleet import FleetError
 from infra.inventory import Host
@@ -33,7 +34,8 @@ def unreachable(output: str, peers: Sequence[Host]) -> list[str]:
     return [n for n in said if n in names]
 
 
-def check(on_hosts: Callable[..., dict[str, Any]], hosts: Sequence[Host], case: int) -> None:
+def check(on_hosts: Callable[..., dict[str, Result | Exception]], hosts: Sequence[Host],
+          case: int) -> None:
     """Raises FleetError when the case's first node no longer reaches one of the others; a
     probe that itself could not run (SSH gone) decides nothing: the next case will say."""
     head, peers = hosts[0], list(hosts[1:])

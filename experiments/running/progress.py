@@ -12,14 +12,15 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from experiments.running import caselog
+from experiments.running.records import Record
+from experiments.spec import Case
 
-Step = tuple[int, int, dict[str, Any]]  # (round, case index, case)
+Step = tuple[int, int, Case]  # (round, case index, case)
 
 
 def clock(seconds: float) -> str:
@@ -82,14 +83,14 @@ class Lines:
         return f"[{i + 1}/{cases}" + (f", round {rnd + 1}/{self.rounds}" if self.rounds > 1
                                       else "") + "]"
 
-    def begin(self, i: int, rnd: int, case: dict[str, Any]) -> None:
+    def begin(self, i: int, rnd: int, case: Case) -> None:
         self.estimate.begin()
         self.say(f"{self.where(i, rnd)} {caselog.label(case)}")
 
-    def end(self, i: int, record: dict[str, Any]) -> None:
+    def end(self, i: int, record: Record) -> None:
         took = self.estimate.end(i)
         left = self.estimate.left()
-        self.say(f"    {record['status']}: {caselog.outcome(record)} ({took:.0f} s; "
+        self.say(f"    {record.status}: {caselog.outcome(record)} ({took:.0f} s; "
                  f"{clock(self.estimate.elapsed())} so far"
                  + (f", about {clock(left)} left)" if left is not None and left > 0 else ")"))
 
@@ -119,15 +120,15 @@ class Bar(Lines):
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
 
-    def begin(self, i: int, rnd: int, case: dict[str, Any]) -> None:
+    def begin(self, i: int, rnd: int, case: Case) -> None:
         super().begin(i, rnd, case)
         self.progress.update(self.task, where=self.where(i, rnd),
                              description=caselog.label(case) + (f" | last: {self.last}"
                                                                 if self.last else ""))
 
-    def end(self, i: int, record: dict[str, Any]) -> None:
+    def end(self, i: int, record: Record) -> None:
         super().end(i, record)
-        self.last = f"{record['status']} {caselog.outcome(record)}"[:60]
+        self.last = f"{record.status} {caselog.outcome(record)}"[:60]
         left = self.estimate.left()
         self.progress.update(self.task, completed=self.estimate.done,
                              left=f"~{clock(left)} left" if left is not None else "")

@@ -25,7 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from fabric import Connection
 from invoke.exceptions import CommandTimedOut
+from invoke.runners import Result
 
 from apps.stages import parse_output
 from experiments.running import (
@@ -40,8 +42,9 @@ from experiments.running import (
     srun,
 )
 from experiments.running import progress as progress_mod
-from experiments.running.commands import TIMED_OUT, case_timeout
-from experiments.spec import LAUNCHERS, SPECS, Spec, launcher_problem, netem
+from experiments.running.commands import TIMED_OUT, Readings, case_timeout
+from experiments.running.records import Environment, Load, Record
+from experiments.spec import LAUNCHERS, SPECS, Case, Spec, launcher_problem
 from infra.inventory import Host, Inventory
 
 NOT_RDMA = "moved no packets over the RDMA device: this run did not use RDMA"
@@ -57,7 +60,7 @@ class Runner:
         if spec.max_nodes > len(inv.hosts):
             raise fleet.FleetError(f"spec {spec.name} needs {spec.max_nodes} nodes, the inventory "
                                    f"has {len(inv.hosts)}")
-        too_big = [c["mtu"] for c in spec.cases() if c["mtu"] and lab_mtu and c["mtu"] > lab_mtu]
+        too_big = [c.mtu for c in spec.cases() if c.mtu and lab_mtu and c.mtu > lab_mtu]
         if too_big:
             raise fleet.FleetError(f"spec {spec.name} asks for MTU {max(too_big)}, the lab's data "
                                    f"network carries {lab_mtu} (make provision MTU=...)")
@@ -79,7 +82,7 @@ class Runner:
         self.links_down: dict[str, list[str]] = {}  # nodes whose data NIC we took down
         self.network = ""  # the data network as Open MPI's if_include takes it
         self.slurm_nodes: dict[str, str] = {}  # per node: its name as Slurm knows it (srun)
-        self.connections: dict[str, Any] = {}  # one SSH connection per node for the whole run
+        self.connections: dict[str, Connection] = {}  # one SSH connection per node for the run
         self.with_torch: set[str] = set()  # nodes that said they can run the gloo contender
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.dir = results_root / f"{stamp}-{spec.name}"
@@ -94,51 +97,52 @@ class Runner:
         """This run's own directory on every node (inside the deploy directory, which is ours)."""
         return commands.remote_word(f"$HOME/{fleet.REMOTE_HOME}/runs/{self.run_id}")
 
-    def run(self, environment: dict[str, Any]) -> Path:
+    def run(self, environment: Environment) -> Path:  # what the nodes said (about.environment)
         shutil.copy(self.spec.source, self.dir / "spec.toml")
         for name in self.spec.includes:  # what its include added, as it was
             shutil.copy(SPECS / f"{name}.toml", self.dir / f"include-{name}.toml")
-        state = {"spec": self.spec.name, "includes": list(self.spec.includes),
-                 "started": time.time(), "complete": False,
-                 "run_id": self.run_id, "launcher": self.launcher, **environment}
+        state = Environment.model_validate({
+            "spec": self.spec.name, "includes": list(self.spec.includes), "started": time.time(),
+            "complete": False, "run_id": self.run_id, "launcher": self.launcher,
+            **environment.model_dump(exclude_unset=True)})
         self._write_env(state)
-        self.with_torch = {name for name, h in (environment.get("hosts") or {}).items()
-                           if isinstance(h, dict) and h.get("torch")}
+        self.with_torch = {name for name, h in (state.hosts or {}).items() if h.torch}
         cases = self.spec.cases()
         head = fleet.connect(self.hosts[0])
         try:
             self._discover()
-            state.update(netdevs=dict(self.netdevs), data_network=self.network,
-                         rdma_devices={h.name: h.rdma.device for h in self.hosts},
-                         **({"slurm_nodes": dict(self.slurm_nodes)} if self.slurm_nodes else {}))
+            state.netdevs, state.data_network = dict(self.netdevs), self.network
+            state.rdma_devices = {h.name: h.rdma.device for h in self.hosts}
+            if self.slurm_nodes:
+                state.slurm_nodes = dict(self.slurm_nodes)
             with open(self.dir / "records.jsonl", "x") as records, \
                     open(self.dir / "load.jsonl", "x") as loads:
                 scenarios = (("elastic", elastic_scenario.Scenario), ("ddp", ddp_scenario.Scenario))
                 for name, scenario in scenarios:
                     if getattr(self.spec, name) is not None:
                         with open(self.dir / f"{name}.jsonl", "x") as out:
-                            for record in scenario(self).run():
-                                out.write(json.dumps(record) + "\n")
+                            for said in scenario(self).run():
+                                out.write(json.dumps(said) + "\n")
                                 out.flush()
                 steps = self._order(cases)
                 with self.progress(steps, self.spec.rounds) as shown:
                     for rnd, i, case in steps:
                         shown.begin(i, rnd, case)
                         record, load = self._case(head, i, case, rnd)
-                        records.write(json.dumps(record) + "\n")
+                        records.write(record.to_json() + "\n")
                         records.flush()
                         for line in load:
-                            loads.write(json.dumps(line) + "\n")
+                            loads.write(line.to_json() + "\n")
                         shown.end(i, record)
-                        if record.get("status") in datapath.AFTER:
-                            datapath.check(self._on_hosts, self.inv.hosts[:case["nodes"]], i)
-                        if record.get("busy_left"):
+                        if record.status in datapath.AFTER:
+                            datapath.check(self._on_hosts, self.inv.hosts[:case.nodes], i)
+                        if record.busy_left:
                             raise fleet.FleetError(
                                 "a busy neighbour's CPU loop may still run ("
-                                + "; ".join(record["busy_left"]) + "): the run stops here, so "
+                                + "; ".join(record.busy_left) + "): the run stops here, so "
                                 "no case is measured beside it; it ends by itself within "
                                 f"{commands.case_timeout(case) + beside.GRACE_S:.0f} s")
-            state["complete"] = True
+            state.complete = True
         except KeyboardInterrupt:
             self.say("interrupted: partial results kept, marked incomplete")
             raise
@@ -149,11 +153,11 @@ class Runner:
                 head.close()
                 for c in self.connections.values():
                     c.close()
-                state["finished"] = time.time()
+                state.finished = time.time()
                 self._write_env(state)
         return self.dir
 
-    def _order(self, cases: list[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]:
+    def _order(self, cases: list[Case]) -> list[progress_mod.Step]:
         """(round, case index, case): every case once per round, so contenders alternate (A, B,
         A, B, ...) and a drift of the lab spreads over all of them."""
         return [(rnd, i, case) for rnd in range(self.spec.rounds) for i, case in enumerate(cases)]
@@ -193,22 +197,21 @@ class Runner:
                 if found.get("cputot", "").isdigit():
                     cpus[h.name] = int(found["cputot"])
         cases = self.spec.cases()
-        per_node = max((c.get("ranks_per_node") or 1 for c in cases if c["app"] != "perftest"),
-                       default=1)
+        per_node = max((c.ranks_per_node or 1 for c in cases if c.app != "perftest"), default=1)
         problems += srun.placement_problems(self.slurm_nodes, cpus, per_node)
-        if any(c["app"] == "gloo" for c in cases) and len(set(self.netdevs.values())) > 1:
+        if any(c.app == "gloo" for c in cases) and len(set(self.netdevs.values())) > 1:
             problems.append("Gloo under srun needs one data NIC name on every node (its "
                             f"GLOO_SOCKET_IFNAME), these differ: {self.netdevs}")
         if problems:
             raise fleet.FleetError("launcher = \"srun\": " + "; ".join(problems))
 
-    def _write_env(self, state: dict[str, Any]) -> None:
-        (self.dir / "environment.json").write_text(json.dumps(state, indent=2) + "\n")
+    def _write_env(self, state: Environment) -> None:
+        (self.dir / "environment.json").write_text(state.to_json(indent=2) + "\n")
 
     def _on_hosts(self, hosts: list[Host], command: Callable[[Host], str],
-                  timeout: float = 60) -> dict[str, Any]:
+                  timeout: float = 60) -> dict[str, Result | Exception]:
         """One command per host, in parallel; the Result (or the exception) per host name."""
-        def one(h: Host) -> Any:
+        def one(h: Host) -> Result | Exception:
             try:
                 return self._connection(h).run(command(h), hide=True, warn=True, timeout=timeout)
             except Exception as err:  # reported per host by the caller
@@ -246,8 +249,8 @@ class Runner:
                          f"its own watchdog brings it up within {elastic_scenario.WATCHDOG_S} s")
         self.links_down.clear()
 
-    def _prepare(self, hosts: list[Host], case: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        if any(case["netem"].values()):
+    def _prepare(self, hosts: list[Host], case: Case) -> dict[str, Readings]:
+        if any(case.netem.values()):
             self.netem_on.update(h.name for h in hosts)  # tried: undone whatever the outcome
         results = self._on_hosts(hosts, lambda h: commands.prepare_command(h, case, self.run_id))
         readings, problems = {}, []
@@ -262,7 +265,7 @@ class Runner:
             raise CaseSetupError("could not set the case up (MTU, netem): " + "; ".join(problems))
         return readings
 
-    def _restore(self, hosts: list[Host]) -> dict[str, dict[str, Any]]:
+    def _restore(self, hosts: list[Host]) -> dict[str, Readings]:
         results = self._on_hosts(hosts, lambda h: commands.restore_command(
             h, self.original_mtu.get(h.name), self.run_id, h.name in self.netem_on))
         readings = {name: commands.parse_readings(r.stdout) for name, r in results.items()
@@ -270,55 +273,53 @@ class Runner:
         self.netem_on -= {name for name, got in readings.items() if got.get("netem_gone")}
         return readings
 
-    def _case(self, head: Any, index: int, case: dict[str, Any],
-              rnd: int = 0) -> tuple[dict[str, Any], list[dict]]:
-        hosts = list(self.inv.hosts[:case["nodes"]])
-        record: dict[str, Any] = {"case": index, "round": rnd, **case,
-                                  "netem_label": netem.label(case["netem"]),
-                                  "hosts": [h.name for h in hosts],
-                                  "launcher": "ssh" if case["app"] == "perftest" else self.launcher}
+    def _case(self, head: Any, index: int, case: Case, rnd: int = 0) -> tuple[Record, list[Load]]:
+        hosts = list(self.inv.hosts[:case.nodes])
+        record = Record.of(case, index, rnd, [h.name for h in hosts],
+                           "ssh" if case.app == "perftest" else self.launcher)
         samplers: list[Host] = []
         loaded: list[Host] = []  # busy_neighbours: the nodes whose CPU loops it stops
-        before: dict[str, dict[str, Any]] = {}
+        before: dict[str, Readings] = {}
         lacking = sorted({h.name for h in hosts} - self.with_torch)
-        if case["app"] == "gloo" and lacking:  # nothing is touched for a case that cannot run
-            record.update(status="skipped", wall_seconds=0.0, error=f"{NO_TORCH} ({', '.join(lacking)})")
+        if case.app == "gloo" and lacking:  # nothing is touched for a case that cannot run
+            record.status, record.wall_seconds = "skipped", 0.0
+            record.error = f"{NO_TORCH} ({', '.join(lacking)})"
             return record, []
         started = time.monotonic()
         try:
-            if case["mtu"]:
+            if case.mtu:
                 self._remember_mtus(hosts)
             before = self._prepare(hosts, case)
-            samplers = beside.start_samplers(self, hosts, index) if case["sample_load"] else []
-            if case.get("busy_neighbours"):
+            samplers = beside.start_samplers(self, hosts, index) if case.sample_load else []
+            if case.busy_neighbours:
                 loaded = beside.neighbours(self.hosts, case)
-                record["busy_hosts"] = [h.name for h in loaded]
+                record.busy_hosts = [h.name for h in loaded]
                 problems = beside.start_loops(self, loaded, case_timeout(case))
                 if problems:
                     raise CaseSetupError("could not load the nodes beside it: " + "; ".join(problems))
             started = time.monotonic()
             self._execute(head, index, case, hosts, record)
         except CaseSetupError as err:
-            record.update(status="failed", error=str(err))
+            record.status, record.error = "failed", str(err)
         finally:
-            record["wall_seconds"] = time.monotonic() - started
+            record.wall_seconds = time.monotonic() - started
             left = beside.stop_loops(self, loaded)
             if left:  # the run stops after this record (run): nothing measured beside them
-                record["busy_left"] = left
+                record.busy_left = left
             load = beside.stop_samplers(self, samplers, index)
             after = self._restore(hosts)
             # a failed or timed-out case, or one whose job ended badly after its figures, leaves
             # no rank behind
-            if record.get("status") != "ok" or record.get("after_summary"):
+            if record.status != "ok" or record.after_summary:
                 self._on_hosts(hosts, lambda h: (
                     srun.cancel_command(self.run_id) + "; " if self._slurm_head(h) else ""
                 ) + commands.stop_command(self.run_id), timeout=30)
-        record["active_mtu"] = before.get(hosts[0].name, {}).get("active_mtu")
-        record["rxe"] = {name: counters.delta(before[name]["counters"], after[name]["counters"])
-                         for name in before if name in after and before[name]["counters"]}
-        if (record["status"] == "ok" and case["app"] == "mpi" and case["transport"] == "ucx"
-                and record["rxe"] and counters.total(record["rxe"], "sent_pkts") == 0):
-            record.update(status="failed", error=NOT_RDMA)
+        record.active_mtu = before.get(hosts[0].name, {}).get("active_mtu")
+        record.rxe = {name: counters.delta(before[name]["counters"], after[name]["counters"])
+                      for name in before if name in after and before[name]["counters"]}
+        if (record.status == "ok" and case.app == "mpi" and case.transport == "ucx"
+                and record.rxe and counters.total(record.rxe, "sent_pkts") == 0):
+            record.status, record.error = "failed", NOT_RDMA
         return record, load
 
     def _remember_mtus(self, hosts: list[Host]) -> None:
@@ -331,18 +332,17 @@ class Runner:
                 raise CaseSetupError(f"cannot read {h.name}'s data NIC MTU: not changing it")
             self.original_mtu[h.name] = mtu
 
-    def _readings_now(self, hosts: list[Host]) -> dict[str, dict[str, Any]]:
+    def _readings_now(self, hosts: list[Host]) -> dict[str, Readings]:
         results = self._on_hosts(hosts, commands.readings_command)
         return {n: commands.parse_readings(r.stdout) for n, r in results.items()
                 if not isinstance(r, Exception)}
 
-    def _execute(self, head: Any, index: int, case: dict[str, Any], hosts: list[Host],
-                 record: dict[str, Any]) -> None:
+    def _execute(self, head: Any, index: int, case: Case, hosts: list[Host], record: Record) -> None:
         deadline = case_timeout(case)
         summary = None
-        if case["app"] == "perftest":
+        if case.app == "perftest":
             text, exit_code = self._perftest(case, hosts), 0
-            summary = commands.parse_perftest(case["algorithm"], text, case["size"])
+            summary = commands.parse_perftest(case.algorithm, text, case.size)
         else:
             cmd = self._command(index, case, hosts)
             try:
@@ -351,43 +351,36 @@ class Runner:
             except CommandTimedOut as err:  # the remote deadline did not end it: ours did
                 stdout = text = err.result.stdout or ""
                 exit_code = TIMED_OUT
-            found = parse_output(stdout)
-            summary = next((x for x in reversed(found) if x["record"] == "summary"), None)
-            stages = [x["seconds"] for x in found if x["record"] == "stage"]
-            if stages:
-                record["stage_seconds"] = stages
-            progress = [x for x in found if x["record"] == "progress"]
-            if summary is None and progress:
-                record["partial"] = progress[-1]
+            summary = record.read_output(parse_output(stdout))
         if summary is None and exit_code == TIMED_OUT:
-            record.update(status="timeout",
-                          error=f"passed its deadline of {deadline:.0f} s (the spec's timeout_s "
-                                f"extends it); " + caselog.tail(text, 5))
+            record.status = "timeout"
+            record.error = (f"passed its deadline of {deadline:.0f} s (the spec's timeout_s extends "
+                            "it); " + caselog.tail(text, 5))
         elif summary is None:
-            record.update(status="failed", error=caselog.tail(text))
+            record.status, record.error = "failed", caselog.tail(text)
         else:
-            record.update(status="ok" if summary.get("ok") else "wrong", summary=summary)
+            record.status, record.summary = "ok" if summary.ok else "wrong", summary
             if exit_code not in (0, None):  # its figures came, then the job did not end well
-                record["after_summary"] = f"exit {exit_code}: " + caselog.tail(text, 3)
+                record.after_summary = f"exit {exit_code}: " + caselog.tail(text, 3)
 
-    def _command(self, index: int, case: dict[str, Any], hosts: list[Host]) -> str:
+    def _command(self, index: int, case: Case, hosts: list[Host]) -> str:
         """The case's command for its first node, by the run's launcher."""
         if self.launcher == "srun":
             nodes = [self.slurm_nodes[h.name] for h in hosts]
-            return (srun.rxelab_command(case, nodes, self.run_id) if case["app"] == "rxelab"
+            return (srun.rxelab_command(case, nodes, self.run_id) if case.app == "rxelab"
                     else srun.gloo_command(case, nodes, self.run_id, self.netdevs[hosts[0].name])
-                    if case["app"] == "gloo"
+                    if case.app == "gloo"
                     else srun.mpi_command(case, hosts, nodes, self.network, self.run_id))
         port = 29700 + index % 200
-        return (commands.rxelab_command(case, hosts, port, self.run_id) if case["app"] == "rxelab"
-                else commands.gloo_command(case, hosts, port, self.run_id) if case["app"] == "gloo"
+        return (commands.rxelab_command(case, hosts, port, self.run_id) if case.app == "rxelab"
+                else commands.gloo_command(case, hosts, port, self.run_id) if case.app == "gloo"
                 else commands.mpi_command(case, hosts, self.network, self.run_id))
 
     def _slurm_head(self, host: Host) -> bool:
         """Whether this is the node the run's srun jobs start from (and are cancelled from)."""
         return self.launcher == "srun" and host.name == self.hosts[0].name
 
-    def _perftest(self, case: dict[str, Any], hosts: list[Host]) -> str:
+    def _perftest(self, case: Case, hosts: list[Host]) -> str:
         """A perftest pair: server on the second node, client on the first; on one node, both
         there (rxe's loopback: what a message between two ranks of one node costs)."""
         client, server = hosts[0], hosts[-1]

@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from typing import Any
 
 from experiments.running import commands
 from experiments.running.commands import case_timeout, started_by
+from experiments.spec import Case
 from infra.inventory import Host
 
 JOB_PREFIX = "rxelab-"
@@ -93,14 +93,14 @@ def placement_problems(slurm_nodes: dict[str, str], cpus: dict[str, int],
 
 
 # ---- a case's command -------------------------------------------------------------------
-def srun_argv(case: dict[str, Any], nodes: list[str], run_id: str, *extra: str) -> list[str]:
+def srun_argv(case: Case, nodes: list[str], run_id: str, *extra: str) -> list[str]:
     """srun on exactly these nodes, a task per rank, under the case's deadline twice over:
     `timeout` ends srun (which ends its step), Slurm's own time limit ends the job. No task
     reads the SSH session's input (srun would hand it to task 0). Nodes busy with other jobs
     make srun fail after ALLOCATE_S, saying so, rather than wait out the deadline."""
     deadline = case_timeout(case)
     return ["timeout", f"{deadline:.0f}", "srun", f"--job-name={job_name(run_id)}",
-            f"--nodes={len(nodes)}", f"--ntasks-per-node={case.get('ranks_per_node') or 1}",
+            f"--nodes={len(nodes)}", f"--ntasks-per-node={case.ranks_per_node or 1}",
             f"--nodelist={','.join(nodes)}", f"--time={math.ceil(deadline / 60) + 1}",
             # whatever the caller's SLURM_EXPORT_ENV and SLURM_DISTRIBUTION say: the ranks get
             # the run's id and settings, rank 0 is on the step's first node
@@ -112,13 +112,13 @@ def _environment(pairs: dict[str, str]) -> str:
     return "".join(f"{k}={shlex.quote(v)} " for k, v in pairs.items())
 
 
-def rxelab_command(case: dict[str, Any], nodes: list[str], run_id: str) -> str:
+def rxelab_command(case: Case, nodes: list[str], run_id: str) -> str:
     """The demo app under srun: no launcher, no port, no secret - Slurm's variables and MUNGE."""
     argv = [*srun_argv(case, nodes, run_id), *commands.rxelab_app(case)]
     return started_by(run_id) + commands.remote_join(argv)
 
 
-def gloo_command(case: dict[str, Any], nodes: list[str], run_id: str, netdev: str) -> str:
+def gloo_command(case: Case, nodes: list[str], run_id: str, netdev: str) -> str:
     """Gloo's ranks take rank and rendezvous from Slurm (through the app) and the data NIC
     from the runner: a node's name may resolve to another network (or to 127.0.1.1)."""
     argv = [*srun_argv(case, nodes, run_id), *commands.gloo_app(case)]
@@ -126,7 +126,7 @@ def gloo_command(case: dict[str, Any], nodes: list[str], run_id: str, netdev: st
             + commands.remote_join(argv))
 
 
-def mpi_command(case: dict[str, Any], hosts: list[Host], nodes: list[str], network: str,
+def mpi_command(case: Case, hosts: list[Host], nodes: list[str], network: str,
                 run_id: str) -> str:
     """Open MPI's ranks started by Slurm's PMIx: the same MCA parameters and UCX settings as
     under mpirun, as OMPI_MCA_* and UCX_* variables that srun passes on to every task."""

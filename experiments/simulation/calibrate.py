@@ -37,7 +37,6 @@ notes say both."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
@@ -45,9 +44,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from experiments.readable import size_text
+from experiments.report import Environment, NotARecord, Record, read_records
 from experiments.simulation import costs as costs_mod
 from experiments.simulation.costs import Profile
 from experiments.simulation.exchanges import (
@@ -66,7 +66,8 @@ from experiments.simulation.exchanges import (
 from experiments.simulation.fitting import CalibrationError, solve
 
 SPEC = "calibrate"
-def measurements(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], Spread]:
+T = TypeVar("T")
+def measurements(records: Iterable[Record]) -> dict[tuple[Any, ...], Spread]:
     """The calibrate run's figures by what they are: ("call", op, algorithm, ranks, size) ->
     seconds per call; ("link", tool, size) -> MB/s (ib_write_bw, both ways summed) or
     microseconds (ib_send_lat); ("loop", tool, size): the same within one node; ("busy", op,
@@ -75,28 +76,33 @@ def measurements(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], Spr
     (busy_neighbours), never taken for the call alone. Over the rounds that finished well."""
     got: dict[tuple[Any, ...], list[float]] = defaultdict(list)
     for r in records:
-        s = r.get("summary") or {}
-        if r.get("status") != "ok":
+        s = r.summary
+        if r.status != "ok" or s is None:
             continue
-        if r["app"] == "perftest":
-            value = s.get("lat_us", s.get("bw_MBps"))
+        if r.app == "perftest":
+            value = s.lat_us if s.lat_us is not None else s.bw_MBps
             if value is not None:
-                where = "loop" if r.get("nodes") == 1 else "link"  # one node: rxe's loopback
-                got[(where, r["algorithm"], r["size"])].append(float(value))
-        elif r["app"] == "rxelab" and s.get("tight"):
-            what = (r["op"], r["algorithm"], s["ranks"], r["size"])
-            if r.get("busy_neighbours"):  # beside busy nodes: a figure of its own
-                loaded = r.get("busy_hosts")
-                if isinstance(loaded, list) and loaded:
-                    got[("beside", *what, len(loaded))].append(s["avg_stage_us"] * 1e-6)
+                where = "loop" if r.nodes == 1 else "link"  # one node: rxe's loopback
+                got[(where, r.algorithm, r.size)].append(float(value))
+        elif r.app == "rxelab" and s.tight:
+            what = (r.op, r.algorithm, _said(s.ranks, "ranks"), r.size)
+            if r.busy_neighbours:  # beside busy nodes: a figure of its own
+                if r.busy_hosts:
+                    got[("beside", *what, len(r.busy_hosts))].append(
+                        _said(s.avg_stage_us, "avg_stage_us") * 1e-6)
                 continue
-            got[("call", *what)].append(s["avg_stage_us"] * 1e-6)
-            shares = s.get("node_busy")
-            busy = [b for b in (shares if isinstance(shares, list) else [])
-                    if isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b <= 1]
+            got[("call", *what)].append(_said(s.avg_stage_us, "avg_stage_us") * 1e-6)
+            busy = [b for b in s.node_busy or () if 0 <= b <= 1]
             if busy:  # the share of its node's CPUs each rank saw busy (runs since 2026-11-27)
                 got[("busy", *what)].append(statistics.fmean(busy))
     return {k: Spread(statistics.median(v), min(v), max(v), len(v)) for k, v in got.items()}
+
+
+def _said(value: T | None, name: str) -> T:
+    """A figure every app's summary says: KeyError (not a run of this rxelab) where it is not."""
+    if value is None:
+        raise KeyError(name)
+    return value
 
 
 def need(m: dict[tuple[Any, ...], Spread], key: tuple[Any, ...]) -> Spread:
@@ -108,7 +114,7 @@ def need(m: dict[tuple[Any, ...], Spread], key: tuple[Any, ...]) -> Spread:
     return m[key]
 
 
-def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
+def fit(records: Iterable[Record], name: str, node_cpus: int = 1,
         host_cpus: int | None = None) -> Profile:
     m = measurements(records)
     latency = need(m, ("link", "ib_send_lat", 1)).median * 1e-6
@@ -174,15 +180,15 @@ def fit(records: Iterable[dict[str, Any]], name: str, node_cpus: int = 1,
     return replace(link, costs=final, measured=measured, wake=woken)
 
 
-def cpus(environment: dict[str, Any]) -> tuple[int, int | None]:
+def cpus(environment: Environment) -> tuple[int, int | None]:
     """A node's CPUs, and the machine's cores where the nodes are this machine's VMs (None:
     they are not)."""
-    found = [h.get("cpus") for h in (environment.get("hosts") or {}).values()]
-    if not found or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0
-                            for c in found):
+    found = [h.cpus for h in (environment.hosts or {}).values()]
+    counted = [c for c in found if c is not None and c > 0]
+    if not found or len(counted) < len(found):
         raise CalibrationError("the nodes did not say how many CPUs they have (nproc)")
-    host = environment.get("lab_host_cpus")
-    return min(found), (host if isinstance(host, int) and host > 0 else None)
+    host = environment.lab_host_cpus
+    return min(counted), (host if host is not None and host > 0 else None)
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -195,35 +201,36 @@ def check_name(name: str) -> str:
     return name
 
 
-def holds_calibration(environment: Any) -> bool:
+def holds_calibration(environment: Environment) -> bool:
     """Whether a run's environment.json says it ran the calibrate spec's cases: its own run,
     or a spec that includes it (the validation spec does: both then meet the same lab)."""
-    if not isinstance(environment, dict):
-        return False
-    includes = environment.get("includes")
-    return environment.get("spec") == SPEC or (isinstance(includes, list) and SPEC in includes)
+    return environment.spec == SPEC or SPEC in environment.includes
 
 
 def fit_run(out: Path, name: str) -> Profile:
     """The profile of a run's directory (its records and environment) that ran the calibrate
     spec's cases."""
     try:
-        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()
-                   if line.strip()]
-        environment = json.loads((out / "environment.json").read_text())
+        lines = (out / "records.jsonl").read_text()
+        environment = Environment.read((out / "environment.json").read_text())
     except (OSError, ValueError) as err:
         raise CalibrationError(f"{out} is not a run's directory: {err}") from None
-    spec = environment.get("spec") if isinstance(environment, dict) else None
+    spec = environment.spec
     if not holds_calibration(environment):
         raise CalibrationError(f"{out} is a run of spec {spec!r}, which neither is nor includes "
                                f"{SPEC!r}")
-    if not isinstance(environment.get("hosts"), dict):
+    if environment.hosts is None:
         raise CalibrationError(f"{out}: its environment.json names no hosts: not a run of this "
                                "rxelab")
-    if environment["spec"] != SPEC:  # another spec's run: the cases its include brought in,
+    try:
+        records = read_records(lines)
+    except NotARecord as err:
+        raise CalibrationError(f"{out}: a record without {err}: not a run of this rxelab") from None
+    except ValueError as err:
+        raise CalibrationError(f"{out} is not a run's directory: {err}") from None
+    if environment.spec != SPEC:  # another spec's run: the cases its include brought in,
         # and its own beside two or more busy nodes (validation-p8's: a check, not fitted)
-        records = [r for r in records if isinstance(r, dict)
-                   and (r.get("included") == SPEC or _beside_more(r))]
+        records = [r for r in records if r.included == SPEC or r.busy_neighbours >= 2]
     try:
         profile = fit(records, name, *cpus(environment))
     except (KeyError, TypeError, AttributeError) as err:
@@ -231,11 +238,6 @@ def fit_run(out: Path, name: str) -> Profile:
             from None
     profile.measured["run"] = str(out)
     return profile
-
-
-def _beside_more(record: dict[str, Any]) -> bool:
-    loaded = record.get("busy_neighbours")
-    return isinstance(loaded, int) and not isinstance(loaded, bool) and loaded >= 2
 
 
 def save(profile: Profile, path: Path) -> None:

@@ -22,6 +22,7 @@ from rxelab import trace
 from rxelab.errors import ConfigError
 
 from experiments.readable import size_text
+from experiments.report import Environment, NotARecord, Record, read_records
 from experiments.simulation import calibrate, replayer, yardstick
 from experiments.simulation.calibrate import SPEC
 from experiments.simulation.costs import Profile
@@ -62,26 +63,27 @@ class Row:
         return self.op, self.algorithm, self.ranks, self.nodes, self.size
 
 
-def lab_cases(records: list[dict[str, Any]]) -> dict[tuple[str, str, int, int, int], list[float]]:
+def lab_cases(records: list[Record]) -> dict[tuple[str, str, int, int, int], list[float]]:
     """(op, algorithm, ranks, nodes, size) -> seconds per call of each good round: rxelab's
     calls back to back with the library's defaults (no impairment, compression, option or busy
     neighbours), but for those the calibrate spec's include brought in (a profile is fitted on
     them)."""
     got: dict[tuple[str, str, int, int, int], list[float]] = defaultdict(list)
     for r in records:
-        if r.get("included") == SPEC or r.get("busy_neighbours"):  # beside busy nodes: unmodelled
+        if r.included == SPEC or r.busy_neighbours:  # beside busy nodes: unmodelled
             continue
-        s = r.get("summary") or {}
-        if r.get("app") != "rxelab" or r.get("status") != "ok" or not s.get("tight"):
+        s = r.summary
+        if r.app != "rxelab" or r.status != "ok" or s is None or not s.tight:
             continue
-        if any((r.get("netem") or {}).values()) or r.get("compression") not in (None, "none") \
-                or r.get("library") or r.get("pairs") not in (None, 1) or r.get("mtu"):
-            continue
-        us = s["avg_stage_us"]
-        if isinstance(us, bool) or not isinstance(us, (int, float)) or not us > 0 \
-                or not math.isfinite(us):
+        if any(r.netem.values()) or r.compression not in (None, "none") \
+                or (r.model_extra or {}).get("library") or r.pairs not in (None, 1) or r.mtu:
+            continue  # (no record says `library`: a case with an init() option is not left out)
+        us = s.avg_stage_us
+        if us is None or not us > 0 or not math.isfinite(us):
             continue  # a round that timed nothing is no measurement (nor a ratio's divisor)
-        got[(r["op"], r["algorithm"], s["ranks"], r["nodes"], r["size"])].append(us * 1e-6)
+        if s.ranks is None:
+            raise KeyError("ranks")  # an app's summary always says it: not a run of this rxelab
+        got[(r.op, r.algorithm, s.ranks, r.nodes, r.size)].append(us * 1e-6)
     return got
 
 
@@ -92,7 +94,7 @@ def predict(op: str, algorithm: str, ranks: int, nodes: int, size: int,
     return replayer.replay(t, platform, profile.costs).seconds / CALLS
 
 
-def rows(records: list[dict[str, Any]], profile: Profile) -> list[Row]:
+def rows(records: list[Record], profile: Profile) -> list[Row]:
     out = []
     for (op, algorithm, ranks, nodes, size), seconds in sorted(lab_cases(records).items()):
         try:
@@ -180,7 +182,7 @@ def own_profile(run: Path) -> Profile | None:
     calibrate spec runs them in each of its rounds), saved beside it as profile.json; None
     where the run has none."""
     try:
-        environment = json.loads((run / "environment.json").read_text())
+        environment = Environment.read((run / "environment.json").read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:
@@ -200,11 +202,12 @@ def own_profile(run: Path) -> Profile | None:
     return profile
 
 
-def _records(run: Path) -> list[dict[str, Any]]:
+def _records(run: Path) -> list[Record]:
     """A run's records.jsonl, or CannotValidate naming the run."""
     try:
-        return [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()
-                if line.strip()]
+        return read_records((run / "records.jsonl").read_text())
+    except NotARecord as err:
+        raise CannotValidate(f"{run}: a record without {err}: not a run of this rxelab") from None
     except (OSError, ValueError) as err:
         raise CannotValidate(f"{run} is not a run's directory: {err}") from None
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from experiments.report import Environment
+
 if TYPE_CHECKING:
     from experiments.simulation.validate import Row
 
@@ -65,28 +67,30 @@ def beside(table: Sequence[Row], other: dict[tuple[str, str, int, int, int], lis
             for r in table if other.get(r.key)]
 
 
-def _said(run: Path, key: str) -> str | None:
-    """A text the run's environment.json gives under `key`; None where the file or the key
-    is missing (a run made before the runner wrote it), an error where the file is broken."""
+def _environment(run: Path) -> Environment:
+    """The run's environment.json; one that says nothing where the file is missing (a run made
+    before the runner wrote it), an error where it is broken."""
     try:
-        value = json.loads((run / "environment.json").read_text()).get(key)
+        said = json.loads((run / "environment.json").read_text())
     except FileNotFoundError:
-        return None
-    except (OSError, ValueError, AttributeError) as err:
+        return Environment()
+    except (OSError, ValueError) as err:
         raise YardstickError(f"{run}/environment.json: {err}") from None
-    return value if isinstance(value, str) and value else None
+    if not isinstance(said, dict):
+        raise YardstickError(f"{run}/environment.json: {type(said).__name__}, not a table")
+    return Environment.model_validate(said)
 
 
 def spec_of(run: Path) -> str | None:
     """The spec a run was made from: only a run of the same spec measured the same cases the
     same way."""
-    return _said(run, "spec")
+    return _environment(run).spec or None
 
 
 def run_id_of(run: Path) -> str | None:
     """The id the runner gave a run: a directory with this run's id is a copy of it, which
     would score the lab against itself."""
-    return _said(run, "run_id")
+    return _environment(run).run_id or None
 
 
 def candidates(run: Path) -> list[Path]:

@@ -103,7 +103,7 @@ from rxelab import ops
 from rxelab import settings as library
 
 from experiments.spec import did_you_mean
-from experiments.spec.cases import Run, Spec, contender, ranks
+from experiments.spec.cases import Case, Run, Spec, contender, ranks
 from experiments.spec.document import KEYS, RunDoc, SpecDoc
 from experiments.spec.fields import (
     APPS,
@@ -128,7 +128,7 @@ from infra.documents import spell
 
 __all__ = ["APPS", "BOUNDS", "GLOO_ALGORITHMS", "KEYS", "LAUNCHERS", "LIBRARY", "MAX_BYTES",
            "MAX_ENTRIES", "MTU_RANGE", "NAME", "ONLY", "OPS",
-           "RXELAB_ONLY", "SPECS", "TOOLS", "TRANSPORTS", "Run", "Spec",
+           "RXELAB_ONLY", "SPECS", "TOOLS", "TRANSPORTS", "Case", "Run", "Spec",
            "SpecError", "contender", "find", "launcher_problem", "load", "parse", "ranks"]
 
 __doc__ = __doc__.replace("{options}", "\n".join(  # type: ignore[union-attr]

@@ -10,7 +10,10 @@ reorder = 5}. Percentages are of packets; an empty table is the unimpaired netwo
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from typing import Any
+
+Impairment = Mapping[str, float]  # a spec's table: {loss = 1.0, delay_ms = 1}; {}: none
 
 # key -> (netem word, unit, lowest, highest)
 KEYS: dict[str, tuple[str, str, float, float]] = {
@@ -43,7 +46,7 @@ def _num(value: float) -> str:
     return f"{value:g}"
 
 
-def netem_args(imp: dict[str, Any]) -> list[str]:
+def netem_args(imp: Impairment) -> list[str]:
     """The arguments after `tc qdisc replace dev X root`; [] for the unimpaired network."""
     if not any(imp.values()):
         return []
@@ -60,7 +63,7 @@ def netem_args(imp: dict[str, Any]) -> list[str]:
     return args
 
 
-def label(imp: dict[str, Any]) -> str:
+def label(imp: Impairment) -> str:
     """A short human name: 'none', 'loss 1%', 'loss 1%, delay 1±2 ms, reorder 5%'."""
     if not any(imp.values()):
         return "none"
@@ -78,7 +81,7 @@ def label(imp: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def apply_command(netdev: str, imp: dict[str, Any], handle: str) -> str:
+def apply_command(netdev: str, imp: Impairment, handle: str) -> str:
     """Shell for one node: put the impairment on `netdev` (a word or a "$nd" expression) as
     the root qdisc under `handle` (the run's own: what it removes later, and nothing else).
     The caller makes sure the root qdisc it replaces is the kernel's default."""

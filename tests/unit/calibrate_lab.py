@@ -8,6 +8,7 @@ import functools
 
 from rxelab import trace
 
+from experiments.report import Record
 from experiments.simulation import calibrate, replayer
 from experiments.simulation.costs import Costs, Profile
 from experiments.simulation.exchanges import CALLS
@@ -80,6 +81,11 @@ def link(tool, size, value, nodes=2):
     key = "lat_us" if tool == "ib_send_lat" else "bw_MBps"
     return [{"app": "perftest", "algorithm": tool, "size": size, "status": "ok", "nodes": nodes,
              "summary": {key: value}}] * 3
+
+
+def typed(run: list[dict]) -> list[Record]:
+    """The records as the runner's records.jsonl gives them to fit() and measurements()."""
+    return [Record.model_validate(r) for r in run]
 
 
 def made_up_run() -> list[dict]:

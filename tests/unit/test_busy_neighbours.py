@@ -6,6 +6,7 @@ case; a loop it cannot stop ends the run."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 import secrets
 import shutil
@@ -16,6 +17,7 @@ import pytest
 
 from experiments import spec
 from experiments.running import beside, commands, fleet, runner
+from experiments.running.records import Environment
 from infra.inventory import Inventory
 from tests.unit.test_runner_flow import HOSTS, cmds, make_runner, records, stops, summary
 from tests.unit.test_spec import GOOD
@@ -28,8 +30,8 @@ def test_busy_neighbours_are_counted_in_the_nodes_a_spec_takes():
     doc["runs"][0]["busy_neighbours"] = 2
     got = spec.parse(doc)
     assert got.max_nodes == 3 + 2
-    assert {c.get("busy_neighbours") for c in got.cases() if c["app"] == "rxelab"} == {2}
-    assert not any("busy_neighbours" in c for c in got.cases() if c["app"] != "rxelab")
+    assert {c.busy_neighbours for c in got.cases() if c.app == "rxelab"} == {2}
+    assert not any("busy_neighbours" in json.loads(c.to_json()) for c in got.cases() if c.app != "rxelab")
     assert spec.parse(GOOD).max_nodes == 3
     assert spec.load("calibrate").max_nodes == 3  # the exchange's two and a busy third
 
@@ -62,7 +64,7 @@ def test_busy_neighbours_run_a_loop_beside_the_case_only_while_it_runs(tmp_path,
     names the loaded node; the run's clean-up stops loops too."""
     r, fake = make_runner(tmp_path, monkeypatch, BESIDE)
     fake.outputs.append(summary(True))
-    (rec,) = records(r.run({}))
+    (rec,) = records(r.run(Environment.model_validate({})))
     assert rec["status"] == "ok" and rec["busy_hosts"] == ["node3"] and rec["busy_neighbours"] == 1
     log = fake.log
     [started] = [i for i, (h, c) in enumerate(log) if "while :" in c]
@@ -81,7 +83,7 @@ def test_a_neighbour_that_cannot_be_loaded_fails_the_case_and_runs_nothing(tmp_p
     start is named, the case not run, and whatever did start stopped."""
     r, fake = make_runner(tmp_path, monkeypatch, BESIDE)
     fake.loop_fails.add("node3")
-    (rec,) = records(r.run({}))
+    (rec,) = records(r.run(Environment.model_validate({})))
     assert rec["status"] == "failed" and "could not load the nodes beside it: node3" in rec["error"]
     assert "the loop ended at once" in rec["error"]
     assert not cmds(fake, "rxelab.launch --hosts")
@@ -95,7 +97,7 @@ def test_a_loop_that_outlives_its_stop_ends_the_run_with_its_record_kept(tmp_pat
     fake.loop_stuck.add("node3")
     fake.outputs += [summary(True), summary(True)]
     with pytest.raises(fleet.FleetError, match=r"may still run \(node3: left 4242\): the run stops"):
-        r.run({})
+        r.run(Environment.model_validate({}))
     (rec,) = records(r.dir)
     assert rec["busy_left"] == ["node3: left 4242"] and len(cmds(fake, "rxelab.launch")) == 1
 
@@ -105,7 +107,7 @@ def test_a_case_that_fails_after_its_loops_started_stops_them(tmp_path, monkeypa
     the case ends, however it ended."""
     r, fake = make_runner(tmp_path, monkeypatch, BESIDE)
     fake.outputs.append("no summary here")
-    (rec,) = records(r.run({}))
+    (rec,) = records(r.run(Environment.model_validate({})))
     assert rec["status"] == "failed"
     [(_, loop)] = cmds(fake, "while :")
     case = spec.load(str(tmp_path / "t.toml")).cases()[0]

@@ -33,6 +33,7 @@ from tests.unit.calibrate_lab import (
     link,
     made_up_run,
     record,
+    typed,
 )
 from tests.unit.simulator_helpers import needs_simgrid
 
@@ -41,7 +42,7 @@ pytestmark = needs_simgrid
 
 @pytest.fixture(scope="module")
 def fitted():
-    return calibrate.fit(made_up_run(), "made-up", NODE_CPUS, HOST_CPUS)
+    return calibrate.fit(typed(made_up_run()), "made-up", NODE_CPUS, HOST_CPUS)
 
 
 @pytest.mark.slow
@@ -67,7 +68,7 @@ def test_a_size_measured_faster_than_a_smaller_one_keeps_its_cost_and_is_said():
     run = [r for r in made_up_run() if not (r["app"] == "rxelab" and r["size"] == 65536
                                              and r["summary"]["ranks"] == 2)]
     run += record("alltoall", "pairwise", 2, 65536, LATENCY / 10)  # faster than the link allows
-    got = calibrate.fit(run, "odd", NODE_CPUS, HOST_CPUS)
+    got = calibrate.fit(typed(run), "odd", NODE_CPUS, HOST_CPUS)
     assert any("65536 B" in n for n in got.measured["notes"])
     # never cheaper than the smaller message before it: costs only grow with size
     assert got.costs.send_cpu(65536) == pytest.approx(got.costs.send_cpu(1024))
@@ -78,7 +79,7 @@ def test_a_size_measured_faster_than_a_smaller_one_keeps_its_cost_and_is_said():
 def test_a_missing_measurement_is_named(missing):
     run = [r for r in made_up_run() if (r["app"], r["algorithm"]) != missing]
     with pytest.raises(calibrate.CalibrationError, match=missing[1]):
-        calibrate.fit(run, "short", NODE_CPUS, HOST_CPUS)
+        calibrate.fit(typed(run), "short", NODE_CPUS, HOST_CPUS)
 
 
 @pytest.mark.slow
@@ -86,7 +87,7 @@ def test_a_run_without_the_nodes_cpu_charges_a_byte_to_the_cpu_and_says_so():
     run = made_up_run()
     for r in run:
         r["summary"].pop("node_busy", None)
-    got = calibrate.fit(run, "older", NODE_CPUS, HOST_CPUS)
+    got = calibrate.fit(typed(run), "older", NODE_CPUS, HOST_CPUS)
     assert got.cpu_per_byte is None and got.path_bandwidth is None
     assert any("did not measure its nodes' CPU" in n for n in got.measured["notes"])
     assert got.lab(2).byte_cpu == pytest.approx(1 / DUPLEX) and got.lab(2).path_byte == 0
@@ -97,7 +98,7 @@ def test_a_run_without_the_nodes_cpu_charges_a_byte_to_the_cpu_and_says_so():
 def test_a_busy_share_that_is_no_share_is_not_a_measurement(shares):
     run = [{**r, "summary": {**r["summary"], "node_busy": shares}} if r["app"] == "rxelab"
            else r for r in made_up_run()]
-    assert not any(k[0] == "busy" for k in calibrate.measurements(run))
+    assert not any(k[0] == "busy" for k in calibrate.measurements(typed(run)))
 
 
 @pytest.mark.slow
@@ -106,7 +107,7 @@ def test_an_exchange_no_busier_at_1_mib_than_at_64_kib_charges_a_byte_to_the_cpu
     for r in run:
         if r["app"] == "rxelab" and r["size"] == 1 << 20 and "node_busy" in r["summary"]:
             r["summary"]["node_busy"] = [0.0] * r["summary"]["ranks"]
-    got = calibrate.fit(run, "odd", NODE_CPUS, HOST_CPUS)
+    got = calibrate.fit(typed(run), "odd", NODE_CPUS, HOST_CPUS)
     assert got.cpu_per_byte is None and got.path_bandwidth is None
     assert any("no busier" in n for n in got.measured["notes"])
 
@@ -114,7 +115,7 @@ def test_an_exchange_no_busier_at_1_mib_than_at_64_kib_charges_a_byte_to_the_cpu
 @pytest.mark.slow
 def test_a_run_without_the_loopback_fits_and_says_so():
     run = [r for r in made_up_run() if r.get("nodes") != 1 or r["app"] != "perftest"]
-    got = calibrate.fit(run, "older", NODE_CPUS, HOST_CPUS)
+    got = calibrate.fit(typed(run), "older", NODE_CPUS, HOST_CPUS)
     assert got.loop_bandwidth is None and any("within one node" in n for n in got.measured["notes"])
     assert got.lab(2, per_node=2).loop_byte_cpu == pytest.approx(2 / DUPLEX)
 
@@ -125,7 +126,7 @@ def test_failed_rounds_are_not_measurements():
         if r["app"] == "perftest" and r["algorithm"] == "ib_write_bw":
             r["status"] = "failed"
     with pytest.raises(calibrate.CalibrationError, match="ib_write_bw"):
-        calibrate.fit(run, "short", NODE_CPUS, HOST_CPUS)
+        calibrate.fit(typed(run), "short", NODE_CPUS, HOST_CPUS)
 
 
 @pytest.mark.slow
@@ -238,22 +239,22 @@ def test_the_calibrate_spec_measures_what_the_fit_needs():
     from experiments import spec
     run = []
     for c in spec.load(calibrate.SPEC).cases():
-        if c["app"] == "perftest":
+        if c.app == "perftest":
             value = {"ib_send_lat": LATENCY * 1e6, "ib_write_bw": BANDWIDTH / 1e6,
-                     "ib_write_bw_bidir": DUPLEX / 1e6}[c["algorithm"]]
-            if c["nodes"] == 1:
+                     "ib_write_bw_bidir": DUPLEX / 1e6}[c.algorithm]
+            if c.nodes == 1:
                 value = LOOP / 1e6
-            run += link(c["algorithm"], c["size"], value, c["nodes"])
-        elif c.get("busy_neighbours"):
-            run += beside(c["size"], c["busy_neighbours"])
-        elif c["nodes"] == 1:
-            run += record(c["op"], c["algorithm"], 1, c["size"], CALL + COPY * c["size"])
+            run += link(c.algorithm, c.size, value, c.nodes)
+        elif c.busy_neighbours:
+            run += beside(c.size, c.busy_neighbours)
+        elif c.nodes == 1:
+            run += record(c.op, c.algorithm, 1, c.size, CALL + COPY * c.size)
         else:
-            run += record(c["op"], c["algorithm"], c["nodes"], c["size"],
-                          lab(c["op"], c["algorithm"], c["nodes"], c["size"]))
-    got = calibrate.fit(run, "from-the-spec", NODE_CPUS, HOST_CPUS)
+            run += record(c.op, c.algorithm, c.nodes, c.size,
+                          lab(c.op, c.algorithm, c.nodes, c.size))
+    got = calibrate.fit(typed(run), "from-the-spec", NODE_CPUS, HOST_CPUS)
     used = set(got.measured["medians"])
-    assert used == {" ".join(map(str, k)) for k in calibrate.measurements(run)}
+    assert used == {" ".join(map(str, k)) for k in calibrate.measurements(typed(run))}
     assert set(got.measured["fit"]) >= {"exchange 0 B", "exchange 1048576 B", "allreduce ring 1 MiB",
                                         "ping-pong 1 B", "ping-pong 1024 B", "ping-pong 1048576 B",
                                         "exchange 1024 B beside 1 busy"}
@@ -269,7 +270,7 @@ def test_a_ping_pong_slower_than_its_replay_is_reported_not_fitted(fitted, size)
     run = [r for r in made_up_run()
            if not (r.get("op") == calibrate.PING_PONG[0] and r.get("size") == size)]
     run += record(*calibrate.PING_PONG, 2, size, 2 * lab(*calibrate.PING_PONG, 2, size))
-    got = calibrate.fit(run, "slow-pong", NODE_CPUS, HOST_CPUS)
+    got = calibrate.fit(typed(run), "slow-pong", NODE_CPUS, HOST_CPUS)
     assert got.costs == fitted.costs and got.path_bandwidth == pytest.approx(fitted.path_bandwidth)
     row = got.measured["fit"][f"ping-pong {size} B"]
     assert row["replay_s"] / row["lab_s"] == pytest.approx(0.5, rel=1e-3)
@@ -281,7 +282,7 @@ def test_a_ping_pong_slower_than_its_replay_is_reported_not_fitted(fitted, size)
 @pytest.mark.slow
 def test_a_run_without_the_ping_pong_fits_the_same(fitted):
     """Calibration runs from before 2026-11-28 have no ping-pong: the same profile, no check."""
-    got = calibrate.fit([r for r in made_up_run() if r.get("op") != calibrate.PING_PONG[0]],
+    got = calibrate.fit(typed([r for r in made_up_run() if r.get("op") != calibrate.PING_PONG[0]]),
                         "older", NODE_CPUS, HOST_CPUS)
     assert got.costs == fitted.costs and not got.measured["notes"]
     assert not any(what.startswith("ping-pong") for what in got.measured["fit"])

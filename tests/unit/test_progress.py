@@ -7,10 +7,13 @@ import io
 from rich.console import Console
 
 from experiments.running import progress
+from experiments.running.records import Record
+from experiments.spec import Case
 
 CASE = {"app": "rxelab", "op": "alltoall", "algorithm": "pairwise", "nodes": 3,
         "size": 65536, "stages": 50, "tight": True, "transport": "tcp"}
-RECORD = {"status": "ok", "summary": {"avg_stage_us": 57165.0, "tight": True}}
+RECORD = Record.model_validate({**CASE, "status": "ok",
+                                "summary": {"avg_stage_us": 57165.0, "tight": True}})
 
 
 class FakeClock:
@@ -22,7 +25,7 @@ class FakeClock:
 
 
 def steps(cases=2, rounds=2):
-    return [(r, i, {**CASE, "size": 1024 << (10 * i)}) for r in range(rounds) for i in range(cases)]
+    return [(r, i, Case(**{**CASE, "size": 1024 << (10 * i)})) for r in range(rounds) for i in range(cases)]
 
 
 def test_time_left_counts_each_case_at_its_own_earlier_time():
@@ -78,12 +81,13 @@ def test_error_text_that_looks_like_markup_is_shown_as_it_is_and_the_bar_ends_on
     console = Console(file=out, force_terminal=True, width=200, highlight=False)
     now = FakeClock()
     bar = progress.Bar(steps(1, 1), 1, console, now)
-    failed = {"status": "failed", "error": "[/usr/bin/ssh] [rank 0] exit 255", "summary": {}}
+    failed = Record.model_validate({**CASE, "status": "failed",
+                                    "error": "[/usr/bin/ssh] [rank 0] exit 255", "summary": {}})
     try:
         with bar:
-            bar.begin(0, 0, CASE)
+            bar.begin(0, 0, Case(**CASE))
             bar.end(0, failed)
-            bar.begin(0, 0, CASE)  # the bar shows the last result: the markup-like text
+            bar.begin(0, 0, Case(**CASE))  # the bar shows the last result: the markup-like text
             bar.progress.refresh()
             raise KeyboardInterrupt
     except KeyboardInterrupt:
@@ -95,7 +99,7 @@ def test_error_text_that_looks_like_markup_is_shown_as_it_is_and_the_bar_ends_on
 def test_a_failure_s_several_lines_of_output_are_said_in_one():
     said = []
     shown = progress.Lines(steps(1, 1), 1, said.append, FakeClock())
-    shown.begin(0, 0, CASE)
-    shown.end(0, {"status": "failed", "error": "  them. Please check network\n  connectivity\n---"})
+    shown.begin(0, 0, Case(**CASE))
+    shown.end(0, Record(**CASE, status="failed", error="  them. Please check network\n  connectivity\n---"))
     assert said[1].startswith("    failed: them. Please check network connectivity --- (")
     assert len(said) == 2 and "\n" not in said[1]

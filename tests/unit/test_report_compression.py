@@ -51,5 +51,5 @@ def test_compression_figures_that_are_not_numbers_show_as_a_dash(results):
              "codec_ms_per_MiB": None},
             {**row, "contender": "rxelab-zstd", "compression": "zstd", "ratio": "<b>",
              "codec_ms_per_MiB": True}]
-    table = compression.table(rows)
+    table = compression.table([report.Row(**r) for r in rows])
     assert table[1][7:10] == ["-", "-", "-"] and table[1][6] == "1.00x"

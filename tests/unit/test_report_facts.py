@@ -132,7 +132,7 @@ def test_env_values_cannot_inject_html(results):
     ({"node1": {"kernel": "6.1"}}, "Gloo (torch.distributed): unknown"),
 ])
 def test_the_facts_say_whether_the_nodes_had_torch(results, hosts, said):
-    assert run_facts.gloo_fact({"hosts": hosts}) == said
+    assert run_facts.gloo_fact(report.Environment.model_validate({"hosts": hosts})) == said
     env = json.loads((results / "environment.json").read_text())
     (results / "environment.json").write_text(json.dumps({**env, "hosts": hosts}))
     _, md = report.write(results)

@@ -7,14 +7,15 @@ import json
 import pytest
 
 from experiments import report
+from experiments.report import Record
 from tests.unit.report_helpers import results_fixture  # noqa: F401 (the fixture: results)
 
 
 def test_busbw_in_the_table_follows_the_model(results):
     flat = report.rows(report.load(results)[1])
     for r in flat:
-        algbw, busbw = report.bandwidth(r["size"], r["nodes"], r["avg_us"] / 1e6)
-        assert r["busbw"] == pytest.approx(busbw) and r["busbw"] == pytest.approx(algbw * 2 / 3)
+        algbw, busbw = report.bandwidth(r.size, r.nodes, r.avg_us / 1e6)
+        assert r.busbw == pytest.approx(busbw) and r.busbw == pytest.approx(algbw * 2 / 3)
 
 
 @pytest.mark.parametrize("op, factor", [("alltoall", 2 / 3), ("allgather", 2 / 3),
@@ -26,16 +27,21 @@ def test_bus_bandwidth_follows_each_collectives_model(op, factor):
     assert algbw == pytest.approx(per_rank / 1e6) and busbw == pytest.approx(algbw * factor)
 
 
+def _with(record, **changes):
+    """A copy of a record with some keys changed, as its JSON would say them."""
+    return Record.model_validate({**json.loads(record.to_json()), **changes})
+
+
 def _rounds(records, factors):
     """The records as if each case ran once per round, its time scaled by the round's factor."""
     out = []
     for rnd, f in enumerate(factors):
         for r in records:
-            r = json.loads(json.dumps(r))
-            r["round"] = rnd
-            if r.get("summary", {}).get("avg_stage_us"):
-                r["summary"]["avg_stage_us"] *= f
-                r["summary"]["total_seconds"] *= f
+            r = Record.from_json(r.to_json())
+            r.round = rnd
+            if r.summary and r.summary.avg_stage_us:
+                r.summary.avg_stage_us *= f
+                r.summary.total_seconds *= f
             out.append(r)
     return out
 
@@ -43,22 +49,22 @@ def _rounds(records, factors):
 @pytest.mark.slow
 def test_rounds_give_each_case_its_median(results):
     records = report.load(results)[1]
-    once = {r["case"]: r["avg_us"] for r in report.rows(records)}
+    once = {r.case: r.avg_us for r in report.rows(records)}
     flat = report.medians(report.rows(_rounds(records, [1.3, 1.0, 7.0])))
-    assert sorted(r["case"] for r in flat) == sorted(once), "one row per case"
-    assert all(r["avg_us"] == pytest.approx(once[r["case"]] * 1.3) and r["rounds"] == 3
+    assert sorted(r.case for r in flat) == sorted(once), "one row per case"
+    assert all(r.avg_us == pytest.approx(once[r.case] * 1.3) and r.rounds == 3
                for r in flat), "the middle of 1.0, 1.3 and 7.0"
     two = report.medians(report.rows(_rounds(records, [2.0, 1.0])))
-    assert all(r["avg_us"] == pytest.approx(once[r["case"]]) for r in two), "the lower middle"
+    assert all(r.avg_us == pytest.approx(once[r.case]) for r in two), "the lower middle"
     (results / "records.jsonl").write_text(
-        "\n".join(json.dumps(r) for r in _rounds(records, [1.3, 1.0, 7.0])) + "\n")
-    assert all(r["round_min_us"] == pytest.approx(once[r["case"]]) and
-               r["round_max_us"] == pytest.approx(once[r["case"]] * 7.0) for r in flat), \
+        "\n".join(r.to_json() for r in _rounds(records, [1.3, 1.0, 7.0])) + "\n")
+    assert all(r.round_min_us == pytest.approx(once[r.case]) and
+               r.round_max_us == pytest.approx(once[r.case] * 7.0) for r in flat), \
         "each case keeps its rounds' range"
     md = report.write(results)[1].read_text()
     assert "(medians of 3 rounds)" in md and md.count("| rxelab | parallel |") == 2
-    parallel_1k = next(r for r in flat if r["algorithm"] == "parallel" and r["size"] == 1024)
-    assert (parallel_1k["avg_us"], parallel_1k["round_min_us"], parallel_1k["round_max_us"]) == \
+    parallel_1k = next(r for r in flat if r.algorithm == "parallel" and r.size == 1024)
+    assert (parallel_1k.avg_us, parallel_1k.round_min_us, parallel_1k.round_max_us) == \
         pytest.approx((87558, 67353, 471469), rel=1e-4), "the fixture's 67.35 ms, 1.3x and 7x"
     assert "| rxelab | parallel | 1 KiB | 87.6 | 67.4-471 |" in md, \
         "the full table shows each case's median round and the rounds' range, in ms"
@@ -71,14 +77,14 @@ def test_share_of_the_link_and_the_ratio_to_ucx(results):
     assert link == pytest.approx(7.854875)
     flat = report.rows(records)
     report.link_share(flat, link)
-    big = next(r for r in flat if r["algorithm"] == "parallel" and r["size"] == 262144)
+    big = next(r for r in flat if r.algorithm == "parallel" and r.size == 262144)
     # each rank moves 2 x 256 KiB each way; busbw is those bytes over the time
-    assert big["link_pct"] == pytest.approx(100 * 2 * 262144 / (big["avg_us"] / 1e6) / 1e6 / link)
+    assert big.link_pct == pytest.approx(100 * 2 * 262144 / (big.avg_us / 1e6) / 1e6 / link)
     assert report.plots.ratio_to(flat, "mpi-ucx") is None, "no UCX rows, nothing to divide by"
-    ucx = [{**r, "transport": "ucx"} if r["app"] == "mpi" else r for r in records]
+    ucx = [_with(r, transport="ucx") if r.app == "mpi" else r for r in records]
     png = report.plots.ratio_to(report.rows(ucx), "mpi-ucx")
     assert png and png.startswith(b"\x89PNG") and len(png) > 5000
-    (results / "records.jsonl").write_text("\n".join(json.dumps(r) for r in ucx) + "\n")
+    (results / "records.jsonl").write_text("\n".join(r.to_json() for r in ucx) + "\n")
     md = report.write(results)[1].read_text()
     assert "ratio-to-ucx.png" in md and "% of the link" in md and "% of link" in md
 
@@ -88,19 +94,19 @@ def test_the_share_of_the_link_is_of_each_direction_s_share_when_both_ways_were_
     records = report.load(results)[1]
     one = report.link_rate(records)
     assert report.share_rate(records)[0] == pytest.approx(one), "one way only: its rate"
-    perf = next(r for r in records if r["app"] == "perftest" and r["algorithm"] == "ib_write_bw")
-    both = {**perf, "case": 999, "algorithm": "ib_write_bw_bidir",
-            "summary": {**perf["summary"], "bw_MBps": 1.5 * one}}
+    perf = next(r for r in records if r.app == "perftest" and r.algorithm == "ib_write_bw")
+    both = _with(perf, case=999, algorithm="ib_write_bw_bidir",
+                 summary={**json.loads(perf.to_json())["summary"], "bw_MBps": 1.5 * one})
     rate, said = report.share_rate([*records, both])
     assert rate == pytest.approx(0.75 * one), "each direction's half of the sum"
     assert "ib_write_bw -b" in said and f"{one:.1f}" in said
-    (results / "records.jsonl").write_text("\n".join(json.dumps(r) for r in [*records, both]) + "\n")
+    (results / "records.jsonl").write_text("\n".join(r.to_json() for r in [*records, both]) + "\n")
     md = report.write(results)[1].read_text()
     assert f"busbw over {0.75 * one:.1f} MB/s" in md
     flat = report.rows(records)
     report.link_share(flat, rate)
-    big = next(r for r in flat if r["algorithm"] == "parallel" and r["size"] == 262144)
-    assert big["link_pct"] == pytest.approx(100 * big["busbw"] / (0.75 * one))
+    big = next(r for r in flat if r.algorithm == "parallel" and r.size == 262144)
+    assert big.link_pct == pytest.approx(100 * big.busbw / (0.75 * one))
 
 
 def test_a_case_beside_busy_nodes_reads_apart_from_the_same_case_alone(results):
@@ -109,12 +115,11 @@ def test_a_case_beside_busy_nodes_reads_apart_from_the_same_case_alone(results):
     ran beside, so the two never read as one case measured twice."""
     from experiments.running import caselog
     records = report.load(results)[1]
-    first = next(r for r in records if r["app"] == "rxelab")
-    loaded = {**json.loads(json.dumps(first)), "case": 999, "busy_neighbours": 1,
-              "busy_hosts": ["node3"], "stages": first["stages"] * 10}
-    alone = {**json.loads(json.dumps(first)), "case": 998, "stages": first["stages"] * 10}
+    first = next(r for r in records if r.app == "rxelab")
+    loaded = _with(first, case=999, busy_neighbours=1, busy_hosts=["node3"], stages=first.stages * 10)
+    alone = _with(first, case=998, stages=first.stages * 10)
     rows = report.rows([first, loaded, alone])
-    assert {r["case"]: r["network"] for r in rows}[999] == "1 node busy beside"
+    assert {r.case: r.network for r in rows}[999] == "1 node busy beside"
     counts, table = report.seed_table(rows)
     assert len(counts) == 2 and len(table) == 2, "alone at two stage counts; beside: its own row"
     assert any("1 node busy beside" in name for name, _ in table)

@@ -2,9 +2,12 @@
 as a ratio, judged by the rounds' spread (a difference inside it is said to be none); compact
 tables that mark the fastest and whatever is inside its spread; the run's constants said once."""
 
+from dataclasses import replace
+
 import pytest
 
 from experiments.report import summary, view
+from experiments.running.records import Record
 
 
 def row(contender, algorithm, size, ms, lo=None, hi=None, rounds=3, **kw):
@@ -14,7 +17,7 @@ def row(contender, algorithm, size, ms, lo=None, hi=None, rounds=3, **kw):
          "round_min_us": (lo if lo is not None else ms) * 1e3,
          "round_max_us": (hi if hi is not None else ms) * 1e3, "rounds": rounds, "status": "ok",
          "pairs": None, "case": 0, "round": 0, "wrong": 0, "loss": 0.0, "loss_only": True, "app": contender}
-    return {**r, **kw}
+    return view.Row(**{**r, **kw})
 
 
 RUN = [row("rxelab", "pairwise", 1024, 10, 9, 11), row("rxelab", "parallel", 1024, 12, 11, 13),
@@ -45,14 +48,14 @@ def test_a_loss_beyond_the_spread_is_called_slower():
 
 
 def test_without_a_rival_the_headline_sets_the_algorithms_against_each_other():
-    [h] = view.headlines([r for r in RUN if r["contender"] == "rxelab"], set())
+    [h] = view.headlines([r for r in RUN if r.contender == "rxelab"], set())
     assert not h.rivals
     assert "1 KiB: pairwise 1.20x faster than parallel" in h.words
     assert "1 MiB: parallel 1.25x faster than pairwise (inside the spread)" in h.words
 
 
 def test_an_impaired_setting_gets_no_headline():
-    assert view.headlines([{**r, "network": "loss 1%"} for r in RUN], set()) == []
+    assert view.headlines([replace(r, network="loss 1%") for r in RUN], set()) == []
 
 
 def test_the_compact_table_marks_the_fastest_and_what_is_inside_its_spread():
@@ -80,8 +83,8 @@ def test_constants_are_said_once_and_the_full_table_drops_them_and_empty_columns
 def test_the_summary_orders_sizes_as_numbers_and_marks_a_ratio_inside_the_spread():
     run = [row("rxelab", "pairwise", s, 10, 5, 40) for s in (1 << 20, 1024, 16384, 65536)] + \
         [row("mpi-ucx", "mpi-default", s, 20, 15, 25) for s in (1 << 20, 1024, 16384, 65536)]
-    records = [{"status": "ok", "app": "rxelab", "transport": "tcp", "case": 0, "op": "alltoall",
-                "algorithm": "pairwise"}]
+    records = [Record(status="ok", app="rxelab", transport="tcp", case=0, op="alltoall",
+                      algorithm="pairwise")]
     lines = summary.summary_lines(run, records, [])
     sizes = [x.split(", ")[2] for x in lines if "fastest" in x]
     assert sizes == ["1 KiB per peer", "16 KiB per peer", "64 KiB per peer", "1 MiB per peer"]
@@ -96,14 +99,14 @@ def test_a_variant_of_rxelab_is_ours_not_a_rival():
 
 
 def test_a_round_that_took_no_time_is_left_out_of_the_headline_not_a_crash():
-    run = [{**r, "round_min_us": 0.0} if r["contender"] == "mpi-ucx" and r["size"] == 1024 else r
+    run = [replace(r, round_min_us=0.0) if r.contender == "mpi-ucx" and r.size == 1024 else r
            for r in RUN]
     [h] = view.headlines(run, set())
     assert h.rivals[0].sizes == 1, "only 1 MiB compared"
 
 
 def test_a_size_run_once_on_one_side_is_not_judged_by_a_spread_it_does_not_have():
-    run = [{**r, "rounds": 1} if r["contender"] == "mpi-ucx" and r["size"] == 1024 else r
+    run = [replace(r, rounds=1) if r.contender == "mpi-ucx" and r.size == 1024 else r
            for r in RUN]
     [ucx] = view.headlines(run, set())[0].rivals
     assert (ucx.faster, ucx.slower) == (0, 0)
@@ -112,8 +115,8 @@ def test_a_size_run_once_on_one_side_is_not_judged_by_a_spread_it_does_not_have(
 
 
 def test_settings_are_in_numeric_order_and_a_varying_mode_is_in_the_title():
-    run = [{**r, "nodes": n} for n in (16, 2, 4) for r in RUN[:1]] + \
-        [{**r, "mode": "stages"} for r in RUN[:1]]
+    run = [replace(r, nodes=n) for n in (16, 2, 4) for r in RUN[:1]] + \
+        [replace(r, mode="stages") for r in RUN[:1]]
     shared = {k for k, _, _ in view.constants(run)}
     titles = [t.title for t in view.compact(run, shared)]
     assert titles == ["alltoall, 2 nodes, back to back", "alltoall, 3 nodes, as stages",

@@ -9,7 +9,8 @@ import pytest
 
 from experiments.report import bandwidth, peak_to_mean
 from experiments.running import commands
-from experiments.spec import netem
+from experiments.running.records import Sample
+from experiments.spec import Case, netem
 from infra.inventory import Host, RdmaEndpoint, SSHEndpoint
 
 HOSTS = [Host(f"node{i}", SSHEndpoint("127.0.0.1", 2220 + i), f"10.10.0.{10 + i}", RdmaEndpoint())
@@ -23,7 +24,7 @@ RUN = "0123456789ab"
 
 
 def test_rxelab_case_runs_our_launcher_on_the_data_network():
-    cmd = commands.rxelab_command(CASE, HOSTS, 29701, RUN)
+    cmd = commands.rxelab_command(Case(**CASE), HOSTS, 29701, RUN)
     assert '"$HOME"/rxelab/venv/bin/python3 -m rxelab.launch --hosts 10.10.0.11,10.10.0.12,' \
         '10.10.0.13 --per-host 1 --port 29701' in cmd
     assert "server_client.py --op alltoall --algorithm sequential --size 4096 --stages 5" in cmd
@@ -33,13 +34,13 @@ def test_rxelab_case_runs_our_launcher_on_the_data_network():
 
 
 def test_rxelab_case_passes_the_rc_retry_settings():
-    cmd = commands.rxelab_command({**CASE, "qp_timeout": 12, "retry_cnt": 3}, HOSTS, 29701, RUN)
+    cmd = commands.rxelab_command(Case(**CASE, qp_timeout=12, retry_cnt=3), HOSTS, 29701, RUN)
     assert "--qp-timeout 12 --retry-cnt 3" in cmd
 
 
 def test_mpi_case_uses_tcp_on_the_data_network_and_forces_coll_tuned_algorithms():
     case = {**CASE, "app": "mpi", "algorithm": "mpi-pairwise", "transport": "tcp"}
-    cmd = commands.mpi_command(case, HOSTS, "10.10.0.0/24", RUN)
+    cmd = commands.mpi_command(Case(**case), HOSTS, "10.10.0.0/24", RUN)
     # the node mpirun runs on by its own name (Open MPI 5 knows itself by no address)
     assert "mpirun -np 3 --host \"$(hostname)\":1,10.10.0.12:1,10.10.0.13:1" in cmd
     assert "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include 10.10.0.0/24" in cmd
@@ -49,7 +50,7 @@ def test_mpi_case_uses_tcp_on_the_data_network_and_forces_coll_tuned_algorithms(
     assert "PYTHONPATH" not in cmd
     assert "'$HOME" not in cmd, "$HOME must reach the remote shell to expand"
     assert cmd.startswith(f"RXELAB_RUN_ID={RUN} timeout ") and "-x RXELAB_RUN_ID " in cmd
-    default = commands.mpi_command({**case, "algorithm": "mpi-default"}, HOSTS, "10.10.0.0/24", RUN)
+    default = commands.mpi_command(Case(**{**case, "algorithm": "mpi-default"}), HOSTS, "10.10.0.0/24", RUN)
     assert "coll_tuned" not in default
     assert "--mca pml ucx" not in cmd and "UCX" not in cmd
 
@@ -67,7 +68,7 @@ def test_the_data_network_is_found_from_the_hosts_own_addresses():
 
 def test_mpi_over_ucx_is_the_recipe_that_runs_on_rxe():
     case = {**CASE, "app": "mpi", "algorithm": "mpi-pairwise", "transport": "ucx"}
-    ucx = commands.mpi_command(case, HOSTS, "10.10.0.0/24", RUN)
+    ucx = commands.mpi_command(Case(**case), HOSTS, "10.10.0.0/24", RUN)
     assert "--mca pml ucx --mca btl '^openib,uct'" in ucx
     for setting in ("UCX_NET_DEVICES=rxe0:1", "UCX_TLS=rc_v,self", "UCX_UD_ETH_DGID_CHECK=n",
                     "UCX_IB_GID_INDEX=1"):
@@ -81,7 +82,7 @@ def test_mpi_over_ucx_is_the_recipe_that_runs_on_rxe():
 
 def test_node_set_up_applies_mtu_and_netem_then_reads_counters():
     case = {**CASE, "mtu": 1500, "netem": {"loss": 1}}
-    cmd = commands.prepare_command(HOSTS[0], case, RUN)
+    cmd = commands.prepare_command(HOSTS[0], Case(**case), RUN)
     assert "nd=$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/1)" in cmd
     assert 'sudo -n ip link set dev "$nd" mtu 1500' in cmd
     handle = commands.netem_handle(RUN)
@@ -95,7 +96,7 @@ def test_node_set_up_applies_mtu_and_netem_then_reads_counters():
 
 def test_a_case_without_netem_leaves_every_qdisc_alone():
     """Before, every case ran `tc qdisc del dev <nic> root`: a user's own qdisc was wiped."""
-    for cmd in (commands.prepare_command(HOSTS[0], {**CASE, "mtu": 1500}, RUN),
+    for cmd in (commands.prepare_command(HOSTS[0], Case(**{**CASE, "mtu": 1500}), RUN),
                 commands.restore_command(HOSTS[0], 9000, RUN),
                 commands.restore_command(HOSTS[0], None, RUN)):
         assert "tc qdisc" not in cmd and "$tc" not in cmd, cmd
@@ -107,7 +108,7 @@ def test_a_case_without_netem_leaves_every_qdisc_alone():
 
 def test_perftest_argv_and_parsing():
     case = {**CASE, "app": "perftest", "algorithm": "ib_write_bw", "size": 65536, "stages": 200}
-    argv = commands.perftest_argv(case, HOSTS[1])
+    argv = commands.perftest_argv(Case(**case), HOSTS[1])
     assert argv[:7] == ["ib_write_bw", "-d", "rxe0", "-i", "1", "-x", "1"]
     assert "--report_gbits" in argv and argv[argv.index("-s") + 1] == "65536"
     from rxelab import settings  # the library's own ack timeout: crowded VMs answer late
@@ -117,13 +118,13 @@ def test_perftest_argv_and_parsing():
  65536      200              0.08               0.07                 0.000138
 """
     rec = commands.parse_perftest("ib_write_bw", bw, 65536)
-    assert rec["bw_MBps"] == pytest.approx(0.07e9 / 8 / 1e6) and rec["iterations"] == 200
+    assert rec.bw_MBps == pytest.approx(0.07e9 / 8 / 1e6) and rec.iterations == 200
     lat = """ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]
  2       1000          180.51         6500.10      310.20             350.00
 """
-    assert commands.parse_perftest("ib_send_lat", lat, 2)["lat_us"] == pytest.approx(310.2)
+    assert commands.parse_perftest("ib_send_lat", lat, 2).lat_us == pytest.approx(310.2)
     assert commands.parse_perftest("ib_write_bw", "Couldn't connect", 1) is None
-    both = commands.perftest_argv({**case, "algorithm": "ib_write_bw_bidir"}, HOSTS[1])
+    both = commands.perftest_argv(Case(**{**case, "algorithm": "ib_write_bw_bidir"}), HOSTS[1])
     assert both[:2] == ["ib_write_bw", "-b"] and both[2:] == argv[1:], "the same run, both ways"
 
 
@@ -139,11 +140,11 @@ def test_the_benchmark_runs_perftest_as_the_specs_do_under_the_same_names():
 
 
 def test_timeouts_grow_with_the_work_and_a_spec_can_set_them():
-    small = commands.case_timeout(CASE)
-    big = commands.case_timeout({**CASE, "size": 4 << 20, "stages": 1000})
-    lossy = commands.case_timeout({**CASE, "size": 4 << 20, "stages": 1000, "netem": {"loss": 5}})
+    small = commands.case_timeout(Case(**CASE))
+    big = commands.case_timeout(Case(**{**CASE, "size": 4 << 20, "stages": 1000}))
+    lossy = commands.case_timeout(Case(**{**CASE, "size": 4 << 20, "stages": 1000, "netem": {"loss": 5}}))
     assert 180 < small < big < lossy
-    assert commands.case_timeout({**CASE, "timeout_s": 42}) == 42
+    assert commands.case_timeout(Case(**{**CASE, "timeout_s": 42})) == 42
 
 
 def test_bus_bandwidth_model():
@@ -153,7 +154,7 @@ def test_bus_bandwidth_model():
 
 
 def test_peak_to_mean_of_load_samples():
-    samples = [{"t": t, "tx_bytes": b, "rx_bytes": 0} for t, b in
+    samples = [Sample(t=t, tx_bytes=b, rx_bytes=0) for t, b in
                [(0, 0), (1, 1_000_000), (2, 2_000_000), (3, 6_000_000), (4, 6_000_000)]]
     ts, rates, ratio = peak_to_mean(samples)
     assert ts == [1, 2, 3, 4] and rates == [1.0, 1.0, 4.0, 0.0]
@@ -230,7 +231,7 @@ def test_a_home_with_a_space_stays_one_word(tmp_path):
     import json
 
     home = tmp_path / "a b"
-    cmd = commands.mpi_command({**CASE, "app": "mpi", "algorithm": "mpi-default", "transport": "tcp"},
+    cmd = commands.mpi_command(Case(**{**CASE, "app": "mpi", "algorithm": "mpi-default", "transport": "tcp"}),
                                HOSTS, "10.10.0.0/24", RUN)
     words = cmd.split(" mpirun ", 1)[1]
     probe = f"printf '%s\\n' {words}"
@@ -272,8 +273,8 @@ def test_every_deadline_of_a_case_kills_what_ignores_its_term():
 
     mpi = {**CASE, "app": "mpi", "algorithm": "mpi-default", "transport": "tcp"}
     perf = {**CASE, "app": "perftest", "algorithm": "ib_write_bw", "nodes": 2}
-    built = [commands.mpi_command(mpi, HOSTS, "10.10.0.0/24", RUN),
-             commands.perftest_command(perf, HOSTS[0], RUN),
+    built = [commands.mpi_command(Case(**mpi), HOSTS, "10.10.0.0/24", RUN),
+             commands.perftest_command(Case(**perf), HOSTS[0], RUN),
              elastic_scenario.mpi_command(EL, HOSTS, "10.10.0.0/24", RUN)]
     for cmd in built:
         wrapper = re.search(r"\btimeout -k (\d+) (\d+) ", cmd)

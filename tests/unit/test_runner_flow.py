@@ -11,6 +11,7 @@ from invoke.exceptions import CommandTimedOut
 
 from experiments import spec
 from experiments.running import fleet, runner
+from experiments.running.records import Environment
 from infra.inventory import Host, Inventory, RdmaEndpoint, SSHEndpoint
 
 HOSTS = tuple(Host(f"node{i}", SSHEndpoint("127.0.0.1", 2220 + i), f"10.10.0.{10 + i}",
@@ -147,7 +148,7 @@ def test_a_perftest_pair_on_one_node_runs_over_its_loopback(tmp_path, monkeypatc
     r, fake = make_runner(tmp_path, monkeypatch, '[[runs]]\napp = "perftest"\ntools = ["ib_write_bw"]\n'
                           f'nodes = [{nodes}]\nsizes = [1048576]\nstages = 200\n')
     fake.outputs.append(BW)
-    (rec,) = records(r.run({"nodes": nodes}))
+    (rec,) = records(r.run(Environment.model_validate({"nodes": nodes})))
     assert rec["status"] == "ok" and rec["summary"]["bw_MBps"] == pytest.approx(66.0)
     started = [(h, c) for h, c in fake.log if "ib_write_bw" in c]
     assert [h for h, _ in started] == [server, "node1"]
@@ -157,7 +158,7 @@ def test_a_perftest_pair_on_one_node_runs_over_its_loopback(tmp_path, monkeypatc
 def test_wrong_data_and_missing_output_are_recorded_as_such(tmp_path, monkeypatch):
     r, nodes = make_runner(tmp_path, monkeypatch, RXELAB)
     nodes.outputs += [summary(True), summary(False), "Traceback: boom"]
-    out = r.run({"nodes": 3})
+    out = r.run(Environment.model_validate({"nodes": 3}))
     recs = records(out)
     assert [x["status"] for x in recs] == ["ok", "wrong", "failed"]
     assert "boom" in recs[2]["error"]
@@ -175,7 +176,7 @@ def test_an_interrupted_run_keeps_its_records_and_removes_impairments(tmp_path, 
     r, nodes = make_runner(tmp_path, monkeypatch, RXELAB + "netem = [{loss = 1.0}]\n")
     nodes.outputs += [summary(True), KeyboardInterrupt()]
     with pytest.raises(KeyboardInterrupt):
-        r.run({"nodes": 3})
+        r.run(Environment.model_validate({"nodes": 3}))
     assert [x["status"] for x in records(r.dir)] == ["ok"]
     env = json.loads((r.dir / "environment.json").read_text())
     assert env["complete"] is False and "finished" in env
@@ -196,7 +197,7 @@ def test_mpi_over_ucx_that_moved_no_rdma_packets_is_a_failed_case(tmp_path, monk
                            'nodes = [3]\nsizes = [8]\ntransport = ["ucx", "tcp"]\n')
     nodes.per_case = 0  # the RDMA device is idle: both cases went over TCP
     nodes.outputs += [summary(True, "mpi"), summary(True, "mpi")]
-    recs = records(r.run({"nodes": 3}))
+    recs = records(r.run(Environment.model_validate({"nodes": 3})))
     assert [(x["transport"], x["status"]) for x in recs] == [("ucx", "failed"), ("tcp", "ok")]
     assert recs[0]["error"] == runner.NOT_RDMA
     ucx_cmd = cmds(nodes, "mpirun -np")[0][1]
@@ -209,7 +210,7 @@ def test_a_case_past_its_deadline_is_timed_out_with_partial_figures(tmp_path, mo
                            + "timeout_s = 30\n")
     progress = '[0] {"record": "progress", "app": "rxelab", "stages_done": 4, "seconds": 2.5}\n'
     nodes.outputs.append(CommandTimedOut(SimpleNamespace(stdout=progress, stderr=""), 90))
-    (rec,) = records(r.run({"nodes": 3}))
+    (rec,) = records(r.run(Environment.model_validate({"nodes": 3})))
     assert rec["status"] == "timeout" and "deadline of 30 s" in rec["error"]
     assert rec["partial"]["stages_done"] == 4
     assert {h for h, _ in stops(nodes, r.run_id)} == {"node1", "node2", "node3"}
@@ -241,7 +242,7 @@ def test_a_full_disk_at_the_end_still_cleans_the_nodes_up(tmp_path, monkeypatch)
 
     monkeypatch.setattr(r, "_write_env", write_env)
     with pytest.raises(OSError, match="No space left"):
-        r.run({"nodes": 3})
+        r.run(Environment.model_validate({"nodes": 3}))
     undone = {h for h, c in nodes.log if "/environ" in c and "mtu 9000" in c}
     assert undone == {"node1", "node2", "node3"}, "the run's clean-up reached every node"
 
@@ -250,7 +251,7 @@ def test_only_what_a_case_changed_is_undone_and_only_where(tmp_path, monkeypatch
     r, nodes = make_runner(tmp_path, monkeypatch, RXELAB.replace('"sequential", "pairwise", ', "")
                            .replace("nodes = [3]", "nodes = [2]") + "netem = [{}, {loss = 1.0}]\n")
     nodes.outputs += [summary(True), summary(True)]
-    r.run({"nodes": 3})
+    r.run(Environment.model_validate({"nodes": 3}))
     touched = {h for h, c in nodes.log if "tc qdisc" in c or "$tc" in c}
     assert touched == {"node1", "node2"}, "node3 took no part: its qdisc is never looked at"
     first_case = [c for h, c in nodes.log if "rxelab.launch" in c][0]
@@ -268,7 +269,7 @@ def test_the_load_sampler_understands_what_the_runner_tells_it(tmp_path, monkeyp
     r, nodes = make_runner(tmp_path, monkeypatch, RXELAB.replace('"sequential", "pairwise", ', "")
                            + "sample_load = true\n")
     nodes.outputs.append(summary(True))
-    r.run({"nodes": 3})
+    r.run(Environment.model_validate({"nodes": 3}))
     (_, cmd), *_ = cmds(nodes, "load_sampler.py")
     assert f"RXELAB_RUN_ID={r.run_id}-load" in cmd and '"$HOME"/rxelab/runs/' in cmd
     argv = shlex.split(cmd.split("load_sampler.py", 1)[1].split(">/dev/null")[0])
@@ -285,7 +286,7 @@ def test_an_mtu_that_cannot_be_read_is_not_changed(tmp_path, monkeypatch):
     r, nodes = make_runner(tmp_path, monkeypatch, RXELAB.replace('"sequential", "pairwise", ', "")
                            + "mtu = [1500]\n")
     nodes.mtu_unreadable.add("node2")
-    (rec,) = records(r.run({"nodes": 3}))
+    (rec,) = records(r.run(Environment.model_validate({"nodes": 3})))
     assert rec["status"] == "failed" and "cannot read node2's data NIC MTU" in rec["error"]
     assert not cmds(nodes, "mtu 1500"), "no MTU was changed anywhere"
 
@@ -296,7 +297,7 @@ def test_rounds_alternate_the_cases_and_back_to_back_reaches_the_apps(tmp_path, 
                            'transport = "ucx"\ntight = true\n')
     nodes.outputs = [summary(True, "rxelab")] * 3 + [summary(True, "mpi")]
     nodes.outputs = nodes.outputs * 3
-    got = records(r.run({}))
+    got = records(r.run(Environment.model_validate({})))
     assert [(x["round"], x["case"]) for x in got] == \
         [(rnd, i) for rnd in range(3) for i in range(4)], "A, B, A, B: every case once per round"
     launched = cmds(nodes, "rxelab.launch --hosts") + cmds(nodes, "mpirun -np")
@@ -311,7 +312,7 @@ def test_gloo_runs_under_our_launcher_where_every_node_has_torch(tmp_path, monke
     r, nodes = make_runner(tmp_path, monkeypatch, GLOO)
     nodes.outputs += [summary(True, "gloo"), summary(True)]
     torch = {h.name: {"torch": "1.13.1"} for h in HOSTS}
-    recs = records(r.run({"nodes": 3, "hosts": torch}))
+    recs = records(r.run(Environment.model_validate({"nodes": 3, "hosts": torch})))
     assert [(x["app"], x["status"]) for x in recs] == [("gloo", "ok"), ("rxelab", "ok")]
     (host, cmd), _ = cmds(nodes, "rxelab.launch --hosts")
     assert host == "node1" and "apps/gloo_compare.py --op allreduce --algorithm gloo-default" in cmd
@@ -322,7 +323,7 @@ def test_gloo_cases_are_not_run_and_say_why_where_a_node_has_no_torch(tmp_path, 
     r, nodes = make_runner(tmp_path, monkeypatch, GLOO)
     nodes.outputs += [summary(True)]  # only the rxelab case runs
     hosts = {"node1": {"torch": "1.13.1"}, "node2": {"torch": None}}  # node3 said nothing
-    recs = records(r.run({"nodes": 3, "hosts": hosts}))
+    recs = records(r.run(Environment.model_validate({"nodes": 3, "hosts": hosts})))
     assert [(x["app"], x["status"]) for x in recs] == [("gloo", "skipped"), ("rxelab", "ok")]
     assert recs[0]["error"] == f"{runner.NO_TORCH} (node2, node3)"
     assert not cmds(nodes, "gloo_compare"), "nothing was started for it"
@@ -336,7 +337,7 @@ def test_a_run_says_what_its_spec_included_and_keeps_a_copy(tmp_path, monkeypatc
     r, nodes = make_runner(tmp_path, monkeypatch, 'include = ["calibrate"]\n' + RXELAB)
     nodes.outputs += [summary(True), KeyboardInterrupt()]
     with pytest.raises(KeyboardInterrupt):
-        r.run({"nodes": 3})
+        r.run(Environment.model_validate({"nodes": 3}))
     assert json.loads((r.dir / "environment.json").read_text())["includes"] == ["calibrate"]
     assert (r.dir / "include-calibrate.toml").read_text() == \
         (spec.SPECS / "calibrate.toml").read_text()
@@ -352,7 +353,7 @@ def test_a_failed_case_after_which_a_node_is_unreachable_stops_the_run(tmp_path,
     run stops at the first that finds a node gone, naming it, its records kept."""
     r, nodes = make_runner(tmp_path, monkeypatch, RXELAB)
     nodes.outputs += [summary(True), "ranks [2] did not join within 60 s", "Traceback: boom"]
-    out = r.run({"nodes": 3})  # every node still reachable: the run goes on to its end
+    out = r.run(Environment(nodes=3))  # every node still reachable: the run goes on to its end
     assert [x["status"] for x in records(out)] == ["ok", "failed", "failed"]
     assert len(cmds(nodes, "ping -c")) == 2, "looked at after the failed cases only"
     assert all(h == "node1" for h, _ in cmds(nodes, "ping -c"))
@@ -362,7 +363,7 @@ def test_a_failed_case_after_which_a_node_is_unreachable_stops_the_run(tmp_path,
     nodes.unreachable.add("node3")
     nodes.outputs += [summary(True), "ranks [2] did not join within 60 s", summary(True)]
     with pytest.raises(fleet.FleetError, match="node1 no longer reaches node3 over the data"):
-        r.run({"nodes": 3})
+        r.run(Environment.model_validate({"nodes": 3}))
     assert [x["status"] for x in records(r.dir)] == ["ok", "failed"]
     assert json.loads((r.dir / "environment.json").read_text())["complete"] is False
     assert {h for h, _ in stops(nodes, r.run_id)} == {"node1", "node2", "node3"}

@@ -1,6 +1,7 @@
 """Experiment specs: the shipped ones load; anything unknown or impossible is named."""
 
 import copy
+import json
 import os
 import re
 from pathlib import Path
@@ -8,6 +9,11 @@ from pathlib import Path
 import pytest
 
 from experiments import spec
+
+
+def as_json(s):
+    """A spec's cases as their JSON (what a run's records repeat of them)."""
+    return [json.loads(c.to_json()) for c in s.cases()]
 
 GOOD = {"name": "t", "runs": [
     {"app": "rxelab", "op": "alltoall", "algorithms": ["pairwise"], "nodes": [2, 3], "sizes": [0, 8],
@@ -24,7 +30,7 @@ def test_shipped_specs_load(name):
 
 
 def test_smoke_covers_every_algorithm_and_mpi():
-    cases = spec.load("smoke").cases()
+    cases = as_json(spec.load("smoke"))
     rx = {(c["op"], c["algorithm"]) for c in cases if c["app"] == "rxelab"}
     assert rx == {("allgather", a) for a in ("star", "ring", "sequential", "parallel")} | \
         {("alltoall", a) for a in ("sequential", "pairwise", "parallel")}
@@ -33,7 +39,7 @@ def test_smoke_covers_every_algorithm_and_mpi():
 
 def test_cases_expand_nodes_algorithms_and_sizes():
     s = spec.parse(GOOD)
-    cases = s.cases()
+    cases = as_json(s)
     assert len(cases) == 2 * 1 * 2 + 2 + 1, "mpi runs both transports unless told"
     assert cases[0] == {"app": "rxelab", "op": "alltoall", "algorithm": "pairwise", "nodes": 2,
                         "size": 0, "stages": 2, "warmup": 1, "transport": None,
@@ -48,7 +54,7 @@ def test_impairments_mtus_and_rxelab_options_multiply_cases():
                                                    "reorder": 5}],
                           mtu=[1500, 9000], qp_timeout=12, retry_cnt=3, timeout_s=90)
     doc["runs"][1].update(transport="ucx")
-    cases = spec.parse(doc).cases()
+    cases = as_json(spec.parse(doc))
     rx = [c for c in cases if c["app"] == "rxelab"]
     assert len(rx) == 2 * 2 * 3 * 2
     assert {c["mtu"] for c in rx} == {1500, 9000}
@@ -180,7 +186,7 @@ def test_the_largest_allowed_values_are_accepted():
     doc["runs"][0].update(sizes=[1 << 30] * 64, stages=10_000_000, warmup=1_000_000, nodes=[64],
                           timeout_s=604_800, mtu=[9000], netem=[{}] * 64)
     doc["description"] = "x" * 2000
-    case = spec.parse(doc).cases()[0]
+    case = as_json(spec.parse(doc))[0]
     assert (case["size"], case["stages"], case["nodes"], case["timeout_s"]) == \
         (1 << 30, 10_000_000, 64, 604_800)
     doc["description"] += "x"
@@ -256,7 +262,7 @@ def test_back_to_back_and_rounds_reach_the_cases():
     doc["runs"][1]["tight"] = True
     s = spec.parse(doc)
     assert s.rounds == 3
-    assert [c.get("tight") for c in s.cases()] == [None] * 4 + [True, True, None]
+    assert [c.get("tight") for c in as_json(s)] == [None] * 4 + [True, True, None]
     assert spec.parse(GOOD).rounds == 1
 
 
@@ -301,10 +307,10 @@ def test_a_scenario_is_checked_before_anything_runs(text, said):
 def test_a_gloo_run_takes_its_one_label_and_the_same_modes_as_mpi():
     doc = {"name": "g", "runs": [{"app": "gloo", "op": "alltoall", "nodes": [3], "sizes": [8],
                                   "tight": True}]}
-    (case,) = spec.parse(doc).cases()
+    (case,) = as_json(spec.parse(doc))
     assert (case["app"], case["algorithm"], case["tight"], case["transport"]) == \
         ("gloo", "gloo-default", True, None)
-    assert spec.contender(case) == "gloo"
+    assert spec.contender(spec.Case(**case)) == "gloo"
 
 
 def test_every_gloo_counterpart_is_a_torch_distributed_call():
@@ -323,12 +329,12 @@ def test_codecs_and_data_multiply_cases_and_name_the_contender():
          "eager_limit": 0},
         {"app": "mpi", "op": "allreduce", "nodes": [3], "sizes": [8], "data": ["random"],
          "transport": ["tcp"]}]}
-    cases = spec.parse(doc).cases()
+    cases = as_json(spec.parse(doc))
     rx = [c for c in cases if c["app"] == "rxelab"]
     assert len(rx) == 2 * 2 * 2
     assert {(c["data"], c["compression"]) for c in rx} == {
         (d, z) for d in ("zeros", "random") for z in ("none", "bf16")}
-    assert {spec.contender(c) for c in rx} == {"rxelab-eager0", "rxelab-eager0-bf16"}
+    assert {spec.contender(spec.Case(**c)) for c in rx} == {"rxelab-eager0", "rxelab-eager0-bf16"}
     (mpi,) = [c for c in cases if c["app"] == "mpi"]
     assert mpi["data"] == "random" and "compression" not in mpi
 
@@ -348,8 +354,8 @@ def test_an_included_spec_runs_first_in_every_round(tmp_path):
     doc = {**copy.deepcopy(GOOD), "include": ["base"], "rounds": 3}
     got = spec.parse(doc, "my.toml", tmp_path)
     assert got.includes == ("base",) and got.rounds == 3
-    assert [c["algorithm"] for c in got.cases()][:2] == ["ib_send_lat", "pairwise"]
-    assert len(got.cases()) == len(spec.parse(GOOD).cases()) + 1
+    assert [c["algorithm"] for c in as_json(got)][:2] == ["ib_send_lat", "pairwise"]
+    assert len(as_json(got)) == len(as_json(spec.parse(GOOD))) + 1
     (tmp_path / "nested.toml").write_text(
         'name = "nested"\ninclude = ["base"]\n[[runs]]\napp = "perftest"\nnodes = [2]\n'
         'sizes = [1]\n')
@@ -378,10 +384,10 @@ def test_an_included_spec_runs_first_in_every_round(tmp_path):
 def test_the_validation_specs_measure_their_own_calibration():
     for name in ("validation", "validation-p8"):
         got = spec.load(name)
-        calibration = spec.load("calibrate").cases()
+        calibration = as_json(spec.load("calibrate"))
         assert got.includes == ("calibrate",)
-        assert got.cases()[:len(calibration)] == [{**c, "included": "calibrate"} for c in calibration]
-        assert not any("included" in c for c in got.cases()[len(calibration):])
+        assert as_json(got)[:len(calibration)] == [{**c, "included": "calibrate"} for c in calibration]
+        assert not any("included" in c for c in as_json(got)[len(calibration):])
 
 
 def test_a_ddp_scenario_with_sharded_variants_is_taken():

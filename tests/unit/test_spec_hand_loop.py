@@ -17,7 +17,7 @@ def test_the_hand_loop_is_an_rxelab_case_of_small_alltoall_and_allgather_only():
     run = {"app": "rxelab", "op": "alltoall", "algorithms": ["parallel", "hand-loop"],
            "nodes": [3], "sizes": [1024, 65536], "tight": True}
     got = spec.parse({"name": "floor", "runs": [run]}, "my.toml")
-    assert sorted(c["algorithm"] for c in got.cases()) == ["hand-loop"] * 2 + ["parallel"] * 2
+    assert sorted(c.algorithm for c in got.cases()) == ["hand-loop"] * 2 + ["parallel"] * 2
     assert "1 to 65536 bytes" in _refused({"name": "x", "runs": [{**run, "sizes": [131072]}]})
     assert "1 to 65536 bytes" in _refused({"name": "x", "runs": [{**run, "sizes": [0]}]})
     assert "as they are" in _refused({"name": "x", "runs": [{**run, "compression": ["lz4"]}]})

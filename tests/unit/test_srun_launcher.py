@@ -14,6 +14,7 @@ import pytest
 
 from experiments import spec
 from experiments.running import commands, fleet, runner, srun
+from experiments.running.records import Environment
 from infra.inventory import Host, Inventory, RdmaEndpoint, SSHEndpoint
 from tests.unit.test_runner_flow import HOSTS, cmds, make_runner, records, summary
 
@@ -52,7 +53,7 @@ def started(tmp_path: Path, command: str) -> dict:
 
 
 def test_srun_starts_the_demo_app_on_slurms_nodes_with_nothing_exported(tmp_path):
-    got = started(tmp_path, srun.rxelab_command({**CASE, "ranks_per_node": 2}, NODES, RUN))
+    got = started(tmp_path, srun.rxelab_command(spec.Case(**CASE, ranks_per_node=2), NODES, RUN))
     argv, app = got["argv"], got["argv"][got["argv"].index("--quiet") + 1:]
     assert f"--job-name=rxelab-{RUN}" in argv and "--nodelist=c-01,c-02,c-03" in argv
     assert "--nodes=3" in argv and "--ntasks-per-node=2" in argv
@@ -72,7 +73,8 @@ def test_srun_starts_the_demo_app_on_slurms_nodes_with_nothing_exported(tmp_path
 def test_srun_starts_open_mpi_with_the_same_settings_as_mpirun(tmp_path):
     """One place says how Open MPI runs: what mpirun passes as --mca and -x reaches srun's
     ranks as OMPI_MCA_* and UCX_* variables."""
-    for case in (MPI, {**MPI, "transport": "tcp"}, {**MPI, "algorithm": "mpi-default"}):
+    for case in map(spec.Case.model_validate,
+                    (MPI, {**MPI, "transport": "tcp"}, {**MPI, "algorithm": "mpi-default"})):
         got = started(tmp_path, srun.mpi_command(case, HOSTS, NODES, "10.10.0.0/24", RUN))
         argv = got["argv"]
         app = next(i for i, a in enumerate(argv) if a.endswith("apps/mpi_compare.py"))
@@ -84,11 +86,11 @@ def test_srun_starts_open_mpi_with_the_same_settings_as_mpirun(tmp_path):
         for k, v in mca.items():
             assert f"--mca {k} {commands.shlex.quote(v)}" in mpirun
     assert f"--wait={srun.MPI_WAIT_S}" in got["argv"], "a rank stuck in finalize is ended"
-    ucx = started(tmp_path, srun.mpi_command(MPI, HOSTS, NODES, "10.10.0.0/24", RUN))["env"]
+    ucx = started(tmp_path, srun.mpi_command(spec.Case(**MPI), HOSTS, NODES, "10.10.0.0/24", RUN))["env"]
     assert ucx["OMPI_MCA_pml"] == "ucx" and ucx["OMPI_MCA_btl"] == "^openib,uct"
     assert ucx["UCX_UD_ETH_DGID_CHECK"] == "n" and ucx["UCX_NET_DEVICES"] == "rxe0:1"
     assert ucx["OMPI_MCA_coll_tuned_alltoall_algorithm"] == "2"
-    tcp = started(tmp_path, srun.mpi_command({**MPI, "transport": "tcp"}, HOSTS, NODES,
+    tcp = started(tmp_path, srun.mpi_command(spec.Case(**{**MPI, "transport": "tcp"}), HOSTS, NODES,
                                              "10.10.0.0/24", RUN))["env"]
     assert tcp["OMPI_MCA_btl"] == "tcp,self" and tcp["OMPI_MCA_btl_tcp_if_include"] == "10.10.0.0/24"
     assert not any(k.startswith("UCX_") for k in tcp)
@@ -169,7 +171,7 @@ def test_the_runner_starts_every_job_through_srun_and_cancels_its_own(tmp_path, 
     r, nodes = make_runner(tmp_path, monkeypatch, RUNS, launcher="srun")
     nodes.outputs += [summary(True), summary(True, "mpi")]
     monkeypatch.setattr(r, "_perftest", lambda case, hosts: " 8 200 1.0 1.0 0.1\n")
-    out = r.run({"nodes": 3})
+    out = r.run(Environment.model_validate({"nodes": 3}))
     recs = records(out)
     assert [(x["app"], x["launcher"]) for x in recs] == [
         ("rxelab", "srun"), ("mpi", "srun"), ("perftest", "ssh")]
@@ -189,7 +191,7 @@ def test_a_failed_case_under_srun_is_cancelled_at_once(tmp_path, monkeypatch):
     r, nodes = make_runner(tmp_path, monkeypatch, RUNS.split("[[runs]]\napp = \"mpi\"")[0],
                            launcher="srun")
     nodes.outputs += ["srun: error: node2: task 1: Exited with exit code 1"]
-    recs = records(r.run({"nodes": 3}))
+    recs = records(r.run(Environment.model_validate({"nodes": 3})))
     assert recs[0]["status"] == "failed" and "task 1: Exited" in recs[0]["error"]
     assert len(cmds(nodes, "scancel")) == 2, "after the case, and in the run's clean-up"
 
@@ -201,7 +203,7 @@ def test_figures_that_came_before_a_bad_end_are_kept_and_the_end_is_said(tmp_pat
                            launcher="srun")
     hung = summary(True, "mpi") + "\nsrun: error: node1: task 0: Killed\n"
     nodes.outputs += [summary(True), (hung, 137)]
-    recs = records(r.run({"nodes": 3}))
+    recs = records(r.run(Environment.model_validate({"nodes": 3})))
     assert [x["status"] for x in recs] == ["ok", "ok"]
     assert "after_summary" not in recs[0]
     assert len(cmds(nodes, "scancel")) == 2, "the stuck job is cancelled after its case, then at the end"
@@ -213,7 +215,7 @@ def test_a_spec_that_srun_cannot_place_stops_the_run_before_any_case(tmp_path, m
     r, nodes = make_runner(tmp_path, monkeypatch, per_node, launcher="srun")
     nodes.slurm["node2"] = nodes.slurm["node1"]
     with pytest.raises(fleet.FleetError) as e:
-        r.run({"nodes": 3})
+        r.run(Environment.model_validate({"nodes": 3}))
     assert "node1, node2 are one Slurm node, slurm-node1" in str(e.value)
     assert "has 4 CPUs in Slurm, the spec asks for 8 ranks per node" in str(e.value)
     assert not cmds(nodes, "srun --job-name")
@@ -225,11 +227,12 @@ def test_gloo_under_srun_is_told_the_data_nic(tmp_path, monkeypatch):
     gloo = '[[runs]]\napp = "gloo"\nop = "allreduce"\nnodes = [3]\nsizes = [8]\n'
     r, nodes = make_runner(tmp_path, monkeypatch, gloo, launcher="srun")
     nodes.outputs += [summary(True, "gloo")]
-    recs = records(r.run({"nodes": 3, "hosts": {h.name: {"torch": "1.13.1"} for h in HOSTS}}))
+    recs = records(r.run(Environment.model_validate(
+        {"nodes": 3, "hosts": {h.name: {"torch": "1.13.1"} for h in HOSTS}})))
     assert recs[0]["status"] == "ok" and recs[0]["launcher"] == "srun"
     (_, cmd), = cmds(nodes, "srun --job-name")
     assert "GLOO_SOCKET_IFNAME=ens7 " in cmd and "gloo_compare.py" in cmd
-    got = started(tmp_path, srun.gloo_command(CASE, NODES, RUN, "data 0"))
+    got = started(tmp_path, srun.gloo_command(spec.Case(**CASE), NODES, RUN, "data 0"))
     assert got["env"] == {"RXELAB_RUN_ID": RUN, "GLOO_SOCKET_IFNAME": "data 0"}, "quoted, one word"
     assert "--mpi=pmix" not in got["argv"]
     assert any(a.endswith("apps/gloo_compare.py") for a in got["argv"])
@@ -239,7 +242,7 @@ def test_the_cli_launcher_overrides_the_specs(tmp_path, monkeypatch):
     only_rxelab = RUNS.split("[[runs]]\napp = \"mpi\"")[0]
     r, nodes = make_runner(tmp_path, monkeypatch, 'launcher = "srun"\n' + only_rxelab, launcher="ssh")
     nodes.outputs += [summary(True)]
-    assert [x["launcher"] for x in records(r.run({"nodes": 3}))] == ["ssh"]
+    assert [x["launcher"] for x in records(r.run(Environment.model_validate({"nodes": 3})))] == ["ssh"]
     assert cmds(nodes, "rxelab.launch --hosts") and not cmds(nodes, "srun") and not cmds(nodes, "scancel")
 
 
@@ -248,7 +251,7 @@ def test_a_node_slurm_does_not_know_stops_the_run_before_any_case(tmp_path, monk
     nodes.slurm["node3"] = ("node3", "")
     nodes.slurm["node2"] = ("node2", "DOWN+NOT_RESPONDING")
     with pytest.raises(fleet.FleetError) as e:
-        r.run({"nodes": 3})
+        r.run(Environment.model_validate({"nodes": 3}))
     assert "node3: Slurm knows no node 'node3'" in str(e.value)
     assert "node2: Slurm node node2 is DOWN+NOT_RESPONDING" in str(e.value)
     assert not cmds(nodes, "srun --job-name")
@@ -298,7 +301,8 @@ def test_gloos_app_takes_torchruns_variables_from_slurms():
 def test_a_host_of_another_cluster_keeps_its_own_rdma_device_under_srun(tmp_path):
     roce = [Host(f"h{i}", SSHEndpoint("h"), f"10.0.0.{i}", RdmaEndpoint("mlx5_1", 2, 3))
             for i in (1, 2)]
-    got = started(tmp_path, srun.mpi_command({**MPI, "nodes": 2}, roce, ["h1", "h2"], "10.0.0.0/24", RUN))
+    got = started(tmp_path, srun.mpi_command(spec.Case(**{**MPI, "nodes": 2}), roce, ["h1", "h2"],
+                                             "10.0.0.0/24", RUN))
     assert got["env"]["UCX_NET_DEVICES"] == "mlx5_1:2" and got["env"]["UCX_IB_GID_INDEX"] == "3"
 
 
@@ -306,11 +310,11 @@ def test_the_report_states_the_launcher(tmp_path):
     from experiments.report import run_facts
 
     assert any(x.startswith("launcher: srun (Slurm started every rank")
-               for x in run_facts.facts({"launcher": "srun"}, tmp_path))
+               for x in run_facts.facts(Environment.model_validate({"launcher": "srun"}), tmp_path))
     assert any(x.startswith("launcher: ssh (our launcher")
-               for x in run_facts.facts({"launcher": "ssh"}, tmp_path))
+               for x in run_facts.facts(Environment.model_validate({"launcher": "ssh"}), tmp_path))
     assert any(x.startswith("launcher: ssh (our launcher") and "before launchers were recorded" in x
-               for x in run_facts.facts({}, tmp_path)), "runs before the key were all over SSH"
+               for x in run_facts.facts(Environment(), tmp_path)), "runs before the key were all over SSH"
 
 
 def test_the_report_says_which_cases_ended_badly_after_their_figures():
@@ -318,8 +322,8 @@ def test_the_report_says_which_cases_ended_badly_after_their_figures():
 
     base = {"case": 0, "app": "mpi", "transport": "ucx", "op": "alltoall",
             "algorithm": "mpi-default", "status": "ok"}
-    lines = report.summary_lines([], [{**base, "after_summary": "exit 137: task 1: Killed"},
-                                      {**base, "transport": "tcp"}], [])
+    lines = report.summary_lines([], [report.Record(**base, after_summary="exit 137: task 1: Killed"),
+                                      report.Record(**{**base, "transport": "tcp"})], [])
     said = [x for x in lines if "did not end well" in x]
     assert said == ["1 mpi-ucx cases printed verified figures, then their job did not end well "
                     "(kept; records' after_summary): exit 137: task 1: Killed"]

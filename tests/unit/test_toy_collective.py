@@ -82,7 +82,7 @@ def test_specs_and_the_report_read_it(shift):
     from experiments.report import summary
 
     s = spec.parse({"name": "t", "runs": [{"app": "rxelab", "op": "shift", "sizes": [8]}]})
-    assert [c["algorithm"] for c in s.cases()] == ["direct"]
+    assert [c.algorithm for c in s.cases()] == ["direct"]
     with pytest.raises(spec.SpecError, match="no MPI counterpart"):
         spec.parse({"name": "t", "runs": [{"app": "mpi", "op": "shift", "sizes": [8]}]})
     assert summary.size_unit("shift") == "per peer"
@@ -291,7 +291,7 @@ def test_specs_and_the_report_read_the_rooted_one(gather):
         {"app": "rxelab", "op": "gather", "sizes": [8]},
         {"app": "mpi", "op": "gather", "sizes": [8], "transport": ["tcp"]},
         {"app": "gloo", "op": "gather", "sizes": [8]}]})
-    assert [(c["app"], c["algorithm"]) for c in s.cases()] == [
+    assert [(c.app, c.algorithm) for c in s.cases()] == [
         ("rxelab", "direct"), ("mpi", "mpi-default"), ("gloo", "gloo-default")]
     with pytest.raises(spec.SpecError, match="only rxelab's sequential"):
         spec.parse({"name": "t", "runs": [{"app": "rxelab", "op": "gather", "sizes": [8],

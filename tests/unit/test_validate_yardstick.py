@@ -11,6 +11,7 @@ import statistics
 
 import pytest
 
+from experiments.report import Record
 from experiments.simulation import validate, yardstick
 from experiments.simulation.costs import PLACEHOLDER
 
@@ -105,9 +106,9 @@ def test_a_broken_or_unrelated_run_is_passed_over_for_the_next(tmp_path):
 def test_a_round_that_timed_nothing_is_no_measurement():
     """A zero, negative or missing time is left out: it would be no ratio's divisor."""
     def rec(us):
-        return {"app": "rxelab", "op": "alltoall", "algorithm": "pairwise", "nodes": 3,
-                "size": 1024, "status": "ok", "summary": {"tight": True, "ranks": 3,
-                                                          "avg_stage_us": us}}
+        return Record.model_validate({"app": "rxelab", "op": "alltoall", "algorithm": "pairwise",
+                                      "nodes": 3, "size": 1024, "status": "ok",
+                                      "summary": {"tight": True, "ranks": 3, "avg_stage_us": us}})
     got = validate.lab_cases([rec(0), rec(-5.0), rec(float("nan")), rec(None), rec(True),
                               rec(2000.0)])
     assert got == {("alltoall", "pairwise", 3, 3, 1024): [2e-3]}
