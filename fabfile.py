@@ -172,7 +172,7 @@ def _run_spec(spec: str, inventory: str | None, results: str | None, launcher: s
     if chosen.ddp:
         trained = ddp.load(out)
         wrong = ddp.problems(trained)
-        lacking = [r["error"] for r in trained if r.get("status") == "skipped"]
+        lacking = [r.error or "" for r in trained if r.status == "skipped"]
         print(f"results: {out}" + (f" ({'; '.join(wrong)})" if wrong else "")
               + (f" (not run: {lacking[0]})" if lacking else ""))
         if wrong:

@@ -9,42 +9,38 @@ marked as within the spread: under emulation the rounds drift more than many gap
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from experiments.report import plots
+from experiments.running.scenario_records import DdpRecord
 
-Record = dict[str, Any]
+Record = DdpRecord
 HEAD = ["bucket cap", "variant", "buckets", "ms/step (min-max)", "ms per bucket",
         "vs Gloo", "parameters"]
 
 
 def load(results: Path) -> list[Record]:
-    path = results / "ddp.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return DdpRecord.load(results / "ddp.jsonl")
 
 
 def ok(records: list[Record]) -> list[Record]:
-    return [r for r in records if r.get("status") == "ok"]
+    return [r for r in records if r.status == "ok"]
 
 
 def rival(rec: Record, records: list[Record]) -> Record | None:
     """The Gloo variant a record is compared with (its own reference), at the same bucket cap."""
-    want = rec.get("reference")
-    return next((r for r in ok(records) if r["variant"] == want
-                 and r["bucket_mb"] == rec["bucket_mb"]), None)
+    want = rec.reference
+    return next((r for r in ok(records) if r.variant == want
+                 and r.bucket_mb == rec.bucket_mb), None)
 
 
 def ratio(rec: Record, records: list[Record]) -> tuple[float, bool] | None:
     """rxelab's step time over Gloo's, and whether the two rounds' spreads are apart."""
     other = rival(rec, records)
-    if other is None or not other["step_ms"]:
+    if other is None or not other.step_ms:
         return None
-    apart = rec["step_ms_max"] < other["step_ms_min"] or rec["step_ms_min"] > other["step_ms_max"]
-    return rec["step_ms"] / other["step_ms"], apart
+    apart = rec.step_ms_max < other.step_ms_min or rec.step_ms_min > other.step_ms_max
+    return rec.step_ms / other.step_ms, apart
 
 
 def _mb(v: float | None) -> str:
@@ -65,18 +61,18 @@ def _ratio(found: tuple[float, bool] | None) -> str:
 def table(records: list[Record]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for r in records:
-        if r.get("status") != "ok":
-            rows.append([_mb(r["bucket_mb"]), r.get("variant", "-"), "-", r.get("status", "?"), "-", "-",
-                         str(r.get("error", ""))[:200]])
+        if r.status != "ok":
+            rows.append([_mb(r.bucket_mb), r.variant or "-", "-", r.status or "?", "-", "-",
+                         (r.error or "")[:200]])
             continue
-        buckets = " / ".join(f"{v:.0f}" for _, v in sorted(r["bucket_ms"].items(),
+        buckets = " / ".join(f"{v:.0f}" for _, v in sorted(r.bucket_ms.items(),
                                                            key=lambda kv: int(kv[0])))
-        same = "same on every rank" if r["same_on_every_rank"] else "DIFFER between ranks"
-        match = ("" if "matches" not in r else
-                 f"; {'matches' if r['matches'] else 'DOES NOT MATCH'} {r['reference']} "
-                 f"(max diff {r['max_abs_diff']:.2g})")
-        rows.append([_mb(r["bucket_mb"]), r["variant"], str(len(r["bucket_bytes"]) or "-"),
-                     f"{r['step_ms']:.0f} ({r['step_ms_min']:.0f}-{r['step_ms_max']:.0f})",
+        same = "same on every rank" if r.same_on_every_rank else "DIFFER between ranks"
+        match = ("" if r.matches is None else
+                 f"; {'matches' if r.matches else 'DOES NOT MATCH'} {r.reference} "
+                 f"(max diff {r.max_abs_diff:.2g})")
+        rows.append([_mb(r.bucket_mb), r.variant or "-", str(len(r.bucket_bytes) or "-"),
+                     f"{r.step_ms:.0f} ({r.step_ms_min:.0f}-{r.step_ms_max:.0f})",
                      buckets, _ratio(ratio(r, records)), same + match])
     return HEAD, rows
 
@@ -87,13 +83,13 @@ def summary_lines(records: list[Record]) -> list[str]:
     good = ok(records)
     if good:
         first = good[0]
-        out.append(f"DDP on {first['ranks']} ranks, a model of {first['params'] / 1e6:.2f} M "
-                   f"parameters, {first['steps']} timed steps x {first['rounds']} alternated rounds "
+        out.append(f"DDP on {first.ranks} ranks, a model of {(first.params or 0) / 1e6:.2f} M "
+                   f"parameters, {first.steps} timed steps x {first.rounds} alternated rounds "
                    "per variant")
-    for mb in dict.fromkeys(r["bucket_mb"] for r in records):
-        here = [r for r in good if r["bucket_mb"] == mb and r["backend"] == "rxelab"]
-        parts = [f"{r['variant']} {_ratio(ratio(r, records))} of {r['reference']}"
-                 for r in here if "reference" in r]
+    for mb in dict.fromkeys(r.bucket_mb for r in records):
+        here = [r for r in good if r.bucket_mb == mb and r.backend == "rxelab"]
+        parts = [f"{r.variant} {_ratio(ratio(r, records))} of {r.reference}"
+                 for r in here if r.reference is not None]
         if parts:
             out.append(("sharded (FSDP)" if mb is None else f"buckets of {_mb(mb)}") + ": "
                        + "; ".join(parts) + " (time per step)")
@@ -105,7 +101,7 @@ def summary_lines(records: list[Record]) -> list[str]:
 
 def figure(records: list[Record]) -> bytes | None:
     """DDP's variants by bucket cap (FSDP's, with none, are in the table)."""
-    return plots.ddp_steps([r for r in ok(records) if r["bucket_mb"] is not None])
+    return plots.ddp_steps([r for r in ok(records) if r.bucket_mb is not None])
 
 
 def problems(records: list[Record]) -> list[str]:
@@ -114,13 +110,13 @@ def problems(records: list[Record]) -> list[str]:
     what this torch's FSDP needs, are said, not failures.)"""
     out = []
     for r in records:
-        if r.get("status") == "failed":
-            out.append(f"buckets of {_mb(r['bucket_mb'])}: the job failed "
-                       f"(exit {r.get('exit')}): {str(r.get('error', ''))[-300:]}")
-        elif r.get("status") == "ok":
-            if not r["same_on_every_rank"]:
-                out.append(f"{r['variant']}{_at(r['bucket_mb'])}: parameters differ between ranks")
-            if r.get("matches") is False:
-                out.append(f"{r['variant']}{_at(r['bucket_mb'])}: parameters do not match "
-                           f"{r['reference']}'s (max diff {r['max_abs_diff']:.2g})")
+        if r.status == "failed":
+            out.append(f"buckets of {_mb(r.bucket_mb)}: the job failed "
+                       f"(exit {r.exit}): {(r.error or '')[-300:]}")
+        elif r.status == "ok":
+            if not r.same_on_every_rank:
+                out.append(f"{r.variant}{_at(r.bucket_mb)}: parameters differ between ranks")
+            if r.matches is False:
+                out.append(f"{r.variant}{_at(r.bucket_mb)}: parameters do not match "
+                           f"{r.reference}'s (max diff {r.max_abs_diff:.2g})")
     return out

@@ -9,63 +9,89 @@ rank (detection from its step's start, agreement, rebuild) are the app's own.
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from experiments.report import plots
+from experiments.running.scenario_records import ElasticEvent, ElasticRecord
 
-Record = dict[str, Any]
+Record = ElasticRecord
+
+
+class Change(TypedDict, total=False):
+    """A change of members of an rxelab run, a row of the report's table: its cause (kind,
+    time, step, who) always; what followed (outcome), and what it cost where one followed."""
+
+    kind: str
+    time: float
+    step: int | None
+    who: str
+    outcome: str
+    size: int | None
+    host_s: float
+    done: float
+    agree_s: float | None
+    build_s: float | None
+    detect_s: float | None
+    redone: int | None
+    lost: list[int] | None
+
+
+class MpiOutcome(TypedDict):
+    exit: int | str | None
+    steps_done: int
+    abort_s: float | None
 
 
 def load(results: Path) -> list[Record]:
-    path = results / "elastic.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return ElasticRecord.load(results / "elastic.jsonl")
 
 
-def steps_of(rec: Record) -> list[Record]:
+def steps_of(rec: Record) -> list[ElasticEvent]:
     """The steps the job's rank 0 reported, in the order they came."""
-    return [e for e in rec["events"] if e["event"] == "step"]
+    return [e for e in rec.events if e.event == "step"]
 
 
-def changes(rec: Record) -> list[Record]:
+def _at(e: ElasticEvent) -> float:
+    return e.arrived or 0.0  # when it arrived: every event the scenario kept says so
+
+
+def changes(rec: Record) -> list[Change]:
     """Each change of members of an rxelab run: what caused it (a kill, a partition, a join),
     and what it cost."""
-    events = sorted(rec["events"], key=lambda e: e.get("arrived", 0))
-    causes = [{"kind": "kill", "time": e["arrived"], "step": e["step"], "who": f"rank {e['id']}"}
-              for e in events if e["event"] == "dying"]
-    causes += [{"kind": a["kind"], "time": a["time"], "step": a["step"], "who": a["node"]}
-               for a in rec.get("actions", []) if a["kind"] in ("partition", "join")]
-    out = []
-    used: set[Any] = set()  # generations already put down to a cause
+    events = sorted(rec.events, key=_at)
+    causes = [Change(kind="kill", time=_at(e), step=e.step, who=f"rank {e.id}")
+              for e in events if e.event == "dying"]
+    causes += [Change(kind=a.kind, time=a.time, step=a.step, who=a.node)
+               for a in rec.actions if a.kind in ("partition", "join")]
+    out: list[Change] = []
+    used: set[int | None] = set()  # generations already put down to a cause
     for cause in sorted(causes, key=lambda c: c["time"]):
         kind = "admit" if cause["kind"] == "join" else "shrink"
-        after = [e for e in events if e["event"] == kind and e["arrived"] >= cause["time"]
-                 and e.get("generation") not in used]
+        after = [e for e in events if e.event == kind and _at(e) >= cause["time"]
+                 and e.generation not in used]
         if not after:
             out.append({**cause, "outcome": "no change of members followed"})
             continue
         first = after[0]
-        used.add(first.get("generation"))
-        same = [e for e in after if e.get("generation") == first.get("generation")]
-        resumed = min(e["step"] for e in same)
-        row = {**cause, "outcome": f"{kind} to {first['size']} ranks", "size": first["size"],
-               "host_s": first["arrived"] - cause["time"], "done": max(e["arrived"] for e in same),
-               "agree_s": _most(same, "agree_s"), "build_s": _most(same, "build_s")}
+        used.add(first.generation)
+        same = [e for e in after if e.generation == first.generation]
+        resumed = min(e.step or 0 for e in same)
+        row: Change = {**cause, "outcome": f"{kind} to {first.size} ranks", "size": first.size,
+                       "host_s": _at(first) - cause["time"], "done": max(_at(e) for e in same),
+                       "agree_s": _most(same, "agree_s"), "build_s": _most(same, "build_s")}
         if kind == "shrink":
             row["detect_s"] = _most(same, "detect_s")
-            row["redone"] = cause["step"] - resumed + 1 if cause["kind"] == "kill" else None
-            row["lost"] = first.get("lost")
+            row["redone"] = (cause["step"] or 0) - resumed + 1 if cause["kind"] == "kill" else None
+            row["lost"] = first.lost
         out.append(row)
     return out
 
 
-def _most(events: list[Record], key: str) -> float | None:
+def _most(events: list[ElasticEvent], key: str) -> float | None:
     """The slowest rank's figure, where the ranks gave one."""
-    values = [e[key] for e in events if e.get(key) is not None]
+    values: list[float] = [v for e in events if (v := getattr(e, key)) is not None]
     return max(values) if values else None
 
 
@@ -74,34 +100,34 @@ def step_times(rec: Record) -> tuple[float | None, float | None]:
     steps = steps_of(rec)
     # after the last change of members is complete (its last rank's line), not its cause
     marks: list[float] = ([c["done"] if "done" in c else c["time"] for c in changes(rec)]
-                          if rec["contender"] == "rxelab" else [])
-    first = min((a["time"] for a in rec.get("actions", [])), default=None)
-    kills = [e["arrived"] for e in rec["events"] if e["event"] == "dying"]
+                          if rec.contender == "rxelab" else [])
+    first = min((a.time for a in rec.actions), default=None)
+    kills = [_at(e) for e in rec.events if e.event == "dying"]
     start = min([t for t in [first, *kills] if t is not None], default=None)
-    before = [e["seconds"] for e in steps if start is None or e["arrived"] < start]
-    after = [e["seconds"] for e in steps if marks and e["arrived"] > max(marks)]
+    before = [e.seconds or 0.0 for e in steps if start is None or _at(e) < start]
+    after = [e.seconds or 0.0 for e in steps if marks and _at(e) > max(marks)]
     return (statistics.median(before) if before else None,
             statistics.median(after) if after else None)
 
 
-def mpi_outcome(rec: Record) -> dict[str, Any]:
-    dying = [e["arrived"] for e in rec["events"] if e["event"] == "dying"]
+def mpi_outcome(rec: Record) -> MpiOutcome:
+    dying = [_at(e) for e in rec.events if e.event == "dying"]
     steps = steps_of(rec)
-    ended = isinstance(rec.get("ended"), float) and rec.get("exit") != "timeout"
-    return {"exit": rec.get("exit"), "steps_done": len(steps),
-            "abort_s": rec["ended"] - dying[0] if dying and ended else None}
+    ended = rec.ended if isinstance(rec.ended, float) and rec.exit != "timeout" else None
+    return {"exit": rec.exit, "steps_done": len(steps),
+            "abort_s": ended - dying[0] if dying and ended is not None else None}
 
 
 def summary_lines(records: list[Record]) -> list[str]:
     lines = []
     for rec in records:
-        if rec["contender"] == "rxelab":
-            done = [e for e in rec["events"] if e["event"] == "done"]
-            digests = {e["params"] for e in done}
+        if rec.contender == "rxelab":
+            done = [e for e in rec.events if e.event == "done"]
+            digests = {e.params for e in done}
             before, after = step_times(rec)
             lines.append(
-                f"rxelab elastic: {len(done)} ranks finished all {rec['spec']['steps']} steps "
-                f"(exit {rec.get('exit')}); their parameters "
+                f"rxelab elastic: {len(done)} ranks finished all {rec.spec.steps} steps "
+                f"(exit {rec.exit}); their parameters "
                 + ("agree" if len(digests) == 1 else f"DIFFER ({len(digests)} versions)")
                 + (f"; {_ms(before)} per step before the first event, {_ms(after)} after the last"
                    if before and after else "") + ".")
@@ -109,18 +135,18 @@ def summary_lines(records: list[Record]) -> list[str]:
                 lines.append(_change_line(c))
         else:
             out = mpi_outcome(rec)
-            steps = f"after {out['steps_done']} of {rec['spec']['steps']} steps"
+            steps = f"after {out['steps_done']} of {rec.spec.steps} steps"
             if out["exit"] == "timeout":
-                lines.append(f"{rec['contender']}: the job did not end by its deadline ({steps}).")
+                lines.append(f"{rec.contender}: the job did not end by its deadline ({steps}).")
             elif out["abort_s"] is not None:
-                lines.append(f"{rec['contender']}: the job ended {out['abort_s']:.1f} s after the "
+                lines.append(f"{rec.contender}: the job ended {out['abort_s']:.1f} s after the "
                              f"kill (exit {out['exit']}), {steps}: every rank's work stopped.")
             else:
-                lines.append(f"{rec['contender']}: the job ended (exit {out['exit']}), {steps}.")
+                lines.append(f"{rec.contender}: the job ended (exit {out['exit']}), {steps}.")
     return lines
 
 
-def _change_line(c: Record) -> str:
+def _change_line(c: Change) -> str:
     if "host_s" not in c:
         return f"{c['kind']} of {c['who']} at step {c['step']}: {c['outcome']}."
     parts = [f"{c['kind']} of {c['who']} at step {c['step']}: {c['outcome']} "
@@ -145,25 +171,25 @@ def table(records: list[Record]) -> tuple[list[str], list[list[str]]]:
             "noticed after (s)", "agreement (s)", "new mesh (s)", "steps redone"]
     rows = []
     for rec in records:
-        if rec["contender"] == "rxelab":
+        if rec.contender == "rxelab":
             for c in changes(rec):
                 rows.append(["rxelab", f"{c['kind']} {c['who']}", str(c["step"]), c["outcome"],
                              *[_s(c.get(k)) for k in ("host_s", "detect_s", "agree_s", "build_s")],
                              "-" if c.get("redone") is None else str(c["redone"])])
         else:
             out = mpi_outcome(rec)
-            rows.append([rec["contender"], "kill", "-", f"job ended (exit {out['exit']})",
+            rows.append([rec.contender, "kill", "-", f"job ended (exit {out['exit']})",
                          _s(out["abort_s"]) + " (to the end)", "-", "-", "-",
                          f"all after step {out['steps_done']}"])
     return head, rows
 
 
-def _s(v: Any) -> str:
+def _s(v: object) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
 def figure(records: list[Record]) -> bytes | None:
-    return plots.elastic_steps(records, [changes(r) if r["contender"] == "rxelab" else []
+    return plots.elastic_steps(records, [changes(r) if r.contender == "rxelab" else []
                                          for r in records])
 
 
@@ -172,22 +198,22 @@ def problems(records: list[Record]) -> list[str]:
     well, survivors that disagree, or nobody finishing. (Open MPI's job ending is its result.)"""
     out = []
     for rec in records:
-        wrong = [e for e in rec["events"] if e["event"] == "wrong"]
+        wrong = [e for e in rec.events if e.event == "wrong"]
         if wrong:
-            out.append(f"{rec['contender']}: {wrong[0].get('error')}")
-        if rec["contender"] != "rxelab":
+            out.append(f"{rec.contender}: {wrong[0].error}")
+        if rec.contender != "rxelab":
             continue
-        done = [e for e in rec["events"] if e["event"] == "done"]
-        if rec.get("exit") != 0 or not done:
-            out.append(f"rxelab: the elastic job ended with {rec.get('exit')} and "
-                       f"{len(done)} ranks done: {rec.get('tail', '')[-300:]}")
-        elif len({e["params"] for e in done}) != 1:
+        done = [e for e in rec.events if e.event == "done"]
+        if rec.exit != 0 or not done:
+            out.append(f"rxelab: the elastic job ended with {rec.exit} and "
+                       f"{len(done)} ranks done: {rec.tail[-300:]}")
+        elif len({e.params for e in done}) != 1:
             out.append("rxelab: the survivors' parameters differ")
-        for a in rec.get("actions", []):
-            if not a.get("ok", True):
-                out.append(f"rxelab: the {a['kind']} of {a['node']} did not happen: "
-                           f"{a.get('error', '')}")
-        for n in rec.get("newcomers", []):
-            if n.get("exit") not in (0, None):
-                out.append(f"rxelab: a newcomer ended with {n['exit']}: {n.get('tail', '')[-300:]}")
+        for a in rec.actions:
+            if not a.ok:
+                out.append(f"rxelab: the {a.kind} of {a.node} did not happen: "
+                           f"{a.error or ''}")
+        for n in rec.newcomers:
+            if n.exit not in (0, None):
+                out.append(f"rxelab: a newcomer ended with {n.exit}: {n.tail[-300:]}")
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib.pyplot as plt
 from rxelab import ops
@@ -22,8 +22,10 @@ from experiments.report.figure_style import style as series_style
 from experiments.report.summary import load_moved
 from experiments.report.view import Row, spread
 from experiments.running.records import Load, Record, Sample
+from experiments.running.scenario_records import DdpRecord, ElasticRecord
 
-Scenario = dict[str, Any]  # a line of elastic.jsonl or ddp.jsonl, as the scenarios write it
+if TYPE_CHECKING:  # report/elastic.py draws with these figures: its rows only for the types
+    from experiments.report.elastic import Change
 
 
 def series_name(r: Row) -> str:
@@ -305,27 +307,27 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text).strip("-").replace("--", "-")
 
 
-def elastic_steps(records: list[Scenario], changes: list[list[Scenario]]) -> bytes | None:
+def elastic_steps(records: list[ElasticRecord], changes: list[list[Change]]) -> bytes | None:
     """Time per step over the run (seconds since each job started), one line per contender,
     with each change of members marked where it happened."""
-    if not any(r["events"] for r in records):
+    if not any(r.events for r in records):
         return None
     fig, ax = plt.subplots(figsize=(9, 4))
     colors = {"kill": "red", "partition": "purple", "join": "green"}
     for rec, marks in zip(records, changes, strict=True):
-        steps = [e for e in rec["events"] if e["event"] == "step"]
+        steps = [e for e in rec.events if e.event == "step"]
         if not steps:
             continue
-        t0 = rec["started"]
-        ax.plot([e["arrived"] - t0 for e in steps], [e["seconds"] * 1000 for e in steps],
-                marker=".", linestyle="-" if rec["contender"] == "rxelab" else "--",
-                label=f"{rec['contender']} (step time)")
-        for e in rec["events"]:
-            if rec["contender"] != "rxelab" and e["event"] == "dying":
-                ax.axvline(e["arrived"] - t0, color="red", linestyle=":", alpha=0.6)
-        if rec["contender"] != "rxelab" and isinstance(rec.get("ended"), float):
-            ax.axvline(rec["ended"] - t0, color="black", linestyle="--", alpha=0.6,
-                       label=f"{rec['contender']} job ended")
+        t0 = rec.started
+        ax.plot([(e.arrived or 0.0) - t0 for e in steps], [(e.seconds or 0.0) * 1000 for e in steps],
+                marker=".", linestyle="-" if rec.contender == "rxelab" else "--",
+                label=f"{rec.contender} (step time)")
+        for e in rec.events:
+            if rec.contender != "rxelab" and e.event == "dying":
+                ax.axvline((e.arrived or 0.0) - t0, color="red", linestyle=":", alpha=0.6)
+        if rec.contender != "rxelab" and isinstance(rec.ended, float):
+            ax.axvline(rec.ended - t0, color="black", linestyle="--", alpha=0.6,
+                       label=f"{rec.contender} job ended")
         for c in marks:
             ax.axvline(c["time"] - t0, color=colors.get(c["kind"], "grey"), alpha=0.6,
                        label=f"{c['kind']} {c['who']} (step {c['step']})")
@@ -337,24 +339,25 @@ def elastic_steps(records: list[Scenario], changes: list[list[Scenario]]) -> byt
     return png(fig)
 
 
-def ddp_steps(records: list[Scenario]) -> bytes | None:
+def ddp_steps(records: list[DdpRecord]) -> bytes | None:
     """DDP's time per step by bucket cap, one bar per variant, the rounds' min-max as error
     bars (a gap inside them is not a gap)."""
     if not records:
         return None
-    caps = sorted({r["bucket_mb"] for r in records})
-    variants = list(dict.fromkeys(r["variant"] for r in records))
+    caps = sorted({r.bucket_mb or 0.0 for r in records})  # DDP's: each has a cap
+    variants = list(dict.fromkeys(r.variant or "" for r in records))
     width = 0.8 / len(variants)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(caps) * len(variants) / 2), 4))
     for k, v in enumerate(variants):
         xs, ys, lo, hi = [], [], [], []
         for i, cap in enumerate(caps):
-            r = next((x for x in records if x["variant"] == v and x["bucket_mb"] == cap), None)
+            r = next((x for x in records if (x.variant or "") == v
+                      and (x.bucket_mb or 0.0) == cap), None)
             if r is not None:
                 xs.append(i + (k - (len(variants) - 1) / 2) * width)
-                ys.append(r["step_ms"])
-                lo.append(r["step_ms"] - r["step_ms_min"])
-                hi.append(r["step_ms_max"] - r["step_ms"])
+                ys.append(r.step_ms)
+                lo.append(r.step_ms - r.step_ms_min)
+                hi.append(r.step_ms_max - r.step_ms)
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=v,
                hatch="//" if v.startswith("gloo") else None)
     ax.set_xticks(range(len(caps)), [f"{c:g} MB" for c in caps])

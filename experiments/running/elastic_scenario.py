@@ -24,6 +24,8 @@ from typing import Any
 
 from experiments.running import commands, fleet
 from experiments.running.commands import RUN_ID, remote_word, started_by
+from experiments.running.scenario_records import Action, ElasticEvent, ElasticRecord, JobEnd
+from experiments.spec.scenarios import ElasticDoc, Event
 from infra import rdmaport
 from infra.inventory import Host
 
@@ -37,15 +39,15 @@ ADMIT_WAIT_S = 30.0  # an admit point waits this long for a newcomer not come ye
 # for at most half the communicator's timeout, 60 s by default)
 
 
-def kills(el: dict[str, Any]) -> list[str]:
-    return [f"{e['step']}:{e['kill']}" for e in el["events"] if "kill" in e]
+def kills(el: ElasticDoc) -> list[str]:
+    return [f"{e.step}:{e.kill}" for e in el.events if e.kill is not None]
 
 
-def app_argv(el: dict[str, Any], *extra: str) -> list[str]:
+def app_argv(el: ElasticDoc, *extra: str) -> list[str]:
     p = fleet.remote_paths()
-    return [p["python"], f"{p['apps']}/elastic_train.py", "--steps", str(el["steps"]),
-            "--size", str(el["size"]), "--admit-every", str(el["admit_every"]),
-            "--pause", f"{el['pause']:g}", *[a for k in kills(el) for a in ("--kill", k)], *extra]
+    return [p["python"], f"{p['apps']}/elastic_train.py", "--steps", str(el.steps),
+            "--size", str(el.size), "--admit-every", str(el.admit_every),
+            "--pause", f"{el.pause:g}", *[a for k in kills(el) for a in ("--kill", k)], *extra]
 
 
 def launcher(hosts_arg: list[str], secret: str, timeout: float, *extra: str) -> list[str]:
@@ -54,27 +56,27 @@ def launcher(hosts_arg: list[str], secret: str, timeout: float, *extra: str) -> 
             "--timeout", f"{timeout:.0f}", "--secret-file", secret, *extra]
 
 
-def job_command(el: dict[str, Any], hosts: list[Host], run_id: str, secret: str) -> str:
+def job_command(el: ElasticDoc, hosts: list[Host], run_id: str, secret: str) -> str:
     # the job waits for the newcomers the scenario starts (their start-up on a busy node can
     # outlast a short job): each admit point up to ADMIT_WAIT_S while they have not come
-    joins = sum(1 for e in el["events"] if "join" in e)
+    joins = sum(1 for e in el.events if e.join is not None)
     waits = ["--expect-newcomers", str(joins), "--admit-timeout", f"{ADMIT_WAIT_S:g}"] if joins \
         else []
-    argv = [*launcher([h.data_ip for h in hosts], secret, el["timeout_s"], "--elastic",
-                      "--per-host", str(el["ranks_per_node"])), "--", *app_argv(el, *waits)]
+    argv = [*launcher([h.data_ip for h in hosts], secret, el.timeout_s, "--elastic",
+                      "--per-host", str(el.ranks_per_node)), "--", *app_argv(el, *waits)]
     return started_by(run_id) + _join(argv)
 
 
-def newcomer_command(el: dict[str, Any], host: Host, head: Host, run_id: str, secret: str) -> str:
-    argv = [*launcher([host.data_ip], secret, el["timeout_s"], "--join", "--master", head.data_ip),
-            "--", *app_argv(el, "--join", "--join-timeout", f"{el['timeout_s']:.0f}")]
+def newcomer_command(el: ElasticDoc, host: Host, head: Host, run_id: str, secret: str) -> str:
+    argv = [*launcher([host.data_ip], secret, el.timeout_s, "--join", "--master", head.data_ip),
+            "--", *app_argv(el, "--join", "--join-timeout", f"{el.timeout_s:.0f}")]
     return started_by(run_id) + _join(argv)
 
 
-def mpi_command(el: dict[str, Any], hosts: list[Host], network: str, run_id: str) -> str:
-    per = el["ranks_per_node"]
+def mpi_command(el: ElasticDoc, hosts: list[Host], network: str, run_id: str) -> str:
+    per = el.ranks_per_node
     exports = [a for k, v in commands.ucx_settings(hosts[0], per).items() for a in ("-x", f"{k}={v}")]
-    argv = ["timeout", "-k", str(commands.KILL_AFTER_S), f"{el['timeout_s']:.0f}", "mpirun", "-np",
+    argv = ["timeout", "-k", str(commands.KILL_AFTER_S), f"{el.timeout_s:.0f}", "mpirun", "-np",
             str(len(hosts) * per),
             "--host", commands.mpi_hosts(hosts, per),
             "--mca", "oob_tcp_if_include", network, "-x", RUN_ID,
@@ -141,7 +143,7 @@ def healed(output: str) -> bool:
     return "ACTIVE" in output and "addresses back" in output
 
 
-def parse(text: str, arrived: float | None = None) -> list[dict[str, Any]]:
+def parse(text: str, arrived: float | None = None) -> list[ElasticEvent]:
     """The app's JSON lines (a launcher's `[rank] ` prefix allowed), each with the host's
     time of arrival when given."""
     out = []
@@ -155,9 +157,8 @@ def parse(text: str, arrived: float | None = None) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
         if isinstance(rec, dict) and rec.get("record") == "elastic":
-            if arrived is not None:
-                rec["arrived"] = arrived
-            out.append(rec)
+            out.append(ElasticEvent.model_validate(
+                rec if arrived is None else {**rec, "arrived": arrived}))
     return out
 
 
@@ -171,9 +172,9 @@ class Watch:
                                       asynchronous=True)
         self.seen = 0
         self.partial = ""
-        self.events: list[dict[str, Any]] = []
+        self.events: list[ElasticEvent] = []
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[ElasticEvent]:
         """The events that arrived since the last look, stamped with the time now."""
         text = "".join(self.promise.runner.stdout)
         new, self.seen = text[self.seen:], len(text)
@@ -186,7 +187,7 @@ class Watch:
     def admitted(self) -> bool:
         """Whether its output says it joined (an admitted newcomer finishes with the job)."""
         self.poll()
-        return any(e["event"] == "joined" for e in self.events)
+        return any(e.event == "joined" for e in self.events)
 
     def abandon(self) -> None:
         """Close its channel and cancel its timer (a non-daemon thread that would keep this
@@ -209,14 +210,14 @@ class Watch:
         r = self.promise.runner
         return bool(r.process_is_finished or r.has_dead_threads)
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> JobEnd:
         result = self.promise.join()
         self.poll()
         if self.partial:
             self.events += parse(self.partial, time.time())
             self.partial = ""
-        return {"exit": result.exited, "ended": time.time(),
-                "tail": "\n".join((result.stdout + result.stderr).splitlines()[-15:])[-3000:]}
+        return JobEnd(exit=result.exited, ended=time.time(),
+                      tail="\n".join((result.stdout + result.stderr).splitlines()[-15:])[-3000:])
 
 
 class Scenario:
@@ -226,11 +227,11 @@ class Scenario:
 
     def __init__(self, runner: Any) -> None:
         self.r = runner
-        self.el: dict[str, Any] = runner.spec.elastic
-        self.hosts: list[Host] = runner.hosts[:self.el["nodes"]]
+        self.el: ElasticDoc = runner.spec.elastic
+        self.hosts: list[Host] = runner.hosts[:self.el.nodes]
         self.secret_file = f"$HOME/{fleet.REMOTE_HOME}/runs/{runner.run_id}/secret"
 
-    def run(self) -> Iterator[dict[str, Any]]:
+    def run(self) -> Iterator[ElasticRecord]:
         """Each contender's record as soon as it has one (an interrupted run keeps them)."""
         secret = random_secrets.token_urlsafe(32)  # 256 bits (a job's secret needs 128)
         for h in self.hosts:
@@ -240,7 +241,7 @@ class Scenario:
                 raise fleet.FleetError(f"{h.name}: cannot write the job's secret file: "
                                        f"{r.stderr.strip()}")
         yield self._rxelab()
-        if not self.el["mpi"]:
+        if not self.el.mpi:
             return
         if self.r.links_down:
             self.r.say(f"elastic: not running Open MPI: {', '.join(self.r.links_down)} still "
@@ -248,17 +249,17 @@ class Scenario:
             return
         yield self._mpi()
 
-    def _rxelab(self) -> dict[str, Any]:
+    def _rxelab(self) -> ElasticRecord:
         el, head = self.el, self.hosts[0]
-        self.r.say(f"elastic: {len(self.hosts) * el['ranks_per_node']} ranks on "
-                   f"{len(self.hosts)} nodes, {el['steps']} steps of {el['size']} B")
+        self.r.say(f"elastic: {len(self.hosts) * el.ranks_per_node} ranks on "
+                   f"{len(self.hosts)} nodes, {el.steps} steps of {el.size} B")
         job = Watch(self.r._connection(head), job_command(el, self.hosts, self.r.run_id,
-                                                          self.secret_file), el["timeout_s"] + 60)
-        pending = [e for e in el["events"] if "kill" not in e]
-        actions: list[dict[str, Any]] = []
+                                                          self.secret_file), el.timeout_s + 60)
+        pending = [e for e in el.events if e.kill is None]
+        actions: list[Action] = []
         newcomers: list[Watch] = []
         reached = -1
-        deadline = time.monotonic() + el["timeout_s"] + 60
+        deadline = time.monotonic() + el.timeout_s + 60
         looked = 0.0
         healing: Future[None] | None = None
         pool = ThreadPoolExecutor(max_workers=1)  # heals wait for a port: not in this loop
@@ -270,15 +271,15 @@ class Scenario:
                     looked = time.monotonic()
                     healing = pool.submit(self._heal, actions, True)
                 for e in job.poll():
-                    if e["event"] == "step":
-                        reached = max(reached, int(e["step"]))
-                    if e["event"] in ("shrink", "admit", "dying", "stopped", "joined"):
-                        self.r.say(f"    {e['event']} (rank id {e.get('id')}): step "
-                                   f"{e.get('step')}, size {e.get('size', '-')}")
-                while pending and reached + 1 >= pending[0]["step"]:
+                    if e.event == "step" and e.step is not None:
+                        reached = max(reached, e.step)
+                    if e.event in ("shrink", "admit", "dying", "stopped", "joined"):
+                        self.r.say(f"    {e.event} (rank id {e.id}): step "
+                                   f"{e.step}, size {'-' if e.size is None else e.size}")
+                while pending and reached + 1 >= pending[0].step:
                     actions.append(self._act(pending.pop(0), reached + 1, newcomers))
                 time.sleep(POLL_S)
-            outcome = job.finish() if job.done else {"exit": "timeout", "ended": time.time()}
+            outcome = job.finish() if job.done else JobEnd(exit="timeout", ended=time.time())
             joined = []
             end = time.monotonic() + 60  # an admitted newcomer finishes with the job
             for w in newcomers:
@@ -296,13 +297,14 @@ class Scenario:
                 for w in [job, *newcomers]:
                     w.abandon()
             self._heal(actions)
-        return {"contender": "rxelab", "started": job.started, **outcome, "actions": actions,
-                "newcomers": joined, "events": job.events, "spec": el}
+        return ElasticRecord(contender="rxelab", started=job.started,
+                             **outcome.model_dump(exclude_unset=True), actions=actions,
+                             newcomers=joined, events=job.events, spec=el)
 
-    def _act(self, event: dict[str, Any], step: int, newcomers: list[Watch]) -> dict[str, Any]:
+    def _act(self, event: Event, step: int, newcomers: list[Watch]) -> Action:
         at = time.time()
-        if "partition" in event:
-            host = self.hosts[event["partition"] - 1]
+        if event.partition is not None:
+            host = self.hosts[event.partition - 1]
             self.r.links_down[host.name] = self.r.inets.get(host.name, [])
             result = self.r._connection(host).run(partition_command(host, self.r.run_id),
                                                   hide=True, warn=True, timeout=30)
@@ -311,24 +313,25 @@ class Scenario:
                 del self.r.links_down[host.name]
             self.r.say(f"    partition: {host.name}'s data NIC down at step {step}" if ok else
                        f"    partition of {host.name} failed: {result.stderr.strip()[-300:]}")
-            return {"kind": "partition", "node": host.name, "step": step, "time": at, "ok": ok,
-                    **({} if ok else {"error": result.stderr.strip()[-300:]})}
-        host = self.hosts[event["join"] - 1]
+            return Action(kind="partition", node=host.name, step=step, time=at, ok=ok,
+                          **({} if ok else {"error": result.stderr.strip()[-300:]}))
+        assert event.join is not None  # an event does one thing: the kills are the app's
+        host = self.hosts[event.join - 1]
         newcomers.append(Watch(self.r._connection(host), newcomer_command(
-            self.el, host, self.hosts[0], self.r.run_id, self.secret_file), self.el["timeout_s"],
+            self.el, host, self.hosts[0], self.r.run_id, self.secret_file), self.el.timeout_s,
             host))
         self.r.say(f"    join: a newcomer starts on {host.name} at step {step}")
-        return {"kind": "join", "node": host.name, "step": step, "time": at, "ok": True}
+        return Action(kind="join", node=host.name, step=step, time=at, ok=True)
 
-    def _heal(self, actions: list[dict[str, Any]], when_idle: bool = False) -> None:
+    def _heal(self, actions: list[Action], when_idle: bool = False) -> None:
         """Bring partitioned NICs back up: at the end, or (when_idle) once the node's ranks
         have ended - their launcher's SSH sessions ride the data network, so their last words
         arrive only then - or after PARTITION_MAX_S."""
         for name in list(self.r.links_down):
             host = next(h for h in self.hosts if h.name == name)
             if when_idle:
-                since = next((a["time"] for a in reversed(actions) if a.get("node") == name
-                              and a["kind"] == "partition"), time.time())
+                since = next((a.time for a in reversed(actions) if a.node == name
+                              and a.kind == "partition"), time.time())
                 left = self.r._connection(host).run(ours_command(self.r.run_id), hide=True,
                                                     warn=True, timeout=30).stdout.strip()
                 if left != "0" and time.time() - since < PARTITION_MAX_S:
@@ -338,26 +341,27 @@ class Scenario:
                 hide=True, warn=True, timeout=HEAL_S + 30)
             if healed(result.stdout):
                 del self.r.links_down[name]
-                actions.append({"kind": "heal", "node": name, "time": time.time(), "ok": True})
+                actions.append(Action(kind="heal", node=name, time=time.time(), ok=True))
                 self.r.say(f"    heal: {name}'s data NIC up again, its RDMA port ACTIVE")
             else:
                 self.r.say(f"    {name}: the data NIC is up but its RDMA port is not ACTIVE: "
                            f"{result.stdout.strip()} {result.stderr.strip()}")
 
-    def _mpi(self) -> dict[str, Any]:
+    def _mpi(self) -> ElasticRecord:
         el = self.el
         self.r.say("elastic: the same loop under Open MPI over UCX, with the same kills")
         job = Watch(self.r._connection(self.hosts[0]), mpi_command(
-            el, self.hosts, self.r.network, self.r.run_id), el["timeout_s"] + 60)
-        deadline = time.monotonic() + el["timeout_s"] + 60
+            el, self.hosts, self.r.network, self.r.run_id), el.timeout_s + 60)
+        deadline = time.monotonic() + el.timeout_s + 60
         try:
             while not job.done and time.monotonic() < deadline:
                 job.poll()
                 time.sleep(POLL_S)
-            outcome = job.finish() if job.done else {"exit": "timeout", "ended": time.time()}
+            outcome = job.finish() if job.done else JobEnd(exit="timeout", ended=time.time())
         except BaseException:
             job.abandon()
             raise
         self.r._on_hosts(self.hosts, lambda h: commands.stop_command(self.r.run_id), timeout=30)
-        return {"contender": "mpi-ucx", "started": job.started, **outcome, "actions": [],
-                "events": job.events, "spec": el}
+        return ElasticRecord(contender="mpi-ucx", started=job.started,
+                             **outcome.model_dump(exclude_unset=True), actions=[],
+                             events=job.events, spec=el)

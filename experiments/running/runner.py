@@ -16,7 +16,6 @@ impairments it put on, the MTUs it changed, the files under its own run director
 
 from __future__ import annotations
 
-import json
 import secrets
 import shutil
 import time
@@ -122,7 +121,7 @@ class Runner:
                     if getattr(self.spec, name) is not None:
                         with open(self.dir / f"{name}.jsonl", "x") as out:
                             for said in scenario(self).run():
-                                out.write(json.dumps(said) + "\n")
+                                out.write(said.to_json() + "\n")
                                 out.flush()
                 steps = self._order(cases)
                 with self.progress(steps, self.spec.rounds) as shown:

@@ -235,8 +235,7 @@ def parse(doc: dict[str, Any], source: str = "spec", folder: Path = SPECS) -> Sp
         raise SpecError(f"{source}: nodes {max(crowded[0].nodes)} and busy_neighbours "
                         f"{crowded[0].busy_neighbours}: at most {BOUNDS['nodes'][1]} nodes in all")
     got = Spec(checked.name, checked.description, runs, source, checked.rounds,
-               checked.elastic.model_dump(exclude_none=True) if checked.elastic else None,
-               checked.launcher, checked.ddp.model_dump() if checked.ddp else None)
+               checked.elastic, checked.launcher, checked.ddp)
     problem = launcher_problem(got, got.launcher)
     if problem:
         raise SpecError(f"{source}: {problem}")

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Self
 
 from pydantic import BaseModel, ConfigDict
 from rxelab import codecs
 from rxelab.bench import HAND_LOOP
+
+from experiments.spec.scenarios import DdpDoc, ElasticDoc
 
 
 class Case(BaseModel):
@@ -105,9 +107,9 @@ class Spec:
     runs: tuple[Run, ...]
     source: str
     rounds: int = 1
-    elastic: dict[str, Any] | None = None  # the elastic scenario, instead of runs
+    elastic: ElasticDoc | None = None  # the elastic scenario, instead of runs
     launcher: str = "ssh"  # how the cases' ranks start (LAUNCHERS)
-    ddp: dict[str, Any] | None = None  # the DDP scenario (running/ddp_scenario.py), instead of runs
+    ddp: DdpDoc | None = None  # the DDP scenario (running/ddp_scenario.py), instead of runs
 
     def cases(self) -> list[Case]:
         return [c for r in self.runs for c in r.cases()]
@@ -121,7 +123,7 @@ class Spec:
     def max_nodes(self) -> int:
         for scenario in (self.elastic, self.ddp):
             if scenario is not None:
-                return int(scenario["nodes"])
+                return scenario.nodes
         return max(n + r.busy_neighbours for r in self.runs for n in r.nodes)
 
 

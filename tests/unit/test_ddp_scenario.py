@@ -11,6 +11,7 @@ from pathlib import Path
 from experiments import report, spec
 from experiments.report import ddp
 from experiments.running import ddp_scenario
+from experiments.running.scenario_records import DdpRecord
 from infra.inventory import Host
 
 
@@ -28,16 +29,17 @@ def line(variant: str, mb: float, step: float, spread: float = 50, **extra) -> d
     return {**rec, **extra}
 
 
-def records() -> list[dict]:
-    return [line("rxelab", 1, 2000), line("gloo", 1, 2600), line("rxelab+fp16", 1, 2550),
-            line("gloo+fp16", 1, 2500), line("rxelab", 25, 2400, spread=300),
-            line("gloo", 25, 2500, spread=300)]
+def records() -> list[DdpRecord]:
+    return [DdpRecord.model_validate(x) for x in (
+        line("rxelab", 1, 2000), line("gloo", 1, 2600), line("rxelab+fp16", 1, 2550),
+        line("gloo+fp16", 1, 2500), line("rxelab", 25, 2400, spread=300),
+        line("gloo", 25, 2500, spread=300))]
 
 
 def test_the_shipped_ddp_spec_is_a_ddp_scenario():
     s = spec.load("ddp")
     assert s.ddp is not None and s.runs == () and s.max_nodes == 3
-    assert s.ddp["bucket_mb"] == [1.0, 4.0, 25.0] and s.ddp["codec"] is True
+    assert s.ddp.bucket_mb == [1.0, 4.0, 25.0] and s.ddp.codec is True
 
 
 def test_the_job_is_our_launcher_around_the_app_with_the_runs_id():
@@ -58,7 +60,7 @@ def test_only_rank_0s_json_lines_are_read_back():
                      "[0] " + json.dumps(line("rxelab", 1, 2000)), "[0] {\"app\": \"ddp\", broken",
                      json.dumps(line("gloo", 1, 2600))])
     got = ddp_scenario.parse(out)
-    assert [g["variant"] for g in got] == ["rxelab", "gloo"]
+    assert [g.variant for g in got] == ["rxelab", "gloo"]
 
 
 def test_ratios_are_marked_when_the_spreads_overlap():
@@ -74,20 +76,22 @@ def test_ratios_are_marked_when_the_spreads_overlap():
 
 def test_a_bad_run_is_named():
     recs = records()
-    recs[0]["matches"] = False
-    recs[2]["same_on_every_rank"] = False
-    recs.append({"bucket_mb": 4, "status": "failed", "exit": 1, "error": "Traceback: boom"})
+    recs[0].matches = False
+    recs[2].same_on_every_rank = False
+    recs.append(DdpRecord.model_validate({"bucket_mb": 4, "status": "failed", "exit": 1,
+                                          "error": "Traceback: boom"}))
     wrong = ddp.problems(recs)
     assert wrong[0] == "rxelab at 1 MB: parameters do not match gloo's (max diff 1e-07)"
     assert wrong[1] == "rxelab+fp16 at 1 MB: parameters differ between ranks"
     assert wrong[2].startswith("buckets of 4 MB: the job failed (exit 1): Traceback: boom")
-    skipped = [{"bucket_mb": 1, "status": "skipped", "error": "no torch on node1"}]
+    skipped = [DdpRecord.model_validate({"bucket_mb": 1, "status": "skipped",
+                                         "error": "no torch on node1"})]
     assert ddp.problems(skipped) == []
 
 
 def test_the_report_has_the_table_the_summary_and_the_plot(tmp_path: Path):
     (tmp_path / "records.jsonl").write_text("")
-    (tmp_path / "ddp.jsonl").write_text("\n".join(json.dumps(r) for r in records()) + "\n")
+    (tmp_path / "ddp.jsonl").write_text("\n".join(r.to_json() for r in records()) + "\n")
     (tmp_path / "environment.json").write_text(json.dumps({"spec": "ddp"}))
     html_path, md_path = report.write(tmp_path)
     md = md_path.read_text()
@@ -100,12 +104,13 @@ def test_the_report_has_the_table_the_summary_and_the_plot(tmp_path: Path):
 
 
 def test_fsdp_variants_are_asked_for_and_a_torch_without_them_is_a_skipped_row(monkeypatch):
-    dd = {**spec.load("ddp").ddp, "wraps": ["fsdp", "fsdp2"]}
+    dd = spec.load("ddp").ddp.model_copy(update={"wraps": ["fsdp", "fsdp2"]})
     hosts = [Host(name="node1", ssh={"host": "127.0.0.1", "port": 2221, "user": "lab", "key": "/k",
                                      "known_hosts": "/kh"}, data_ip="10.0.0.1")]
     words = shlex.split(ddp_scenario.job_command(dd, hosts, "abc123", 4.0).replace("$HOME", "/home/lab"))
     assert words[words.index("--wraps") + 1] == "fsdp,fsdp2"
-    assert "--wraps" not in ddp_scenario.job_command({**dd, "wraps": []}, hosts, "abc123", 4.0)
+    plain = dd.model_copy(update={"wraps": []})
+    assert "--wraps" not in ddp_scenario.job_command(plain, hosts, "abc123", 4.0)
     assert "--wraps" not in ddp_scenario.job_command(dd, hosts, "abc123", 25.0, first=False), \
         "FSDP has no DDP bucket cap: its variants run in the first job only"
 
@@ -131,10 +136,10 @@ def test_fsdp_variants_are_asked_for_and_a_torch_without_them_is_a_skipped_row(m
             result = type("R", (), {"stdout": out, "stderr": "", "exited": 0})()
             return type("C", (), {"run": lambda self, *a, **k: result})()
 
-    dd["bucket_mb"] = [4.0]
+    dd.bucket_mb = [4.0]
     recs = list(ddp_scenario.Scenario(Runner()).run())
-    assert [r["status"] for r in recs] == ["ok"] * 4 + ["skipped"], recs
-    assert recs[-1]["variant"] == "rxelab+fsdp2" and "torch 2.6" in recs[-1]["error"]
+    assert [r.status for r in recs] == ["ok"] * 4 + ["skipped"], recs
+    assert recs[-1].variant == "rxelab+fsdp2" and "torch 2.6" in (recs[-1].error or "")
     assert any("rxelab+fsdp2: not run: FSDP2" in x for x in Runner.said)
     assert ddp.problems(recs) == []
     _, rows = ddp.table(recs)
@@ -147,4 +152,4 @@ def test_fsdp_variants_are_asked_for_and_a_torch_without_them_is_a_skipped_row(m
     assert lines[2] == "sharded (FSDP): rxelab+fsdp 0.75x of gloo+fsdp (time per step)", lines
     seen: list = []
     monkeypatch.setattr(ddp.plots, "ddp_steps", lambda rs: seen.extend(rs) or b"png")
-    assert ddp.figure(recs) == b"png" and {r["variant"] for r in seen} == {"rxelab", "gloo"}
+    assert ddp.figure(recs) == b"png" and {r.variant for r in seen} == {"rxelab", "gloo"}

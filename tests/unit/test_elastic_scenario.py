@@ -13,6 +13,7 @@ import pytest
 from experiments import report, spec
 from experiments.report import elastic
 from experiments.running import elastic_scenario
+from experiments.running.scenario_records import ElasticRecord
 from infra.inventory import Host, RdmaEndpoint, SSHEndpoint
 
 HOSTS = [Host(f"node{i}", SSHEndpoint("127.0.0.1", 2220 + i), f"10.10.0.{10 + i}", RdmaEndpoint())
@@ -23,8 +24,9 @@ SECRET = "$HOME/rxelab/runs/0123456789ab/secret"
 
 
 def test_the_shipped_scenario_kills_partitions_and_joins():
-    assert [sorted(set(e) - {"step"}) for e in EL["events"]] == [["kill"], ["partition"], ["join"]]
-    assert EL["nodes"] * EL["ranks_per_node"] >= 4, "4 to 6 ranks on 3 nodes"
+    assert [sorted(set(e.model_dump(exclude_none=True)) - {"step"}) for e in EL.events] == \
+        [["kill"], ["partition"], ["join"]]
+    assert EL.nodes * EL.ranks_per_node >= 4, "4 to 6 ranks on 3 nodes"
 
 
 def test_the_job_is_elastic_and_carries_the_run_id_and_the_secret_file():
@@ -35,8 +37,8 @@ def test_the_job_is_elastic_and_carries_the_run_id_and_the_secret_file():
     assert "--kill 10:3" in cmd and "--admit-every 5" in cmd and "--join" not in cmd
     # the one newcomer is awaited at admit points: a short job cannot end before it came
     assert "--expect-newcomers 1 --admit-timeout 30" in cmd
-    alone = elastic_scenario.job_command({**EL, "events": [e for e in EL["events"] if "join" not in e]},
-                                HOSTS, RUN, SECRET)
+    no_join = EL.model_copy(update={"events": [e for e in EL.events if e.join is None]})
+    alone = elastic_scenario.job_command(no_join, HOSTS, RUN, SECRET)
     assert "--expect-newcomers" not in alone and "--admit-timeout" not in alone
     new = elastic_scenario.newcomer_command(EL, HOSTS[1], HOSTS[0], RUN, SECRET)
     assert "--hosts 10.10.0.12" in new and "--join --master 10.10.0.11" in new
@@ -72,7 +74,10 @@ def test_output_lines_are_parsed_with_the_launcher_prefix_and_stamped():
     text = ('[0] {"record": "elastic", "event": "step", "step": 3}\n# a comment\n'
             '[1] {"record": "stage"}\n[2] {broken\n{"record": "elastic", "event": "done"}\n')
     got = elastic_scenario.parse(text, 12.5)
-    assert [e["event"] for e in got] == ["step", "done"] and all(e["arrived"] == 12.5 for e in got)
+    assert [e.event for e in got] == ["step", "done"] and all(e.arrived == 12.5 for e in got)
+
+
+R = ElasticRecord.model_validate  # a record as read back
 
 
 def scenario_records() -> list[dict]:
@@ -107,7 +112,7 @@ def scenario_records() -> list[dict]:
 
 
 def test_each_change_says_what_caused_it_and_what_it_cost():
-    rows = elastic.changes(scenario_records()[0])
+    rows = elastic.changes(R(scenario_records()[0]))
     kill, cut, join = rows
     assert kill["kind"] == "kill" and kill["host_s"] == pytest.approx(1.5)
     assert kill["build_s"] == pytest.approx(0.35) and kill["detect_s"] == 0.8
@@ -115,11 +120,11 @@ def test_each_change_says_what_caused_it_and_what_it_cost():
     assert cut["kind"] == "partition" and cut["size"] == 3 and cut["host_s"] == pytest.approx(6.8)
     assert join["outcome"] == "admit to 4 ranks" and join["host_s"] == pytest.approx(0.9)
     assert join["agree_s"] is None and "detect_s" not in join, "nothing agreed: not 0.00"
-    before, after = elastic.step_times(scenario_records()[0])
+    before, after = elastic.step_times(R(scenario_records()[0]))
     assert before == pytest.approx(0.1) and after == pytest.approx(0.12)
-    mpi = elastic.mpi_outcome(scenario_records()[1])
+    mpi = elastic.mpi_outcome(R(scenario_records()[1]))
     assert mpi == {"exit": 137, "steps_done": 10, "abort_s": pytest.approx(1.5)}
-    assert elastic.problems(scenario_records()) == []
+    assert elastic.problems([R(r) for r in scenario_records()]) == []
 
 
 def test_two_causes_never_claim_one_change_and_a_timed_out_mpi_is_not_an_abort():
@@ -127,35 +132,35 @@ def test_two_causes_never_claim_one_change_and_a_timed_out_mpi_is_not_an_abort()
     # a second kill right after the first: the shrink that followed goes to the first only
     twice = {**rx, "events": [*rx["events"], {"event": "dying", "id": 5, "step": 10,
                                              "arrived": 1010.5}]}
-    rows = elastic.changes(twice)
+    rows = elastic.changes(R(twice))
     claimed = [r["done"] for r in rows if "done" in r]
     assert len(claimed) == len(set(claimed)) == 3, "each change once"
     assert rows[0]["who"] == "rank 3" and rows[0]["size"] == 5
     late = {**mpi, "exit": "timeout"}
-    line = elastic.summary_lines([late])[0]
+    line = elastic.summary_lines([R(late)])[0]
     assert "did not end by its deadline" in line and "after the kill" not in line
     finished = {**mpi, "exit": 0, "events": [e for e in mpi["events"] if e["event"] != "dying"]}
-    assert "ended (exit 0)" in elastic.summary_lines([finished])[0]
+    assert "ended (exit 0)" in elastic.summary_lines([R(finished)])[0]
 
 
 def test_a_bad_run_is_named():
     rx, mpi = scenario_records()
     differ = {**rx, "events": [*rx["events"], {"event": "done", "params": "xyz", "arrived": 1}]}
-    assert elastic.problems([differ]) == ["rxelab: the survivors' parameters differ"]
+    assert elastic.problems([R(differ)]) == ["rxelab: the survivors' parameters differ"]
     wrong = {**mpi, "events": [{"event": "wrong", "error": "step 3: 1 != 2"}]}
-    assert elastic.problems([wrong]) == ["mpi-ucx: step 3: 1 != 2"]
+    assert elastic.problems([R(wrong)]) == ["mpi-ucx: step 3: 1 != 2"]
     failed = {**rx, "exit": 3}
-    assert "ended with 3" in elastic.problems([failed])[0]
+    assert "ended with 3" in elastic.problems([R(failed)])[0]
     uncut = {**rx, "actions": [{**rx["actions"][0], "ok": False, "error": "sudo: a password"}]}
-    assert "the partition of node3 did not happen: sudo" in elastic.problems([uncut])[0]
+    assert "the partition of node3 did not happen: sudo" in elastic.problems([R(uncut)])[0]
     lost = {**rx, "newcomers": [{"exit": 143, "tail": "never admitted"}]}
-    assert "a newcomer ended with 143" in elastic.problems([lost])[0]
+    assert "a newcomer ended with 143" in elastic.problems([R(lost)])[0]
 
 
 def test_the_report_has_the_table_the_summary_and_the_plot(tmp_path: Path):
     (tmp_path / "records.jsonl").write_text("")
     (tmp_path / "elastic.jsonl").write_text(
-        "\n".join(json.dumps(r) for r in scenario_records()) + "\n")
+        "\n".join(R(r).to_json() for r in scenario_records()) + "\n")
     (tmp_path / "environment.json").write_text(json.dumps({"spec": "elastic"}))
     html_path, md_path = report.write(tmp_path)
     md = md_path.read_text()

@@ -393,5 +393,5 @@ def test_the_validation_specs_measure_their_own_calibration():
 def test_a_ddp_scenario_with_sharded_variants_is_taken():
     import tomllib
     s = spec.parse({"name": "x", **tomllib.loads("[ddp]\nwraps=['fsdp2','fsdp']")})
-    assert s.ddp is not None and s.ddp["wraps"] == ["fsdp2", "fsdp"]
+    assert s.ddp is not None and s.ddp.wraps == ["fsdp2", "fsdp"]
 
