@@ -13,7 +13,16 @@ import json
 from pathlib import Path
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, field_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    field_serializer,
+    model_serializer,
+    model_validator,
+)
 
 from experiments.spec.scenarios import ElasticDoc
 
@@ -22,6 +31,23 @@ class Line(BaseModel):
     """A JSON object of a scenario's: the keys it was given, no others, on the way out."""
 
     model_config = ConfigDict(extra="allow")
+    _order: tuple[str, ...] = PrivateAttr(default=())  # its keys in the order it was given them
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_order(cls, data: object, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        got = handler(data)
+        if isinstance(data, dict):
+            got._order = tuple(data)
+        return got
+
+    @model_serializer(mode="wrap")
+    def _in_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """Its keys in the order it was given them (a line written as it was read, key for
+        key), not the order the model declares them."""
+        out: dict[str, object] = handler(self)
+        rank = {k: i for i, k in enumerate(self._order)}
+        return dict(sorted(out.items(), key=lambda kv: rank.get(kv[0], len(rank))))
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json", exclude_unset=True))
