@@ -98,6 +98,6 @@ def die(comm: Any) -> None:
         link.close()
     for conn in comm.conns.values():
         conn.qp.close()
-    if comm.control.porter is not None:  # an elastic rank's listener goes with its process
-        comm.control.porter.close(listener=True)
+    if comm.control.server is not None:  # an elastic rank's listener goes with its process
+        comm.control.server.close(listener=True)
     comm.closed = True

@@ -280,9 +280,9 @@ def test_silent_connections_are_dropped_and_cannot_crowd_the_job_out(monkeypatch
     """Before, a connection that never said hello was kept until the job's own deadline, and
     each took a descriptor: enough of them and real ranks could not get in."""
 
-    from rxelab.control import listener
-    monkeypatch.setattr(listener, "PATIENCE_S", 0.5)
-    monkeypatch.setattr(listener, "MAX_PENDING", 8)
+    from rxelab.control import server
+    monkeypatch.setattr(server, "PATIENCE_S", 0.5)
+    monkeypatch.setattr(server, "MAX_PENDING", 8)
     port = free_port()
     idle: list[socket.socket] = []
 

@@ -53,7 +53,7 @@ def test_a_coordinator_that_dies_during_the_agreement_hands_it_to_the_next(monke
     def coordinate(seat, members, dead, generation, deadline, quorum):
         if seat.job.rank == 1:
             time.sleep(0.5)  # the others are waiting on it now
-            seat.porter.close(listener=True)
+            seat.server.close(listener=True)
             raise Died()
         return real(seat, members, dead, generation, deadline, quorum)
     monkeypatch.setattr(membership, "coordinate", coordinate)
@@ -79,7 +79,7 @@ def test_a_member_that_dies_while_the_new_mesh_is_built_makes_them_agree_again(m
 
         def dying(job, generation, alive=None):
             if seat.job.rank == 3 and generation == 1:
-                seat.porter.close(listener=True)
+                seat.server.close(listener=True)
                 raise Died()
             return build(job, generation, alive)
         return dying

@@ -56,7 +56,7 @@ def test_a_newcomer_finds_rank_0_on_a_later_candidate_port_past_a_squatter_on_th
     knocking: list[threading.Thread] = []
 
     def job(comm):
-        held = comm.control.porter.port
+        held = comm.control.server.port
         ports = (squatter.getsockname()[1], held)
         them = dataclasses.replace(bootstrap.discover(0, 1, "127.0.0.1", ports[0]),
                                    more_ports=ports[1:])

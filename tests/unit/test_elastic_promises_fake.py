@@ -81,7 +81,7 @@ def test_a_coordinator_that_dies_after_deciding_hands_over_at_once(monkeypatch):
     def coordinate(seat, members, dead, generation, deadline, quorum):
         decided = real(seat, members, dead, generation, deadline, quorum)
         if seat.job.rank == 1:  # it told them; now it is gone before it gathers them
-            seat.porter.close(listener=True)
+            seat.server.close(listener=True)
             raise Died()
         return decided
     monkeypatch.setattr(membership, "coordinate", coordinate)

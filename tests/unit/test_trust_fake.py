@@ -19,8 +19,8 @@ from rxelab.bootstrap import discover
 from rxelab.control import addresses, framing, handshake
 from rxelab.control.connection import Greeting, dial
 from rxelab.control.handshake import SharedSecret
-from rxelab.control.listener import Porter
 from rxelab.control.liveness import Verdict, probe
+from rxelab.control.server import Server
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError
 
 from tests.unit.fakejob import die, free_port, run_ranks, settle
@@ -235,7 +235,7 @@ def test_a_stranger_on_a_dead_ranks_port_does_not_keep_it_alive(impostors, silen
         me = comm.rank
         settle(comm)
         if me == 2:
-            port = comm.control.porter.port
+            port = comm.control.server.port
             die(comm)
             impostors.append(bind_when_free(("127.0.0.1", port), silent=silent))
             return None
@@ -314,22 +314,22 @@ def _relay(target: tuple[str, int]) -> tuple[socket.socket, threading.Event]:
 
 
 def test_a_relay_from_a_dead_ranks_port_to_a_live_rank_does_not_make_it_alive():
-    """The probe is bound to the rank it is for: rank 1's porter answers for rank 1 only."""
+    """The probe is bound to the rank it is for: rank 1's server answers for rank 1 only."""
     cred = SharedSecret.of(SECRET, "test")
     listener = addresses.any_address(0)
-    porter = Porter(listener, cred, {"job"}, rank=1, generation=0)
-    relay, stop = _relay(("127.0.0.1", porter.port))
+    server = Server(listener, cred, {"job"}, rank=1, generation=0)
+    relay, stop = _relay(("127.0.0.1", server.port))
     try:
         where = ("127.0.0.1", relay.getsockname()[1])
         assert probe(where, cred, scope="job", rank=0, to=1, generation=0) == Verdict.ALIVE, \
             "a relay of rank 1's own probe is rank 1 answering"
         assert probe(where, cred, scope="job", rank=0, to=2, generation=0) != Verdict.ALIVE
-        assert probe(("127.0.0.1", porter.port), cred, scope="job", rank=0, to=2,
+        assert probe(("127.0.0.1", server.port), cred, scope="job", rank=0, to=2,
                      generation=0) != Verdict.ALIVE, "rank 1 answered for rank 2"
     finally:
         stop.set()
         relay.close()
-        porter.close(listener=True)
+        server.close(listener=True)
 
 
 def test_two_jobs_of_one_secret_under_their_launchers_are_bound_apart():

@@ -107,7 +107,7 @@ def test_a_squatter_that_accepts_and_closes_on_a_dead_ranks_port_blocks_no_shrin
             me = comm.rank
             settle(comm)
             if me == victim:
-                port = comm.control.porter.port
+                port = comm.control.server.port
                 squatter = strangers.enter_context(
                     stranger_process(SQUATTER, "127.0.0.1", str(port), "30"))
                 said = bytearray()

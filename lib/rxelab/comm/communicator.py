@@ -45,7 +45,7 @@ def shared_settings(options: dict[str, Any], codec: codecs.Codec | None) -> dict
 class Communicator(PointToPoint, NamedCollectives):
     def __init__(self, job: bootstrap.JobInfo, *, device: str | None = None,
                  port: int | None = None, gid_index: int | None = None, elastic: bool = False,
-                 _porter: Any = None, _generation: int = 0,
+                 _server: Any = None, _generation: int = 0,
                  _look: Callable[[int], Verdict] | None = None, compression: str | None = None,
                  _listener: socket.socket | None = None,
                  **options: Any) -> None:
@@ -71,8 +71,8 @@ class Communicator(PointToPoint, NamedCollectives):
         self.opened = {"device": device, "port": port, "gid_index": gid_index,
                        "compression": compression}
         self.formed: dict[str, Any] = {}  # how membership made it (shrink, admit, join)
-        # a porter handed over by a change of membership stays its giver's until we stand
-        self._keep_porter = _porter is not None
+        # a server handed over by a change of membership stays its giver's until we stand
+        self._keep_server = _server is not None
         timeout = float(self.options["timeout"])
         slots, send_depth = int(self.options["slots"]), int(self.options["send_depth"])
         eager_limit = int(self.options["eager_limit"])
@@ -81,7 +81,7 @@ class Communicator(PointToPoint, NamedCollectives):
         self.closed = False
         self.failed: str | None = None  # set when a collective failed part-way
         self.conns: dict[int, verbs.Connection] = {}
-        self.control = ControlPlane(job, timeout, elastic=elastic, porter=_porter,
+        self.control = ControlPlane(job, timeout, elastic=elastic, server=_server,
                                     generation=_generation, look=_look, listener=_listener)
         self.dev: verbs.Device | None = None
         self.registry: Registry | None = None
@@ -121,7 +121,7 @@ class Communicator(PointToPoint, NamedCollectives):
         except BaseException:
             self.close()
             raise
-        self._keep_porter = False
+        self._keep_server = False
 
     # ---- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Communicator:
@@ -165,8 +165,8 @@ class Communicator(PointToPoint, NamedCollectives):
         if self.dev is not None:
             self.dev.close()
         self.control.close()
-        if self.control.porter is not None and not self._keep_porter:
-            self.control.porter.close(listener=True)
+        if self.control.server is not None and not self._keep_server:
+            self.control.server.close(listener=True)
 
     def _check_open(self) -> None:
         if self.closed:
@@ -290,7 +290,7 @@ class Communicator(PointToPoint, NamedCollectives):
         try:
             return _formed(membership.shrink(seat, self._builder(seat), deadline, quorum))
         except BaseException:
-            seat.porter.close(listener=True)
+            seat.server.close(listener=True)
             raise
 
     def admit(self, timeout: float = 0.0, wanted: int = 1,
@@ -319,9 +319,9 @@ class Communicator(PointToPoint, NamedCollectives):
         if not self.control.elastic:
             raise ConfigError(f"{what}: this communicator is not elastic",
                               hint="rxelab.init(elastic=True) on every rank")
-        assert self.control.porter is not None, "an elastic communicator has a listener"
+        assert self.control.server is not None, "an elastic communicator has a listener"
         return membership.Seat(dataclasses.replace(self.job, job_id=self.control.job_id),
-                               self.control.porter, dict(self.control.directory),
+                               self.control.server, dict(self.control.directory),
                                self.control.generation, {**self.opened, **self.options},
                                self.control.lively())
 
@@ -340,7 +340,7 @@ class Communicator(PointToPoint, NamedCollectives):
         seat = self._seat(what)
         if self.closed:
             raise ClosedError(f"{what}: the communicator is closed")
-        self._keep_porter = True
+        self._keep_server = True
         if not farewell and self.failed is None:  # the survivors do not wait for the dead
             with self.guard.exclusive(what):
                 self.progress.quiesce()
@@ -354,10 +354,10 @@ class Communicator(PointToPoint, NamedCollectives):
 
     @staticmethod
     def _builder(seat: membership.Seat) -> membership.Build[Communicator]:
-        """How membership makes the next communicator: on the seat's porter, as it opened."""
+        """How membership makes the next communicator: on the seat's server, as it opened."""
         def build(job: bootstrap.JobInfo, generation: int,
                   look: Callable[[int], Verdict] | None = None) -> Communicator:
-            return Communicator(job, elastic=True, _porter=seat.porter,
+            return Communicator(job, elastic=True, _server=seat.server,
                                 _generation=generation, _look=look, **seat.opened)
         return build
 

@@ -6,8 +6,8 @@ From the bottom:
 - `framing`: a frame's bytes and the schema of every message;
 - `connection`: a connection that passed the handshake, from the dialling or the listening end;
 - `accept_limits`: the bounded work a listener does for connections that proved nothing yet;
-- `accepting`: a listener's connections, each taken through the handshake at once;
-- `listener`: a listener served by a thread of its own, handing each request to whoever serves it;
+- `accepting`: a listener's connections, each taken through the handshake at once (`Acceptor`);
+- `server`: a listener served by a thread of its own (`Server`), handing each request on;
 - `addresses`: where a job's ranks listen and where they dial;
 - `liveness`: whether a rank of an elastic job is alive (a proven probe);
 - `rendezvous`: how a communicator forms (rank 0 gathers the hellos, hands out the endpoints);

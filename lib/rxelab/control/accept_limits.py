@@ -12,14 +12,14 @@ each connection:
   (sock_diag, asked for that one connection). Where the credential is only ever this user's
   (MUNGE: a proof names the uid that made it), another user's knock is refused at once;
 - the checks themselves run on a few threads of their own (CHECKERS), never the listener's,
-  at most MAX_WAITING at once: past that a connection's next step waits in the hall, which
+  at most MAX_WAITING at once: past that a connection's next step waits in the acceptor, which
   takes no new connection while its room is full (a dialler waits in the backlog: a rank
   forming the job, or a probe, that then times out is told "busy", not "gone").
 
 The checkers are daemon threads, and close() cancels what is queued and kills the munge or
 unmunge a checker still waits for, so a closed gate leaves no process behind and no exit waits
-for one (a check may take munge.CALL_S). Closing races with the hall's thread (a porter closes
-its hall after a bounded wait for it) and with the checkers: a submit() under way finishes
+for one (a check may take munge.CALL_S). Closing races with the acceptor's thread (a server closes
+its acceptor after a bounded wait for it) and with the checkers: a submit() under way finishes
 before close() takes over (a lock), one after it starts nothing, a check dequeued as the gate
 closes does not start, and close() looks for a checker's processes until that checker ended,
 not once, so a munge started just after a look is killed at the next.
@@ -62,7 +62,7 @@ class Gate:
         self._checkers: list[threading.Thread] = []
         self._lock = threading.Lock()  # submit() against close(): no checker started after it
         self._closed = False
-        self.waiting = 0  # checks submitted and not yet done (the hall's thread only)
+        self.waiting = 0  # checks submitted and not yet done (the acceptor's thread only)
 
     def admit(self, sock: socket.socket) -> str | None:
         """None, or why this new connection is refused before any work is done for it."""
@@ -112,7 +112,7 @@ class Gate:
                     self._checkers.append(checker)
                 self._work.put((future, work))
                 return
-        future.cancel()  # done() outside the lock: it may be the hall's, which submits
+        future.cancel()  # done() outside the lock: it may be the acceptor's, which submits
 
     def _check(self) -> None:
         while (item := self._work.get()) is not None:

@@ -1,6 +1,6 @@
 """A listener's waiting room: the connections that reach it, each taken through the handshake
 (rxelab.control.connection.Greeting) up to its first sealed message, all at once, so one slow or silent
-connection holds up nobody. rxelab.control.listener serves a listener with it.
+connection holds up nobody. rxelab.control.server serves a listener with it.
 
 Whatever does not prove itself in time - another program, a port scanner, a stray stream, a
 process without the job's secret, a connection that says nothing - is dropped, and why is
@@ -10,7 +10,7 @@ it sends ahead stays in the kernel's buffers (and then its sender's), never in o
 
 A crowd of silent connections cannot take every descriptor: past `limit` the oldest that has
 not knocked goes. A connection that knocked, or whose frame a checker holds, is never made to
-go for a newcomer: while none may go, the hall takes no new connection, and newcomers wait in
+go for a newcomer: while none may go, the acceptor takes no new connection, and newcomers wait in
 the listener's backlog. A dialler that gives up meanwhile has timed out (to rxelab.control.liveness: a
 busy listener), never been closed unanswered (a stranger's doing). Where proving costs (MUNGE),
 rxelab.control.accept_limits bounds the work done for connections that have proved nothing yet: the
@@ -39,7 +39,7 @@ MAX_DROPPED = 32  # reasons kept for an error message
 Stage = tuple[bool, bool]  # knocked, proven: a check that changes it took the handshake on
 
 
-class Hall:
+class Acceptor:
     def __init__(self, listener: socket.socket, credential: Credential,
                  wanted: Callable[[dict[str, Any]], str | None], *, patience: float,
                  limit: int) -> None:
@@ -163,7 +163,7 @@ class Hall:
                 break
             self.gate.waiting -= 1
             self.held.discard(sock)
-            if sock not in self.pending:  # dropped meanwhile (the hall closed)
+            if sock not in self.pending:  # dropped meanwhile (the acceptor closed)
                 continue
             try:
                 reply, request = future.result()
@@ -241,7 +241,7 @@ class Hall:
     def close(self) -> None:
         """Every connection still waiting is closed; the listener stays (it is not ours)."""
         for sock in list(self.pending):
-            self.reject(sock, "the hall closed")
+            self.reject(sock, "the acceptor closed")
         self.gate.close()
         self.sel.close()
         self._wake_r.close()

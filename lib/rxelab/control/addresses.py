@@ -19,7 +19,7 @@ import sys
 from rxelab.bootstrap import JobInfo
 from rxelab.errors import ConfigError
 
-# an elastic rank's listener is read only by its porter: room for the probes and knocks that
+# an elastic rank's listener is read only by its server: room for the probes and knocks that
 # come at once when the membership changes (the kernel caps it at net.core.somaxconn)
 BACKLOG = 1024
 

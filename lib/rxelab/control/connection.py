@@ -87,7 +87,7 @@ class Greeting:
     """The listener's side of one connection's handshake. feed() takes the frames as they
     come and returns what to send back (the challenge), then, once the connector proved
     itself, the link and its first sealed message (what the connection is for). Anything out
-    of turn, unproven or unwanted is a ProtocolError: the hall drops the connection."""
+    of turn, unproven or unwanted is a ProtocolError: the acceptor drops the connection."""
 
     __slots__ = ("hs", "wanted", "knock", "transcript", "session")
 

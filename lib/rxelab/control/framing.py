@@ -83,7 +83,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
     "members": {"generation": _GENERATION, "members": (list, lambda v: 0 < len(v) <= 1 << 20 and all(
         isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 20 for x in v))},
     "failed": {"reason": _REASON},
-    # is a rank there? Answered by its listener at any time (rxelab.control.listener)
+    # is a rank there? Answered by its listener at any time (rxelab.control.server)
     "probe": {"rank": _RANK, "generation": _GENERATION},
     "alive": {"rank": _RANK, "generation": _GENERATION},
     # a newcomer to the job's rank 0, and the answers: an offer (taken in if it accepts), its

@@ -1,4 +1,4 @@
-"""Is a rank of an elastic job alive? Its listener's porter answers a probe at once, proven
+"""Is a rank of an elastic job alive? Its listener's server answers a probe at once, proven
 (rxelab.control.handshake) and bound to the rank and generation asked about. A TCP connect alone means
 nothing: anyone can listen on a port a dead process left, and anyone can keep a live
 listener's accept queue full.
@@ -42,10 +42,10 @@ from rxelab.control.handshake import Credential
 from rxelab.errors import AuthError, PeerError, ProtocolError, Reason
 
 CONNECT_S = 3.0  # a listener that has not taken the connection by then: no answer this time
-PROBE_S = 4.0  # a porter answers within this, however busy its rank is
+PROBE_S = 4.0  # a server answers within this, however busy its rank is
 EVERY_S = 1.0  # a rank not yet come is probed again this long after its last probe ended
 STRIKES = 2  # probes without proof, at least, before a rank is gone
-NO_PROOF_S = 5.0  # ... over this long (a live porter proves itself in milliseconds)
+NO_PROOF_S = 5.0  # ... over this long (a live server proves itself in milliseconds)
 MAX_PROBES = 16  # probes in flight at once
 SILENT_S = 10.0  # heartbeats vouch for a rank this long after it was last heard (rxelab.control.plane:
 # a link silent this long means the rank behind it is gone)

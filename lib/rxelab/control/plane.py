@@ -24,8 +24,8 @@ from typing import Any
 from rxelab.bootstrap import JobInfo
 from rxelab.control import rendezvous
 from rxelab.control.connection import Link
-from rxelab.control.listener import Porter
 from rxelab.control.liveness import SILENT_S, Lively, Verdict
+from rxelab.control.server import Server
 from rxelab.errors import PeerError, ProtocolError, Reason
 
 # Elastic jobs: a node that powers off or drops off the network closes no connection, and a
@@ -38,10 +38,10 @@ BEAT_S = 1.0
 
 class ControlPlane:
     def __init__(self, job: JobInfo, timeout: float, *, elastic: bool = False,
-                 porter: Porter | None = None, generation: int = 0,
+                 server: Server | None = None, generation: int = 0,
                  look: Callable[[int], Verdict] | None = None,
                  listener: socket.socket | None = None) -> None:
-        """elastic: this rank keeps a listener, served by its porter, for the job's life
+        """elastic: this rank keeps a listener, served by a thread of its own (a Server), for the job's life
         (rxelab.membership), given (a later generation's) or made here (rank 0's is the
         rendezvous), and every rank learns where the others listen. look(rank): whether a
         rank that has not said hello yet still lives (rxelab.control.liveness's verdict on a shrink's
@@ -50,8 +50,8 @@ class ControlPlane:
         self.listener = listener  # taken by forming; closed here if it never was
         self.job = job
         self.timeout = timeout
-        self.elastic = elastic or porter is not None
-        self.porter = porter  # elastic: never closed here (the membership owns it)
+        self.elastic = elastic or server is not None
+        self.server = server  # elastic: never closed here (the membership owns it)
         self.generation = generation
         self.look = look
         self.job_id = job.job_id  # drawn by rank 0 as the job forms, if not given

@@ -3,7 +3,7 @@ settings and, in an elastic job, its listener) and hands each rank the endpoints
 connect to; every other rank dials rank 0 and waits for its table. Each connection is proven
 first (rxelab.control.handshake), so nothing is sent to, or taken from, a process without the job's secret.
 
-Rank 0 hears all hellos at once (its porter handshakes with every connection in parallel), so
+Rank 0 hears all hellos at once (its server handshakes with every connection in parallel), so
 one slow or idle connection holds up nobody; what is not of this job is dropped and named in
 the error if the job cannot form.
 """
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rxelab import codecs, settings
 from rxelab.control import addresses
-from rxelab.control.listener import Porter, answer
 from rxelab.control.liveness import CONNECT_S, GONE_REASON, PROBE_S, STRIKES, Verdict, Watch
+from rxelab.control.server import Server, answer
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError, Reason
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class Plane(Protocol):
     job: JobInfo
     timeout: float
     elastic: bool
-    porter: Porter | None
+    server: Server | None
     generation: int
     look: Callable[[int], Verdict] | None
     job_id: str
@@ -99,12 +99,12 @@ def alone(plane: Plane) -> None:
     newcomers."""
     job = plane.job
     plane.job_id = job.job_id or secrets.token_hex(16)
-    if plane.porter is None:
-        plane.porter = Porter(_rendezvous(plane), job.credential, set(), rank=0,
+    if plane.server is None:
+        plane.server = Server(_rendezvous(plane), job.credential, set(), rank=0,
                               generation=plane.generation)
-    plane.porter.update(rank=0, generation=plane.generation,
-                        scopes={plane.job_id, f"join {plane.porter.port}"})
-    plane.directory = {0: (job.master_addr, plane.porter.port)}
+    plane.server.update(rank=0, generation=plane.generation,
+                        scopes={plane.job_id, f"join {plane.server.port}"})
+    plane.directory = {0: (job.master_addr, plane.server.port)}
 
 
 def serve(plane: Plane, mine: dict[int, dict[str, Any]],
@@ -113,12 +113,12 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
     job = plane.job
     deadline = time.monotonic() + plane.timeout
     plane.job_id = job.job_id or secrets.token_hex(16)
-    porter = plane.porter or Porter(_rendezvous(plane), job.credential, set(), rank=0,
+    server = plane.server or Server(_rendezvous(plane), job.credential, set(), rank=0,
                                     generation=plane.generation)
-    porter.update(rank=0, generation=plane.generation, scopes={job.scope(), plane.job_id}
-                  | ({f"join {porter.port}"} if plane.elastic else set()))
+    server.update(rank=0, generation=plane.generation, scopes={job.scope(), plane.job_id}
+                  | ({f"join {server.port}"} if plane.elastic else set()))
     if plane.elastic:
-        plane.porter = porter
+        plane.server = server
     hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
     where: dict[int, str] = {}  # the address each rank reached us from
     # a shrink's members proved themselves in its agreement moments ago: a connect that
@@ -127,17 +127,17 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
     watch = Watch(plane.look, range(job.world_size)) if plane.look is not None else None
     beside: set[int] = set()
     try:
-        with porter.serving("hello", "shrink") as inbox:
+        with server.serving("hello", "shrink") as inbox:
             while len(hellos) < job.world_size:
                 missing = sorted(set(range(job.world_size)) - set(hellos))
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    dropped = porter.dropped
+                    dropped = server.dropped
                     raise PeerError(f"ranks {missing} did not join within {plane.timeout:g} s"
                                     + (f" (connections dropped: {'; '.join(dropped[-3:])})"
                                        if dropped else ""), peer=missing[0], reason=Reason.SILENT,
                                     hint=f"are they started, with MASTER_ADDR={job.master_addr} "
-                                         f"and MASTER_PORT={porter.port}? A slow start "
+                                         f"and MASTER_PORT={server.port}? A slow start "
                                          f"(a busy host) needs a longer RXELAB_TIMEOUT "
                                          f"(init(timeout=...))")
                 if watch is not None and (gone := watch.gone(missing)):
@@ -151,7 +151,7 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
                 try:
                     _accept_hello(plane, hello, hellos)
                 except ProtocolError as err:
-                    porter.hall.dropped.append(f"rank {hello.get('rank')}: {err}")
+                    server.acceptor.dropped.append(f"rank {hello.get('rank')}: {err}")
                     answer(link, None)
                     continue
                 except BaseException:
@@ -166,10 +166,10 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
                     why=err.reason if isinstance(err, PeerError) else Reason.FAILED)
         plane.close()
         if not plane.elastic:
-            porter.close(listener=True)
+            server.close(listener=True)
         raise
     if not plane.elastic:
-        porter.close(listener=True)
+        server.close(listener=True)
     for r in sorted(hellos):  # every rank is in: all of them hear why, if it must end
         if r and (why := settings.disagreement(options, hellos[r]["settings"], r,
                                                codecs.NAMES_BY_ID)):
@@ -185,7 +185,7 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
             raise PeerError(why, peer=lost[0], reason=Reason.DIED)
         # a rank on this host that came over loopback is reached where the others reach us
         beside = {r for r in plane.peers if addresses.loopback(where[r])}
-        plane.directory = {0: (job.master_addr, porter.port), **{
+        plane.directory = {0: (job.master_addr, server.port), **{
             r: (job.master_addr if r in beside else where[r], hellos[r]["listen"])
             for r in plane.peers}}
     shown = {str(r): [SAME_HOST if r in beside else a[0], a[1]] for r, a in plane.directory.items()}
@@ -243,13 +243,13 @@ def join(plane: Plane, mine: dict[int, dict[str, Any]],
     for the job's life): refused everywhere means it is gone, said at once."""
     job = plane.job
     deadline = time.monotonic() + plane.timeout
-    if plane.elastic and plane.porter is None:
-        plane.porter = Porter(addresses.own(job), job.credential, set(), rank=job.rank,
+    if plane.elastic and plane.server is None:
+        plane.server = Server(addresses.own(job), job.credential, set(), rank=job.rank,
                               generation=plane.generation)
     hello = {"type": "hello", "rank": job.rank, "world_size": job.world_size,
              "host": socket.gethostname()[:200] or "?", "settings": options,
              "generation": plane.generation,
-             "listen": plane.porter.port if plane.porter else 0,
+             "listen": plane.server.port if plane.server else 0,
              "endpoints": {str(k): v for k, v in mine.items()}}
     last, unproven, silent = "nothing answered", "", 0
     later_until = time.monotonic() + LATER_S  # a later generation's rank 0 gathers at once
@@ -275,7 +275,7 @@ def join(plane: Plane, mine: dict[int, dict[str, Any]],
                 continue
             except (OSError, PeerError) as err:  # no answer
                 last = str(err)
-                # a porter answers at once: twice silent is gone
+                # a server answers at once: twice silent is gone
                 silent += isinstance(err, PeerError) and err.reason == Reason.SILENT
                 refused += silent >= STRIKES
                 continue
@@ -350,6 +350,6 @@ def _take_table(plane: Plane, table: dict[str, Any], port: int) -> dict[int, dic
             raise ProtocolError(f"rank 0 sent listeners of ranks {sorted(directory)}")
         directory[0] = (job.master_addr, port)  # as this rank reaches it
         plane.directory = directory
-        assert plane.porter is not None
-        plane.porter.update(rank=job.rank, generation=plane.generation, scopes={plane.job_id})
+        assert plane.server is not None
+        plane.server.update(rank=job.rank, generation=plane.generation, scopes={plane.job_id})
     return got

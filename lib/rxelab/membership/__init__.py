@@ -3,8 +3,8 @@ the survivors agree on who is left and go on in a new communicator (shrink, as U
 MPIX_Comm_shrink); between steps a running job lets newcomers in (admit, and join on the
 newcomer's side). MPI, Gloo and NCCL end the job instead.
 
-Every rank of an elastic job keeps a listener for the job's life, served by its porter
-(rxelab.control.listener: rank 0's is the job's rendezvous), and knows where the others listen. Every
+Every rank of an elastic job keeps a listener for the job's life, served by a thread of its own
+(rxelab.control.server: rank 0's is the job's rendezvous), and knows where the others listen. Every
 connection between them is proven both ways and sealed (rxelab.control.handshake): a process without the
 job's secret can neither answer for a rank, nor coordinate a shrink, nor learn the secret.
 A shrink needs no rank in particular to have survived:

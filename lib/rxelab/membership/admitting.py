@@ -78,7 +78,7 @@ def admit(member: Member, build_on: Callable[[Seat], Build[T]], timeout: float, 
         except PeerError:  # the old members go on among themselves, leaving this one
             return shrink(seat, build, time.monotonic() + member.timeout, quorum)
     except BaseException:
-        seat.porter.close(listener=True)
+        seat.server.close(listener=True)
         raise
     return Formed(made, {"how": "admit", "members": list(range(size)), "lost": [],
                          "admitted": list(range(size, size + count)),

@@ -11,15 +11,15 @@ from dataclasses import replace
 from typing import Any
 
 from rxelab.control.connection import Link
-from rxelab.control.listener import answer
 from rxelab.control.liveness import Doubts, Verdict, Watch, verdict_of
+from rxelab.control.server import answer
 from rxelab.errors import PeerError, ProtocolError, Reason
 from rxelab.membership.seat import READ_S, Build, Formed, Seat, T, quorate, say
 
 
 def shrink(seat: Seat, build: Build[T], deadline: float, quorum: str | int) -> Formed[T]:
     """The survivors' new communicator (see the module's docstring). `build` makes the
-    communicator of a job and generation on the seat's porter; the seat's communicator is
+    communicator of a job and generation on the seat's server; the seat's communicator is
     closed already."""
     me = seat.job.rank
     members = list(range(seat.job.world_size))
@@ -125,7 +125,7 @@ def coordinate(seat: Seat, members: list[int], dead: set[int], generation: int, 
     joined: dict[int, Link] = {}
     watch = Watch(lambda r: seat.probe(r, generation), seat.lively)
     try:
-        with seat.porter.serving("shrink") as inbox:  # ended before the verdict is told: a
+        with seat.server.serving("shrink") as inbox:  # ended before the verdict is told: a
             # member's hello for the next generation must not find this rank agreeing
             while True:
                 for r in [r for r, link in joined.items() if closed(link)]:
@@ -157,7 +157,7 @@ def coordinate(seat: Seat, members: list[int], dead: set[int], generation: int, 
             tell(joined, {"type": "failed", "reason": why})
             raise PeerError(f"shrink: {why}", hint="a network partition? quorum='any' lets any "
                                                    "group of survivors go on")
-        seat.porter.hold(generation + 1, 0)  # its members dial it at once
+        seat.server.hold(generation + 1, 0)  # its members dial it at once
         tell(joined, {"type": "members", "generation": generation, "members": decided})
         return decided
     finally:

@@ -1,5 +1,5 @@
 """Newcomers to a running elastic job (rxelab.membership.admitting has the job's side of a change):
-rank 0's admit() hears the joins waiting at the rendezvous (parked there by its porter until
+rank 0's admit() hears the joins waiting at the rendezvous (parked there by its server until
 it admits), refuses those whose settings differ from the job's, offers each a place and takes
 only those that accept while they still wait; the newcomer's join() knocks until it is
 welcomed, and once it has accepted it is the job's.
@@ -16,8 +16,8 @@ from typing import Any
 from rxelab.bootstrap import JobInfo
 from rxelab.control import addresses
 from rxelab.control.connection import Link, dial
-from rxelab.control.listener import answer
 from rxelab.control.liveness import CONNECT_S, PROBE_S
+from rxelab.control.server import answer
 from rxelab.errors import ConfigError, PeerError, ProtocolError
 from rxelab.membership.seat import READ_S, Seat, say
 
@@ -39,7 +39,7 @@ def hear_newcomers(seat: Seat, wait: float, wanted: int, offer_s: float,
     start = time.monotonic()
     grace, end = start + GRACE_S, start + max(GRACE_S, wait)
     try:
-        with seat.porter.serving("join") as inbox:
+        with seat.server.serving("join") as inbox:
             while len(found) < MAX_NEWCOMERS:
                 watch()
                 now = time.monotonic()

@@ -12,13 +12,13 @@ from typing import Any, Generic, TypeVar
 
 from rxelab.bootstrap import JobInfo
 from rxelab.control.connection import Link, dial
-from rxelab.control.listener import Porter
 from rxelab.control.liveness import CONNECT_S, PROBE_S, Verdict, probe
+from rxelab.control.server import Server
 from rxelab.errors import ConfigError
 
 T = TypeVar("T")
 READ_S = 2.0  # an answer to a member, or a newcomer's to its offer, is taken within this
-# makes the communicator of a job and generation on the seat's porter; look(new rank) says
+# makes the communicator of a job and generation on the seat's server; look(new rank) says
 # whether a member that has not come yet still lives (rxelab.control.liveness's verdict)
 Build = Callable[[JobInfo, int, Callable[[int], Verdict] | None], T]
 
@@ -35,12 +35,12 @@ class Formed(Generic[T]):
 @dataclass
 class Seat:
     """What a rank carries from one communicator to the next: the job (with its id), its
-    porter, where the others listen, how it opened its device and set its options, and which
+    server, where the others listen, how it opened its device and set its options, and which
     ranks its heartbeats said lived as it left (rxelab.control.plane: a connect that times out
     towards one of them is a crowded listener, not a death, rxelab.control.liveness)."""
 
     job: JobInfo
-    porter: Porter
+    server: Server
     directory: dict[int, tuple[str, int]]
     generation: int
     opened: dict[str, Any]  # device=, port=, gid_index= and the settings, for the next init

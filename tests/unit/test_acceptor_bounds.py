@@ -6,7 +6,7 @@ backlog (a prober times out: busy), where both closed them unanswered (to livene
 stranger); a closed gate leaves no checker or munge process behind; a flood from elsewhere is
 refused by its rate before the kernel is asked who sent it.
 
-The hall is driven by hand (hear), on 127.0.0.1 with ports the kernel chose. Each `_pump`
+The acceptor is driven by hand (hear), on 127.0.0.1 with ports the kernel chose. Each `_pump`
 waits for an event the test names; its deadline only ends a test that fails."""
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from typing import Any
 
 import pytest
 from rxelab.control import accept_limits, accepting, framing, handshake
-from rxelab.control.accepting import Hall
+from rxelab.control.accepting import Acceptor
 from rxelab.control.handshake import SharedSecret
 
 SECRET = "JPrm-WjSNOqrWZ8HLGJnVaT8PRpWOIiXYT9TxA0tIKI"
 LIB = Path(__file__).resolve().parents[2] / "lib"
 FAILSAFE_S = 20.0  # a pump that waits longer has failed
 SIOCOUTQNSD = 0x894B  # bytes a socket has not sent yet (linux/sockios.h)
-real_clock = time.monotonic  # the failsafe's, whatever clock a test gives the hall
+real_clock = time.monotonic  # the failsafe's, whatever clock a test gives the acceptor
 
 
 class Costly:
@@ -63,16 +63,16 @@ class Costly:
 
 
 @pytest.fixture
-def room() -> Iterator[Callable[..., Hall]]:
-    """Halls on listeners of their own; every socket and hall closed at the end."""
-    made: list[tuple[Hall, socket.socket]] = []
+def room() -> Iterator[Callable[..., Acceptor]]:
+    """Acceptors on listeners of their own; every socket and acceptor closed at the end."""
+    made: list[tuple[Acceptor, socket.socket]] = []
 
-    def open_hall(credential: Any, *, patience: float = 5.0, limit: int = 8) -> Hall:
+    def open_acceptor(credential: Any, *, patience: float = 5.0, limit: int = 8) -> Acceptor:
         listener = socket.create_server(("127.0.0.1", 0))
-        h = Hall(listener, credential, lambda knock: None, patience=patience, limit=limit)
+        h = Acceptor(listener, credential, lambda knock: None, patience=patience, limit=limit)
         made.append((h, listener))
         return h
-    yield open_hall
+    yield open_acceptor
     for h, listener in made:
         if isinstance(h.credential, Costly):
             h.credential.go.set()
@@ -80,7 +80,7 @@ def room() -> Iterator[Callable[..., Hall]]:
         listener.close()
 
 
-def _dial(h: Hall) -> socket.socket:
+def _dial(h: Acceptor) -> socket.socket:
     return socket.create_connection(h.listener.getsockname()[:2], timeout=FAILSAFE_S)
 
 
@@ -89,7 +89,7 @@ def _knock() -> bytes:
                         "scope": "job", "nonce": handshake.nonce()})
 
 
-def _pump(h: Hall, until: Callable[[], bool]) -> None:
+def _pump(h: Acceptor, until: Callable[[], bool]) -> None:
     deadline = real_clock() + FAILSAFE_S
     while not until():
         assert real_clock() < deadline, f"waited {FAILSAFE_S:g} s in vain; {h.dropped}"
@@ -107,7 +107,7 @@ def _queued(sock: socket.socket, request: int) -> int:
 
 def _challenged(client: socket.socket) -> bool:
     try:
-        return framing.recv(client, deadline=time.monotonic() + 5, peer="hall")["type"] == "challenge"
+        return framing.recv(client, deadline=time.monotonic() + 5, peer="acceptor")["type"] == "challenge"
     except Exception as err:
         pytest.fail(f"a knock was not answered: {type(err).__name__}: {err}")
 
@@ -133,7 +133,7 @@ def test_a_byte_that_finishes_no_frame_does_not_renew_a_connections_patience(roo
 
 
 def test_what_comes_while_a_frame_is_checked_stays_in_the_kernel(room):
-    """While a knock's check runs, the connection's flood is not read: the hall took its
+    """While a knock's check runs, the connection's flood is not read: the acceptor took its
     knock and nothing more (before, all of it, in memory: 535 MiB in a repro)."""
     cred = Costly()
     cred.go.clear()
@@ -150,11 +150,11 @@ def test_what_comes_while_a_frame_is_checked_stays_in_the_kernel(room):
             sent += client.send(junk)
         except BlockingIOError:
             break
-    for _ in range(5):  # what is there is in the kernel already: a reading hall takes it now
+    for _ in range(5):  # what is there is in the kernel already: a reading acceptor takes it now
         h.hear(0)
     taken = sent - _queued(client, SIOCOUTQNSD) - _queued(server, termios.FIONREAD)
     assert taken <= len(knock) + framing.HEADER.size + framing.HANDSHAKE_BODY, \
-        f"the hall read {taken} bytes of a connection whose knock was still being checked"
+        f"the acceptor read {taken} bytes of a connection whose knock was still being checked"
     cred.go.set()
     _pump(h, lambda: server not in h.pending)
     assert "not an rxelab message" in h.dropped[-1], h.dropped
@@ -186,7 +186,7 @@ def test_a_full_room_leaves_a_newcomer_in_the_backlog_and_evicts_no_check(room):
     held = next(iter(h.pending))
     prober = _dial(h)  # the kernel took it: it is in the listener's backlog
     prober.sendall(_knock())
-    for _ in range(5):  # the listener is readable now: a hall that takes it does so now
+    for _ in range(5):  # the listener is readable now: a acceptor that takes it does so now
         h.hear(0)
     assert list(h.pending) == [held], f"a connection mid-check went: {h.dropped}"
     cred.go.set()

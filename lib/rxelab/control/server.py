@@ -4,7 +4,7 @@ request goes to whoever serves its kind now (rank 0 gathering hellos, a coordina
 shrinks, an admit hearing newcomers) or is told "later" (the asker tries again). Newcomers
 wait here until the job admits (their joins are parked, and dropped if they give up).
 
-A knock names the rank and generation it is for: a porter takes only those of the roles its
+A knock names the rank and generation it is for: a server takes only those of the roles its
 rank holds (rank 3 of generation 1, rank 0 of the generation it gathers), so a relay cannot
 pass a probe or a shrink meant for a dead rank to a live one.
 
@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from rxelab.control.accepting import Hall, Heard
+from rxelab.control.accepting import Acceptor, Heard
 from rxelab.control.connection import Link
 from rxelab.control.handshake import Credential
 
@@ -34,7 +34,7 @@ PARKED = ("join",)  # kinds that wait for their consumer instead of hearing "lat
 MAX_PARKED = 64
 
 
-class Porter:
+class Server:
     def __init__(self, listener: socket.socket, credential: Credential, scopes: set[str], *,
                  rank: int, generation: int) -> None:
         """scopes: the job scopes it serves (rxelab.control.handshake: knocks for others are dropped);
@@ -49,14 +49,14 @@ class Porter:
         self._inboxes: dict[str, queue.Queue[Heard]] = {}
         self._parked: list[Heard] = []
         self._stop = threading.Event()
-        self.hall = Hall(listener, credential, self._wanted, patience=PATIENCE_S,
+        self.acceptor = Acceptor(listener, credential, self._wanted, patience=PATIENCE_S,
                          limit=MAX_PENDING)
-        self._thread = threading.Thread(target=self._run, name="rxelab-porter", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="rxelab-control-server", daemon=True)
         self._thread.start()
 
     @property
     def dropped(self) -> list[str]:
-        return list(self.hall.dropped)
+        return list(self.acceptor.dropped)
 
     def update(self, *, rank: int, generation: int, scopes: set[str] | None = None) -> None:
         """This rank is `rank` of `generation` now (a role it keeps: a late probe of an
@@ -115,14 +115,14 @@ class Porter:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                for link, request in self.hall.hear(0.2):
+                for link, request in self.acceptor.hear(0.2):
                     self._route(link, request)
                 self._prune()
             except (OSError, ValueError):  # the listener was closed under us: nothing to serve
                 if self.listener.fileno() < 0:
                     return
             except Exception as err:  # a connection's fault must not end the serving
-                self.hall.dropped.append(f"porter: {type(err).__name__}: {err}")
+                self.acceptor.dropped.append(f"server: {type(err).__name__}: {err}")
 
     def _route(self, link: Link, request: dict[str, Any]) -> None:
         kind = request["type"]
@@ -168,7 +168,7 @@ class Porter:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
-        self.hall.close()
+        self.acceptor.close()
         with self._lock:
             parked, self._parked = self._parked, []
         for link, _ in parked:
