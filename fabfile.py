@@ -23,7 +23,7 @@ from invoke.exceptions import CommandTimedOut, Exit
 
 from experiments import report as report_mod
 from experiments import spec as spec_mod
-from experiments.report import compare_runs, ddp, elastic
+from experiments.report import compare_runs
 from experiments.running import about, fleet, progress, runner
 from experiments.running import deploy as deploy_mod
 from experiments.running.task_errors import one_line_errors
@@ -164,19 +164,15 @@ def _run_spec(spec: str, inventory: str | None, results: str | None, launcher: s
     records = report_mod.load(out)[1]
     if write_report:
         _write_report(out)
-    if chosen.elastic:
-        wrong = elastic.problems(elastic.load(out))
-        print(f"results: {out}" + (f" ({'; '.join(wrong)})" if wrong else ""))
-        if wrong:
-            raise Exit("the elastic scenario did not end well: " + "; ".join(wrong), code=1)
-    if chosen.ddp:
-        trained = ddp.load(out)
-        wrong = ddp.problems(trained)
-        lacking = [r.error or "" for r in trained if r.status == "skipped"]
+    for scenario in report_mod.SCENARIOS:  # the spec's scenario decides the run's verdict
+        if getattr(chosen, scenario.NAME) is None:
+            continue
+        said = scenario.load(out)
+        wrong, lacking = scenario.problems(said), scenario.not_run(said)
         print(f"results: {out}" + (f" ({'; '.join(wrong)})" if wrong else "")
               + (f" (not run: {lacking[0]})" if lacking else ""))
         if wrong:
-            raise Exit("the DDP scenario did not end well: " + "; ".join(wrong), code=1)
+            raise Exit(f"{scenario.WHAT} did not end well: " + "; ".join(wrong), code=1)
     skipped = [r for r in records if r.status == "skipped"]  # a contender the nodes lack
     bad = [r for r in records if r.status not in ("ok", "skipped")]
     print(f"results: {out} ({len(records) - len(bad) - len(skipped)}/{len(records)} cases ok"

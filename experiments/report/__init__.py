@@ -11,7 +11,7 @@ import html
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jinja2
 from rxelab import ops, perftest
@@ -197,6 +197,24 @@ def seed_table(flat: list[Row]) -> tuple[list[int], list[tuple[str, list[str]]]]
                           for name, by in sorted(cells.items())]
 
 
+class ScenarioReport(Protocol):
+    """What the report and the run's verdict (fabfile) read of a scenario's records: its
+    module (report/elastic.py, report/ddp.py) is one."""
+
+    NAME: str  # the spec's table, and the file: <NAME>.jsonl, <NAME>.png
+    WHAT: str  # in the verdict: "<WHAT> did not end well"
+    HEADING: str  # its section of the report
+    def load(self, results: Path, /) -> list[Any]: ...
+    def summary_lines(self, records: list[Any], /) -> list[str]: ...  # first in the summary
+    def figure(self, records: list[Any], /) -> bytes | None: ...
+    def table(self, records: list[Any], /) -> tuple[list[str], list[list[str]]]: ...
+    def problems(self, records: list[Any], /) -> list[str]: ...  # what fails the run
+    def not_run(self, records: list[Any], /) -> list[str]: ...  # skipped, and why: no failure
+
+
+SCENARIOS: tuple[ScenarioReport, ...] = (elastic, ddp)
+
+
 def write(results: Path) -> tuple[Path, Path]:
     env, records, loads = load(results)
     flat = medians(rows(records))
@@ -205,21 +223,16 @@ def write(results: Path) -> tuple[Path, Path]:
     images = figures(flat, records, loads)
     summary = summary_lines(flat, records, loads)
     sections = []
-    scenario = elastic.load(results)
-    if scenario:
-        summary = [*elastic.summary_lines(scenario), *summary[1:]]
-        if (png := elastic.figure(scenario)) is not None:
-            images = {"elastic.png": png, **images}
-    el_head, el_rows = elastic.table(scenario)
-    trained = ddp.load(results)
-    if trained:
-        summary = [*ddp.summary_lines(trained), *summary[1:]]
-        if (png := ddp.figure(trained)) is not None:
-            images = {"ddp.png": png, **images}
-        el_head, el_rows = ddp.table(trained)
-    if el_rows:
-        sections.append({"heading": "DDP against Gloo" if trained else "Changes of members",
-                         "head": el_head, "rows": el_rows})
+    for scenario in SCENARIOS:
+        said = scenario.load(results)
+        if not said:
+            continue
+        summary = [*scenario.summary_lines(said), *summary[1:]]
+        if (png := scenario.figure(said)) is not None:
+            images = {f"{scenario.NAME}.png": png, **images}
+        head, table = scenario.table(said)
+        if table:
+            sections.append({"heading": scenario.HEADING, "head": head, "rows": table})
     coded = compression.table(flat)
     if coded:
         sections.append({"heading": "Compression", "head": compression.HEAD, "rows": coded})

@@ -15,6 +15,8 @@ from experiments.report import plots
 from experiments.running.scenario_records import DdpRecord
 
 Record = DdpRecord
+# what a spec calls it, how the run's verdict and the report name it (experiments.report.SCENARIOS)
+NAME, WHAT, HEADING = "ddp", "the DDP scenario", "DDP against Gloo"
 HEAD = ["bucket cap", "variant", "buckets", "ms/step (min-max)", "ms per bucket",
         "vs Gloo", "parameters"]
 
@@ -102,6 +104,11 @@ def summary_lines(records: list[Record]) -> list[str]:
 def figure(records: list[Record]) -> bytes | None:
     """DDP's variants by bucket cap (FSDP's, with none, are in the table)."""
     return plots.ddp_steps([r for r in ok(records) if r.bucket_mb is not None])
+
+
+def not_run(records: list[Record]) -> list[str]:
+    """Why jobs were skipped (no torch, or what this torch's FSDP needs): said, no failure."""
+    return [r.error or "" for r in records if r.status == "skipped"]
 
 
 def problems(records: list[Record]) -> list[str]:
