@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from experiments.running import commands
 from experiments.running.records import Environment
 
 EMULATION_NOTE = ("Absolute numbers here come from VMs under emulation (TCG) and are not hardware "
@@ -98,9 +99,9 @@ def mpi_rdma_note(env: Environment) -> str:
     ver = versions(env)
     settings = {k: t for k, v in env.ucx_settings.items() if (t := text(v)) is not None}
     devices = ", ".join(rdma_devices(env)) or UNKNOWN
-    mca = "--mca pml ucx --mca btl ^openib,uct"
+    mca = " ".join(commands.mca_args(commands.UCX_MCA))
     if settings:
-        how = "with `" + " ".join([mca, *(f"-x {k}={v}" for k, v in settings.items())]) + "`"
+        how = "with `" + " ".join([mca, *commands.export_args(settings)]) + "`"
     else:
         how = f"with `{mca}` and UCX settings that were not recorded for this run ({UNKNOWN})"
     dgid = settings.get(DGID_CHECK)

@@ -146,6 +146,19 @@ def ucx_settings(host: Host, ranks_per_host: int = 1) -> dict[str, str]:
     }
 
 
+# Open MPI over UCX, whoever starts it (a case, the elastic scenario, srun) and whatever the
+# report says it ran with (report/run_facts.py)
+UCX_MCA = {"pml": "ucx", "btl": "^openib,uct"}
+
+
+def mca_args(mca: dict[str, str]) -> list[str]:
+    return [a for k, v in mca.items() for a in ("--mca", k, v)]
+
+
+def export_args(env: dict[str, str]) -> list[str]:
+    return [a for k, v in env.items() for a in ("-x", f"{k}={v}")]
+
+
 def mpi_settings(case: Case, hosts: list[Host],
                  network: str) -> tuple[dict[str, str], dict[str, str]]:
     """(MCA parameters, environment) of an Open MPI case, whatever starts it: the transport
@@ -155,7 +168,7 @@ def mpi_settings(case: Case, hosts: list[Host],
     if case.transport == "tcp":
         mca, env = {"pml": "ob1", "btl": "tcp,self", "btl_tcp_if_include": network}, {}
     else:
-        mca, env = {"pml": "ucx", "btl": "^openib,uct"}, ucx_settings(hosts[0])
+        mca, env = dict(UCX_MCA), ucx_settings(hosts[0])
     described = ops.COLLECTIVES[case.op].mpi
     assert described is not None, "spec validation lets only collectives with an MPI counterpart through"
     forced = described.tuned[case.algorithm]
@@ -176,8 +189,7 @@ def mpi_command(case: Case, hosts: list[Host], network: str, run_id: str) -> str
     argv = ["timeout", "-k", str(KILL_AFTER_S), f"{case_timeout(case):.0f}", "mpirun", "-np", str(len(hosts)),
             "--host", mpi_hosts(hosts), "--mca", "oob_tcp_if_include", network,
             "-x", RUN_ID,  # the ranks carry the run's id too: the clean-up finds them
-            *(a for k, v in mca.items() for a in ("--mca", k, v)),
-            *(a for k, v in env.items() for a in ("-x", f"{k}={v}")), *mpi_app(case)]
+            *mca_args(mca), *export_args(env), *mpi_app(case)]
     return started_by(run_id) + remote_join(argv)
 
 

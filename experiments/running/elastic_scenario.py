@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from experiments.running import commands, fleet
-from experiments.running.commands import RUN_ID, remote_word, started_by
+from experiments.running.commands import RUN_ID, remote_join, remote_word, started_by
 from experiments.running.scenario_records import Action, ElasticEvent, ElasticRecord, JobEnd
 from experiments.spec.scenarios import ElasticDoc, Event
 from infra import rdmaport
@@ -64,29 +64,24 @@ def job_command(el: ElasticDoc, hosts: list[Host], run_id: str, secret: str) -> 
         else []
     argv = [*launcher([h.data_ip for h in hosts], secret, el.timeout_s, "--elastic",
                       "--per-host", str(el.ranks_per_node)), "--", *app_argv(el, *waits)]
-    return started_by(run_id) + _join(argv)
+    return started_by(run_id) + remote_join(argv)
 
 
 def newcomer_command(el: ElasticDoc, host: Host, head: Host, run_id: str, secret: str) -> str:
     argv = [*launcher([host.data_ip], secret, el.timeout_s, "--join", "--master", head.data_ip),
             "--", *app_argv(el, "--join", "--join-timeout", f"{el.timeout_s:.0f}")]
-    return started_by(run_id) + _join(argv)
+    return started_by(run_id) + remote_join(argv)
 
 
 def mpi_command(el: ElasticDoc, hosts: list[Host], network: str, run_id: str) -> str:
     per = el.ranks_per_node
-    exports = [a for k, v in commands.ucx_settings(hosts[0], per).items() for a in ("-x", f"{k}={v}")]
     argv = ["timeout", "-k", str(commands.KILL_AFTER_S), f"{el.timeout_s:.0f}", "mpirun", "-np",
             str(len(hosts) * per),
             "--host", commands.mpi_hosts(hosts, per),
             "--mca", "oob_tcp_if_include", network, "-x", RUN_ID,
-            "--mca", "pml", "ucx", "--mca", "btl", "^openib,uct", *exports,
-            *app_argv(el, "--mpi")]
-    return started_by(run_id) + _join(argv)
-
-
-def _join(argv: list[str]) -> str:
-    return " ".join(remote_word(a) for a in argv)
+            *commands.mca_args(commands.UCX_MCA),
+            *commands.export_args(commands.ucx_settings(hosts[0], per)), *app_argv(el, "--mpi")]
+    return started_by(run_id) + remote_join(argv)
 
 
 def secret_command(path: str) -> str:
