@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,8 +74,10 @@ def environment(hosts: list[Host], lab_state: Path | None) -> Environment:
             r = c.run(ABOUT + commands.readings_command(h), hide=True, warn=True, timeout=60)
         return parse_about(r.stdout), commands.parse_readings(r.stdout)
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        answers = dict(zip([h.name for h in hosts], pool.map(ask, hosts), strict=True))
+    said = fleet.on_every_host(hosts, ask)
+    if failed := fleet.failed_hosts(said):
+        raise fleet.FleetError("could not ask the nodes what they run:\n  " + "\n  ".join(failed))
+    answers = {name: a for name, a in said.items() if not isinstance(a, Exception)}
     first, readings = answers[hosts[0].name]
     virt = "?" if first.virt is None else first.virt
     env = Environment.model_validate({

@@ -24,7 +24,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import paramiko
 from invoke.exceptions import Failure
 
 from experiments.running import watched
-from experiments.running.fleet import REMOTE_HOME, FleetError, connect
+from experiments.running.fleet import REMOTE_HOME, FleetError, connect, on_every_host
 from infra import lab_settings, rdmaport
 from infra.config import REPO
 from infra.inventory import Host, Inventory
@@ -216,8 +215,9 @@ def deploy(inv: Inventory, hosts: list[Host] | None = None,
         with lock:
             say(line)
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        checks = list(pool.map(lambda h: deploy_one(h, data, digest, said), targets))
+    done = on_every_host(targets, lambda h: deploy_one(h, data, digest, said))
+    checks = [NodeCheck(name, False, (f"{str(c) or type(c).__name__} (unexpected)",))
+              if isinstance(c, Exception) else c for name, c in done.items()]
     bad = [c for c in checks if c.problems]
     if bad:
         lines = [f"{c.host}: {p}" for c in bad for p in c.problems]

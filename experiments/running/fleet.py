@@ -1,6 +1,6 @@
 """The nodes, as Fabric sees them: connections built from any inventory (host keys checked
-against its known_hosts), where a deploy put things on a node, and long remote commands that
-Ctrl-C can stop. The deploy itself is experiments/running/deploy.py.
+against its known_hosts), the one fan-out to every node, where a deploy put things on a node,
+and long remote commands that Ctrl-C can stop. The deploy itself is experiments/running/deploy.py.
 
 Nothing here hangs: connections have connect, banner and authentication timeouts (generous: a
 busy TCG guest takes seconds of its CPU for one login), commands a deadline.
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import paramiko
 from fabric import Config, Connection
@@ -25,8 +27,31 @@ CONNECT_TIMEOUT = 15  # the TCP connect
 LOGIN_TIMEOUT = 60  # the SSH banner and authentication, on a guest that may be busy
 
 
+T = TypeVar("T")
+
+
 class FleetError(Exception):
     pass
+
+
+def on_every_host(hosts: Sequence[Host], work: Callable[[Host], T]) -> dict[str, T | Exception]:
+    """The one way we run something on every node: all in parallel, and every node tried to the
+    end even when one fails, so that the caller can name each node that failed rather than the
+    first failure hiding the rest. Per host name, what `work` returned or the exception it
+    raised."""
+    def one(host: Host) -> T | Exception:
+        try:
+            return work(host)
+        except Exception as err:  # handed to the caller, which names it with its host
+            return err
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return dict(zip([h.name for h in hosts], pool.map(one, hosts), strict=True))
+
+
+def failed_hosts(results: dict[str, T | Exception]) -> list[str]:
+    """`host: what went wrong`, one line for each host whose work raised."""
+    return [f"{name}: {str(err) or type(err).__name__}"
+            for name, err in results.items() if isinstance(err, Exception)]
 
 
 class AcceptNew(paramiko.MissingHostKeyPolicy):

@@ -20,7 +20,6 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -210,14 +209,13 @@ class Runner:
     def _on_hosts(self, hosts: list[Host], command: Callable[[Host], str],
                   timeout: float = 60) -> dict[str, Result | Exception]:
         """One command per host, in parallel; the Result (or the exception) per host name."""
-        def one(h: Host) -> Result | Exception:
+        def one(h: Host) -> Result:
             try:
                 return self._connection(h).run(command(h), hide=True, warn=True, timeout=timeout)
-            except Exception as err:  # reported per host by the caller
+            except Exception:  # reported per host by the caller
                 self.connections.pop(h.name, None)  # a broken connection is made anew next time
-                return err
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            return dict(zip([h.name for h in hosts], pool.map(one, hosts), strict=True))
+                raise
+        return fleet.on_every_host(hosts, one)
 
     def _connection(self, host: Host) -> Any:
         """SSH connections are slow to open under emulation: one per node, kept for the run."""
