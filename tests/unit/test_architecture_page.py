@@ -182,3 +182,30 @@ def test_each_question_is_answered_in_at_most_three_files_that_exist(question):
 
 def test_the_count_of_files_counts_paths_not_words():
     assert files_named("`a/b.py`, `c/`, `Reason`, `x/y.py` and `a/b.py` again") == {"a/b.py", "c/", "x/y.py"}
+
+
+def words() -> dict[str, list[str]]:
+    """The page's words: {name: the files its row names}."""
+    out = {}
+    for line in section("Words with one meaning").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and (m := re.fullmatch(r"`([A-Za-z_]+)`", cells[0])):
+            out[m.group(1)] = re.findall(r"`([^`]+/[^`]+)`", cells[2])
+    return out
+
+
+def test_the_page_defines_the_words_that_had_two_meanings():
+    assert {"stages", "Call", "iterations", "seed_api", "mtu_enum", "Reason",
+            "lab_settings"} <= set(words())
+
+
+@pytest.mark.parametrize("word", sorted(words()))
+def test_each_word_is_in_the_files_its_row_names(word):
+    files = words()[word]
+    assert files, f"the row of {word!r} names no file"
+    for f in files:
+        assert (REPO / f).is_file(), f"{word}: {f} does not exist"
+    first = REPO / files[0]
+    assert first.stem == word or re.search(rf"\b{word}\b", first.read_text()), \
+        f"{word!r} is not in {files[0]}"
+
