@@ -78,7 +78,7 @@ cores=$(nproc 2>/dev/null || echo 1)
 load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)
 note "$cores cores, load $load: $( [ -r /dev/kvm ] && echo 'KVM is tried first' || echo 'no KVM: emulated (TCG)')," \
      "first provision ~5 min on 2 quiet cores (image build ~2 min); a busy host is slower, and waited for"
-[ "${1:-}" = test ] && note "make test: ~25-30 min on 2 quiet cores (it boots its own labs)"
+[ "${1:-}" = test ] && note "make test: ~70-80 min on 2 cores (it boots its own labs, the first beside CPU hogs)"
 
 if [ "$blockers" -gt 0 ]; then
   echo "rxelab: $blockers thing(s) missing above; nothing was installed"
