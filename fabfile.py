@@ -23,7 +23,7 @@ from invoke.exceptions import CommandTimedOut, Exit
 
 from experiments import report as report_mod
 from experiments import spec as spec_mod
-from experiments.report import compare_runs
+from experiments.report import compare_runs, verdict
 from experiments.running import about, fleet, progress, runner
 from experiments.running import deploy as deploy_mod
 from experiments.running.task_errors import one_line_errors
@@ -164,32 +164,11 @@ def _run_spec(spec: str, inventory: str | None, results: str | None, launcher: s
     records = report_mod.load(out)[1]
     if write_report:
         _write_report(out)
-    for scenario in report_mod.SCENARIOS:  # the spec's scenario decides the run's verdict
-        if getattr(chosen, scenario.NAME) is None:
-            continue
-        said = scenario.load(out)
-        wrong, lacking = scenario.problems(said), scenario.not_run(said)
-        print(f"results: {out}" + (f" ({'; '.join(wrong)})" if wrong else "")
-              + (f" (not run: {lacking[0]})" if lacking else ""))
-        if wrong:
-            raise Exit(f"{scenario.WHAT} did not end well: " + "; ".join(wrong), code=1)
-    skipped = [r for r in records if r.status == "skipped"]  # a contender the nodes lack
-    bad = [r for r in records if r.status not in ("ok", "skipped")]
-    print(f"results: {out} ({len(records) - len(bad) - len(skipped)}/{len(records)} cases ok"
-          + (f", {len(skipped)} not run" if skipped else "") + ")")
-    for who in sorted({spec_mod.contender(r) for r in skipped}):
-        first = next(r for r in skipped if spec_mod.contender(r) == who)
-        print(f"{who} cases were not run: {'skipped' if first.error is None else first.error}")
-    # Wrong data is always a failure; a case that fails or runs out of time on an impaired
-    # network is a finding of the study (it is in the report), not a failure of the run.
-    broken = [r for r in bad if r.status == "wrong" or not any(r.netem.values())]
-    if broken:
-        raise Exit(f"{len(broken)} cases did not verify: " + ", ".join(
-            f"{spec_mod.contender(r)} {r.op}/{r.algorithm} ({r.status})" for r in broken),
-            code=1)
-    if bad:
-        print(f"{len(bad)} cases under impairment did not finish (see the report): " + ", ".join(
-            f"{spec_mod.contender(r)} {r.algorithm} {r.netem} ({r.status})" for r in bad))
+    judged = verdict.of_run(chosen, out, records)
+    for line in judged.said:
+        print(line)
+    if judged.failure:
+        raise Exit(judged.failure, code=1)
     return out
 
 
