@@ -238,6 +238,11 @@ class Acceptor:
         self.queued.pop(sock, None)
         sock.close()
 
+    def wake(self) -> None:
+        """hear() returns now rather than at the end of its wait (its server is stopping)."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
     def close(self) -> None:
         """Every connection still waiting is closed; the listener stays (it is not ours)."""
         for sock in list(self.pending):

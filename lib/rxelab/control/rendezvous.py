@@ -56,6 +56,7 @@ class Plane(Protocol):
 SAME_HOST = ""  # a listener's host in the directory: at MASTER_ADDR, beside rank 0
 LATER_S = 5.0  # a later generation's rank 0 that answers "later" longer than this is not
 # going to gather it (it moved on)
+FIRST_RETRY_S, RETRY_S = 0.01, 0.2  # dialling rank 0 again: doubling from the first to the most
 
 
 def _rendezvous(plane: Plane) -> socket.socket:
@@ -257,6 +258,7 @@ def join(plane: Plane, mine: dict[int, dict[str, Any]],
     # on its node: each is dialled in turn, and only a listener that proves itself is taken
     ports = _ports(job) if plane.generation == 0 else [job.master_port]
     where = f"{job.master_addr}:{'/'.join(str(p) for p in ports)}"
+    pause = FIRST_RETRY_S  # ranks start together: rank 0 most often listens within milliseconds
     while True:
         refused = 0
         targets = [a for port in ports for a in addresses.addresses(job.master_addr, port)]
@@ -297,7 +299,8 @@ def join(plane: Plane, mine: dict[int, dict[str, Any]],
                             reason=Reason.SILENT,
                             hint="a process without the job's secret holds the port" if unproven
                             else None)
-        time.sleep(0.2)
+        time.sleep(pause)
+        pause = min(2 * pause, RETRY_S)
 
 
 def _dial_root(plane: Plane, addr: tuple[str, int], deadline: float) -> Link:

@@ -32,6 +32,7 @@ MAX_PENDING = 64  # connections in the handshake at once: beyond this the oldest
 SEND_S = 2.0  # an answer that the other end does not take within this is dropped
 PARKED = ("join",)  # kinds that wait for their consumer instead of hearing "later"
 MAX_PARKED = 64
+HEAR_S = 0.2  # the serving loop looks at its parked requests this often; close() wakes it
 
 
 class Server:
@@ -115,7 +116,7 @@ class Server:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                for link, request in self.acceptor.hear(0.2):
+                for link, request in self.acceptor.hear(HEAR_S):
                     self._route(link, request)
                 self._prune()
             except (OSError, ValueError):  # the listener was closed under us: nothing to serve
@@ -166,6 +167,7 @@ class Server:
     def close(self, *, listener: bool) -> None:
         """Stop serving (and close the listener too, if it is not handed on)."""
         self._stop.set()
+        self.acceptor.wake()  # not a select's wait later: a job's end waits on this join
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
         self.acceptor.close()
