@@ -76,7 +76,9 @@ def environment(hosts: list[Host], lab_state: Path | None) -> Environment:
 
     said = fleet.on_every_host(hosts, ask)
     if failed := fleet.failed_hosts(said):
-        raise fleet.FleetError("could not ask the nodes what they run:\n  " + "\n  ".join(failed))
+        cause = next(e for e in said.values() if isinstance(e, Exception))
+        raise fleet.FleetError("could not ask the nodes what they run:\n  "
+                               + "\n  ".join(failed)) from cause
     answers = {name: a for name, a in said.items() if not isinstance(a, Exception)}
     first, readings = answers[hosts[0].name]
     virt = "?" if first.virt is None else first.virt

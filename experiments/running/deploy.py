@@ -31,7 +31,14 @@ import paramiko
 from invoke.exceptions import Failure
 
 from experiments.running import watched
-from experiments.running.fleet import REMOTE_HOME, FleetError, connect, on_every_host
+from experiments.running.fleet import (
+    REMOTE_HOME,
+    FleetError,
+    connect,
+    on_every_host,
+    raise_ours,
+    said_of,
+)
 from infra import lab_settings, rdmaport
 from infra.config import REPO
 from infra.inventory import Host, Inventory
@@ -216,8 +223,9 @@ def deploy(inv: Inventory, hosts: list[Host] | None = None,
             say(line)
 
     done = on_every_host(targets, lambda h: deploy_one(h, data, digest, said))
-    checks = [NodeCheck(name, False, (f"{str(c) or type(c).__name__} (unexpected)",))
-              if isinstance(c, Exception) else c for name, c in done.items()]
+    raise_ours(done)  # deploy_one says a node's own failures in its NodeCheck
+    checks = [NodeCheck(name, False, (said_of(c),)) if isinstance(c, Exception) else c
+              for name, c in done.items()]
     bad = [c for c in checks if c.problems]
     if bad:
         lines = [f"{c.host}: {p}" for c in bad for p in c.problems]

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import paramiko
 from fabric import Config, Connection
+from invoke.exceptions import CommandTimedOut
 
 from infra.inventory import Host
 from infra.ssh import accept_new_host_keys
@@ -28,6 +29,9 @@ LOGIN_TIMEOUT = 60  # the SSH banner and authentication, on a guest that may be 
 
 
 T = TypeVar("T")
+# what a node, its network or its SSH can do to us: said as that node's failure. Anything
+# else raised on a node's behalf is a fault of ours and keeps its traceback.
+NODE_ERRORS = (OSError, EOFError, paramiko.SSHException, CommandTimedOut)
 
 
 class FleetError(Exception):
@@ -48,10 +52,23 @@ def on_every_host(hosts: Sequence[Host], work: Callable[[Host], T]) -> dict[str,
         return dict(zip([h.name for h in hosts], pool.map(one, hosts), strict=True))
 
 
+def raise_ours(results: dict[str, T | Exception]) -> None:
+    """A failure that is not a node's (a bug of ours) is raised as it was, traceback and all."""
+    for err in results.values():
+        if isinstance(err, Exception) and not isinstance(err, NODE_ERRORS):
+            raise err
+
+
+def said_of(err: Exception) -> str:
+    """A node's failure in one line: the first line of its words (a timed-out command's run on
+    with the command and its output)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+
+
 def failed_hosts(results: dict[str, T | Exception]) -> list[str]:
-    """`host: what went wrong`, one line for each host whose work raised."""
-    return [f"{name}: {str(err) or type(err).__name__}"
-            for name, err in results.items() if isinstance(err, Exception)]
+    """`host: what went wrong`, one line for each host whose work failed (raise_ours first)."""
+    raise_ours(results)
+    return [f"{name}: {said_of(err)}" for name, err in results.items() if isinstance(err, Exception)]
 
 
 class AcceptNew(paramiko.MissingHostKeyPolicy):

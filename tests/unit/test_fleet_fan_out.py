@@ -38,11 +38,25 @@ def test_every_host_is_tried_to_the_end_when_one_fails_first():
     assert fleet.failed_hosts(got) == ["node1: refused"]
 
 
-def test_a_failure_without_words_is_named_by_its_kind():
+def test_a_failure_without_words_is_named_by_its_kind_and_a_long_one_by_its_first_line():
     def work(h: Host) -> None:
-        raise TimeoutError
+        if h.name == "node1":
+            raise TimeoutError
+        raise OSError("Command did not complete within 60 seconds!\n\nCommand: cat x\n\nStdout: ...")
 
-    assert fleet.failed_hosts(fleet.on_every_host(HOSTS[:1], work)) == ["node1: TimeoutError"]
+    assert fleet.failed_hosts(fleet.on_every_host(HOSTS[:2], work)) == [
+        "node1: TimeoutError", "node2: Command did not complete within 60 seconds!"]
+
+
+def test_a_fault_of_ours_on_one_node_keeps_its_traceback_rather_than_a_node_failure():
+    def work(h: Host) -> dict[str, str]:
+        said: dict[str, str] = {}
+        if h.name == "node2":
+            return {"kernel": said["kernel"]}  # a bug of ours, not the node's
+        raise ConnectionResetError("reset by peer")
+
+    with pytest.raises(KeyError):
+        fleet.failed_hosts(fleet.on_every_host(HOSTS, work))
 
 
 def test_asking_the_nodes_names_every_node_that_did_not_answer(monkeypatch):
@@ -69,15 +83,16 @@ def test_asking_the_nodes_names_every_node_that_did_not_answer(monkeypatch):
     assert asked == ["node1"]
     assert str(e.value).splitlines() == ["could not ask the nodes what they run:",
                                          "  node2: connection refused", "  node3: timed out"]
+    assert isinstance(e.value.__cause__, OSError), "fab --debug shows what the node did"
 
 
-def test_a_deploy_that_raises_on_one_node_is_a_problem_of_that_node(monkeypatch):
+def test_a_deploy_that_loses_one_node_names_it_and_tries_every_node(monkeypatch):
     tried = []
 
     def deploy_one(h: Host, data: bytes, digest: str, say) -> NodeCheck:
         tried.append(h.name)
         if h.name == "node2":
-            raise RuntimeError("the bundle went missing")
+            raise ConnectionResetError("reset by peer")
         return NodeCheck(h.name, True, ())
 
     monkeypatch.setattr(deploy, "bundle", lambda: (b"", "0" * 64))
@@ -86,4 +101,14 @@ def test_a_deploy_that_raises_on_one_node_is_a_problem_of_that_node(monkeypatch)
         deploy.deploy(Inventory("t", tuple(HOSTS)))
     assert sorted(tried) == ["node1", "node2", "node3"]
     assert str(e.value).splitlines() == ["some nodes cannot run the experiments:",
-                                         "  node2: the bundle went missing (unexpected)"]
+                                         "  node2: reset by peer"]
+
+
+def test_a_bug_in_a_deploy_is_raised_as_it_was(monkeypatch):
+    def deploy_one(h: Host, data: bytes, digest: str, say) -> NodeCheck:
+        raise TypeError("a bug of ours")
+
+    monkeypatch.setattr(deploy, "bundle", lambda: (b"", "0" * 64))
+    monkeypatch.setattr(deploy, "deploy_one", deploy_one)
+    with pytest.raises(TypeError, match="a bug of ours"):
+        deploy.deploy(Inventory("t", tuple(HOSTS)))

@@ -8,6 +8,7 @@ import secrets
 
 from rxelab.control import addresses, server
 from rxelab.control.handshake import SharedSecret
+from rxelab.control.liveness import Verdict, probe
 from rxelab.control.server import Server
 
 
@@ -16,7 +17,9 @@ def test_close_ends_the_serving_thread_without_waiting_out_its_select(monkeypatc
     cred = SharedSecret.of(secrets.token_urlsafe(32), "test")
     s = Server(addresses.any_address(0), cred, {"job"}, rank=0, generation=0)
     thread = s._thread
-    assert thread.is_alive()
+    # answered by the serving thread: it is in its loop, and back in its 30 s wait after this
+    assert probe(("127.0.0.1", s.port), cred, scope="job", rank=1, to=0, generation=0) \
+        == Verdict.ALIVE
     s.close(listener=True)
     assert not thread.is_alive(), "close() returned while its server still served"
     assert s.listener.fileno() < 0
