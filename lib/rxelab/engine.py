@@ -14,8 +14,8 @@ Two protocols, chosen by block size as MPI's eager limit and UCX's rendezvous th
 Control messages (ready-to-receive, tokens, aborts) are small SENDs into the same slots.
 
 This module posts and completes; the waits and the mailbox are rxelab.waits, the formats on
-the wire rxelab.messages, and the verbs themselves rxelab.verbs (the only module that imports
-pyverbs).
+the wire rxelab.messages. It speaks verbs' vocabulary (rxelab.transports.base) to whichever
+transport the communicator opened.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rxelab import abort_notices, verbs
+from rxelab import abort_notices
 from rxelab.errors import Mismatch, PeerError, ProtocolError, Reason
 from rxelab.messages import (
     ABORT,
@@ -50,7 +50,8 @@ from rxelab.messages import (
     SendOp,
     WriteOp,
 )
-from rxelab.verbs import Connection, Device, status_str
+from rxelab.transports import base
+from rxelab.transports.base import Connection, Device
 from rxelab.waits import EXPLAIN_S, WATCH_EVERY, Arrival, Counters, Mailbox, Waits
 
 __all__ = ["WATCH_EVERY", "Engine"]  # WATCH_EVERY: how often a wait looks at the peers
@@ -101,7 +102,7 @@ class Engine(Waits):
         conn, slot = self._send_slot(peer)
         message = CTRL.pack(kind, CTRL_VERSION, 0, tag, rkey, codec, addr, length) + extra
         conn.send_mr.write(message, len(message), slot * conn.slot_size)
-        return self._post_slot(conn, slot, verbs.WR_SEND, len(message), 0, acked)
+        return self._post_slot(conn, slot, base.WR_SEND, len(message), 0, acked)
 
     def send_eager(self, peer: int, addr: int, length: int, tag: int,
                    acked: bool = False) -> SendOp:
@@ -117,7 +118,7 @@ class Engine(Waits):
             if counters.inflight > counters.peak_inflight:
                 counters.peak_inflight = counters.inflight
         counters.bytes_sent += length
-        return self._post_slot(conn, slot, verbs.WR_SEND_WITH_IMM, length, socket.htonl(tag),
+        return self._post_slot(conn, slot, base.WR_SEND_WITH_IMM, length, socket.htonl(tag),
                                acked, length)
 
     def _post_slot(self, conn: Connection, slot: int, opcode: int, length: int, imm: int,
@@ -156,13 +157,13 @@ class Engine(Waits):
             slot = conn.free_send_slots.pop()
             conn.send_mr.write(CTRL.pack(MOVING, CTRL_VERSION, 0, 0, 0, 0, 0, 0), CTRL.size,
                                slot * conn.slot_size)
-            self._post_slot(conn, slot, verbs.WR_SEND, CTRL.size, 0)
+            self._post_slot(conn, slot, base.WR_SEND, CTRL.size, 0)
 
     def flush(self, peer: int) -> SendOp:
         """A signaled zero-length RDMA write (it touches no memory and no receive): when it
         completes, everything posted to `peer` before it has."""
         conn, slot = self._send_slot(peer)
-        return self._post_slot(conn, slot, verbs.WR_RDMA_WRITE, 0, 0, acked=True)
+        return self._post_slot(conn, slot, base.WR_RDMA_WRITE, 0, 0, acked=True)
 
     def write(self, peer: int, addr: int, lkey: int, length: int, remote_addr: int, rkey: int,
               tag: int, imm: bool = True, notify: bool = True,
@@ -197,8 +198,8 @@ class Engine(Waits):
                 last = end == op.length
                 moving = not last and op.notify and op.imm \
                     and end // self.window != op.posted // self.window
-                opcode = verbs.WR_RDMA_WRITE_WITH_IMM if op.imm and last or moving \
-                    else verbs.WR_RDMA_WRITE
+                opcode = base.WR_RDMA_WRITE_WITH_IMM if op.imm and last or moving \
+                    else base.WR_RDMA_WRITE
                 conn.post(wr_id, opcode, op.addr + op.posted, n, op.lkey,
                           op.remote_addr + op.posted, op.rkey,
                           PROGRESS_IMM if moving else socket.htonl(op.tag))
@@ -275,9 +276,9 @@ class Engine(Waits):
         if wr_id & SEND_BIT:
             peer = (wr_id >> 40) & 0xFFFFF if wr_id & DATA_BIT else (wr_id >> 32) & 0xFFFFF
             self.outstanding[peer] -= 1
-            if wc.status != verbs.WC_SUCCESS:
+            if wc.status != base.WC_SUCCESS:
                 what = "RDMA write" if wr_id & DATA_BIT else "control send"
-                raise PeerError(f"{what} to rank {peer} failed: {status_str(wc.status)}"
+                raise PeerError(f"{what} to rank {peer} failed: {self.dev.status_str(wc.status)}"
                                 f" (vendor error {wc.vendor_err})", peer=peer,
                                 hint="the peer may have died or closed its connection")
             if wr_id & DATA_BIT:
@@ -297,15 +298,15 @@ class Engine(Waits):
                 self.counters.inflight -= eager_bytes
             return
         peer, slot = (wr_id >> 32) & 0xFFFFF, wr_id & 0xFFFFFFFF
-        if wc.status != verbs.WC_SUCCESS:
-            raise PeerError(f"receive from rank {peer} failed: {status_str(wc.status)}", peer=peer)
+        if wc.status != base.WC_SUCCESS:
+            raise PeerError(f"receive from rank {peer} failed: {self.dev.status_str(wc.status)}", peer=peer)
         conn = self.conns[peer]
-        if wc.opcode == verbs.WC_RECV_RDMA_WITH_IMM:
+        if wc.opcode == base.WC_RECV_RDMA_WITH_IMM:
             if wc.imm_data != PROGRESS_IMM:  # a progress notice only says the data moves
                 tag = socket.ntohl(wc.imm_data)
                 arrival = self.box.arrivals.setdefault((peer, tag), Arrival())
                 arrival.count += 1
-        elif wc.wc_flags & verbs.WC_WITH_IMM:  # eager data: the slot is held until consumed
+        elif wc.wc_flags & base.WC_WITH_IMM:  # eager data: the slot is held until consumed
             key = (peer, socket.ntohl(wc.imm_data))
             if key in self.box.eager:
                 raise ProtocolError(f"rank {peer} sent a second eager block with tag "

@@ -22,6 +22,7 @@ import numpy as np
 from rxelab import verbs
 from rxelab.comm.results import Stats
 from rxelab.errors import ConfigError, RdmaError
+from rxelab.transports.base import WC_SUCCESS, WR_RDMA_WRITE, WR_SEND
 
 OPS = ("alltoall", "allgather")  # rxelab.bench.HAND_OPS
 ALGORITHM = "hand-loop"  # rxelab.bench.HAND_LOOP
@@ -124,7 +125,7 @@ class HandLoop:
         base = conn.send_base + slot * self.slot_size
         ctypes.memmove(base, addr, nbytes)
         signaled = n % SIGNAL_EVERY == SIGNAL_EVERY - 1 or n + 1 - self.freed[peer] >= SLOTS
-        conn.post(SEND_BIT | (peer << 32) | (n & 0xFFFFFFFF), verbs.WR_SEND, base, nbytes, conn.send_mr.lkey,
+        conn.post(SEND_BIT | (peer << 32) | (n & 0xFFFFFFFF), WR_SEND, base, nbytes, conn.send_mr.lkey,
                   signaled=signaled)
         self.posted[peer] = n + 1
 
@@ -141,7 +142,7 @@ class HandLoop:
             n, wcs = self.dev.cq.poll(POLL_BATCH)
             for wc in wcs:
                 wr_id = wc.wr_id
-                failed = wc.status != verbs.WC_SUCCESS
+                failed = wc.status != WC_SUCCESS
                 if failed and not self.draining:
                     raise RdmaError(f"hand loop: a work request failed ({verbs.status_str(wc.status)})")
                 if wr_id & SEND_BIT:
@@ -175,7 +176,7 @@ class HandLoop:
         for peer, conn in self.conns.items():
             n = self.posted[peer]
             if n > self.freed[peer]:
-                conn.post(SEND_BIT | (peer << 32) | (n & 0xFFFFFFFF), verbs.WR_RDMA_WRITE,
+                conn.post(SEND_BIT | (peer << 32) | (n & 0xFFFFFFFF), WR_RDMA_WRITE,
                           conn.send_base, 0, conn.send_mr.lkey, signaled=True)
                 self.posted[peer] = n + 1
         for peer in self.conns:

@@ -130,6 +130,9 @@ def resolve(given: Mapping[str, Any]) -> dict[str, int | float]:
 
 
 CODEC = "compression"  # init(compression=): in the hello as its codec's id (rxelab.codecs)
+TRANSPORT = "transport"  # init(transport=): in the hello as its index in TRANSPORTS
+TRANSPORTS = ("verbs", "tcp", "quic")  # rxelab.transports opens them; their order is the wire's
+TRANSPORT_ENV = "RXELAB_TRANSPORT"  # init()'s default, where transport= is not given
 
 
 def disagreement(mine: Mapping[str, Any], theirs: Mapping[str, Any], who: int | str,
@@ -143,6 +146,11 @@ def disagreement(mine: Mapping[str, Any], theirs: Mapping[str, Any], who: int | 
                 for x in (theirs.get(CODEC), mine[CODEC])]
         return (f"{who} has compression={said[0]}, rank 0 has compression={said[1]}: "
                 f"every rank must use the same compression")
+    if TRANSPORT in mine and theirs.get(TRANSPORT) != mine[TRANSPORT]:
+        said = [TRANSPORTS[x] if isinstance(x, int) and 0 <= x < len(TRANSPORTS) else repr(x)
+                for x in (theirs.get(TRANSPORT), mine[TRANSPORT])]
+        return (f"{who} has transport={said[0]}, rank 0 has transport={said[1]}: "
+                f"every rank must use the same transport")
     for name in SHARED:
         if theirs.get(name) != mine.get(name):
             return (f"{who} has {name}={theirs.get(name)!r}, rank 0 has "

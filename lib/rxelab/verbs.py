@@ -27,20 +27,19 @@ from pyverbs.wr import SGE, RecvWR, SendWR
 from rxelab import messages
 from rxelab.errors import ConfigError, RdmaError
 from rxelab.settings import BY_NAME
+from rxelab.transports import base
+from rxelab.transports.base import ACCESS_LOCAL_WRITE, ACCESS_REMOTE, WR_RDMA_WRITE, WR_RDMA_WRITE_WITH_IMM
+
+# the engine posts and reads these numbers without pyverbs: this pyverbs must agree
+_wrong = base.abi_differences(e)
+if _wrong:
+    raise ImportError("this pyverbs disagrees with libibverbs' numbers rxelab was written for: "
+                      + "; ".join(_wrong))
 
 QP_TIMEOUT = int(BY_NAME["qp_timeout"].default)  # init()'s options: the one place
 RETRY_CNT = int(BY_NAME["retry_cnt"].default)
 RNR_RETRY = 7  # 7 = retry forever on receiver-not-ready
 MIN_RNR_TIMER = 12
-ACCESS_LOCAL_WRITE = e.IBV_ACCESS_LOCAL_WRITE
-ACCESS_REMOTE_WRITE = e.IBV_ACCESS_REMOTE_WRITE
-ACCESS_REMOTE = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE
-# what the engine posts and finds in completions (pyverbs' enums, named here: the only module
-# that imports pyverbs)
-WR_SEND, WR_SEND_WITH_IMM = e.IBV_WR_SEND, e.IBV_WR_SEND_WITH_IMM
-WR_RDMA_WRITE, WR_RDMA_WRITE_WITH_IMM = e.IBV_WR_RDMA_WRITE, e.IBV_WR_RDMA_WRITE_WITH_IMM
-WC_SUCCESS, WC_RECV_RDMA_WITH_IMM, WC_WITH_IMM = (e.IBV_WC_SUCCESS, e.IBV_WC_RECV_RDMA_WITH_IMM,
-                                                  e.IBV_WC_WITH_IMM)
 WR_CACHE = 256  # send WRs kept per connection
 
 
@@ -133,6 +132,9 @@ class Device:
         self.channel.get_cq_event(self.cq)
         self.cq.ack_events(1)
 
+    def status_str(self, status: int) -> str:
+        return status_str(status)
+
     def _choose(self, name: str | None, port: int | None) -> tuple[str, int]:
         names = [d.name.decode() if isinstance(d.name, bytes) else str(d.name)
                  for d in get_device_list()]
@@ -194,8 +196,8 @@ class Connection:
         self.dev = dev
         self.slot_size = slot_size
         self.qp: Any = None
-        self.recv_mr = MR(dev.pd, slots * slot_size, e.IBV_ACCESS_LOCAL_WRITE)
-        self.send_mr = MR(dev.pd, slots * slot_size, e.IBV_ACCESS_LOCAL_WRITE)
+        self.recv_mr = MR(dev.pd, slots * slot_size, ACCESS_LOCAL_WRITE)
+        self.send_mr = MR(dev.pd, slots * slot_size, ACCESS_LOCAL_WRITE)
         self.recv_base, self.send_base = self.recv_mr.buf, self.send_mr.buf
         registry.add_fixed(2 * slots * slot_size)  # messages.ring_bytes
         cap = QPCap(max_send_wr=send_depth, max_recv_wr=slots, max_send_sge=1, max_recv_sge=1)
@@ -268,7 +270,7 @@ class Connection:
         wr.opcode = opcode
         wr.imm_data = imm
         wr.send_flags = e.IBV_SEND_SIGNALED if signaled else 0
-        if opcode == e.IBV_WR_RDMA_WRITE or opcode == e.IBV_WR_RDMA_WRITE_WITH_IMM:
+        if opcode == WR_RDMA_WRITE or opcode == WR_RDMA_WRITE_WITH_IMM:
             wr.set_wr_rdma(rkey, remote_addr)
         self.qp.post_send(wr)
 
@@ -277,3 +279,28 @@ class Connection:
             if res is not None:
                 res.close()
         self.qp = None
+
+
+class VerbsFabric:
+    """The verbs transport (rxelab.transports.base.Fabric): rxe or any RDMA NIC."""
+
+    name = "verbs"
+
+    def __init__(self, name: str | None, port: int | None, gid_index: int | None,
+                 cq_depth: int) -> None:
+        self.device = Device(name, port, gid_index, cq_depth=cq_depth)
+
+    def register(self, address: int, nbytes: int, access: int) -> Any:
+        return register_mr(self.device.pd, address, nbytes, access)
+
+    def connection(self, registry: Any, peer: int, slots: int, send_depth: int,
+                   slot_size: int) -> Connection:
+        return Connection(self.device, registry, peer, slots, send_depth, slot_size=slot_size)
+
+    def connect(self, conn: base.Connection, remote: dict[str, Any], qp_timeout: int,
+                retry_cnt: int) -> None:
+        assert isinstance(conn, Connection), "a connection this fabric made"
+        conn.connect(Endpoint.from_dict(remote), qp_timeout, retry_cnt)
+
+    def close(self) -> None:
+        self.device.close()

@@ -17,7 +17,7 @@ from rxelab.errors import Mismatch, MismatchError, PeerError, RdmaError, Reason
 from rxelab.messages import AbortReason, SendOp, WriteOp
 
 if TYPE_CHECKING:
-    from rxelab.verbs import Connection, Device
+    from rxelab.transports.base import Connection, Device
 
 WATCH_EVERY = 0.25  # seconds between looks at the control connections while waiting
 EXPLAIN_S = 0.5  # how long a rank stopped by a peer waits for word of why (the first cause)

@@ -27,7 +27,8 @@ SMALL_ROOM = codecs.HEADER.size - 8  # room for less than a coded block's header
 
 
 def _engine() -> Engine:
-    dev = SimpleNamespace(cq=SimpleNamespace(poll=lambda n: (0, [])), channel_fd=None)
+    dev = SimpleNamespace(cq=SimpleNamespace(poll=lambda n: (0, [])), channel_fd=None,
+                          status_str=lambda s: f"status {s}")
     return Engine(dev, {0: None, 2: None}, timeout=5, window=1, chunk=1,  # type: ignore[arg-type,dict-item]
                   send_depth=4, rank=1)
 

@@ -32,7 +32,8 @@ BIG = 1 << 40
 
 
 def _engine(poll: Any = None) -> Engine:
-    dev = SimpleNamespace(cq=SimpleNamespace(poll=poll or (lambda n: (0, []))), channel_fd=None)
+    dev = SimpleNamespace(cq=SimpleNamespace(poll=poll or (lambda n: (0, []))), channel_fd=None,
+                          status_str=lambda s: f"status {s}")
     return Engine(dev, {0: None, 2: None}, timeout=5, window=1, chunk=1,  # type: ignore[arg-type,dict-item]
                   send_depth=4, rank=1)
 

@@ -10,18 +10,18 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from rxelab import verbs
 from rxelab.engine import Engine
 from rxelab.errors import MismatchError, PeerError, ProtocolError
 from rxelab.messages import DATA_BIT, SEND_BIT, SendOp
+from rxelab.transports import base
 
-DONE = SimpleNamespace(wr_id=SEND_BIT | (2 << 32) | 3, status=verbs.WC_SUCCESS, vendor_err=0)
+DONE = SimpleNamespace(wr_id=SEND_BIT | (2 << 32) | 3, status=base.WC_SUCCESS, vendor_err=0)
 
 
 def _engine(wcs: list[Any]) -> Engine:
     polls = iter([(len(wcs), wcs)])
     dev = SimpleNamespace(cq=SimpleNamespace(poll=lambda n: next(polls, (0, []))),
-                          channel_fd=None)
+                          channel_fd=None, status_str=lambda s: f"status {s}")
     return Engine(dev, {0: None, 2: None}, timeout=5, window=1, chunk=1,  # type: ignore[arg-type,dict-item]
                   send_depth=4, rank=1)
 
@@ -65,7 +65,7 @@ def test_a_completion_the_engine_has_no_record_of_goes_up_from_await_notices():
     """The real _complete: a write's completion whose chunk nothing posted is a KeyError,
     no message from a peer; waiting for the abort notices does not swallow it."""
     unknown = SimpleNamespace(wr_id=SEND_BIT | DATA_BIT | (2 << 40) | 5,
-                              status=verbs.WC_SUCCESS, vendor_err=0)
+                              status=base.WC_SUCCESS, vendor_err=0)
     eng = _engine([unknown])
     with pytest.raises(KeyError):
         eng.await_notices([SendOp(2)])

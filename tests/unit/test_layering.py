@@ -87,11 +87,12 @@ def test_pyverbs_is_imported_by_rxelab_verbs_alone():
     assert set(importers) == {"rxelab.verbs"}
 
 
-def test_the_algorithms_call_and_message_formats_import_without_pyverbs():
+def test_the_algorithms_engine_and_communicator_import_without_pyverbs():
     code = ("import sys, pkgutil, importlib, rxelab.collectives as c\n"
             "for m in pkgutil.iter_modules(c.__path__):\n"
             "    importlib.import_module('rxelab.collectives.' + m.name)\n"
             "import rxelab.messages, rxelab.ops, rxelab.layouts, rxelab.schedules, rxelab.waits\n"
+            "import rxelab.engine, rxelab.comm, rxelab.transports\n"
             "from rxelab.collectives.common import Call\n"
             "assert 'pyverbs' not in sys.modules, sorted(sys.modules)\n"
             "print('ok')\n")

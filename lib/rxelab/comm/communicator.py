@@ -1,7 +1,8 @@
-"""The communicator: what applications hold. It opens the device, builds a full mesh of RC
-QPs (endpoints swapped over the TCP control plane), runs every described collective through
-one generic path (collective() and start(); the named methods are that, spelt out), and
-close() (or the with-block) releases everything in the right order.
+"""The communicator: what applications hold. It opens a transport (rxelab.transports: verbs'
+device by default), builds a full mesh of connections (endpoints swapped over the TCP control
+plane), runs every described collective through one generic path (collective() and start();
+the named methods are that, spelt out), and close() (or the with-block) releases everything
+in the right order.
 
 Its parts live beside it: the plans and their cache (plans.py), the caller guard and failure
 handling (guard.py), argument checks (rxelab.checks), point to point and one-sided calls
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from rxelab import bootstrap, checks, codecs, membership, messages, settings, verbs
+from rxelab import bootstrap, checks, codecs, membership, messages, settings, transports
 from rxelab.buffers import Buffer
 from rxelab.collectives.common import DATA, Call
 from rxelab.comm import guard
@@ -35,11 +36,14 @@ from rxelab.engine import Engine
 from rxelab.errors import ClosedError, ConfigError, RdmaError
 from rxelab.registry import Registry
 from rxelab.requests import ProgressThread, Request
+from rxelab.transports.base import ACCESS_LOCAL_WRITE, ACCESS_REMOTE, Connection, Device, Fabric
 
 
-def shared_settings(options: dict[str, Any], codec: codecs.Codec | None) -> dict[str, Any]:
+def shared_settings(options: dict[str, Any], codec: codecs.Codec | None,
+                    transport: str) -> dict[str, Any]:
     """What every rank (and a newcomer) must agree on, as the hello and the join carry it."""
-    return {**{k: options[k] for k in settings.SHARED}, settings.CODEC: codecs.id_of(codec)}
+    return {**{k: options[k] for k in settings.SHARED}, settings.CODEC: codecs.id_of(codec),
+            settings.TRANSPORT: transports.id_of(transport)}
 
 
 class Communicator(PointToPoint, NamedCollectives):
@@ -47,13 +51,14 @@ class Communicator(PointToPoint, NamedCollectives):
                  port: int | None = None, gid_index: int | None = None, elastic: bool = False,
                  _server: Any = None, _generation: int = 0,
                  _look: Callable[[int], Verdict] | None = None, compression: str | None = None,
-                 _listener: socket.socket | None = None,
+                 _listener: socket.socket | None = None, transport: str | None = None,
                  **options: Any) -> None:
         """options: those of rxelab.settings (timeout, eager_limit, chunk, window, slots,
         send_depth, pin_limit, qp_timeout, retry_cnt), each checked there. elastic: this
         rank keeps a listener, so the job can shrink() and admit() (rxelab.membership).
         compression: how every collective's rendezvous blocks travel unless the call says
-        otherwise (rxelab.codecs: none, lz4, zstd; fp16, bf16 for float sums)."""
+        otherwise (rxelab.codecs: none, lz4, zstd; fp16, bf16 for float sums). transport:
+        what the collectives run over (rxelab.transports; default RXELAB_TRANSPORT, else verbs)."""
         self.compression = codecs.lookup(compression)
         codecs.check_use(self.compression, "every collective", True, "sum", "float32", job.world_size)
         if not isinstance(elastic, bool):
@@ -67,9 +72,10 @@ class Communicator(PointToPoint, NamedCollectives):
                               hint="our launcher makes one; else export RXELAB_JOB_TOKEN (or "
                                    "RXELAB_JOB_TOKEN_FILE) to every rank")
         self.options = settings.resolve(options)
+        self.transport = transports.choose(transport)
         self.job = job
         self.opened = {"device": device, "port": port, "gid_index": gid_index,
-                       "compression": compression}
+                       "compression": compression, "transport": self.transport}
         self.formed: dict[str, Any] = {}  # how membership made it (shrink, admit, join)
         # a server handed over by a change of membership stays its giver's until we stand
         self._keep_server = _server is not None
@@ -80,10 +86,11 @@ class Communicator(PointToPoint, NamedCollectives):
         self.timeout = timeout
         self.closed = False
         self.failed: str | None = None  # set when a collective failed part-way
-        self.conns: dict[int, verbs.Connection] = {}
+        self.conns: dict[int, Connection] = {}
         self.control = ControlPlane(job, timeout, elastic=elastic, server=_server,
                                     generation=_generation, look=_look, listener=_listener)
-        self.dev: verbs.Device | None = None
+        self.fabric: Fabric | None = None
+        self.dev: Device | None = None
         self.registry: Registry | None = None
         self.seq = 0
         self.p2p_sent: dict[int, int] = {}
@@ -95,23 +102,23 @@ class Communicator(PointToPoint, NamedCollectives):
         self.lock = threading.RLock()  # plans and registrations: caller and progress thread
         self.guard = guard.CallerGuard()  # the application thread inside the library
         try:
-            self.dev = verbs.Device(device, port, gid_index,
-                                    cq_depth=max(1024, 2 * self.size * (slots + send_depth)))
-            pd = self.dev.pd
-            self.registry = Registry(lambda a, n, acc: verbs.register_mr(pd, a, n, acc),
-                                     int(self.options["pin_limit"]))
+            fabric = self.fabric = transports.open_fabric(
+                self.transport, device=device, port=port, gid_index=gid_index,
+                cq_depth=max(1024, 2 * self.size * (slots + send_depth)))
+            self.dev = fabric.device
+            self.registry = Registry(fabric.register, int(self.options["pin_limit"]))
             self.plans = PlanCache(self.registry, self.lock, self.size)
             self.planner = Planner(self.plans, self.rank, self.size, self.compression)
             for peer in range(self.size):
                 if peer != self.rank:
-                    self.conns[peer] = verbs.Connection(
-                        self.dev, self.registry, peer, slots, send_depth,
-                        slot_size=messages.slot_size(eager_limit))
+                    self.conns[peer] = fabric.connection(self.registry, peer, slots, send_depth,
+                                                         messages.slot_size(eager_limit))
             remote = self.control.exchange({p: c.endpoint().to_dict() for p, c in self.conns.items()},
-                                           shared_settings(self.options, self.compression))
+                                           shared_settings(self.options, self.compression,
+                                                           self.transport))
             for peer, ep in remote.items():
-                self.conns[peer].connect(verbs.Endpoint.from_dict(ep), int(self.options["qp_timeout"]),
-                                         int(self.options["retry_cnt"]))
+                fabric.connect(self.conns[peer], ep, int(self.options["qp_timeout"]),
+                               int(self.options["retry_cnt"]))
             self.engine = Engine(self.dev, self.conns, timeout=timeout,
                                  window=int(self.options["window"]), chunk=int(self.options["chunk"]),
                                  send_depth=send_depth, eager_limit=eager_limit,
@@ -162,8 +169,8 @@ class Communicator(PointToPoint, NamedCollectives):
         self.conns.clear()
         if self.registry is not None:
             self.registry.close()
-        if self.dev is not None:
-            self.dev.close()
+        if self.fabric is not None:
+            self.fabric.close()
         self.control.close()
         if self.control.server is not None and not self._keep_server:
             self.control.server.close(listener=True)
@@ -183,8 +190,7 @@ class Communicator(PointToPoint, NamedCollectives):
         if buf.nbytes == 0:
             return None
         assert self.registry is not None
-        access = verbs.ACCESS_REMOTE if remote else (
-            verbs.ACCESS_LOCAL_WRITE if buf.writable else 0)
+        access = ACCESS_REMOTE if remote else (ACCESS_LOCAL_WRITE if buf.writable else 0)
         with self.lock:
             return self.registry.register(buf, access, hold)
 
@@ -303,7 +309,7 @@ class Communicator(PointToPoint, NamedCollectives):
         as it was). If a rank dies while the larger one is built, the old members shrink
         among themselves instead (with this quorum; the newcomers may knock again). Rank 0
         listens for at most half the communicator's timeout (the other ranks wait for it)."""
-        mine = shared_settings(self.options, self.compression)
+        mine = shared_settings(self.options, self.compression, self.transport)
         grown = membership.admit(self, self._builder, timeout, wanted, quorum,
                                  lambda theirs: settings.disagreement(mine, theirs, "the newcomer",
                                                                       codecs.NAMES_BY_ID),

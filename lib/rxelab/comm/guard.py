@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rxelab import verbs
 from rxelab.errors import ConfigError, MismatchError, PeerError, ProtocolError, Reason
 from rxelab.messages import MISMATCH, AbortReason
+from rxelab.transports.base import ACCESS_REMOTE_WRITE
 
 if TYPE_CHECKING:
     from rxelab.control.plane import ControlPlane
@@ -98,7 +98,7 @@ def fail(comm: Guarded, what: str, tag: int, err: BaseException) -> None:
     if comm.registry is not None:
         try:
             with comm.lock:  # the progress thread may fail while the caller plans
-                comm.registry.revoke(verbs.ACCESS_REMOTE_WRITE)
+                comm.registry.revoke(ACCESS_REMOTE_WRITE)
         except BaseException:  # the rest must still happen
             pass
     try:

@@ -8,18 +8,18 @@ import os
 import time
 from typing import Any
 
-from rxelab import bootstrap, codecs, membership, settings
+from rxelab import bootstrap, codecs, membership, settings, transports
 from rxelab.comm.communicator import Communicator, shared_settings
 from rxelab.errors import ConfigError
 
-OPENING = ("device", "port", "gid_index", "elastic", "compression")  # init()'s, not settings'
+OPENING = ("device", "port", "gid_index", "elastic", "compression", "transport")  # init()'s, not settings'
 
 
 def init(rank: int | None = None, world_size: int | None = None, master_addr: str | None = None,
          master_port: int | None = None, **options: Any) -> Communicator:
     """Start a communicator as torchrun, mpirun, srun or our launcher describe the job.
-    options: device=, port=, gid_index= (the RDMA port to use), elastic= and those of
-    rxelab.settings."""
+    options: transport= (rxelab.transports), device=, port=, gid_index= (the RDMA port to
+    use), elastic=, compression= and those of rxelab.settings."""
     job = bootstrap.discover(rank, world_size, master_addr, master_port)
     return Communicator(job, **options)
 
@@ -41,7 +41,8 @@ def join(master_addr: str | None = None, master_port: int | None = None,
                           hint="export the job's RXELAB_JOB_TOKEN (or RXELAB_JOB_TOKEN_FILE)")
     # checked first, and shown to rank 0: a newcomer with other settings is refused
     resolved = settings.resolve({k: v for k, v in options.items() if k not in OPENING})
-    mine = shared_settings(resolved, codecs.lookup(options.get("compression")))
+    mine = shared_settings(resolved, codecs.lookup(options.get("compression")),
+                           transports.choose(options.get("transport")))
     started = time.monotonic()
     welcome = membership.knock(job, mine, deadline, float(resolved["timeout"]) + 10.0)
     # the new generation forms at the listener that answered the knock (one of the ports

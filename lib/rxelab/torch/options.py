@@ -1,10 +1,11 @@
 """What the torch backend takes beside torch's own arguments: an algorithm per collective, the
-compression, the library's settings (rxelab.settings), the RDMA device, and whether calls
-overlap with the caller's work. They come from
+compression, the library's settings (rxelab.settings), the transport and the RDMA device, and
+whether calls overlap with the caller's work. They come from
 init_process_group(..., pg_options=rxelab.torch.Options(...)); what that leaves unset comes
 from the environment, for programs that cannot be changed: RXELAB_ALGORITHMS
-("allreduce=ring,alltoall=pairwise"), RXELAB_COMPRESSION, RXELAB_DEVICE, RXELAB_TORCH_OVERLAP
-(0 or 1) and each setting's own variable (RXELAB_EAGER_LIMIT, ..., declared with the setting).
+("allreduce=ring,alltoall=pairwise"), RXELAB_COMPRESSION, RXELAB_TRANSPORT, RXELAB_DEVICE,
+RXELAB_TORCH_OVERLAP (0 or 1) and each setting's own variable (RXELAB_EAGER_LIMIT, ...,
+declared with the setting).
 
 Pure Python: no torch, no pyverbs (the checks run before anything is opened).
 """
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rxelab import codecs, ops, settings
+from rxelab import codecs, ops, settings, transports
 from rxelab.errors import ConfigError
 
 ENV_ALGORITHMS = settings.ENV_PREFIX + "ALGORITHMS"
@@ -32,13 +33,15 @@ class Options:
     returns at once and completes while the caller works on (None: True). False: every call
     completes before it returns, so callbacks chained on its future run in the caller's
     thread - what a DDP communication hook whose callback starts another collective
-    (PowerSGD) needs for every rank to start them in the same order."""
+    (PowerSGD) needs for every rank to start them in the same order. transport: what the
+    calls run over (rxelab.transports; None: RXELAB_TRANSPORT, else verbs)."""
 
     algorithms: Mapping[str, str] = field(default_factory=dict)
     compression: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     device: str | None = None
     overlap: bool | None = None
+    transport: str | None = None
 
     def checked(self) -> Options:
         """The same options, every value checked (a ConfigError names the wrong one)."""
@@ -58,6 +61,8 @@ class Options:
             raise ConfigError(f"device={self.device!r} must be an RDMA device's name")
         if self.overlap is not None and not isinstance(self.overlap, bool):
             raise ConfigError(f"overlap={self.overlap!r} must be True or False")
+        if self.transport is not None:
+            transports.choose(self.transport)
         return self
 
     @property
@@ -74,7 +79,8 @@ class Options:
 
     def opening(self) -> dict[str, Any]:
         """init()'s keyword arguments for the communicator these options describe."""
-        return {**self.settings, "compression": self.compression, "device": self.device}
+        return {**self.settings, "compression": self.compression, "device": self.device,
+                "transport": self.transport}
 
 
 def parse_algorithms(raw: str, source: str = ENV_ALGORITHMS) -> dict[str, str]:
@@ -101,14 +107,16 @@ def resolve(given: Options | None, env: Mapping[str, str]) -> Options:
     try:
         from_env = Options(parse_algorithms(env.get(ENV_ALGORITHMS, "")),
                            env.get(ENV_COMPRESSION) or None, settings.from_environ(env),
-                           env.get(ENV_DEVICE) or None, parse_overlap(env.get(ENV_OVERLAP))).checked()
+                           env.get(ENV_DEVICE) or None, parse_overlap(env.get(ENV_OVERLAP)),
+                           env.get(settings.TRANSPORT_ENV) or None).checked()
     except ConfigError as err:
         raise ConfigError(f"the environment: {err}") from None
     return Options({**from_env.algorithms, **given.algorithms},
                    given.compression if given.compression is not None else from_env.compression,
                    {**from_env.settings, **given.settings},
                    given.device if given.device is not None else from_env.device,
-                   given.overlap if given.overlap is not None else from_env.overlap).checked()
+                   given.overlap if given.overlap is not None else from_env.overlap,
+                   given.transport if given.transport is not None else from_env.transport).checked()
 
 
 def parse_overlap(raw: str | None) -> bool | None:

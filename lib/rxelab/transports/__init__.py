@@ -1,0 +1,43 @@
+"""The transports a communicator can run its collectives over, and the one door to them.
+
+Each transport is imported only when a communicator opens it, so a host without pyverbs can
+import the library (and, with a transport that needs no verbs, run it).
+"""
+
+from __future__ import annotations
+
+import os
+
+from rxelab.errors import ConfigError
+from rxelab.settings import TRANSPORT_ENV, TRANSPORTS
+from rxelab.transports.base import Fabric
+
+BUILT = ("verbs",)  # of settings.TRANSPORTS, those this version can open
+
+
+def choose(given: str | None) -> str:
+    """The transport to open: init()'s transport=, else RXELAB_TRANSPORT, else verbs."""
+    env = os.environ.get(TRANSPORT_ENV)
+    said = f"transport={given!r}" if given is not None else f"{TRANSPORT_ENV}={env!r}"
+    name = given if given is not None else env or "verbs"
+    if name not in TRANSPORTS:
+        raise ConfigError(f"{said}: no such transport", hint=f"one of {', '.join(TRANSPORTS)}")
+    if name not in BUILT:
+        raise ConfigError(f"{said}: this rxelab cannot open {name} yet",
+                          hint=f"it opens {', '.join(BUILT)}")
+    return name
+
+
+def id_of(name: str) -> int:
+    """What the hello carries for a transport (settings.TRANSPORT)."""
+    return TRANSPORTS.index(name)
+
+
+def open_fabric(name: str, *, device: str | None, port: int | None, gid_index: int | None,
+                cq_depth: int) -> Fabric:
+    """The named transport's fabric for one communicator (its device and completion queue)."""
+    if name == "verbs":
+        from rxelab import verbs  # pyverbs: only now
+
+        return verbs.VerbsFabric(device, port, gid_index, cq_depth)
+    raise ConfigError(f"transport {name!r} cannot be opened", hint=f"it opens {', '.join(BUILT)}")
