@@ -185,7 +185,7 @@ def register_mr(pd: Any, address: int, nbytes: int, access: int) -> Any:
                         hint="memlock limit? (ulimit -l)") from None
 
 
-class Connection:
+class Connection(base.SlotState):
     """One RC QP to one peer, with a slab of receive slots (control messages, eager data,
     write-with-immediate notices) and a slab of send slots (control messages and the bounce
     copies of eager data), slot_size bytes each."""
@@ -215,12 +215,7 @@ class Connection:
         ]
         for wr in self.recv_wrs:
             self.qp.post_recv(wr)
-        self.free_send_slots = list(range(slots))
-        # signaled send slot -> (its SendOp, the unsignaled slots posted before it, and the
-        # eager bytes of all of them)
-        self.slot_ops: dict[int, tuple[Any, list[int], int]] = {}
-        self.unsignaled: list[int] = []  # slots posted without a completion of their own
-        self.unsignaled_bytes = 0  # eager bytes among them
+        super().__init__(slots)
         self.wrs: dict[tuple[int, int, int], Any] = {}
 
     def endpoint(self) -> Endpoint:

@@ -19,7 +19,12 @@ def test_base_numbers_are_libibverbs_own():
     # the fake's enums are copied from libibverbs' verbs.h
     assert base.abi_differences(enums) == []
     assert base.ACCESS_REMOTE == enums.IBV_ACCESS_LOCAL_WRITE | enums.IBV_ACCESS_REMOTE_WRITE
-    assert len(base.ABI) == len(set(base.ABI)) and all(k.startswith("IBV_") for k in base.ABI)
+
+
+def test_every_number_the_engine_may_use_is_checked_against_pyverbs():
+    names = [n for n in vars(base) if n.startswith(("WR_", "WC_", "ACCESS_")) and n != "ACCESS_REMOTE"]
+    assert sorted("IBV_" + n for n in names) == sorted(base.ABI)
+    assert all(base.ABI["IBV_" + n] == getattr(base, n) for n in names)
 
 
 def test_every_difference_is_named():
@@ -36,3 +41,17 @@ def test_rxelab_verbs_refuses_a_pyverbs_with_other_numbers():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "IBV_WC_REM_ACCESS_ERR is 99, not 10" in r.stdout, r.stdout
+
+
+def test_without_pyverbs_verbs_is_refused_in_one_line_before_a_newcomer_knocks():
+    code = (f"import sys; sys.path[:0] = [{str(LIB)!r}]; import site; site.main()\n"
+            "import os, rxelab\n"
+            "from rxelab.errors import ConfigError\n"
+            "os.environ['RXELAB_JOB_TOKEN'] = 'o7MjB-iDsO6_bnLEIFBkYMa20z0jsE4Ee0KvJk83iU4'\n"
+            "try:\n    rxelab.join('127.0.0.1', 9, wait=30)\n"
+            "except ConfigError as err:\n    print(err)\n")
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                       timeout=60, cwd="/")
+    assert r.returncode == 0, r.stderr
+    said = r.stdout.strip()
+    assert "transport verbs needs pyverbs" in said and "python3-pyverbs" in said, said

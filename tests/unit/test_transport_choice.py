@@ -108,7 +108,7 @@ def test_an_elastic_job_keeps_its_transport_and_refuses_a_newcomer_with_another(
             t = threading.Thread(target=knock, args=(comm.rendezvous[1],), daemon=True)
             t.start()
         comm.barrier()
-        same = comm.admit(timeout=3, wanted=1)
+        same = comm.admit(timeout=8, wanted=1)  # the refusal ends it; 8 s: a busy host
         if t is not None:
             t.join(20)
         return same is comm, same.transport, same.seat("test").opened["transport"]

@@ -70,11 +70,33 @@ def test_bad_frames_are_protocol_errors(data, problem):
         ({**EP, "gid": "::ffff:10.10.0.11"}, "bad 'gid'"),
         ({k: v for k, v in EP.items() if k != "lid"}, "must have"),
         ({**EP, "pickle": "cos\nsystem"}, "must have"),
+        ({"host": "10.0.0.1", "port": 0}, "bad 'port'"),
+        ({"host": "10.0.0.1", "port": True}, "bad 'port'"),
+        ({"host": "a b", "port": 5}, "bad 'host'"),
+        ({"host": "10.0.0.1", "port": 5, "qpn": 1}, "must have"),
+        ({**EP, "host": "10.0.0.1", "port": 5}, "must have"),
     ],
 )
 def test_bad_endpoints_are_protocol_errors(endpoint, problem):
     with pytest.raises(ProtocolError, match=problem):
         framing.encode(hello(endpoints={"0": endpoint}))
+
+
+def test_each_transports_endpoint_passes_alone():
+    for ep in (EP, {"host": "node2.lab", "port": 40001}, {"host": "fe80::1%eth1", "port": 1}):
+        assert framing.decode(framing.encode(hello(endpoints={"0": ep})))["endpoints"]["0"] == ep
+
+
+def test_the_control_plane_does_not_serve_a_data_connection():
+    from rxelab.control import addresses
+    from rxelab.control.server import Server
+    s = Server(addresses.any_address(0), handshake.OPEN, {"job"}, rank=0, generation=0)
+    try:
+        knock = {"kind": "hello", "rank": 1, "to": 0, "generation": 0, "scope": "job"}
+        assert s._wanted(knock) is None
+        assert "data connection" in str(s._wanted({**knock, "kind": "data"}))
+    finally:
+        s.close(listener=True)
 
 
 def test_oversized_message_is_refused_before_sending():

@@ -73,6 +73,7 @@ class Communicator(PointToPoint, NamedCollectives):
                                    "RXELAB_JOB_TOKEN_FILE) to every rank")
         self.options = settings.resolve(options)
         self.transport = transports.choose(transport)
+        transports.load(self.transport)
         self.job = job
         self.opened = {"device": device, "port": port, "gid_index": gid_index,
                        "compression": compression, "transport": self.transport}

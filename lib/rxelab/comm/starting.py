@@ -41,8 +41,10 @@ def join(master_addr: str | None = None, master_port: int | None = None,
                           hint="export the job's RXELAB_JOB_TOKEN (or RXELAB_JOB_TOKEN_FILE)")
     # checked first, and shown to rank 0: a newcomer with other settings is refused
     resolved = settings.resolve({k: v for k, v in options.items() if k not in OPENING})
+    options["transport"] = transports.choose(options.get("transport"))
+    transports.load(options["transport"])  # what this host lacks, said before the knock
     mine = shared_settings(resolved, codecs.lookup(options.get("compression")),
-                           transports.choose(options.get("transport")))
+                           options["transport"])
     started = time.monotonic()
     welcome = membership.knock(job, mine, deadline, float(resolved["timeout"]) + 10.0)
     # the new generation forms at the listener that answered the knock (one of the ports

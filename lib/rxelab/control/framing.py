@@ -20,9 +20,10 @@ from rxelab.control.handshake import TAG_BYTES, Session
 from rxelab.errors import PeerError, ProtocolError, Reason
 
 MAGIC = b"RXLB"
-VERSION = 7  # 2: hellos carry the job token; 3: a digest of the job's secret; 4: settings;
+VERSION = 8  # 2: hellos carry the job token; 3: a digest of the job's secret; 4: settings;
 # 5: membership (listeners, generations, shrink and join); 6: a mutual handshake and sealed
-# frames instead of a digest of the secret; 7: an abort carries why (errors.Reason)
+# frames instead of a digest of the secret; 7: an abort carries why (errors.Reason);
+# 8: transports (a data connection's knock, tcp's endpoints)
 HEADER = struct.Struct("!4sHI")
 MAX_BODY = 1 << 20  # a table for thousands of ranks fits; a stray stream does not
 HANDSHAKE_BODY = 2048  # before a connection is proven, no frame is larger than this
@@ -35,7 +36,12 @@ _HEX = set("0123456789abcdefABCDEF")
 _LOWER_HEX = set("0123456789abcdef")
 _GID = (str, lambda v: len(v) == 39 and all(len(g) == 4 and set(g) <= _HEX for g in v.split(":"))
         and v.count(":") == 7)
-_ENDPOINT = {"qpn": _U24, "psn": _U24, "gid": _GID, "lid": (int, lambda v: 0 <= v < 1 << 16)}
+_PORT_NUMBER = (int, lambda v: 0 < v < 1 << 16)
+_HOST_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:_%")
+_HOST = (str, lambda v: 0 < len(v) < 256 and set(v) <= _HOST_CHARS)
+# a connection's endpoint, one schema per transport: verbs' QP, or where tcp listens
+_ENDPOINTS = ({"qpn": _U24, "psn": _U24, "gid": _GID, "lid": (int, lambda v: 0 <= v < 1 << 16)},
+              {"host": _HOST, "port": _PORT_NUMBER})
 _NONCE = (str, lambda v: len(v) == 64 and set(v) <= _LOWER_HEX)  # also a proof (HMAC-SHA256)
 _JOB = (str, lambda v: len(v) == 32 and set(v) <= _LOWER_HEX)  # the job's id, drawn by rank 0
 # an HMAC (rxelab.control.handshake), or a MUNGE credential (rxelab.control.munge_credential)
@@ -43,13 +49,12 @@ _PROOF = (str, lambda v: 0 < len(v) <= 1500 and v.isprintable())
 _SCOPE = (str, lambda v: 0 < len(v) <= 200 and v.isprintable())
 _PORT = (int, lambda v: 0 <= v < 1 << 16)  # 0: this rank keeps no listener (not elastic)
 _GENERATION = (int, lambda v: 0 <= v < 1 << 31)
-_HOST_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:_%")
-_HOST = (str, lambda v: 0 < len(v) < 256 and set(v) <= _HOST_CHARS)
 _REASON = (str, lambda v: len(v) <= 2000)
 _SETTINGS = (dict, lambda v: len(v) <= 32 and all(
     isinstance(k, str) and len(k) <= 32 and isinstance(x, int | float) and not isinstance(x, bool)
     for k, x in v.items()))
-KINDS = ("hello", "shrink", "probe", "join")  # what a connection is for: its first sealed message
+# what a connection is for: its first sealed message (data: a transport's own, rxelab.transports)
+KINDS = ("hello", "shrink", "probe", "join", "data")
 
 
 def _directory(v: Any) -> bool:
@@ -80,6 +85,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, Any]]] = {
     "abort": {"rank": _RANK, "reason": (str, None), "why": (str, lambda v: v in _REASONS)},
     # membership (rxelab.membership): a survivor to the coordinator it found, and the answers
     "shrink": {"rank": _RANK, "generation": _GENERATION},
+    "data": {"rank": _RANK, "generation": _GENERATION},
     "members": {"generation": _GENERATION, "members": (list, lambda v: 0 < len(v) <= 1 << 20 and all(
         isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 20 for x in v))},
     "failed": {"reason": _REASON},
@@ -177,13 +183,15 @@ def validate(message: Any) -> None:
 
 
 def validate_endpoints(endpoints: Any, kind: str) -> None:
-    """{peer rank (as str): {qpn, psn, gid, lid}} — JSON keys are strings."""
+    """{peer rank (as str): {qpn, psn, gid, lid} or {host, port}}: JSON keys are strings."""
     for key, ep in endpoints.items():
         if not key.isdigit() or len(key) > 7:
             raise ProtocolError(f"{kind} message: endpoint key {key!r} is not a rank")
-        if not isinstance(ep, dict) or set(ep) != set(_ENDPOINT):
-            raise ProtocolError(f"{kind} message: endpoint {key} must have {sorted(_ENDPOINT)}")
-        for field, (ftype, check) in _ENDPOINT.items():
+        schema = next((e for e in _ENDPOINTS if isinstance(ep, dict) and set(ep) == set(e)), None)
+        if schema is None:
+            raise ProtocolError(f"{kind} message: endpoint {key} must have "
+                                + " or ".join(str(sorted(e)) for e in _ENDPOINTS))
+        for field, (ftype, check) in schema.items():
             value = ep[field]
             if not isinstance(value, ftype) or isinstance(value, bool) or not check(value):
                 raise ProtocolError(f"{kind} message: endpoint {key} has a bad {field!r}: {value!r}")

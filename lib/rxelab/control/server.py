@@ -79,6 +79,8 @@ class Server:
             if knock["scope"] not in self._scopes:
                 return f"a knock for another job or rendezvous ({knock['scope'][:60]!r})"
             kind, role = knock["kind"], (knock["generation"], knock["to"])
+            if kind == "data":
+                return "a data connection, which belongs at a rank's transport, not here"
             if kind == "join" or role in self._roles:
                 return None
             if kind == "shrink" and all(g != role[0] for g, _ in self._roles):

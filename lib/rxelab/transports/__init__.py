@@ -28,6 +28,22 @@ def choose(given: str | None) -> str:
     return name
 
 
+def load(name: str) -> None:
+    """Import what the transport needs, so that a host without it is told before it meets
+    the job (a newcomer before it knocks), in one line."""
+    if name == "verbs":
+        try:
+            from rxelab import verbs  # noqa: F401
+        except ModuleNotFoundError as err:
+            if err.name != "pyverbs" and not (err.name or "").startswith("pyverbs."):
+                raise
+            raise ConfigError("transport verbs needs pyverbs, which this Python cannot import",
+                              hint="install rdma-core's python3-pyverbs (a venv needs "
+                                   "--system-site-packages to see it)") from None
+        except ImportError as err:  # a pyverbs rxelab.verbs refuses
+            raise ConfigError(str(err)) from None
+
+
 def id_of(name: str) -> int:
     """What the hello carries for a transport (settings.TRANSPORT)."""
     return TRANSPORTS.index(name)

@@ -77,7 +77,7 @@ class Completion(Protocol):
 
 
 class CompletionQueue(Protocol):
-    def poll(self, n: int) -> tuple[int, list[Any]]:
+    def poll(self, n: int) -> tuple[int, list[Completion]]:
         """Up to n completions; never blocks."""
 
 
