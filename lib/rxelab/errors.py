@@ -18,12 +18,14 @@ class Reason(StrEnum):
     # its process or connection is gone: control/plane.py (a control connection closed, a
     # rank gone at a barrier), control/framing.py (the other end closed or broke mid-read),
     # control/rendezvous.py (a rank's connection broke as it joined, its listener gone by
-    # control/liveness.py's verdicts, rank 0 gone)
+    # control/liveness.py's verdicts, rank 0 gone), transports/tcp.py (its data listener
+    # gone)
     DIED = "died"
     # it stopped answering: control/plane.py (no heartbeat for liveness.SILENT_S),
     # control/framing.py (no reply by the deadline), control/rendezvous.py (ranks that did
     # not join in time, rank 0 out of reach), membership/agreement.py (a shrink's candidate
-    # did not answer), torch/rendezvous.py (nothing in torch's store in time)
+    # did not answer), torch/rendezvous.py (nothing in torch's store in time),
+    # transports/tcp.py (its data connection never came)
     SILENT = "silent"
     # an operation made no progress for the timeout: waits.py (an RDMA wait),
     # control/plane.py (a barrier not reached or released), control/rendezvous.py (rank 0

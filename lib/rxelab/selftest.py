@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument(f"--{name.replace('_', '-')}", default=",".join(c.algorithms),
                         help=f"{name} algorithms to check (default: all)")
     settings.add_flags(ap)
+    ap.add_argument("--transport", choices=settings.TRANSPORTS, default=None,
+                    help=f"what the collectives run over (default: ${settings.TRANSPORT_ENV}, "
+                         "else verbs)")
     ap.add_argument("--mode", choices=["data", "bad-input", "die", "hang"], default="data")
     ap.add_argument("--victim", type=int, default=1, help="the rank that dies or hangs")
     ap.add_argument("--hang-for", type=float, default=3600, metavar="S",
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     algos = {name: [a for a in getattr(args, name).split(",") if a] for name in ops.COLLECTIVES}
     started = time.monotonic()
     try:
-        with rxelab.init(**settings.from_flags(args)) as comm:
+        with rxelab.init(transport=args.transport, **settings.from_flags(args)) as comm:
             rank = comm.rank
             if args.mode == "data":
                 results = run(comm, sizes, algos)

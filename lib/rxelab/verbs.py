@@ -284,18 +284,20 @@ class VerbsFabric:
     def __init__(self, name: str | None, port: int | None, gid_index: int | None,
                  cq_depth: int) -> None:
         self.device = Device(name, port, gid_index, cq_depth=cq_depth)
+        self.conns: dict[int, Connection] = {}
 
     def register(self, address: int, nbytes: int, access: int) -> Any:
         return register_mr(self.device.pd, address, nbytes, access)
 
     def connection(self, registry: Any, peer: int, slots: int, send_depth: int,
                    slot_size: int) -> Connection:
-        return Connection(self.device, registry, peer, slots, send_depth, slot_size=slot_size)
+        conn = self.conns[peer] = Connection(self.device, registry, peer, slots, send_depth,
+                                             slot_size=slot_size)
+        return conn
 
-    def connect(self, conn: base.Connection, remote: dict[str, Any], qp_timeout: int,
-                retry_cnt: int) -> None:
-        assert isinstance(conn, Connection), "a connection this fabric made"
-        conn.connect(Endpoint.from_dict(remote), qp_timeout, retry_cnt)
+    def connect(self, remote: dict[int, dict[str, Any]], meeting: base.Meeting) -> None:
+        for peer, ep in remote.items():
+            self.conns[peer].connect(Endpoint.from_dict(ep), meeting.qp_timeout, meeting.retry_cnt)
 
     def close(self) -> None:
         self.device.close()

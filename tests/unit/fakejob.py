@@ -5,13 +5,28 @@ deadline is reported by name."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import pytest
 import rxelab
 from pyverbs import _fabric
+
+# the transports the tests run the library over (RXELAB_TEST_TRANSPORTS=verbs,tcp by default)
+TRANSPORTS = tuple(t for t in os.environ.get("RXELAB_TEST_TRANSPORTS", "verbs,tcp").split(",") if t)
+SOCKET_SIZES = (1, 2, 3, 5)  # world sizes a socket transport runs at: real threads and sockets
+
+
+def over_transports(sizes: Iterable[int]) -> Any:
+    """parametrize("p, transport"): every size on the fake verbs, SOCKET_SIZES of them on the
+    socket transports (what `make test` can afford)."""
+    sizes = list(sizes)
+    cases = [pytest.param(p, t, id=f"{t}-{p}") for t in TRANSPORTS for p in sizes
+             if t == "verbs" or p in SOCKET_SIZES]
+    return pytest.mark.parametrize(("p", "transport"), cases)
 
 
 def free_port() -> int:
@@ -28,14 +43,18 @@ class RankFailed(Exception):
 
 def run_ranks(p: int, fn: Callable[[Any], Any], *, deadline: float = 60, seed: int = 0,
               max_delay: float = 0.0002, keep_errors: bool = False,
-              per_rank: Callable[[int], dict[str, Any]] | None = None, **options: Any) -> list[Any]:
-    _fabric.FABRIC.reset(seed=seed, max_delay=max_delay)
+              per_rank: Callable[[int], dict[str, Any]] | None = None,
+              transport: str = "verbs", **options: Any) -> list[Any]:
+    """transport: verbs runs on the in-memory fabric (device fake0); tcp on loopback sockets."""
+    if transport == "verbs":
+        _fabric.FABRIC.reset(seed=seed, max_delay=max_delay)
+        options.setdefault("device", "fake0")
     port = free_port()
     options.setdefault("timeout", 20)
 
     def rank(r: int) -> Any:
-        mine = {**options, **(per_rank(r) if per_rank else {})}
-        with rxelab.init(r, p, "127.0.0.1", port, device="fake0", **mine) as comm:
+        mine = {**options, "transport": transport, **(per_rank(r) if per_rank else {})}
+        with rxelab.init(r, p, "127.0.0.1", port, **mine) as comm:
             return fn(comm)
     return in_threads(p, rank, deadline, keep_errors)
 
@@ -97,7 +116,7 @@ def die(comm: Any) -> None:
     for link in [*comm.control.peers.values(), *([comm.control.root] if comm.control.root else [])]:
         link.close()
     for conn in comm.conns.values():
-        conn.qp.close()
+        conn.kill() if hasattr(conn, "kill") else conn.qp.close()
     if comm.control.server is not None:  # an elastic rank's listener goes with its process
         comm.control.server.close(listener=True)
     comm.closed = True

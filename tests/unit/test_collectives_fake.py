@@ -11,7 +11,7 @@ import pytest
 import rxelab
 from rxelab import ops
 
-from tests.unit.fakejob import run_ranks
+from tests.unit.fakejob import TRANSPORTS, over_transports, run_ranks
 
 SIZES = [0, 1, 7, 4099]  # bytes per peer; 4099 = 5 chunks of 1 KiB with a 2 KiB window
 SMALL = {"chunk": 1024, "window": 2048}
@@ -42,16 +42,16 @@ PROTOCOLS = pytest.mark.parametrize("eager_limit", [0, 4096], ids=["rendezvous",
 
 
 @PROTOCOLS
-@pytest.mark.parametrize("p", range(1, 9))
-def test_alltoall_every_algorithm(p, eager_limit):
+@over_transports(range(1, 9))
+def test_alltoall_every_algorithm(p, transport, eager_limit):
     for rank_result in run_ranks(p, alltoall_job(rxelab.ALLTOALL_ALGORITHMS, SIZES), seed=p,
-                                 eager_limit=eager_limit, **SMALL):
+                                 eager_limit=eager_limit, transport=transport, **SMALL):
         assert set(rank_result.values()) == {0}, rank_result
 
 
 @PROTOCOLS
-@pytest.mark.parametrize("p", range(1, 9))
-def test_allgather_every_algorithm(p, eager_limit):
+@over_transports(range(1, 9))
+def test_allgather_every_algorithm(p, transport, eager_limit):
     def job(comm):
         r, p = comm.rank, comm.size
         wrong = {}
@@ -62,13 +62,14 @@ def test_allgather_every_algorithm(p, eager_limit):
                 comm.allgather(block(r, r, m), recv, algorithm=algo)
                 wrong[f"allgather/{algo}/{m}"] = int(np.count_nonzero(recv != want))
         return wrong
-    for rank_result in run_ranks(p, job, seed=10 + p, eager_limit=eager_limit, **SMALL):
+    for rank_result in run_ranks(p, job, seed=10 + p, eager_limit=eager_limit, transport=transport,
+                                 **SMALL):
         assert set(rank_result.values()) == {0}, rank_result
 
 
 @PROTOCOLS
-@pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
-def test_alltoallv_with_zero_and_uneven_counts(p, eager_limit):
+@over_transports([1, 2, 3, 5, 8])
+def test_alltoallv_with_zero_and_uneven_counts(p, transport, eager_limit):
     def counts(src, dst):  # some pairs send nothing at all
         return 0 if (src + dst) % 3 == 0 else (src * 5 + dst * 3) % 11 + 1
 
@@ -84,7 +85,8 @@ def test_alltoallv_with_zero_and_uneven_counts(p, eager_limit):
             comm.alltoallv(send, sc, recv, rc, algorithm=algo)
             wrong[algo] = int(np.count_nonzero(recv != want))
         return wrong
-    for rank_result in run_ranks(p, job, seed=20 + p, eager_limit=eager_limit, **SMALL):
+    for rank_result in run_ranks(p, job, seed=20 + p, eager_limit=eager_limit, transport=transport,
+                                 **SMALL):
         assert set(rank_result.values()) == {0}, rank_result
 
 
@@ -106,7 +108,8 @@ def test_dtypes_travel_intact(dtype):
         assert set(rank_result.values()) == {0}, rank_result
 
 
-def test_point_to_point_and_one_sided_writes():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_point_to_point_and_one_sided_writes(transport):
     def job(comm):
         r, p = comm.rank, comm.size
         right, left = (r + 1) % p, (r - 1) % p
@@ -124,7 +127,7 @@ def test_point_to_point_and_one_sided_writes():
         comm.wait_imm(left, 7, 90)
         return (np.array_equal(got, block(left, r, 5000)),
                 np.array_equal(target[10:], block(left, r, 90)) and not target[:10].any())
-    assert run_ranks(4, job, **SMALL) == [(True, True)] * 4
+    assert run_ranks(4, job, transport=transport, **SMALL) == [(True, True)] * 4
 
 
 def test_many_calls_in_a_row_with_longer_random_delays():
@@ -157,8 +160,8 @@ REDUCE_COUNTS = [0, 1, 7, 1500]  # elements; 1500 float64 = 12000 B: several chu
 
 
 @PROTOCOLS
-@pytest.mark.parametrize("p", [*range(1, 6), *(pytest.param(p, marks=pytest.mark.slow) for p in range(6, 9))])
-def test_allreduce_reduce_scatter_and_bcast_against_numpy(p, eager_limit):
+@over_transports(range(1, 6))
+def test_allreduce_reduce_scatter_and_bcast_against_numpy(p, transport, eager_limit):
     from rxelab import ops
 
     def job(comm):
@@ -184,8 +187,16 @@ def test_allreduce_reduce_scatter_and_bcast_against_numpy(p, eager_limit):
                     comm.bcast(buf, root=root, algorithm=algo)
                     wrong[f"bcast/{algo}/root{root}/{count}"] = int((buf != want).sum())
         return wrong
-    for rank_result in run_ranks(p, job, seed=30 + p, eager_limit=eager_limit, **SMALL):
+    for rank_result in run_ranks(p, job, seed=30 + p, eager_limit=eager_limit, transport=transport,
+                                 **SMALL):
         assert set(rank_result.values()) == {0}, {k: v for k, v in rank_result.items() if v}
+
+
+@pytest.mark.slow
+@PROTOCOLS
+@pytest.mark.parametrize("p", range(6, 9))
+def test_allreduce_reduce_scatter_and_bcast_at_larger_sizes(p, eager_limit):
+    test_allreduce_reduce_scatter_and_bcast_against_numpy(p, "verbs", eager_limit)
 
 
 def test_reductions_refuse_what_they_cannot_do():

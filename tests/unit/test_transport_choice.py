@@ -17,26 +17,12 @@ from tests.unit.fakejob import run_ranks
 SECRET = "o7MjB-iDsO6_bnLEIFBkYMa20z0jsE4Ee0KvJk83iU4"
 
 
-@pytest.fixture
-def tcp_stand_in(monkeypatch):
-    """A second transport this version can "open": the fake verbs under another name, so that
-    the choice and its agreement are tested before tcp exists."""
-    opened: list[str] = []
-    real = transports.open_fabric
-
-    def open_fabric(name, **kw):
-        opened.append(name)
-        return real("verbs", **kw)
-    monkeypatch.setattr(transports, "BUILT", ("verbs", "tcp"))
-    monkeypatch.setattr(transports, "open_fabric", open_fabric)
-    return opened
-
-
-def test_init_argument_then_environment_then_verbs(monkeypatch, tcp_stand_in):
+def test_init_argument_then_environment_then_verbs(monkeypatch):
     monkeypatch.delenv(settings.TRANSPORT_ENV, raising=False)
     assert transports.choose(None) == "verbs"
     monkeypatch.setenv(settings.TRANSPORT_ENV, "tcp")
     assert transports.choose(None) == "tcp"
+    assert transports.choose("verbs") == "verbs"
     assert transports.choose("verbs") == "verbs"
     monkeypatch.setenv(settings.TRANSPORT_ENV, "")
     assert transports.choose(None) == "verbs"
@@ -46,6 +32,7 @@ def test_init_argument_then_environment_then_verbs(monkeypatch, tcp_stand_in):
     ("rdma", None, "transport='rdma': no such transport"),
     (None, "TCP", "RXELAB_TRANSPORT='TCP': no such transport"),
     ("quic", "verbs", "transport='quic': this rxelab cannot open quic yet"),
+    (None, "quic", "RXELAB_TRANSPORT='quic': this rxelab cannot open quic yet"),
     (3, None, "transport=3: no such transport"),
 ])
 def test_an_unknown_or_unbuilt_transport_is_refused_naming_where_it_came_from(monkeypatch, given,
@@ -66,19 +53,18 @@ def test_init_refuses_an_unknown_transport_before_it_opens_anything(monkeypatch)
     assert opened == []
 
 
-def test_the_chosen_transport_is_the_one_opened_and_reported(tcp_stand_in):
+def test_the_chosen_transport_is_the_one_opened_and_reported():
     def job(comm):
         x = np.arange(6, dtype=np.float32)
         y = np.empty_like(x)
         comm.allreduce(x, y)
-        return comm.transport, float(y[5])
-    assert run_ranks(3, job, transport="tcp") == [("tcp", 15.0)] * 3
-    assert tcp_stand_in == ["tcp"] * 3
+        return comm.transport, type(comm.fabric).__name__, float(y[5])
+    assert run_ranks(3, job, transport="tcp") == [("tcp", "TcpFabric", 15.0)] * 3
 
 
-def test_ranks_that_disagree_on_the_transport_fail_in_init_naming_it(tcp_stand_in):
+def test_ranks_that_disagree_on_the_transport_fail_in_init_naming_it():
     said = run_ranks(3, lambda comm: "started", keep_errors=True, timeout=5,
-                     per_rank=lambda r: {"transport": "tcp" if r == 2 else "verbs"})
+                     per_rank=lambda r: {"transport": "tcp", "device": None} if r == 2 else {})
     assert all(isinstance(s, ConfigError | PeerError) for s in said), said
     assert all("rank 2 has transport=tcp, rank 0 has transport=verbs" in str(s) for s in said), said
 
@@ -91,8 +77,7 @@ def test_the_disagreement_names_an_id_it_does_not_know():
     assert "rank 1 has transport=None" in str(settings.disagreement(mine, {}, 1))
 
 
-def test_an_elastic_job_keeps_its_transport_and_refuses_a_newcomer_with_another(monkeypatch,
-                                                                                  tcp_stand_in):
+def test_an_elastic_job_keeps_its_transport_and_refuses_a_newcomer_with_another(monkeypatch):
     monkeypatch.setenv("RXELAB_JOB_TOKEN", SECRET)
     said: dict[str, BaseException] = {}
 

@@ -36,7 +36,14 @@ from rxelab.engine import Engine
 from rxelab.errors import ClosedError, ConfigError, RdmaError
 from rxelab.registry import Registry
 from rxelab.requests import ProgressThread, Request
-from rxelab.transports.base import ACCESS_LOCAL_WRITE, ACCESS_REMOTE, Connection, Device, Fabric
+from rxelab.transports.base import (
+    ACCESS_LOCAL_WRITE,
+    ACCESS_REMOTE,
+    Connection,
+    Device,
+    Fabric,
+    Meeting,
+)
 
 
 def shared_settings(options: dict[str, Any], codec: codecs.Codec | None,
@@ -105,7 +112,7 @@ class Communicator(PointToPoint, NamedCollectives):
         try:
             fabric = self.fabric = transports.open_fabric(
                 self.transport, device=device, port=port, gid_index=gid_index,
-                cq_depth=max(1024, 2 * self.size * (slots + send_depth)))
+                cq_depth=max(1024, 2 * self.size * (slots + send_depth)), toward=job.master_addr)
             self.dev = fabric.device
             self.registry = Registry(fabric.register, int(self.options["pin_limit"]))
             self.plans = PlanCache(self.registry, self.lock, self.size)
@@ -117,9 +124,10 @@ class Communicator(PointToPoint, NamedCollectives):
             remote = self.control.exchange({p: c.endpoint().to_dict() for p, c in self.conns.items()},
                                            shared_settings(self.options, self.compression,
                                                            self.transport))
-            for peer, ep in remote.items():
-                fabric.connect(self.conns[peer], ep, int(self.options["qp_timeout"]),
-                               int(self.options["retry_cnt"]))
+            fabric.connect(remote, Meeting(
+                self.rank, self.control.generation, self.control.job_id or job.scope(),
+                job.credential, time.monotonic() + timeout, int(self.options["qp_timeout"]),
+                int(self.options["retry_cnt"])))
             self.engine = Engine(self.dev, self.conns, timeout=timeout,
                                  window=int(self.options["window"]), chunk=int(self.options["chunk"]),
                                  send_depth=send_depth, eager_limit=eager_limit,

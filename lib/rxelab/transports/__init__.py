@@ -12,7 +12,7 @@ from rxelab.errors import ConfigError
 from rxelab.settings import TRANSPORT_ENV, TRANSPORTS
 from rxelab.transports.base import Fabric
 
-BUILT = ("verbs",)  # of settings.TRANSPORTS, those this version can open
+BUILT = ("verbs", "tcp")  # of settings.TRANSPORTS, those this version can open
 
 
 def choose(given: str | None) -> str:
@@ -50,10 +50,19 @@ def id_of(name: str) -> int:
 
 
 def open_fabric(name: str, *, device: str | None, port: int | None, gid_index: int | None,
-                cq_depth: int) -> Fabric:
-    """The named transport's fabric for one communicator (its device and completion queue)."""
+                cq_depth: int, toward: str) -> Fabric:
+    """The named transport's fabric for one communicator (its device and completion queue).
+    device: verbs' RDMA device, or the address tcp listens on (default: the one that reaches
+    `toward`, the job's rendezvous host)."""
     if name == "verbs":
         from rxelab import verbs  # pyverbs: only now
 
         return verbs.VerbsFabric(device, port, gid_index, cq_depth)
+    if port is not None or gid_index is not None:
+        raise ConfigError(f"port= and gid_index= choose an RDMA port; transport {name} has none",
+                          hint=f"device= names the address {name} listens on")
+    if name == "tcp":
+        from rxelab.transports import tcp
+
+        return tcp.TcpFabric(device, toward)
     raise ConfigError(f"transport {name!r} cannot be opened", hint=f"it opens {', '.join(BUILT)}")

@@ -11,7 +11,12 @@ be a drop-in (docs/design/transports.md).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from rxelab.control.handshake import Credential
 
 # work requests (enum ibv_wr_opcode)
 WR_RDMA_WRITE = 0
@@ -77,16 +82,18 @@ class Completion(Protocol):
 
 
 class CompletionQueue(Protocol):
-    def poll(self, n: int) -> tuple[int, list[Completion]]:
+    def poll(self, n: int) -> tuple[int, Sequence[Completion]]:
         """Up to n completions; never blocks."""
 
 
 class Device(Protocol):
     """What the engine and its waits hold as self.dev: the queue and how to sleep on it."""
 
-    cq: CompletionQueue
-    channel_fd: int | None  # readable once armed and a completion came; None: sleep-poll
-
+    @property
+    def cq(self) -> CompletionQueue: ...
+    @property
+    def channel_fd(self) -> int | None:
+        """Readable once armed and a completion came; None: the engine sleep-polls."""
     def arm(self) -> None: ...
     def take_event(self) -> None: ...
     def status_str(self, status: int) -> str: ...
@@ -135,6 +142,19 @@ class Connection(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Meeting:
+    """What connecting to the peers needs beside their endpoints."""
+
+    rank: int
+    generation: int
+    scope: str  # the job's id: a data connection of another job is refused
+    credential: Credential  # what a data connection's ends prove (tcp, quic)
+    deadline: float  # time.monotonic()
+    qp_timeout: int  # verbs' ack timeout and retries
+    retry_cnt: int
+
+
 class Fabric(Protocol):
     """What a transport opens for one communicator."""
 
@@ -145,6 +165,6 @@ class Fabric(Protocol):
     def register(self, address: int, nbytes: int, access: int) -> Any: ...
     def connection(self, registry: Any, peer: int, slots: int, send_depth: int,
                    slot_size: int) -> Connection: ...
-    def connect(self, conn: Connection, remote: dict[str, Any], qp_timeout: int,
-                retry_cnt: int) -> None: ...
+    def connect(self, remote: dict[int, dict[str, Any]], meeting: Meeting) -> None:
+        """Every connection made (connection()) to its peer, whose endpoint is in `remote`."""
     def close(self) -> None: ...
