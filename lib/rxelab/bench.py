@@ -200,11 +200,12 @@ def preamble(comm: Any, args: argparse.Namespace) -> list[str]:
     except OSError:
         rdma_core = "?"
     dev = comm.dev
+    where = (f"device {dev.name} port {dev.port} gid index {dev.gid_index} mtu enum {dev.mtu_enum}"
+             if comm.transport == "verbs" else f"transport {comm.transport} from {comm.fabric.host}")
     return [
         "# rxelab collective benchmark",
         f"# kernel {platform.release()}, python {platform.python_version()}, pyverbs {rdma_core}",
-        f"# device {dev.name} port {dev.port} gid index {dev.gid_index} mtu enum {dev.mtu_enum}, "
-        f"ranks {comm.size}",
+        f"# {where}, ranks {comm.size}",
         f"# iterations {args.iterations} (sizes > 64 KiB: {max(2, args.iterations // 4)}), "
         f"warm-up {args.warmup}",
         "# settings " + " ".join(f"{k}={settings.show(v)}" for k, v in comm.options.items()),
@@ -280,6 +281,9 @@ def parser() -> argparse.ArgumentParser:
                     help="also the same calls as a hand-written pyverbs loop (alltoall and "
                          "allgather up to 64 KiB): the floor of time and CPU per call")
     ap.add_argument("--json", default=None, help="also write JSON lines here (never overwrites)")
+    ap.add_argument("--transport", choices=settings.TRANSPORTS, default=None,
+                    help=f"what the collectives run over (default: ${settings.TRANSPORT_ENV}, "
+                         "else verbs); --perftest and --hand-loop are verbs'")
     ap.add_argument("--compression", choices=codecs.NAMES, default=None,
                     help="code rendezvous blocks (rxelab.codecs; fp16/bf16 for float sums only, "
                          "whose #wrong counts elements beyond the codec's bound)")
@@ -316,11 +320,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown algorithms {bad}: {args.op} has {', '.join(known)}")
     if args.hand_loop and args.op not in HAND_OPS:
         ap.error(f"--hand-loop does {' and '.join(HAND_OPS)}, not {args.op}")
+    if args.transport not in (None, "verbs") and (args.perftest or args.hand_loop):
+        ap.error(f"--perftest and --hand-loop measure verbs, not --transport {args.transport}")
     if args.iterations < 1 or args.warmup < 0:
         ap.error("--iterations must be >= 1 and --warmup >= 0")
     sizes = chosen_sizes(ap, args)
     try:
-        with rxelab.init(**{"timeout": 120.0, **settings.from_flags(args)}) as comm:
+        with rxelab.init(transport=args.transport,
+                         **{"timeout": 120.0, **settings.from_flags(args)}) as comm:
             out = None
             if comm.rank == 0:
                 print("\n".join(preamble(comm, args)), flush=True)

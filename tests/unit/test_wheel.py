@@ -17,6 +17,8 @@ import numpy
 import pytest
 import rxelab
 
+from tests.unit.fakejob import free_port
+
 pytestmark = pytest.mark.slow  # pip wheel, a venv, the installed scripts run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,10 +78,43 @@ def venv(wheel, tmp_path_factory) -> Path:
     return home
 
 
-def run_in(venv: Path, argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path),
-           "PYTHONPATH": str(FAKEVERBS)}  # pyverbs: the in-memory fabric (a node: the system's)
+def run_in(venv: Path, argv: list[str], tmp_path: Path,
+           pyverbs: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    if pyverbs:  # the in-memory fabric (a node: the system's)
+        env["PYTHONPATH"] = str(FAKEVERBS)
     return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_without_pyverbs_the_wheel_runs_its_selftest_and_bench_over_tcp(venv, tmp_path):
+    """A laptop or a CI runner: no RDMA, no pyverbs; transport=tcp runs the real library."""
+    py = str(venv / "bin" / "python")
+    r = run_in(venv, [py, "-c", "import rxelab.comm, sys; print('pyverbs' in sys.modules)"],
+               tmp_path, pyverbs=False)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
+    port = str(free_port())
+    r = run_in(venv, [str(venv / "bin" / "rxelab-launch"), "--hosts", "localhost", "--per-host",
+                      "3", "--port", port, "--timeout", "240", "--", str(venv / "bin" / "rxelab-selftest"),
+                      "--transport", "tcp", "--sizes", "0,7,70000"], tmp_path, pyverbs=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summaries = [json.loads(x.split("] ", 1)[1]) for x in r.stdout.splitlines() if '"summary"' in x]
+    assert len(summaries) == 3 and all(s["failed"] == 0 and s["checks"] > 10 for s in summaries), \
+        r.stdout[-3000:]
+    r = run_in(venv, [str(venv / "bin" / "rxelab-launch"), "--hosts", "localhost", "--per-host",
+                      "2", "--port", str(free_port()), "--timeout", "240", "--",
+                      str(venv / "bin" / "rxelab-bench"), "--transport", "tcp", "--op", "allreduce",
+                      "--sizes", "1024,1048576", "--iterations", "3"], tmp_path, pyverbs=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "transport tcp from 127.0.0.1, ranks 2" in r.stdout, r.stdout
+    rows = [line.split() for line in r.stdout.splitlines()
+            if line.split()[1:2] in (["1024"], ["1048576"])]  # "[0] size ... #wrong"
+    assert len(rows) >= 4 and all(row[-1] == "0" for row in rows), r.stdout  # two per algorithm
+    # verbs, without pyverbs: one line that names what to install
+    r = run_in(venv, [str(venv / "bin" / "rxelab-launch"), "--hosts", "localhost", "--port",
+                      str(free_port()), "--timeout", "120", "--",
+                      str(venv / "bin" / "rxelab-selftest")], tmp_path, pyverbs=False)
+    assert r.returncode != 0 and "python3-pyverbs" in r.stdout, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_the_installed_wheel_runs_a_collective_the_selftest_and_the_bench(venv, tmp_path):
