@@ -221,3 +221,18 @@ def test_garbage_is_a_protocol_error_or_waits_for_more_never_anything_else():
             b.feed(data)
         except ProtocolError:
             pass
+
+
+def test_a_key_dropped_while_its_write_arrives_stops_the_rest_landing():
+    a, ma, b, mb = pair()
+    src, lkey = ma.buffer(1000)
+    src[:] = 7
+    dst, rkey = mb.buffer(1000)
+    a.post(1, base.WR_RDMA_WRITE, src.ctypes.data, 1000, lkey, dst.ctypes.data, rkey)
+    frames = b"".join(bytes(p) for p in a.out())
+    b.feed(frames[:wire.HEADER.size + 300])  # the header and 300 bytes landed
+    del mb.keys[rkey]  # revoked (the guard of a failed communicator)
+    b.feed(frames[wire.HEADER.size + 300:])
+    assert dst[:300].all() and not dst[300:].any()
+    pump(a, b)
+    assert statuses(a.take())[0] == (1, base.WC_REM_ACCESS_ERR) and b.error is not None

@@ -287,7 +287,9 @@ class TcpFabric:
         sock, got = conn.sock, 0
         if sock is None:
             return
-        with self.lock:
+        # the key table's lock too: a registration closed (revoked) waits for this read, and
+        # the wire checks each piece's key, so nothing lands once close() returned
+        with self.lock, self.keys.lock:
             wire = conn.wire
             try:
                 while got < READ_BYTES:

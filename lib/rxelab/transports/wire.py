@@ -90,6 +90,7 @@ class Arriving:
     dest: int  # an address, or 0: the payload is dropped
     slot: int | None
     done: int = 0
+    rkey: int = 0  # a write into registered memory: the key it must still hold, piece by piece
 
 
 def memory(address: int, length: int) -> memoryview:
@@ -186,6 +187,10 @@ class Wire:
         if a is None:
             return memoryview(self.header)[self.header_got:]
         n = a.length - a.done
+        if a.rkey and not self.covers(a.rkey, a.dest + a.done, n, base.ACCESS_REMOTE_WRITE):
+            # revoked mid-frame (a failed communicator's guard): the rest never lands
+            self._refuse(a, base.WC_REM_ACCESS_ERR, base.WC_WR_FLUSH_ERR)
+            a.dest = a.rkey = 0
         if not a.dest:
             return memoryview(self.discard)[:min(n, DISCARD)]
         return memory(a.dest + a.done, n)
@@ -263,7 +268,7 @@ class Wire:
         elif a.length and not self.covers(rkey, remote_addr, a.length, base.ACCESS_REMOTE_WRITE):
             self._refuse(a, base.WC_REM_ACCESS_ERR, base.WC_WR_FLUSH_ERR)
         else:
-            a.dest = remote_addr
+            a.dest, a.rkey = remote_addr, rkey if a.length else 0
 
     def _refuse(self, a: Arriving, theirs: int, ours: int) -> None:
         """The frame breaks RC's rules: its payload is dropped, its sender told (`theirs`),
