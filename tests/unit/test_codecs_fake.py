@@ -59,6 +59,24 @@ def test_coded_blocks_put_fewer_bytes_on_the_wire_and_count_them():
         assert coded.codec_seconds > 0
 
 
+@pytest.mark.parametrize("codec", [*LOSSLESS, "bf16"])
+def test_over_tcp_coded_blocks_arrive_as_over_verbs(codec):
+    if codec == "bf16":  # a lossy sum: every rank the same bits, within its bound
+        def job(comm):
+            x = np.linspace(-3, 3, 4099, dtype=np.float32) * (comm.rank + 1)
+            y = np.zeros_like(x)
+            comm.allreduce(x, y, compression=codec)
+            return y
+        out = run_ranks(3, job, transport="tcp", **RENDEZVOUS)
+        exact = np.linspace(-3, 3, 4099, dtype=np.float64) * 6
+        assert all(np.array_equal(o, out[0]) for o in out) and np.abs(out[0] - exact).max() < 0.2
+        return
+    for pattern in ("sparse", "random"):
+        for result in run_ranks(3, every_collective(codec, 3001, pattern), transport="tcp",
+                                **RENDEZVOUS):
+            assert set(result.values()) == {0}, (pattern, result)
+
+
 @pytest.mark.parametrize("codec", LOSSY)
 @pytest.mark.parametrize("algorithm", ["ring", "recursive-doubling"])
 @pytest.mark.parametrize("p", [2, 3, 5, 8])

@@ -17,17 +17,17 @@ from tests.unit.elastic_helpers import (
     members_of,
     secret,  # noqa: F401 (autouse: jobs need the secret)
 )
-from tests.unit.fakejob import run_ranks
+from tests.unit.fakejob import TRANSPORTS, run_ranks
 
 
 def newcomer(port: int, results: dict, key: str, **options) -> threading.Thread:
     def run():
         try:
-            with rxelab.join("127.0.0.1", port, wait=30, device="fake0", **options) as comm:
+            with rxelab.join("127.0.0.1", port, wait=30, **{"device": "fake0", **options}) as comm:
                 me = 100 + int(key[-1])
                 ids = members_of(comm, me)
                 checked_allreduce(comm, ids, me)
-                results[key] = (comm.rank, comm.size, ids, comm.formed["how"])
+                results[key] = (comm.rank, comm.size, ids, comm.formed["how"], comm.transport)
         except BaseException as err:  # reported to the test
             results[key] = err
     t = threading.Thread(target=run, daemon=True, name=key)
@@ -35,8 +35,11 @@ def newcomer(port: int, results: dict, key: str, **options) -> threading.Thread:
     return t
 
 
-def test_newcomers_join_between_steps_and_everyone_computes_with_them(monkeypatch):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_newcomers_join_between_steps_and_everyone_computes_with_them(transport):
     results: dict = {}
+    theirs = {"transport": transport} if transport == "verbs" else {"transport": transport,
+                                                                   "device": None}
     started: list[threading.Thread] = []
 
     def job(comm):
@@ -44,7 +47,7 @@ def test_newcomers_join_between_steps_and_everyone_computes_with_them(monkeypatc
         assert comm.admit() is comm, "nobody knocked: the same communicator"
         if me == 0:
             port = comm.rendezvous[1]
-            started.extend(newcomer(port, results, f"new{i}") for i in range(2))
+            started.extend(newcomer(port, results, f"new{i}", **theirs) for i in range(2))
         comm.barrier()
         grown = comm.admit(timeout=10, wanted=2)
         with grown:
@@ -52,13 +55,13 @@ def test_newcomers_join_between_steps_and_everyone_computes_with_them(monkeypatc
             ids = members_of(grown, me)
             checked_allreduce(grown, ids, me)
             return ids, grown.formed["admitted"]
-    out = run_ranks(3, job, timeout=20, deadline=90, elastic=True)
+    out = run_ranks(3, job, timeout=20, deadline=90, elastic=True, transport=transport)
     for t in started:
         t.join(30)
     assert sorted(results) == ["new0", "new1"], results
     for key in results:
-        rank, size, ids, how = results[key]
-        assert size == 5 and rank in (3, 4) and how == "join"
+        rank, size, ids, how, used = results[key]
+        assert size == 5 and rank in (3, 4) and how == "join" and used == transport
     assert all(ids == out[0][0] for ids, _ in out) and sorted(out[0][0]) == [0, 1, 2, 100, 101]
     assert out[0][1] == [3, 4]
 

@@ -38,7 +38,7 @@ def survive(victims: set[int], *, at_barrier: bool = True, quorum: str | int = "
             ids = members_of(new, me)
             checked_allreduce(new, ids, me)
             return {"rank": new.rank, "size": new.size, "ids": ids, "lost": new.formed["lost"],
-                    "took": took}
+                    "took": took, "transport": new.transport}
     return job
 
 
@@ -57,6 +57,17 @@ def test_survivors_agree_renumber_in_the_old_order_and_compute_correctly(p, vict
         assert got["rank"] == alive.index(old) and got["size"] == len(alive)
         assert got["lost"] == sorted(victims)
         assert got["took"] < 10, f"shrink took {got['took']:.1f} s"
+
+
+@pytest.mark.parametrize("p,victims", [(3, {0}), (5, {1, 3})])
+def test_over_tcp_the_survivors_shrink_and_compute_as_over_verbs(p, victims):
+    """The next communicator opens the same transport (the seat carries it) and works."""
+    out = run_ranks(p, survive(victims), timeout=20, deadline=90, elastic=True, transport="tcp")
+    alive = [r for r in range(p) if r not in victims]
+    for old, got in enumerate(out):
+        if old not in victims:
+            assert got["ids"] == alive and got["size"] == len(alive) and got["lost"] == sorted(victims)
+            assert got["transport"] == "tcp"
 
 
 def test_rank_0_dying_alone_in_a_pair_stops_the_survivor_unless_any_group_may_go_on():
