@@ -14,7 +14,7 @@ from rxelab.control.handshake import SharedSecret
 from rxelab.errors import AuthError, ConfigError, PeerError
 from rxelab.registry import Registry
 from rxelab.transports import base
-from rxelab.transports.tcp import TcpFabric
+from rxelab.transports.tcp import Outbox, TcpFabric
 
 from tests.unit.fakejob import die, in_threads, run_ranks
 
@@ -147,3 +147,18 @@ def test_a_poke_during_the_threads_read_of_the_pokes_is_never_lost(monkeypatch):
     finally:
         f.close()
 
+
+
+def test_the_outbox_finishes_a_frame_it_began_and_drops_those_it_did_not():
+    box = Outbox()
+    box.add([[b"h" * 32, memoryview(b"p" * 100)], [b"H" * 32], [b"x" * 32, memoryview(b"y" * 50)]])
+    assert box.bytes == 246
+    box.taken(40)  # the first header and 8 bytes of its payload
+    assert box.begun and box.bytes == 206
+    box.cut()  # the connection went to error: the rest of the first frame, nothing after it
+    assert [bytes(v) for f in box.frames for v in f] == [b"p" * 92] and box.bytes == 92
+    box.taken(92)
+    assert not box and not box.begun
+    box.add([[b"a" * 32]])
+    box.cut()  # nothing begun: nothing kept
+    assert not box and box.bytes == 0

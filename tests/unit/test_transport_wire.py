@@ -45,13 +45,17 @@ def pump(a: wire.Wire, b: wire.Wire, piece: int = 1 << 20, rounds: int = 50) -> 
     for _ in range(rounds):
         moved = False
         for src, dst in ((a, b), (b, a)):
-            data = b"".join(bytes(p) for p in src.out())
+            data = flat(src.out())
             for i in range(0, len(data), piece):
                 dst.feed(data[i:i + piece])
             moved = moved or bool(data)
         if not moved:
             return
     raise AssertionError("the wires kept talking")
+
+
+def flat(frames: list[wire.Frame]) -> bytes:
+    return b"".join(bytes(p) for f in frames for p in f)
 
 
 def statuses(done: list[wire.Completion]) -> list[tuple[int, int]]:
@@ -229,10 +233,33 @@ def test_a_key_dropped_while_its_write_arrives_stops_the_rest_landing():
     src[:] = 7
     dst, rkey = mb.buffer(1000)
     a.post(1, base.WR_RDMA_WRITE, src.ctypes.data, 1000, lkey, dst.ctypes.data, rkey)
-    frames = b"".join(bytes(p) for p in a.out())
+    frames = flat(a.out())
     b.feed(frames[:wire.HEADER.size + 300])  # the header and 300 bytes landed
     del mb.keys[rkey]  # revoked (the guard of a failed communicator)
     b.feed(frames[wire.HEADER.size + 300:])
     assert dst[:300].all() and not dst[300:].any()
     pump(a, b)
     assert statuses(a.take())[0] == (1, base.WC_REM_ACCESS_ERR) and b.error is not None
+
+
+def test_after_the_peers_goodbye_and_hang_up_a_post_fails_at_once():
+    a, ma, b, _ = pair()
+    src, lkey = ma.buffer(8)
+    a.feed(b.bye())
+    a.lost()
+    assert a.error is None  # nothing was outstanding: no failure
+    a.post(1, base.WR_SEND, src.ctypes.data, 8, lkey)
+    assert statuses(a.take())[0] == (1, base.WC_RETRY_EXC_ERR) and a.error is not None
+
+
+def test_an_error_stops_placing_the_frame_that_is_arriving():
+    a, ma, b, mb = pair()
+    src, lkey = ma.buffer(1000)
+    src[:] = 3
+    dst, rkey = mb.buffer(1000)
+    a.post(1, base.WR_RDMA_WRITE, src.ctypes.data, 1000, lkey, dst.ctypes.data, rkey)
+    frames = flat(a.out())
+    b.feed(frames[:wire.HEADER.size + 100])
+    b.fail()  # b's transport broke (or a peer's NAK put it in error)
+    b.feed(frames[wire.HEADER.size + 100:])
+    assert dst[:100].all() and not dst[100:].any()

@@ -12,7 +12,10 @@ before that.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
+import logging
 import selectors
 import socket
 import struct
@@ -25,9 +28,11 @@ from rxelab.control.connection import dial
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError, Reason
 from rxelab.transports import base
 from rxelab.transports.local import KeyTable, Region, Slab, SocketDevice
-from rxelab.transports.wire import Wire
+from rxelab.transports.wire import Frame, Wire
 
 READ_BYTES = 1 << 20  # at most this much read from one socket per turn: the others get theirs
+OUTBOX_BYTES = 4 << 20  # no more frames taken from a wire while its socket has this much to send
+log = logging.getLogger(__name__)
 WAIT_S = 1.0  # the I/O thread's longest sleep (a stop also wakes it)
 DIAL_PAUSE_S = 0.05
 
@@ -38,6 +43,49 @@ def own_address(toward: str) -> str:
                        socket.SOCK_DGRAM) as s:
         s.connect((toward, 9))
         return str(s.getsockname()[0])
+
+
+class Outbox:
+    """The frames a socket has not taken yet. A frame begun goes out whole (the stream stays
+    whole until the peer hears of an error); once the connection is in error the frames not
+    begun are dropped, so no more of the application's memory is read for them."""
+
+    def __init__(self) -> None:
+        self.frames: collections.deque[list[memoryview]] = collections.deque()
+        self.bytes = 0
+        self.begun = False  # the first frame is partly sent
+
+    def __bool__(self) -> bool:
+        return bool(self.frames)
+
+    def add(self, frames: list[Frame]) -> None:
+        for frame in frames:
+            views = [memoryview(p) for p in frame]
+            self.frames.append(views)
+            self.bytes += sum(len(v) for v in views)
+
+    def cut(self) -> None:
+        kept = [self.frames[0]] if self.begun and self.frames else []
+        self.frames = collections.deque(kept)
+        self.bytes = sum(len(v) for f in kept for v in f)
+
+    def send(self, sock: socket.socket) -> None:
+        """As much as the socket takes now (BlockingIOError: nothing)."""
+        pieces = [v for f in itertools.islice(self.frames, 32) for v in f]
+        self.taken(sock.sendmsg(pieces[:64]))
+
+    def taken(self, n: int) -> None:
+        self.bytes -= n
+        while n:
+            frame = self.frames[0]
+            if n >= len(frame[0]):
+                n -= len(frame.pop(0))
+                self.begun = bool(frame)
+                if not frame:
+                    self.frames.popleft()
+            else:
+                frame[0] = frame[0][n:]
+                self.begun, n = True, 0
 
 
 class TcpEndpoint:
@@ -61,7 +109,8 @@ class TcpConnection(base.SlotState):
         registry.add_fixed(2 * slots * slot_size)  # as verbs' slabs (messages.ring_bytes)
         self.wire = Wire(peer, slots, slot_size, self.recv_base, fabric.keys.covers)
         self.sock: socket.socket | None = None
-        self.outbox: list[memoryview] = []  # what the socket has not taken yet
+        self.outbox = Outbox()
+        self.cut = False  # the outbox was cut when the wire went to error
         self.watching_write = False
 
     def endpoint(self) -> TcpEndpoint:
@@ -95,9 +144,10 @@ class TcpConnection(base.SlotState):
         self.fabric.stop()
         sock, self.sock = self.sock, None
         if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setblocking(False)
-                sock.send(self.wire.bye())
+            if not self.outbox:  # a goodbye only between frames (else the peer sees a break)
+                with contextlib.suppress(OSError):
+                    sock.settimeout(1.0)
+                    sock.sendall(self.wire.bye())
             with contextlib.suppress(OSError):
                 sock.close()
         self.recv_mr.close()
@@ -225,7 +275,11 @@ class TcpFabric:
             while len(came) < len(lower) and time.monotonic() < meeting.deadline \
                     and not self.stopping:
                 for link, _ in acceptor.hear(0.05):
-                    came[int(link.knock["rank"])] = link.sock
+                    rank = int(link.knock["rank"])
+                    if rank in came:  # two proven knocks for one rank: the first stays
+                        link.close()
+                    else:
+                        came[rank] = link.sock
         except BaseException as err:  # reported by connect()
             failed.append(err)
         finally:
@@ -266,6 +320,18 @@ class TcpFabric:
             self.thread.join(10.0)
 
     def _serve(self) -> None:
+        try:
+            self._turns()
+        except BaseException as err:  # a fault of ours: every connection fails, in words
+            log.error("rxelab: the tcp transport's I/O thread failed: %r", err)
+            with self.lock:
+                done = []
+                for conn in self.conns.values():
+                    conn.wire.fail()
+                    done.extend(conn.wire.take())
+            self.device.cq.push(done)
+
+    def _turns(self) -> None:
         conns = list(self.conns.values())
         while not self.stopping:
             for key, _ in self.sel.select(timeout=WAIT_S):
@@ -308,16 +374,18 @@ class TcpFabric:
         sock = conn.sock
         if sock is None:
             return
-        with self.lock:
-            conn.outbox.extend(memoryview(p) for p in conn.wire.out())
         box = conn.outbox
+        with self.lock:
+            if conn.wire.error is not None and not conn.cut:
+                box.cut()
+                conn.cut = True
+            if box.bytes < OUTBOX_BYTES:
+                box.add(conn.wire.out())
         try:
             while box:
-                sent = sock.sendmsg(box[:64])
-                while sent and sent >= len(box[0]):
-                    sent -= len(box.pop(0))
-                if sent:
-                    box[0] = box[0][sent:]
+                before = box.bytes
+                box.send(sock)
+                if box.bytes and box.bytes == before:
                     break
         except BlockingIOError:
             pass
@@ -332,7 +400,7 @@ class TcpFabric:
     def _lost(self, conn: TcpConnection) -> None:
         """The peer's stream ended (lock held): the wire fails what it must; we stop reading."""
         conn.wire.lost()
-        conn.outbox.clear()
+        conn.outbox = Outbox()
         sock, conn.sock = conn.sock, None
         if sock is not None:
             with contextlib.suppress(KeyError, ValueError):

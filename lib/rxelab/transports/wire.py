@@ -47,6 +47,7 @@ DISCARD = 1 << 16
 # (key, address, length, access) -> whether a live registration of that key covers the range
 # with that access (0: read locally)
 Covers = Callable[[int, int, int, int], bool]
+Frame = list[bytes | memoryview]  # a header, and the payload if it has one
 
 
 class Completion:
@@ -106,6 +107,7 @@ class Wire:
         self.peer, self.slot_size, self.recv_base, self.covers = peer, slot_size, recv_base, covers
         self.error: int | None = None  # the status that put this connection in error
         self.said_bye = self.heard_bye = False
+        self.gone = False  # the stream ended after the peer's goodbye
         self.done: list[Completion] = []
         # sending
         self.credits = slots  # the peer's free receive slots (both sides have `slots`)
@@ -131,7 +133,10 @@ class Wire:
         if kind is None or not 0 <= length <= MAX_LENGTH:
             raise ValueError(f"a work request of opcode {opcode} and length {length}")
         request = Request(wr_id, kind, addr, length, remote_addr, rkey, imm, signaled)
-        if self.error is not None or self.said_bye:
+        if self.gone:  # the peer said goodbye and hung up: as an RC peer past its retries
+            self._complete(request, base.WC_RETRY_EXC_ERR)
+            self._fail(base.WC_RETRY_EXC_ERR)
+        elif self.error is not None or self.said_bye:
             self._complete(request, base.WC_WR_FLUSH_ERR)
         elif length and not self.covers(lkey, addr, length, 0):
             self._complete(request, base.WC_LOC_PROT_ERR)
@@ -139,17 +144,17 @@ class Wire:
         else:
             self.queued.append(request)
 
-    def out(self) -> list[bytes | memoryview]:
-        """What to send now, in order: our ACK or NAK first, then the requests the peer has
-        room for. The payloads are the posted memory itself, read as it goes out."""
-        pieces: list[bytes | memoryview] = []
+    def out(self) -> list[Frame]:
+        """What to send now, frame by frame, in order: our ACK or NAK first, then the requests
+        the peer has room for. The payloads are the posted memory itself, read as it goes out."""
+        frames: list[Frame] = []
         if self.nak is not None:
             seq, status = self.nak
-            pieces.append(HEADER.pack(NAK, 0, 0, status, 0, 0, 0, seq))
+            frames.append([HEADER.pack(NAK, 0, 0, status, 0, 0, 0, seq)])
             self.nak = None
         if self.ack_due or self.credits_due:
             credits = min(self.credits_due, MAX_CREDITS)
-            pieces.append(HEADER.pack(ACK, 0, credits, 0, 0, 0, 0, self.placed_seq))
+            frames.append([HEADER.pack(ACK, 0, credits, 0, 0, 0, 0, self.placed_seq)])
             self.credits_due -= credits
             self.ack_due = False
         while self.queued and self.error is None:
@@ -160,12 +165,11 @@ class Wire:
                 self.credits -= 1
             self.queued.popleft()
             r.seq, self.next_seq = self.next_seq, self.next_seq + 1
-            pieces.append(HEADER.pack(r.kind, SIGNALED if r.signaled else 0, 0, r.imm, r.rkey,
-                                      r.length, r.remote_addr, r.seq))
-            if r.length:
-                pieces.append(memory(r.addr, r.length))
+            header = HEADER.pack(r.kind, SIGNALED if r.signaled else 0, 0, r.imm, r.rkey,
+                                 r.length, r.remote_addr, r.seq)
+            frames.append([header, memory(r.addr, r.length)] if r.length else [header])
             self.unacked.append(r)
-        return pieces
+        return frames
 
     def bye(self) -> bytes:
         """Our goodbye: the stream may end after it without failing anything of the peer's."""
@@ -223,6 +227,11 @@ class Wire:
         had outstanding; otherwise the peer is gone, as an RC peer past its retries."""
         if self.error is None and (self.queued or self.unacked or not self.heard_bye):
             self._fail(base.WC_RETRY_EXC_ERR)
+        self.gone = True
+
+    def fail(self) -> None:
+        """The transport itself broke (not the peer's stream): everything outstanding fails."""
+        self._fail(base.WC_RETRY_EXC_ERR)
 
     def take(self) -> list[Completion]:
         done, self.done = self.done, []
@@ -332,3 +341,5 @@ class Wire:
             self.done.append(Completion((self.peer << 32) | slot, base.WC_WR_FLUSH_ERR, base.WC_RECV))
         self.posted.clear()
         self.credits_due = 0
+        if self.arriving is not None:  # nothing more of it is placed: the rest is dropped
+            self.arriving.dest = self.arriving.rkey = 0
