@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     settings.add_flags(ap)
     ap.add_argument("--pairs", type=int, default=1,
                     help="sequential: at most this many pairs exchange at once (default 1)")
+    ap.add_argument("--transport", choices=settings.TRANSPORTS, default=None,
+                    help="what the collectives run over (default: $RXELAB_TRANSPORT, else verbs)")
     ap.add_argument("--compression", choices=codecs.NAMES, default=codecs.NONE,
                     help="how rendezvous blocks travel: as they are (none, default), lossless "
                          "(lz4, zstd) or, for float sums, rounded to fp16/bf16 on the wire "
@@ -65,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             return codecs.error_bound(codec, described.inputs(comm.rank, comm.size, n,
                                                              described.dtype, stage, args.data))
     try:
-        with rxelab.init(compression=args.compression, **settings.from_flags(args)) as comm:
+        with rxelab.init(compression=args.compression, transport=args.transport,
+                         **settings.from_flags(args)) as comm:
             r, p = comm.rank, comm.size
             start = np.zeros(1, np.uint8)
             if r == 0:

@@ -80,7 +80,8 @@ def rxelab_app(case: Case) -> list[str]:
     """The demo app of an rxelab case, with init()'s options as flags."""
     app = app_argv(case, "server_client.py")
     flags = [(name, case.option(name)) for name in library.BY_NAME]
-    for key, value in (*flags, ("pairs", case.pairs), ("compression", case.compression)):
+    for key, value in (*flags, ("pairs", case.pairs), ("compression", case.compression),
+                       ("transport", case.rxelab_transport)):
         if value is not None:
             app += [f"--{key.replace('_', '-')}", str(value)]
     return app

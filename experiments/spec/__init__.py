@@ -26,7 +26,8 @@
     sizes = [1024, 65536]     # bytes as the op counts them, 0..1073741824 (1 GiB)
     stages = 10               # repetitions (perftest: iterations), 1..10000000
     warmup = 1                # 0..1000000
-    transport = ["ucx", "tcp"]  # mpi: Open MPI over UCX on the RDMA device, and/or over TCP
+    transport = ["ucx", "tcp"]  # mpi: Open MPI over UCX on the RDMA device, and/or over TCP;
+                              #   rxelab: "verbs" (the default) and/or "tcp" (rxelab-tcp)
     sample_load = false       # sample each node's data NIC counters during the run
     tight = false             # rxelab, mpi, gloo: the calls back to back on the same data, timed as
                               #   the slowest rank's span (apps' --tight), not stage by stage
@@ -106,6 +107,7 @@ from experiments.spec import did_you_mean
 from experiments.spec.cases import Case, Run, Spec, contender, ranks
 from experiments.spec.document import KEYS, RunDoc, SpecDoc
 from experiments.spec.fields import (
+    APP_TRANSPORTS,
     APPS,
     BOUNDS,
     GLOO_ALGORITHMS,
@@ -126,7 +128,8 @@ from experiments.spec.scenarios import DdpDoc, ElasticDoc, Event
 from infra import documents
 from infra.documents import spell
 
-__all__ = ["APPS", "BOUNDS", "GLOO_ALGORITHMS", "KEYS", "LAUNCHERS", "LIBRARY", "MAX_BYTES",
+__all__ = ["APPS", "APP_TRANSPORTS", "BOUNDS", "GLOO_ALGORITHMS", "KEYS", "LAUNCHERS", "LIBRARY",
+           "MAX_BYTES",
            "MAX_ENTRIES", "MTU_RANGE", "NAME", "ONLY", "OPS",
            "RXELAB_ONLY", "SPECS", "TOOLS", "TRANSPORTS", "Case", "Run", "Spec",
            "SpecError", "contender", "find", "launcher_problem", "load", "parse", "ranks"]
@@ -208,7 +211,8 @@ def _run(r: RunDoc) -> Run:
                                  else list(ops.COLLECTIVES[r.op].algorithms))
     return Run(r.app, r.op if r.app != "perftest" else "link", tuple(names), tuple(r.nodes),
                tuple(r.sizes), r.stages, r.warmup,
-               tuple(r.transport or TRANSPORTS) if r.app == "mpi" else (None,), r.sample_load,
+               tuple(r.transport or APP_TRANSPORTS["mpi"]) if r.app == "mpi"
+               else tuple(r.transport or (None,)), r.sample_load,
                tuple(dict(imp) for imp in r.netem), tuple(r.mtu or (None,)), r.timeout_s,
                tuple((k, getattr(r, k)) for k in RXELAB_ONLY if getattr(r, k) is not None),
                tuple(r.pairs or (None,)), r.tight, tuple(r.data or (None,)),

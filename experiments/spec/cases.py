@@ -31,7 +31,10 @@ class Case(BaseModel):
     size: int
     stages: int = 10  # a spec's defaults, for a record of another version that lacks them
     warmup: int = 1
-    transport: str | None = None  # mpi's: ucx or tcp
+    transport: str | None = None  # mpi's: ucx or tcp (an old record's rxelab case may say tcp)
+    # the library's transport (a spec's `transport` of an rxelab run): verbs or tcp; None:
+    # verbs, as every record from before the library had transports
+    rxelab_transport: str | None = None
     sample_load: bool = False
     netem: dict[str, int | float] = {}  # the impairment (experiments.spec.netem); {}: none
     mtu: int | None = None
@@ -86,7 +89,9 @@ class Run:
         compression, size), in a stable order; the keys a run leaves at their defaults are not
         set (a case's JSON has them only where they say something)."""
         return [Case.model_validate({"app": self.app, "op": self.op, "algorithm": a, "nodes": n, "size": s,
-                 "stages": self.stages, "warmup": self.warmup, "transport": t,
+                 "stages": self.stages, "warmup": self.warmup,
+                 "transport": t if self.app != "rxelab" else None,
+                 **({"rxelab_transport": t} if self.app == "rxelab" and t is not None else {}),
                  "sample_load": self.sample_load, "netem": dict(imp), "mtu": mtu,
                  "timeout_s": self.timeout_s, **dict(self.options),
                  **({"pairs": k} if k is not None else {}),
@@ -130,7 +135,8 @@ class Spec:
 def contender(case: Case) -> str:
     """Who ran a case: rxelab, mpi-ucx, mpi-tcp, gloo or perftest (what a reader compares); an
     rxelab run with its own eager limit or a codec says so (rxelab-eager0: rendezvous only;
-    rxelab-zstd). The hand loop is not the library but the floor it is held to: pyverbs. An
+    rxelab-zstd), and one over another transport than verbs names it (rxelab-tcp). The hand
+    loop is not the library but the floor it is held to: pyverbs. An
     MPI case of a record from before transports were recorded ran over TCP."""
     if case.app == "mpi":
         return f"mpi-{case.transport or 'tcp'}"
@@ -142,6 +148,8 @@ def contender(case: Case) -> str:
         name += f"-eager{eager}"
     if case.app == "rxelab" and case.compression not in (None, codecs.NONE):
         name += f"-{case.compression}"
+    if case.app == "rxelab" and case.rxelab_transport not in (None, "verbs"):
+        name += f"-{case.rxelab_transport}"
     return name
 
 

@@ -22,6 +22,7 @@ from rxelab import settings as library
 from rxelab.bench import HAND_LOOP, HAND_MAX
 
 from experiments.spec.fields import (
+    APP_TRANSPORTS,
     APPS,
     LAUNCHERS,
     LOSSY_OPS,
@@ -116,6 +117,20 @@ class RunFields(Strict):
             raise bad(f"the {HAND_LOOP} moves blocks of 1 to {HAND_MAX} bytes (one eager slot), "
                       f"not {short(sizes)}")
         return sizes
+
+    @field_validator("transport")
+    @classmethod
+    def _transport_fits(cls, names: list[str], info: ValidationInfo) -> list[str]:
+        app = info.data.get("app")
+        allowed = APP_TRANSPORTS.get(app or "")
+        if allowed is None:
+            raise bad("only mpi and rxelab runs choose a transport")
+        wrong = [n for n in names if n not in allowed]
+        if wrong:
+            raise bad(f"{app} runs over {' or '.join(allowed)}, not {', '.join(wrong)}")
+        if HAND_LOOP in (info.data.get("algorithms") or ()) and set(names) - {"verbs"}:
+            raise bad(f"the {HAND_LOOP} is pyverbs by hand: transport = [\"verbs\"] only")
+        return names
 
     @field_validator(*ONLY, check_fields=False)
     @classmethod

@@ -36,8 +36,11 @@ LOSSY_OPS = tuple(c.name for c in ops.COLLECTIVES.values() if lossy_fits(c))
 # two lists equal): ib_write_bw_bidir is `ib_write_bw -b`
 Tool = Literal["ib_write_bw", "ib_write_bw_bidir", "ib_send_bw", "ib_send_lat"]
 TOOLS: tuple[str, ...] = get_args(Tool)
-Transport = Literal["ucx", "tcp"]
+Transport = Literal["ucx", "tcp", "verbs"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
+# what each app's `transport` means, its default first: Open MPI's (UCX on the RDMA device, or
+# TCP), and the library's own (rxelab.settings.TRANSPORTS that this version opens)
+APP_TRANSPORTS = {"mpi": ("ucx", "tcp"), "rxelab": ("verbs", "tcp")}
 Launcher = Literal["ssh", "srun"]
 LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 # The library's names, read now. Pydantic checks a value against a Literal of them; mypy, which
@@ -128,7 +131,6 @@ def algorithms(app: str | None, op: str | None) -> tuple[str, ...]:
 
 # key -> (the only app that takes it, what to say to the others)
 ONLY = {"tools": ("perftest", "only perftest runs take `tools`"),
-        "transport": ("mpi", "only mpi runs choose a transport"),
         "compression": ("rxelab", "only rxelab runs compress"),
         **{k: ("rxelab", "only rxelab runs take it") for k in (*RXELAB_ONLY, "busy_neighbours")}}
 

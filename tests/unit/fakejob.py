@@ -49,14 +49,22 @@ def run_ranks(p: int, fn: Callable[[Any], Any], *, deadline: float = 60, seed: i
     if transport == "verbs":
         _fabric.FABRIC.reset(seed=seed, max_delay=max_delay)
         options.setdefault("device", "fake0")
-    port = free_port()
+    # rank 0's rendezvous listens before any rank starts: a port merely found free could be
+    # taken meanwhile (by another test's transport, whose listeners take free ports too)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
     options.setdefault("timeout", 20)
 
     def rank(r: int) -> Any:
         mine = {**options, "transport": transport, **(per_rank(r) if per_rank else {})}
+        if r == 0:
+            mine["_listener"] = listener
         with rxelab.init(r, p, "127.0.0.1", port, **mine) as comm:
             return fn(comm)
-    return in_threads(p, rank, deadline, keep_errors)
+    try:
+        return in_threads(p, rank, deadline, keep_errors)
+    finally:
+        listener.close()  # the communicator's, once it took it; ours if rank 0 never started
 
 
 def in_threads(p: int, rank: Callable[[int], Any], deadline: float, keep_errors: bool) -> list[Any]:

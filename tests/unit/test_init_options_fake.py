@@ -60,7 +60,7 @@ def test_bench_prints_every_setting_as_nccl_tests_does():
     from rxelab import bench
 
     class Comm:
-        size, options = 2, settings.resolve({"eager_limit": 0})
+        size, options, transport = 2, settings.resolve({"eager_limit": 0}), "verbs"
         dev = type("Dev", (), {"name": "fake0", "port": 1, "gid_index": 1, "mtu_enum": 5})()
 
     line = next(x for x in bench.preamble(Comm(), type("A", (), {"iterations": 1, "warmup": 0})())

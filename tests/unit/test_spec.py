@@ -76,7 +76,10 @@ def test_impairments_mtus_and_rxelab_options_multiply_cases():
         (lambda d: d["runs"][0].update(sizes=[-1]), "runs[0].sizes"),
         (lambda d: d["runs"][0].update(nodes=[]), "runs[0].nodes"),
         (lambda d: d["runs"][0].update(stages=0), "runs[0].stages"),
-        (lambda d: d["runs"][0].update(transport="ucx"), "only mpi runs choose a transport"),
+        (lambda d: d["runs"][0].update(transport="ucx"), "rxelab runs over verbs or tcp, not ucx"),
+        (lambda d: d["runs"][1].update(transport="verbs"), "mpi runs over ucx or tcp, not verbs"),
+        (lambda d: d["runs"][0].update(algorithms=["hand-loop"], transport=["tcp"]),
+         "the hand-loop is pyverbs by hand: transport = [\"verbs\"] only"),
         (lambda d: d["runs"][1].update(transport=["ucx", "ib"]), "runs[1].transport"),
         (lambda d: d["runs"][0].update(netem=[{"los": 1}]), "runs[0].netem[0]: unknown key 'los'"),
         (lambda d: d["runs"][0].update(netem=[{"loss": 101}]), "loss must be a number from 0 to 100"),
@@ -99,7 +102,7 @@ def test_impairments_mtus_and_rxelab_options_multiply_cases():
         (lambda d: d["runs"][1].update(app="gloo"), "runs[1].algorithms: must be a non-empty list "
                                                     "from gloo-default"),
         (lambda d: d["runs"].append({"app": "gloo", "op": "allreduce", "nodes": [3], "sizes": [8],
-                                     "transport": ["tcp"]}), "only mpi runs choose a transport"),
+                                     "transport": ["tcp"]}), "only mpi and rxelab runs choose a transport"),
         (lambda d: d["runs"].append({"app": "gloo", "op": "allreduce", "nodes": [3], "sizes": [8],
                                      "ranks_per_node": 2}), "only rxelab runs take it"),
         (lambda d: d["runs"][0].update(compression=["bf16"]),
@@ -337,6 +340,27 @@ def test_codecs_and_data_multiply_cases_and_name_the_contender():
     assert {spec.contender(spec.Case(**c)) for c in rx} == {"rxelab-eager0", "rxelab-eager0-bf16"}
     (mpi,) = [c for c in cases if c["app"] == "mpi"]
     assert mpi["data"] == "random" and "compression" not in mpi
+
+
+def test_rxelab_transports_multiply_cases_name_the_contender_and_reach_the_app():
+    from experiments.running import commands
+    doc = {"name": "t", "runs": [
+        {"app": "rxelab", "op": "allreduce", "algorithms": ["ring"], "nodes": [3], "sizes": [8],
+         "transport": ["verbs", "tcp"]},
+        {"app": "rxelab", "op": "allreduce", "algorithms": ["ring"], "nodes": [3], "sizes": [8]},
+        {"app": "mpi", "op": "allreduce", "nodes": [3], "sizes": [8]}]}
+    cases = spec.parse(doc).cases()
+    named = sorted(spec.contender(c) for c in cases)
+    assert named == ["mpi-tcp", "mpi-ucx", "rxelab", "rxelab", "rxelab-tcp"]
+    argv = {spec.contender(c) + str(c.rxelab_transport): commands.rxelab_app(c) for c in cases
+            if c.app == "rxelab"}
+    assert argv["rxelab-tcptcp"][-2:] == ["--transport", "tcp"]
+    assert argv["rxelabverbs"][-2:] == ["--transport", "verbs"]
+    assert "--transport" not in argv["rxelabNone"]  # as before transports: the app's default
+    # a record of an early version said transport = "tcp" of every case: still rxelab's verbs
+    old = spec.Case(app="rxelab", op="alltoall", algorithm="sequential", nodes=3, size=8,
+                    transport="tcp")
+    assert spec.contender(old) == "rxelab"
 
 
 def test_every_perftest_tool_a_spec_takes_has_its_command():
