@@ -38,8 +38,9 @@ def two_fabrics(secrets=("a-secret-of-this-job-0123456789", "a-secret-of-this-jo
     return fabrics, conns, out
 
 
-def poll_until(fabric: TcpFabric, n: int, within: float = 10.0) -> list:
-    got, end = [], time.monotonic() + within
+def poll_until(fabric: TcpFabric, n: int, within: float = 10.0) -> list[base.Completion]:
+    got: list[base.Completion] = []
+    end = time.monotonic() + within
     while len(got) < n and time.monotonic() < end:
         got.extend(fabric.device.cq.poll(16)[1])
         time.sleep(0.001)
