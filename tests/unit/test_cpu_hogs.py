@@ -30,6 +30,11 @@ def test_hogs_end_when_their_starter_ends_without_stopping_them():
                                stdout=subprocess.PIPE, text=True)
     pids = [int(p) for p in starter.stdout.readline().split()]
     try:
+        # a hog between its fork and its exec has no command line yet: wait (bounded) for it
+        started = time.monotonic() + GONE_S
+        while not all(runner.process_is(p, Path(sys.executable).name) for p in pids) \
+                and time.monotonic() < started:
+            time.sleep(0.05)
         assert len(pids) == 2 and all(runner.process_is(p, Path(sys.executable).name) for p in pids)
         starter.stdin.write("\n")
         starter.stdin.flush()
