@@ -14,7 +14,8 @@ from rxelab.control.handshake import SharedSecret
 from rxelab.errors import AuthError, ConfigError, PeerError
 from rxelab.registry import Registry
 from rxelab.transports import base
-from rxelab.transports.tcp import Outbox, TcpFabric
+from rxelab.transports.outbox import Outbox
+from rxelab.transports.tcp import TcpFabric
 
 from tests.unit.fakejob import die, in_threads, run_ranks
 

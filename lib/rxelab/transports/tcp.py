@@ -12,9 +12,7 @@ before that.
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import itertools
 import logging
 import selectors
 import socket
@@ -28,7 +26,8 @@ from rxelab.control.connection import dial
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError, Reason
 from rxelab.transports import base
 from rxelab.transports.local import KeyTable, Region, Slab, SocketDevice
-from rxelab.transports.wire import Frame, Wire
+from rxelab.transports.outbox import Outbox
+from rxelab.transports.wire import Wire
 
 READ_BYTES = 1 << 20  # at most this much read from one socket per turn: the others get theirs
 OUTBOX_BYTES = 4 << 20  # no more frames taken from a wire while its socket has this much to send
@@ -43,49 +42,6 @@ def own_address(toward: str) -> str:
                        socket.SOCK_DGRAM) as s:
         s.connect((toward, 9))
         return str(s.getsockname()[0])
-
-
-class Outbox:
-    """The frames a socket has not taken yet. A frame begun goes out whole (the stream stays
-    whole until the peer hears of an error); once the connection is in error the frames not
-    begun are dropped, so no more of the application's memory is read for them."""
-
-    def __init__(self) -> None:
-        self.frames: collections.deque[list[memoryview]] = collections.deque()
-        self.bytes = 0
-        self.begun = False  # the first frame is partly sent
-
-    def __bool__(self) -> bool:
-        return bool(self.frames)
-
-    def add(self, frames: list[Frame]) -> None:
-        for frame in frames:
-            views = [memoryview(p) for p in frame]
-            self.frames.append(views)
-            self.bytes += sum(len(v) for v in views)
-
-    def cut(self) -> None:
-        kept = [self.frames[0]] if self.begun and self.frames else []
-        self.frames = collections.deque(kept)
-        self.bytes = sum(len(v) for f in kept for v in f)
-
-    def send(self, sock: socket.socket) -> None:
-        """As much as the socket takes now (BlockingIOError: nothing)."""
-        pieces = [v for f in itertools.islice(self.frames, 32) for v in f]
-        self.taken(sock.sendmsg(pieces[:64]))
-
-    def taken(self, n: int) -> None:
-        self.bytes -= n
-        while n:
-            frame = self.frames[0]
-            if n >= len(frame[0]):
-                n -= len(frame.pop(0))
-                self.begun = bool(frame)
-                if not frame:
-                    self.frames.popleft()
-            else:
-                frame[0] = frame[0][n:]
-                self.begun, n = True, 0
 
 
 class TcpEndpoint:
