@@ -124,7 +124,10 @@ def die(comm: Any) -> None:
     for link in [*comm.control.peers.values(), *([comm.control.root] if comm.control.root else [])]:
         link.close()
     for conn in comm.conns.values():
-        conn.kill() if hasattr(conn, "kill") else conn.qp.close()
+        if hasattr(conn, "kill"):  # a socket transport's: a reset, no goodbye
+            conn.kill()
+        else:
+            conn.qp.close()
     if comm.control.server is not None:  # an elastic rank's listener goes with its process
         comm.control.server.close(listener=True)
     comm.closed = True
