@@ -133,6 +133,8 @@ CODEC = "compression"  # init(compression=): in the hello as its codec's id (rxe
 TRANSPORT = "transport"  # init(transport=): in the hello as its index in TRANSPORTS
 TRANSPORTS = ("verbs", "tcp", "quic")  # rxelab.transports opens them; their order is the wire's
 TRANSPORT_ENV = "RXELAB_TRANSPORT"  # init()'s default, where transport= is not given
+CONGESTION_ENV = "RXELAB_CONGESTION"  # quic's congestion control (each sender its own)
+CONGESTIONS = ("reno", "cubic")  # what aioquic 1.2 to 1.7 offers (no BBR); the first is the default
 
 
 def disagreement(mine: Mapping[str, Any], theirs: Mapping[str, Any], who: int | str,

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from tests.torch.groups import run_groups
+from tests.unit.fakejob import SOCKETS, over
 
 P = 3
 DTYPES = (torch.float32, torch.float64, torch.int64)
@@ -37,17 +38,18 @@ def test_all_reduce_in_place(dtype, op, reference):
         assert t.dtype == dtype and torch.equal(t, want), (t, want)
 
 
-def test_the_backend_runs_over_tcp_too():
+@over(SOCKETS)
+def test_the_backend_runs_over_the_socket_transports_too(transport):
     def job(pg):
         t = data(pg.rank(), 5000, torch.float32)
         dist.all_reduce(t, group=pg)
         out = [torch.empty(7, dtype=torch.float64) for _ in range(P)]
         dist.all_gather(out, data(pg.rank(), 7, torch.float64), group=pg)
         return t, out, pg.comm.transport  # new_group's group: the backend itself
-    got = run_groups(P, job, transport="tcp")
+    got = run_groups(P, job, transport=transport)
     want = sum(data(r, 5000, torch.float32) for r in range(P))
     for t, out, used in got:
-        assert used == "tcp" and torch.equal(t, want)
+        assert used == transport and torch.equal(t, want)
         assert all(torch.equal(o, data(r, 7, torch.float64)) for r, o in enumerate(out))
 
 

@@ -5,6 +5,7 @@ deadline is reported by name."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import threading
@@ -15,18 +16,33 @@ import pytest
 import rxelab
 from pyverbs import _fabric
 
-# the transports the tests run the library over (RXELAB_TEST_TRANSPORTS=verbs,tcp by default)
-TRANSPORTS = tuple(t for t in os.environ.get("RXELAB_TEST_TRANSPORTS", "verbs,tcp").split(",") if t)
+# the transports the tests run the library over (RXELAB_TEST_TRANSPORTS=verbs,tcp,quic by default)
+TRANSPORTS = tuple(t for t in os.environ.get("RXELAB_TEST_TRANSPORTS",
+                                             "verbs,tcp,quic").split(",") if t)
+SOCKETS = tuple(t for t in TRANSPORTS if t != "verbs")  # those on real sockets (loopback)
 SOCKET_SIZES = (1, 2, 3, 5)  # world sizes a socket transport runs at: real threads and sockets
+NO_AIOQUIC = pytest.mark.skipif(importlib.util.find_spec("aioquic") is None,
+                                reason="transport quic needs aioquic (pip install 'rxelab[quic]')")
+
+
+def transport_param(t: str, *values: Any, id: str | None = None) -> Any:
+    """One parameter set of a transport's case: quic's skipped, in words, where there is no
+    aioquic (the test extra installs it)."""
+    return pytest.param(*values, t, id=id or t, marks=[NO_AIOQUIC] if t == "quic" else [])
 
 
 def over_transports(sizes: Iterable[int]) -> Any:
     """parametrize("p, transport"): every size on the fake verbs, SOCKET_SIZES of them on the
     socket transports (what `make test` can afford)."""
     sizes = list(sizes)
-    cases = [pytest.param(p, t, id=f"{t}-{p}") for t in TRANSPORTS for p in sizes
+    cases = [transport_param(t, p, id=f"{t}-{p}") for t in TRANSPORTS for p in sizes
              if t == "verbs" or p in SOCKET_SIZES]
     return pytest.mark.parametrize(("p", "transport"), cases)
+
+
+def over(transports: Iterable[str]) -> Any:
+    """parametrize("transport") over these transports."""
+    return pytest.mark.parametrize("transport", [transport_param(t) for t in transports])
 
 
 def free_port() -> int:
@@ -45,7 +61,8 @@ def run_ranks(p: int, fn: Callable[[Any], Any], *, deadline: float = 60, seed: i
               max_delay: float = 0.0002, keep_errors: bool = False,
               per_rank: Callable[[int], dict[str, Any]] | None = None,
               transport: str = "verbs", **options: Any) -> list[Any]:
-    """transport: verbs runs on the in-memory fabric (device fake0); tcp on loopback sockets."""
+    """transport: verbs runs on the in-memory fabric (device fake0); tcp and quic on loopback
+    sockets."""
     if transport == "verbs":
         _fabric.FABRIC.reset(seed=seed, max_delay=max_delay)
         options.setdefault("device", "fake0")

@@ -12,7 +12,7 @@ import rxelab
 from rxelab import codecs, ops
 from rxelab.errors import ConfigError, PeerError, ProtocolError
 
-from tests.unit.fakejob import run_ranks
+from tests.unit.fakejob import SOCKETS, over, run_ranks
 
 RENDEZVOUS = {"eager_limit": 1024, "chunk": 1024, "window": 4096}  # blocks > 1 KiB are coded
 LOSSLESS = ("lz4", "zstd")
@@ -60,19 +60,20 @@ def test_coded_blocks_put_fewer_bytes_on_the_wire_and_count_them():
 
 
 @pytest.mark.parametrize("codec", [*LOSSLESS, "bf16"])
-def test_over_tcp_coded_blocks_arrive_as_over_verbs(codec):
+@over(SOCKETS)
+def test_over_sockets_coded_blocks_arrive_as_over_verbs(codec, transport):
     if codec == "bf16":  # a lossy sum: every rank the same bits, within its bound
         def job(comm):
             x = np.linspace(-3, 3, 4099, dtype=np.float32) * (comm.rank + 1)
             y = np.zeros_like(x)
             comm.allreduce(x, y, compression=codec)
             return y
-        out = run_ranks(3, job, transport="tcp", **RENDEZVOUS)
+        out = run_ranks(3, job, transport=transport, **RENDEZVOUS)
         exact = np.linspace(-3, 3, 4099, dtype=np.float64) * 6
         assert all(np.array_equal(o, out[0]) for o in out) and np.abs(out[0] - exact).max() < 0.2
         return
     for pattern in ("sparse", "random"):
-        for result in run_ranks(3, every_collective(codec, 3001, pattern), transport="tcp",
+        for result in run_ranks(3, every_collective(codec, 3001, pattern), transport=transport,
                                 **RENDEZVOUS):
             assert set(result.values()) == {0}, (pattern, result)
 

@@ -17,7 +17,7 @@ from tests.unit.elastic_helpers import (
     members_of,
     secret,  # noqa: F401 (autouse: jobs need the secret)
 )
-from tests.unit.fakejob import TRANSPORTS, run_ranks
+from tests.unit.fakejob import TRANSPORTS, over, run_ranks
 
 
 def newcomer(port: int, results: dict, key: str, **options) -> threading.Thread:
@@ -35,7 +35,7 @@ def newcomer(port: int, results: dict, key: str, **options) -> threading.Thread:
     return t
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@over(TRANSPORTS)
 def test_newcomers_join_between_steps_and_everyone_computes_with_them(transport):
     results: dict = {}
     theirs = {"transport": transport} if transport == "verbs" else {"transport": transport,

@@ -20,7 +20,7 @@ from tests.unit.elastic_helpers import (
     secret,  # noqa: F401 (autouse: jobs need the secret)
     until_failure,
 )
-from tests.unit.fakejob import die, run_ranks, settle
+from tests.unit.fakejob import SOCKETS, die, over, run_ranks, settle
 
 
 def survive(victims: set[int], *, at_barrier: bool = True, quorum: str | int = "majority"):
@@ -60,14 +60,16 @@ def test_survivors_agree_renumber_in_the_old_order_and_compute_correctly(p, vict
 
 
 @pytest.mark.parametrize("p,victims", [(3, {0}), (5, {1, 3})])
-def test_over_tcp_the_survivors_shrink_and_compute_as_over_verbs(p, victims):
+@over(SOCKETS)
+def test_over_sockets_the_survivors_shrink_and_compute_as_over_verbs(p, victims, transport):
     """The next communicator opens the same transport (the seat carries it) and works."""
-    out = run_ranks(p, survive(victims), timeout=20, deadline=90, elastic=True, transport="tcp")
+    out = run_ranks(p, survive(victims), timeout=20, deadline=90, elastic=True,
+                    transport=transport)
     alive = [r for r in range(p) if r not in victims]
     for old, got in enumerate(out):
         if old not in victims:
             assert got["ids"] == alive and got["size"] == len(alive) and got["lost"] == sorted(victims)
-            assert got["transport"] == "tcp"
+            assert got["transport"] == transport
 
 
 def test_rank_0_dying_alone_in_a_pair_stops_the_survivor_unless_any_group_may_go_on():

@@ -53,6 +53,33 @@ class Link:
             self.sock.close()
 
 
+class Knocking:
+    """The connector's side of the handshake without I/O (quic's streams carry it): first()
+    is what to send, answer(challenge) checks the listener's proof and gives ours, after which
+    `session` seals the connection."""
+
+    def __init__(self, credential: Credential, *, kind: str, rank: int, to: int,
+                 generation: int, scope: str, where: str) -> None:
+        self.knock = {"type": "knock", "kind": kind, "rank": rank, "to": to,
+                      "generation": generation, "scope": scope, "nonce": handshake.nonce()}
+        self.hs, self.where = credential.handshake(), where
+        self.session: Session | None = None
+
+    def first(self) -> bytes:
+        return framing.encode(self.knock)
+
+    def answer(self, challenge: dict[str, Any]) -> bytes:
+        """AuthError: the listener does not hold the job's secret (or is not a listener)."""
+        if challenge.get("type") != "challenge":
+            raise AuthError(f"{self.where} is not this job's: a {challenge.get('type')} "
+                            "message where its challenge belongs")
+        transcript = handshake.transcript(self.knock, challenge["nonce"])
+        if not self.hs.check(LISTENER, transcript, challenge["proof"]):
+            raise AuthError(f"{self.where} does not hold this job's secret")
+        self.session = Session(self.hs.seal_key(transcript), CONNECTOR)
+        return framing.encode({"type": "proof", "proof": self.hs.prove(CONNECTOR, transcript)})
+
+
 def dial(address: tuple[str, int], credential: Credential, *, kind: str, rank: int, to: int,
          generation: int, scope: str, deadline: float, connect_s: float) -> Link:
     """Connect to a listener of the job and prove ourselves to each other. OSError: nothing
@@ -63,21 +90,18 @@ def dial(address: tuple[str, int], credential: Credential, *, kind: str, rank: i
     sock = socket.create_connection(address, timeout=remaining)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        knock = {"type": "knock", "kind": kind, "rank": rank, "to": to, "generation": generation,
-                 "scope": scope, "nonce": handshake.nonce()}
-        framing.send(sock, knock)
         where = f"the listener at {address[0]}:{address[1]}"
+        knocking = Knocking(credential, kind=kind, rank=rank, to=to, generation=generation,
+                            scope=scope, where=where)
+        sock.sendall(knocking.first())
         try:
             challenge = framing.recv(sock, deadline=deadline, peer=where, expect="challenge",
                                   limit=framing.HANDSHAKE_BODY)
         except ProtocolError as err:
             raise AuthError(f"{where} is not this job's: {err}") from None
-        transcript = handshake.transcript(knock, challenge["nonce"])
-        hs = credential.handshake()
-        if not hs.check(LISTENER, transcript, challenge["proof"]):
-            raise AuthError(f"{where} does not hold this job's secret")
-        framing.send(sock, {"type": "proof", "proof": hs.prove(CONNECTOR, transcript)})
-        return Link(sock, Session(hs.seal_key(transcript), CONNECTOR), knock)
+        sock.sendall(knocking.answer(challenge))
+        assert knocking.session is not None
+        return Link(sock, knocking.session, knocking.knock)
     except BaseException:
         sock.close()
         raise

@@ -113,6 +113,10 @@ class Credential(Protocol):
 
     def handshake(self) -> Handshake: ...
 
+    def derive(self, label: bytes) -> bytes | None:
+        """A key every holder of the credential derives alike (quic's certificate), or None
+        where the credential has no shared key (MUNGE proves, it shares nothing)."""
+
 
 @dataclass(frozen=True)
 class SharedSecret:
@@ -139,6 +143,9 @@ class SharedSecret:
 
     def seal_key(self, transcript: bytes) -> bytes:
         return hmac.new(self.key, b"seal\0" + transcript, hashlib.sha256).digest()
+
+    def derive(self, label: bytes) -> bytes:
+        return hmac.new(self.key, b"derive\0" + label, hashlib.sha256).digest()
 
     def __repr__(self) -> str:  # never in a log or an error
         return f"SharedSecret(source={self.source!r}, secured={self.secured})"

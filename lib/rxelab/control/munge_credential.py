@@ -48,6 +48,9 @@ class MungeCredential:
     def handshake(self) -> MungeHandshake:
         return MungeHandshake(self)
 
+    def derive(self, label: bytes) -> None:
+        return None  # munged's key never leaves it
+
     def __repr__(self) -> str:
         return "MungeCredential()"
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 
 from rxelab.errors import ConfigError
-from rxelab.settings import TRANSPORT_ENV, TRANSPORTS
+from rxelab.settings import CONGESTION_ENV, CONGESTIONS, TRANSPORT_ENV, TRANSPORTS
 from rxelab.transports.base import Fabric
 
-BUILT = ("verbs", "tcp")  # of settings.TRANSPORTS, those this version can open
+BUILT = ("verbs", "tcp", "quic")  # of settings.TRANSPORTS, those this version can open
 
 
 def choose(given: str | None) -> str:
@@ -42,6 +42,23 @@ def load(name: str) -> None:
                                    "--system-site-packages to see it)") from None
         except ImportError as err:  # a pyverbs rxelab.verbs refuses
             raise ConfigError(str(err)) from None
+    if name == "quic":
+        try:
+            import aioquic.quic.connection  # noqa: F401
+        except ImportError:
+            raise ConfigError("transport quic needs aioquic, which this Python cannot import",
+                              hint="pip install 'rxelab[quic]', or Debian 13's python3-aioquic") \
+                from None
+        congestion()
+
+
+def congestion() -> str:
+    """quic's congestion control: RXELAB_CONGESTION, else reno."""
+    name = os.environ.get(CONGESTION_ENV) or CONGESTIONS[0]
+    if name not in CONGESTIONS:
+        raise ConfigError(f"{CONGESTION_ENV}={name!r}: quic has no such congestion control",
+                          hint=f"one of {', '.join(CONGESTIONS)}")
+    return name
 
 
 def id_of(name: str) -> int:
@@ -65,4 +82,8 @@ def open_fabric(name: str, *, device: str | None, port: int | None, gid_index: i
         from rxelab.transports import tcp
 
         return tcp.TcpFabric(device, toward)
+    if name == "quic":
+        from rxelab.transports import quic
+
+        return quic.QuicFabric(device, toward, congestion())
     raise ConfigError(f"transport {name!r} cannot be opened", hint=f"it opens {', '.join(BUILT)}")
