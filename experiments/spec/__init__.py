@@ -27,7 +27,7 @@
     stages = 10               # repetitions (perftest: iterations), 1..10000000
     warmup = 1                # 0..1000000
     transport = ["ucx", "tcp"]  # mpi: Open MPI over UCX on the RDMA device, and/or over TCP;
-                              #   rxelab: "verbs" (the default) and/or "tcp" (rxelab-tcp)
+                              #   rxelab: "verbs" (the default), "tcp" (rxelab-tcp), "quic" (rxelab-quic)
     sample_load = false       # sample each node's data NIC counters during the run
     tight = false             # rxelab, mpi, gloo: the calls back to back on the same data, timed as
                               #   the slowest rank's span (apps' --tight), not stage by stage

@@ -32,7 +32,7 @@ class Case(BaseModel):
     stages: int = 10  # a spec's defaults, for a record of another version that lacks them
     warmup: int = 1
     transport: str | None = None  # mpi's: ucx or tcp (an old record's rxelab case may say tcp)
-    # the library's transport (a spec's `transport` of an rxelab run): verbs or tcp; None:
+    # the library's transport (a spec's `transport` of an rxelab run): verbs, tcp or quic; None:
     # verbs, as every record from before the library had transports
     rxelab_transport: str | None = None
     sample_load: bool = False

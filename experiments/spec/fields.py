@@ -36,11 +36,11 @@ LOSSY_OPS = tuple(c.name for c in ops.COLLECTIVES.values() if lossy_fits(c))
 # two lists equal): ib_write_bw_bidir is `ib_write_bw -b`
 Tool = Literal["ib_write_bw", "ib_write_bw_bidir", "ib_send_bw", "ib_send_lat"]
 TOOLS: tuple[str, ...] = get_args(Tool)
-Transport = Literal["ucx", "tcp", "verbs"]
+Transport = Literal["ucx", "tcp", "verbs", "quic"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 # what each app's `transport` means, its default first: Open MPI's (UCX on the RDMA device, or
 # TCP), and the library's own (rxelab.settings.TRANSPORTS that this version opens)
-APP_TRANSPORTS = {"mpi": ("ucx", "tcp"), "rxelab": ("verbs", "tcp")}
+APP_TRANSPORTS = {"mpi": ("ucx", "tcp"), "rxelab": ("verbs", "tcp", "quic")}
 Launcher = Literal["ssh", "srun"]
 LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 # The library's names, read now. Pydantic checks a value against a Literal of them; mypy, which

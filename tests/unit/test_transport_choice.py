@@ -26,13 +26,14 @@ def test_init_argument_then_environment_then_verbs(monkeypatch):
     assert transports.choose("verbs") == "verbs"
     monkeypatch.setenv(settings.TRANSPORT_ENV, "")
     assert transports.choose(None) == "verbs"
+    monkeypatch.setenv(settings.TRANSPORT_ENV, "quic")
+    assert transports.choose(None) == "quic"
 
 
 @pytest.mark.parametrize("given,env,said", [
     ("rdma", None, "transport='rdma': no such transport"),
     (None, "TCP", "RXELAB_TRANSPORT='TCP': no such transport"),
-    ("quic", "verbs", "transport='quic': this rxelab cannot open quic yet"),
-    (None, "quic", "RXELAB_TRANSPORT='quic': this rxelab cannot open quic yet"),
+    ("QUIC", "verbs", "transport='QUIC': no such transport"),
     (3, None, "transport=3: no such transport"),
 ])
 def test_an_unknown_or_unbuilt_transport_is_refused_naming_where_it_came_from(monkeypatch, given,

@@ -60,10 +60,13 @@ def configurations(credential: Credential, scope: str, *, congestion: str, idle_
     """(client's, server's) QuicConfiguration for the job: the server presents the job's
     certificate, the client accepts that one alone."""
     cert, key = certificate(credential, scope)
-    common = {"alpn_protocols": [ALPN], "congestion_control_algorithm": congestion,
-              "idle_timeout": idle_s, "max_datagram_size": datagram}
     client = QuicConfiguration(is_client=True, verify_mode=ssl.CERT_REQUIRED,
                                server_name=server_name(scope),
-                               cadata=cert.public_bytes(Encoding.PEM), **common)
-    server = QuicConfiguration(is_client=False, certificate=cert, private_key=key, **common)
+                               cadata=cert.public_bytes(Encoding.PEM))
+    server = QuicConfiguration(is_client=False, certificate=cert, private_key=key)
+    for config in (client, server):
+        config.alpn_protocols = [ALPN]
+        config.congestion_control_algorithm = congestion
+        config.idle_timeout = idle_s
+        config.max_datagram_size = datagram
     return client, server
