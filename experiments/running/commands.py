@@ -39,12 +39,18 @@ KILL_AFTER_S = 30
 
 def case_timeout(case: Case) -> float:
     """The spec's deadline, or a generous one under emulation: ~40 ms per small stage, ~5 MB/s
-    per node pair, more under loss."""
+    per node pair, more under loss; on a long link, a round trip per node and step of a
+    stage, and the rate cap's time for the volume."""
     if case.timeout_s:
         return float(case.timeout_s)
-    volume = case.size * case.nodes * (case.stages + case.warmup)
+    stages = case.stages + case.warmup
+    volume = case.size * case.nodes * stages
     slower = 1 + 5 * float(case.netem.get("loss", 0))
-    return 180 + (0.2 * (case.stages + case.warmup) + volume / 1e6) * slower
+    rtt_s = 2 * float(case.netem.get("delay_ms", 0)) / 1000
+    rate = float(case.netem.get("rate_mbit", 0)) * 1e6 / 8
+    capped = 2 * volume / rate if rate else 0.0
+    return 180 + (0.2 * stages + volume / 1e6) * slower + 4 * case.nodes * stages * rtt_s * slower \
+        + capped + 50 * rtt_s
 
 
 def started_by(run_id: str) -> str:

@@ -109,7 +109,13 @@ def listed(value: Any) -> Any:
 
 
 def impairment(imp: Any) -> Any:
-    """netem.py's own rules, so a spec and the runner agree on what an impairment is."""
+    """netem.py's own rules, so a spec and the runner agree on what an impairment is. A
+    profile's name ("rtt-50ms+loss-0.1") becomes its table."""
+    if isinstance(imp, str):
+        try:
+            imp = netem.profile(imp)
+        except ValueError as err:
+            raise bad(str(err)) from None
     if found := netem.problems(imp):
         raise bad("; ".join(found))
     return imp

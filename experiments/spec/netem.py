@@ -5,10 +5,15 @@ after, also when the case fails or is interrupted.
 
 An impairment is a small table in a spec: {loss = 1.0, delay_ms = 1, jitter_ms = 2,
 reorder = 5}. Percentages are of packets; an empty table is the unimpaired network.
+
+Or a profile a reader can name, "rtt-50ms+loss-0.1": terms joined by "+", each a link's
+property as a network engineer states it (PROFILE_TERMS). netem delays what a node sends, on
+every node, so a round trip crosses two delays: rtt-50ms is delay_ms = 25 on each NIC.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +29,36 @@ KEYS: dict[str, tuple[str, str, float, float]] = {
     "duplicate": ("duplicate", "%", 0, 100),
     "rate_mbit": ("rate", "mbit", 0.001, 100_000),
 }
+
+
+# a profile's terms: name -> (the table's key, its unit in the name, factor to the key's value)
+PROFILE_TERMS: dict[str, tuple[str, str, float]] = {
+    "rtt": ("delay_ms", "ms", 0.5),  # a round trip crosses two nodes' delays
+    "jitter": ("jitter_ms", "ms", 1.0),
+    "loss": ("loss", "", 1.0),  # percent of packets, on every NIC
+    "rate": ("rate_mbit", "mbit", 1.0),
+}
+_TERM = re.compile(r"([a-z]+)-([0-9]+(?:\.[0-9]+)?)([a-z]*)")
+
+
+def profile(name: str) -> dict[str, float]:
+    """A named profile's table: "rtt-50ms+loss-0.1" -> {delay_ms: 25, loss: 0.1}; "none" ->
+    {}. ValueError naming the term it cannot read."""
+    if name == "none":
+        return {}
+    out: dict[str, float] = {}
+    for term in name.split("+"):
+        m = _TERM.fullmatch(term)
+        known = m is not None and m.group(1) in PROFILE_TERMS
+        if m is None or not known or PROFILE_TERMS[m.group(1)][1] != m.group(3):
+            forms = ", ".join(f"{t}-<n>{unit}" for t, (_, unit, _) in PROFILE_TERMS.items())
+            raise ValueError(f"profile {name!r}: cannot read {term!r} (terms: {forms}, joined "
+                             "by +; or none)")
+        key, _, factor = PROFILE_TERMS[m.group(1)]
+        if key in out:
+            raise ValueError(f"profile {name!r}: {m.group(1)} twice")
+        out[key] = float(m.group(2)) * factor
+    return out
 
 
 def problems(imp: Any) -> list[str]:

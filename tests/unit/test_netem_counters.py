@@ -23,6 +23,29 @@ def test_netem_arguments_and_labels(imp, args, label):
     assert netem.netem_args(imp) == args and netem.label(imp) == label
 
 
+@pytest.mark.parametrize("name, table", [
+    ("none", {}),
+    ("rtt-50ms", {"delay_ms": 25.0}),  # two nodes' delays on a round trip
+    ("rtt-0.2ms+loss-0.01", {"delay_ms": 0.1, "loss": 0.01}),
+    ("rtt-100ms+jitter-2ms+loss-1+rate-100mbit",
+     {"delay_ms": 50.0, "jitter_ms": 2.0, "loss": 1.0, "rate_mbit": 100.0}),
+])
+def test_a_named_profile_is_its_table(name, table):
+    assert netem.profile(name) == table
+
+
+@pytest.mark.parametrize("name, said", [
+    ("rtt-50", "cannot read 'rtt-50'"),
+    ("latency-5ms", "cannot read 'latency-5ms'"),
+    ("loss-1%", "cannot read 'loss-1%'"),
+    ("rtt-5ms+rtt-6ms", "rtt twice"),
+    ("", "cannot read ''"),
+])
+def test_a_profile_that_cannot_be_read_is_named(name, said):
+    with pytest.raises(ValueError, match=said):
+        netem.profile(name)
+
+
 def test_apply_puts_netem_at_the_root_under_the_runs_own_handle():
     assert netem.apply_command("data0", {"loss": 5}, "1a2b") == \
         "sudo -n tc qdisc replace dev data0 root handle 1a2b: netem loss 5%"

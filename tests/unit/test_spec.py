@@ -64,6 +64,13 @@ def test_impairments_mtus_and_rxelab_options_multiply_cases():
     assert [c["transport"] for c in cases if c["app"] == "mpi"] == ["ucx"]
 
 
+def test_a_named_profile_expands_to_its_table():
+    doc = copy.deepcopy(GOOD)
+    doc["runs"][0].update(netem=["none", "rtt-10ms+loss-0.1"])
+    rx = [c for c in as_json(spec.parse(doc)) if c["app"] == "rxelab"]
+    assert {tuple(sorted(c["netem"].items())) for c in rx} == {(), (("delay_ms", 5.0), ("loss", 0.1))}
+
+
 @pytest.mark.parametrize(
     "mutate, problem",
     [
@@ -76,7 +83,7 @@ def test_impairments_mtus_and_rxelab_options_multiply_cases():
         (lambda d: d["runs"][0].update(sizes=[-1]), "runs[0].sizes"),
         (lambda d: d["runs"][0].update(nodes=[]), "runs[0].nodes"),
         (lambda d: d["runs"][0].update(stages=0), "runs[0].stages"),
-        (lambda d: d["runs"][0].update(transport="ucx"), "rxelab runs over verbs or tcp, not ucx"),
+        (lambda d: d["runs"][0].update(transport="ucx"), "rxelab runs over verbs or tcp or quic, not ucx"),
         (lambda d: d["runs"][1].update(transport="verbs"), "mpi runs over ucx or tcp, not verbs"),
         (lambda d: d["runs"][0].update(algorithms=["hand-loop"], transport=["tcp"]),
          "the hand-loop is pyverbs by hand: transport = [\"verbs\"] only"),
@@ -84,6 +91,8 @@ def test_impairments_mtus_and_rxelab_options_multiply_cases():
         (lambda d: d["runs"][0].update(netem=[{"los": 1}]), "runs[0].netem[0]: unknown key 'los'"),
         (lambda d: d["runs"][0].update(netem=[{"loss": 101}]), "loss must be a number from 0 to 100"),
         (lambda d: d["runs"][0].update(netem=[{"reorder": 5}]), "need a delay_ms"),
+        (lambda d: d["runs"][0].update(netem=["rtt-5"]), "runs[0].netem[0]: profile 'rtt-5': cannot read"),
+        (lambda d: d["runs"][0].update(netem=["jitter-1ms"]), "need a delay_ms"),
         (lambda d: d["runs"][0].update(netem={}), "runs[0].netem: must be a non-empty list"),
         (lambda d: d["runs"][0].update(mtu=[12000]), "runs[0].mtu: must be from 1280 to 9000"),
         (lambda d: d["runs"][0].update(retry_cnt=9), "runs[0].retry_cnt: must be from 0 to 7"),
