@@ -17,7 +17,7 @@ import jinja2
 from rxelab import ops, perftest
 
 from experiments.readable import size_text
-from experiments.report import compression, ddp, elastic, plots
+from experiments.report import compression, ddp, elastic, long_haul, plots
 from experiments.report import view as view
 from experiments.report.run_facts import facts, how_nodes_ran, mpi_rdma_note, text
 from experiments.report.summary import BACK_TO_BACK, peak_to_mean, summary_lines
@@ -88,7 +88,8 @@ def rows(records: list[Record]) -> list[Row]:
         out.append(Row(
             contender=contender(r), app=r.app, op=r.op, algorithm=r.algorithm, nodes=r.nodes,
             size=r.size, stages=r.stages, network=network(imp, r.busy_hosts),
-            loss=float(imp.get("loss", 0)), loss_only=not any(v for k, v in imp.items() if k != "loss"),
+            loss=float(imp.get("loss", 0)), rtt_ms=2 * float(imp.get("delay_ms", 0)),
+            loss_only=not any(v for k, v in imp.items() if k != "loss"),
             active_mtu=r.active_mtu or "-", avg_us=avg, min_us=low, max_us=high, total_s=total,
             algbw=algbw, busbw=busbw, wrong="-" if s is None else s.wrong, status=r.status,
             peak_pinned=got.peak_pinned, peak_inflight=got.peak_inflight,
@@ -236,11 +237,19 @@ def write(results: Path) -> tuple[Path, Path]:
     coded = compression.table(flat)
     if coded:
         sections.append({"heading": "Compression", "head": compression.HEAD, "rows": coded})
+    if far := long_haul.points(flat, records):
+        summary = [*summary, *long_haul.lines(far)]
+        for heading, (head, table) in (("The seeds' claims on long links", long_haul.claims(far)),
+                                       ("Long-haul: ms per call by link", long_haul.table(far))):
+            if table:
+                sections.append({"heading": heading, "head": head, "rows": table})
+        if (png := long_haul.figure(far)) is not None:
+            images = {"long-haul.png": png, **images}
     for name, data in images.items():
         (results / name).write_bytes(data)
     shared = view.constants(flat)
     counts, seed_rows = seed_table(flat)
-    first = [n for n in ("ddp.png", "elastic.png", "stages.png", "loss.png", "pairs.png",
+    first = [n for n in ("long-haul.png", "ddp.png", "elastic.png", "stages.png", "loss.png", "pairs.png",
                          "ratio-to-ucx.png") if n in images]
     page = {
         "title": f"rxelab report: {text(env.spec) or results.name}",

@@ -40,6 +40,7 @@ class Row:
     active_mtu: int | str = "-"
     loss: float = 0.0
     loss_only: bool = True  # no impairment but loss
+    rtt_ms: float = 0.0  # the round trip netem added (two nodes' delays)
     min_us: float | None = None
     max_us: float | None = None
     total_s: float = 0.0

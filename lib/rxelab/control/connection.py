@@ -76,8 +76,9 @@ class Knocking:
         transcript = handshake.transcript(self.knock, challenge["nonce"])
         if not self.hs.check(LISTENER, transcript, challenge["proof"]):
             raise AuthError(f"{self.where} does not hold this job's secret")
-        self.session = Session(self.hs.seal_key(transcript), CONNECTOR)
-        return framing.encode({"type": "proof", "proof": self.hs.prove(CONNECTOR, transcript)})
+        proof = framing.encode({"type": "proof", "proof": self.hs.prove(CONNECTOR, transcript)})
+        self.session = Session(self.hs.seal_key(transcript), CONNECTOR)  # MUNGE's: both proofs
+        return proof
 
 
 def dial(address: tuple[str, int], credential: Credential, *, kind: str, rank: int, to: int,

@@ -13,7 +13,6 @@ from rxelab.settings import CONGESTION_ENV, CONGESTIONS, TRANSPORT_ENV, TRANSPOR
 from rxelab.transports.base import Fabric
 
 
-
 def choose(given: str | None) -> str:
     """The transport to open: init()'s transport=, else RXELAB_TRANSPORT, else verbs."""
     env = os.environ.get(TRANSPORT_ENV)
