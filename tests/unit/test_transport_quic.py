@@ -27,8 +27,9 @@ from rxelab.control.handshake import SharedSecret
 from rxelab.control.munge_credential import MungeCredential
 from rxelab.errors import AuthError, ConfigError, PeerError
 from rxelab.registry import Registry
-from rxelab.transports import base, quic_tls, wire
-from rxelab.transports.quic import QuicFabric, datagram_size
+from rxelab.transports import base, quic_config, wire
+from rxelab.transports.quic import QuicFabric
+from rxelab.transports.quic_config import SEALABLE, datagram_size, sealable
 
 from tests.unit.fakejob import in_threads
 
@@ -61,7 +62,7 @@ def poll_until(fabric: QuicFabric, n: int, within: float = 10.0) -> list[base.Co
 
 
 def der(secret: str, scope: str) -> bytes:
-    return quic_tls.certificate(SharedSecret.of(secret, "t"), scope)[0].public_bytes(Encoding.DER)
+    return quic_config.certificate(SharedSecret.of(secret, "t"), scope)[0].public_bytes(Encoding.DER)
 
 
 def test_every_rank_derives_the_jobs_certificate_alike_and_no_other_job_does():
@@ -72,7 +73,7 @@ def test_every_rank_derives_the_jobs_certificate_alike_and_no_other_job_does():
 
 def test_a_credential_that_shares_no_key_cannot_run_quic():
     with pytest.raises(ConfigError, match="needs a job secret to derive its certificate"):
-        quic_tls.certificate(MungeCredential(), "job")
+        quic_config.certificate(MungeCredential(), "job")
 
 
 def test_a_write_lands_while_the_target_does_nothing_and_not_once_revoked():
@@ -124,7 +125,7 @@ class Intruder:
     it knocks, forges its proof, then sends a write frame at once."""
 
     def __init__(self, server: tuple[str, int]) -> None:
-        client, _ = quic_tls.configurations(SharedSecret.of(SECRET, "t"), "job",
+        client, _ = quic_config.configurations(SharedSecret.of(SECRET, "t"), "job",
                                             congestion="reno", idle_s=10, datagram=1452)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
@@ -214,7 +215,8 @@ def test_a_datagram_fits_the_paths_mtu():
     with open("/sys/class/net/lo/mtu") as f:
         loopback = int(f.read())
     size = datagram_size(("127.0.0.1", 9), socket.AF_INET)
-    assert 1200 <= size <= loopback - 28 and size == min(16384, loopback - 28)
+    assert 1200 <= size <= loopback - 28 and size == min(SEALABLE, loopback - 28)
+    assert sealable() == SEALABLE >= 1452
 
 
 def test_quic_without_aioquic_is_one_line_naming_what_to_install(monkeypatch):

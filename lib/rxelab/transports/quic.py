@@ -6,11 +6,9 @@ of a rank's connections on one UDP socket. The lower rank is the client. aioquic
 without asyncio, from the one I/O thread that plays the NIC, as tcp's does: it places
 arriving writes while the ranks' own threads are elsewhere.
 
-Who may talk: the server presents the job's certificate (rxelab.transports.quic_tls), which
-only holders of the job's secret can derive, and the client pins it. The client then proves
-the secret in-band, with the control plane's handshake (knock, challenge, proof) as the first
-bytes of its stream; until it has, the server reads nothing else from it and sends it
-nothing but the challenge, and unproven connections are few and short-lived.
+Who may talk: the server presents the job's certificate, which only holders of the job's
+secret derive (rxelab.transports.quic_config), and the client pins it; the client then proves
+the secret in-band before the server reads anything else (rxelab.transports.quic_admission).
 """
 
 from __future__ import annotations
@@ -22,19 +20,16 @@ import selectors
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from aioquic.buffer import Buffer
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamDataReceived, StreamReset
-from aioquic.quic.packet import QuicPacketType, pull_quic_header
 
-from rxelab.control import framing
-from rxelab.control.connection import Greeting, Knocking
+from rxelab.control.connection import Knocking
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError, Reason
-from rxelab.transports import base, quic_tls
+from rxelab.transports import base, quic_config
 from rxelab.transports.local import KeyTable, Region, Slab, SocketDevice
+from rxelab.transports.quic_admission import Admission, Proven, answer
 from rxelab.transports.tcp import TcpEndpoint, own_address
 from rxelab.transports.wire import Wire
 
@@ -42,23 +37,9 @@ log = logging.getLogger(__name__)
 WAIT_S = 1.0  # the I/O thread's longest sleep (a post, a stop or a datagram also wakes it)
 IDLE_S = 10.0  # a peer silent this long is gone (QUIC has no reset: a killed peer just stops)
 PING_S = IDLE_S / 4  # a quiet connection says it is alive this often
-DATAGRAM = 1452  # UDP payload where the path's MTU is unknown: fits 1500 over IPv6 as over IPv4
-DATAGRAM_MAX = 16384  # the largest used (loopback's MTU is 64 KiB; aioquic fails near that)
-IP_MTU, IPV6_MTU = 14, 24  # Linux's getsockopt names for a connected socket's path MTU
 READ_DATAGRAMS = 512  # at most this many read per turn: the timers and senders get theirs
 QUEUED_BYTES = 4 << 20  # no more frames taken from a wire while its stream holds this much
-STRANGERS = 16  # unproven connections at once beyond the ranks still expected
 SOCKET_BUFFER = 4 << 20
-
-
-@dataclass
-class Stranger:
-    """A client not proven yet (the server's side): its QUIC connection and handshake."""
-
-    quic: QuicConnection
-    greeting: Greeting
-    until: float  # dropped if not proven by then
-    inbox: bytearray = field(default_factory=bytearray)
 
 
 class QuicPeerConnection(base.SlotState):
@@ -145,10 +126,9 @@ class QuicFabric:
         self.changed = threading.Condition(self.lock)  # a peer proven, or connecting failed
         self.conns: dict[int, QuicPeerConnection] = {}
         self.by_address: dict[tuple[str, int], QuicPeerConnection] = {}
-        self.strangers: dict[tuple[str, int], Stranger] = {}
+        self.admission: Admission | None = None  # the server's side, once connecting
         self.failure: BaseException | None = None
         self.meeting: base.Meeting | None = None
-        self.server_config: Any = None
         self.sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -171,16 +151,20 @@ class QuicFabric:
     def connect(self, remote: dict[int, dict[str, Any]], meeting: base.Meeting) -> None:
         """Every pair's connection, each proven: this rank is the client of the ranks above
         it and the server of those below; the I/O thread does the handshakes."""
-        client, self.server_config = quic_tls.configurations(
+        client, server = quic_config.configurations(
             meeting.credential, meeting.scope, congestion=self.congestion, idle_s=IDLE_S,
-            datagram=DATAGRAM)
+            datagram=quic_config.DATAGRAM)
         self.meeting = meeting
+        self.admission = Admission(
+            meeting, server, self.family, send=lambda q: self.transmit(q, time.monotonic()),
+            expected=lambda: [p for p, c in self.conns.items() if p < meeting.rank and not c.proven],
+            patience_s=IDLE_S)
         now = time.monotonic()
         for peer in sorted(p for p in self.conns if p > meeting.rank):
             address = self._address(peer, remote[peer])
             conn = self.conns[peer]
             conn.quic = QuicConnection(configuration=dataclasses.replace(
-                client, max_datagram_size=datagram_size(address, self.family)))
+                client, max_datagram_size=quic_config.datagram_size(address, self.family)))
             conn.quic.connect(address, now)
             conn.stream = conn.quic.get_next_available_stream_id()
             conn.knocking = Knocking(meeting.credential, kind="data", rank=meeting.rank, to=peer,
@@ -209,10 +193,8 @@ class QuicFabric:
         self.stop()
         for conn in self.conns.values():
             conn.close()
-        for stranger in self.strangers.values():
-            stranger.quic.close()
-            self.transmit(stranger.quic, time.monotonic())
-        self.strangers.clear()
+        if self.admission is not None:
+            self.admission.close()
         with contextlib.suppress(OSError):
             self.sock.close()
         self.sel.close()
@@ -271,8 +253,8 @@ class QuicFabric:
             self.device.cq.push(done)
 
     def _quics(self) -> list[QuicConnection]:
-        return [c.quic for c in self.conns.values() if c.quic is not None] + \
-            [s.quic for s in self.strangers.values()]
+        theirs = self.admission.quics() if self.admission is not None else []
+        return [c.quic for c in self.conns.values() if c.quic is not None] + theirs
 
     def _turns(self) -> None:
         while not self.stopping:
@@ -317,45 +299,9 @@ class QuicFabric:
             if conn is not None and conn.quic is not None:
                 conn.quic.receive_datagram(data, sender, now)  # the wire: only in _events
                 continue
-            stranger = self.strangers.get(address) or self._stranger(address, data, now)
+            stranger = self.admission.take(address, data, now) if self.admission else None
             if stranger is not None:
                 stranger.quic.receive_datagram(data, sender, now)
-
-    def _stranger(self, address: tuple[str, int], data: bytes, now: float) -> Stranger | None:
-        """A new client's first datagram: a QUIC connection for it, while ranks are still
-        expected and strangers are few; else it is dropped unanswered."""
-        meeting = self.meeting
-        if meeting is None or self.server_config is None:
-            return None
-        expected = [p for p, c in self.conns.items() if p < meeting.rank and not c.proven]
-        if not expected or len(self.strangers) >= len(expected) + STRANGERS:
-            return None
-        try:
-            header = pull_quic_header(Buffer(data=data),
-                                      host_cid_length=self.server_config.connection_id_length)
-        except ValueError:
-            return None
-        if header.packet_type != QuicPacketType.INITIAL or len(data) < 1200:
-            return None
-        config = dataclasses.replace(self.server_config,
-                                     max_datagram_size=datagram_size(address, self.family))
-        quic = QuicConnection(configuration=config,
-                              original_destination_connection_id=header.destination_cid)
-        stranger = self.strangers[address] = Stranger(
-            quic, Greeting(meeting.credential, self._wanted), now + IDLE_S)
-        return stranger
-
-    def _wanted(self, knock: dict[str, Any]) -> str | None:
-        meeting = self.meeting
-        assert meeting is not None
-        if knock["kind"] != "data" or knock["to"] != meeting.rank:
-            return "not a data connection to this rank"
-        if knock["scope"] != meeting.scope or knock["generation"] != meeting.generation:
-            return "a data connection of another job or generation"
-        conn = self.conns.get(knock["rank"])
-        if knock["rank"] >= meeting.rank or conn is None or conn.proven:
-            return f"rank {knock['rank']} does not connect here, or did already"
-        return None
 
     def _events(self, now: float) -> None:
         """What every QUIC connection has to say (lock held)."""
@@ -365,12 +311,17 @@ class QuicFabric:
             if conn.proven and conn.quic is not None and now - conn.pinged > PING_S:
                 conn.pinged = now
                 conn.quic.send_ping(0)
-        for address, stranger in list(self.strangers.items()):
-            while (event := stranger.quic.next_event()) is not None:
-                if self._stranger_event(address, stranger, event):
-                    break
-            if address in self.strangers and now > stranger.until:
-                self._refuse(address, stranger, "not proven in time")
+        for address, proven in self.admission.events(now) if self.admission else ():
+            self._admitted(address, proven)
+
+    def _admitted(self, address: tuple[str, int], proven: Proven) -> None:
+        """A lower rank's client proved the job's secret: its connection is that rank's."""
+        conn = self.conns[proven.rank]
+        conn.quic, conn.stream, conn.proven, conn.pinged = proven.quic, proven.stream, True, 0.0
+        self.by_address[address] = conn
+        self.changed.notify_all()
+        if proven.rest:
+            self._feed(conn, proven.rest)
 
     def _conn_event(self, conn: QuicPeerConnection, event: QuicEvent) -> None:
         if isinstance(event, StreamDataReceived) and event.stream_id == conn.stream:
@@ -395,60 +346,22 @@ class QuicFabric:
 
     def _answer(self, conn: QuicPeerConnection) -> None:
         """The client's side: the server's challenge came, so prove ourselves and begin."""
-        got = framing.split_frame(conn.inbox, None, framing.HANDSHAKE_BODY)
-        if got is None or conn.knocking is None or conn.quic is None:
+        if conn.knocking is None or conn.quic is None or self.meeting is None:
             return
-        message, used = got
-        del conn.inbox[:used]
         try:
-            proof = conn.knocking.answer(message)
+            said = answer(conn.knocking, conn.inbox, self.meeting)
         except AuthError as err:
             self.failure = self.failure or err
             self.changed.notify_all()
             return
-        assert self.meeting is not None and conn.knocking.session is not None
-        hello = framing.encode({"type": "data", "rank": self.meeting.rank,
-                                "generation": self.meeting.generation}, conn.knocking.session)
-        conn.quic.send_stream_data(conn.stream, proof + hello)
+        if said is None:
+            return
+        conn.quic.send_stream_data(conn.stream, said)
         conn.proven, conn.knocking = True, None
         self.changed.notify_all()
         rest, conn.inbox = bytes(conn.inbox), bytearray()
         if rest:
             self._feed(conn, rest)
-
-    def _stranger_event(self, address: tuple[str, int], stranger: Stranger,
-                        event: QuicEvent) -> bool:
-        """A not-yet-proven client's event; True once it is dealt with (proven or dropped)."""
-        if isinstance(event, (ConnectionTerminated, StreamReset)):
-            self._refuse(address, stranger, None)
-            return True
-        if not isinstance(event, StreamDataReceived):
-            return False
-        stranger.inbox += event.data
-        try:
-            reply, hello = stranger.greeting.step(stranger.inbox)
-        except (ProtocolError, AuthError, KeyError, TypeError) as err:
-            self._refuse(address, stranger, str(err))
-            return True
-        if reply:
-            stranger.quic.send_stream_data(event.stream_id, reply)
-        if hello is None:
-            return False
-        del self.strangers[address]
-        conn = self.conns[int(hello["rank"])]
-        conn.quic, conn.stream, conn.proven, conn.pinged = stranger.quic, event.stream_id, True, 0.0
-        self.by_address[address] = conn
-        self.changed.notify_all()
-        if stranger.inbox:
-            self._feed(conn, bytes(stranger.inbox))
-        return True
-
-    def _refuse(self, address: tuple[str, int], stranger: Stranger, why: str | None) -> None:
-        self.strangers.pop(address, None)
-        if why is not None:
-            log.info("rxelab: quic: refused %s:%s: %s", address[0], address[1], why)
-            stranger.quic.close(reason_phrase="refused")
-            self.transmit(stranger.quic, time.monotonic())
 
     def _feed(self, conn: QuicPeerConnection, data: bytes) -> None:
         # the key table's lock too: a registration closed (revoked) waits for this, and the
@@ -464,7 +377,7 @@ class QuicFabric:
     def _send_frames(self, conn: QuicPeerConnection, now: float) -> None:
         quic = conn.quic
         assert quic is not None
-        if queued(quic, conn.stream) >= QUEUED_BYTES:
+        if quic_config.queued(quic, conn.stream) >= QUEUED_BYTES:
             return
         for frame in conn.wire.out():
             for piece in frame:
@@ -480,23 +393,3 @@ class QuicFabric:
             except OSError:
                 pass
 
-
-def datagram_size(address: tuple[str, int], family: int) -> int:
-    """The largest UDP payload the path to `address` carries whole: one datagram a packet, so
-    a 9000-byte MTU means a sixth of the packets (and of aioquic's work per byte) of 1500."""
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect(address)  # a route lookup: nothing is sent
-            if family == socket.AF_INET6:
-                return max(1200, min(DATAGRAM_MAX, probe.getsockopt(socket.IPPROTO_IPV6,
-                                                                    IPV6_MTU) - 48))
-            return max(1200, min(DATAGRAM_MAX, probe.getsockopt(socket.IPPROTO_IP, IP_MTU) - 28))
-    except OSError:
-        return DATAGRAM
-
-
-def queued(quic: QuicConnection, stream: int) -> int:
-    """Bytes aioquic holds for the stream until its peer acknowledged them (it keeps no
-    public count; 0 where its insides differ)."""
-    found = getattr(quic, "_streams", {}).get(stream)
-    return len(getattr(getattr(found, "sender", None), "_buffer", b""))

@@ -1,19 +1,26 @@
-"""The quic transport's TLS: one certificate per job, which every rank derives alike from the
-job's secret, so none travels and a client pins the one its server must present. A server
-without the secret cannot present it (the handshake fails with "self-signed certificate"
-or a bad signature), so the data goes to no one else. Ed25519 signs deterministically: the
-same key and fields give the same bytes on every rank.
+"""What the quic transport tells aioquic: the job's certificate, and how large a datagram.
 
-The client is not proven by TLS (aioquic's client certificates are for tests); it proves the
-job's secret in-band, first thing on its stream (rxelab.transports.quic).
+One certificate per job, which every rank derives alike from the job's secret, so none
+travels and a client pins the one its server must present. A server without the secret
+cannot present it (the handshake fails with "self-signed certificate" or a bad signature),
+so the data goes to no one else. Ed25519 signs deterministically: the same key and fields
+give the same bytes on every rank. The client is not proven by TLS (aioquic's client
+certificates are for tests); it proves the job's secret in-band, first thing on its stream
+(rxelab.transports.quic_admission).
+
+A datagram carries one packet, and aioquic's cost is per packet: the largest the path and
+aioquic's packet protection allow.
 """
 
 from __future__ import annotations
 
 import datetime
+import socket
 import ssl
 
+from aioquic._crypto import AEAD, CryptoError
 from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -23,6 +30,9 @@ from rxelab.control.handshake import Credential
 from rxelab.errors import ConfigError
 
 ALPN = "rxelab-data"
+DATAGRAM = 1452  # UDP payload where the path's MTU is unknown: fits 1500 over IPv6 as over IPv4
+DATAGRAM_SIZES = (16384, 8952, 4096, 1452)  # tried largest first (loopback's MTU is 64 KiB)
+IP_MTU, IPV6_MTU = 14, 24  # Linux's getsockopt names for a connected socket's path MTU
 NOT_BEFORE = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)  # no clock skew can matter
 NOT_AFTER = datetime.datetime(9999, 1, 1, tzinfo=datetime.UTC)
 
@@ -70,3 +80,41 @@ def configurations(credential: Credential, scope: str, *, congestion: str, idle_
         config.idle_timeout = idle_s
         config.max_datagram_size = datagram
     return client, server
+
+
+def sealable() -> int:
+    """The largest datagram aioquic's packet protection takes: 1.2 (Debian 13's) seals at most
+    1500 bytes a packet, 1.7 far more. Asked of it, not of its version."""
+    aead = AEAD(b"aes-128-gcm", bytes(16), bytes(12))
+    for size in DATAGRAM_SIZES:
+        try:
+            aead.encrypt(bytes(size), bytes(20), 0)
+            return size
+        except CryptoError:  # too long for it
+            continue
+    return DATAGRAM
+
+
+SEALABLE = sealable()
+
+
+def datagram_size(address: tuple[str, int], family: int) -> int:
+    """The largest UDP payload the path to `address` carries whole and aioquic seals: a
+    9000-byte MTU means a sixth of the packets (and of aioquic's work per byte) of 1500."""
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)  # a route lookup: nothing is sent
+            if family == socket.AF_INET6:
+                path = probe.getsockopt(socket.IPPROTO_IPV6, IPV6_MTU) - 48
+            else:
+                path = probe.getsockopt(socket.IPPROTO_IP, IP_MTU) - 28
+    except OSError:
+        path = DATAGRAM
+    return max(1200, min(SEALABLE, path))
+
+
+def queued(quic: QuicConnection, stream: int) -> int:
+    """Bytes aioquic holds for the stream until its peer acknowledged them (it keeps no
+    public count; 0 where its insides differ)."""
+    found = getattr(quic, "_streams", {}).get(stream)
+    return len(getattr(getattr(found, "sender", None), "_buffer", b""))
