@@ -225,3 +225,15 @@ def test_quic_without_aioquic_is_one_line_naming_what_to_install(monkeypatch):
         transports.load("quic")
     assert "transport quic needs aioquic" in str(err.value)
     assert "rxelab[quic]" in str(err.value) and "python3-aioquic" in str(err.value)
+
+
+def test_datagrams_go_in_gso_batches_of_one_address_and_size_the_last_maybe_shorter():
+    a, b = ("10.0.0.1", 1), ("10.0.0.2", 1)
+    sent = [(b"x" * 1000, a)] * 3 + [(b"y" * 400, a), (b"z" * 1000, a), (b"w" * 1000, b)]
+    got = quic_config.batches(sent, gso=True)
+    assert [(len(batch), size, to) for batch, size, to in got] == [(4, 1000, a), (1, 1000, a),
+                                                                    (1, 1000, b)]
+    assert b"".join(got[0][0]) == b"x" * 3000 + b"y" * 400
+    assert [len(batch) for batch, _, _ in quic_config.batches(sent, gso=False)] == [1] * 6
+    many = quic_config.batches([(b"x" * 1452, a)] * 100, gso=True)
+    assert [len(batch) for batch, _, _ in many] == [44, 44, 12]  # 65000 bytes a send at most

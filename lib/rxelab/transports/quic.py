@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import selectors
 import socket
+import struct
 import threading
 import time
 from typing import Any
@@ -118,6 +119,7 @@ class QuicFabric:
                 self.sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
         self.sock.setblocking(False)
         self.family = family
+        self.gso = quic_config.GSO
         self.endpoint = TcpEndpoint(self.host, self.sock.getsockname()[1])
         self.congestion = congestion
         self.device = SocketDevice()
@@ -387,9 +389,14 @@ class QuicFabric:
     def transmit(self, quic: QuicConnection, now: float) -> None:
         """What the connection has for the network now. A datagram the socket cannot take is
         dropped: QUIC resends what was lost."""
-        for data, address in quic.datagrams_to_send(now):
+        for batch, size, address in quic_config.batches(quic.datagrams_to_send(now), self.gso):
             try:
-                self.sock.sendto(data, address)
+                if len(batch) == 1:
+                    self.sock.sendto(batch[0], address)
+                else:  # one call, the kernel cuts it into datagrams of `size` (UDP GSO)
+                    self.sock.sendmsg(batch, [(socket.SOL_UDP, quic_config.UDP_SEGMENT,
+                                               struct.pack("=H", size))], address)
             except OSError:
-                pass
+                if len(batch) > 1:  # no GSO here after all (an old kernel, a device without)
+                    self.gso = False
 

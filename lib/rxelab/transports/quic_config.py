@@ -17,6 +17,8 @@ from __future__ import annotations
 import datetime
 import socket
 import ssl
+from collections.abc import Iterable
+from typing import Any
 
 from aioquic._crypto import AEAD, CryptoError
 from aioquic.quic.configuration import QuicConfiguration
@@ -33,6 +35,10 @@ ALPN = "rxelab-data"
 DATAGRAM = 1452  # UDP payload where the path's MTU is unknown: fits 1500 over IPv6 as over IPv4
 DATAGRAM_SIZES = (16384, 8952, 4096, 1452)  # tried largest first (loopback's MTU is 64 KiB)
 IP_MTU, IPV6_MTU = 14, 24  # Linux's getsockopt names for a connected socket's path MTU
+UDP_SEGMENT = 103  # Linux's UDP GSO (4.18+): one send the kernel cuts into datagrams
+GSO = hasattr(socket, "SOL_UDP")
+GSO_BYTES = 65000  # at most this much in one such send (a UDP datagram's limit, less headers)
+GSO_SEGMENTS = 64  # the kernel's UDP_MAX_SEGMENTS
 NOT_BEFORE = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)  # no clock skew can matter
 NOT_AFTER = datetime.datetime(9999, 1, 1, tzinfo=datetime.UTC)
 
@@ -118,3 +124,20 @@ def queued(quic: QuicConnection, stream: int) -> int:
     public count; 0 where its insides differ)."""
     found = getattr(quic, "_streams", {}).get(stream)
     return len(getattr(getattr(found, "sender", None), "_buffer", b""))
+
+
+def batches(datagrams: Iterable[tuple[bytes, Any]], gso: bool
+            ) -> list[tuple[list[bytes], int, Any]]:
+    """Datagrams grouped for UDP GSO: runs to one address of one size (the last may be shorter),
+    each (datagrams, their size, address); one a batch without gso. A packet a send instead of
+    a packet a syscall: aioquic's datagrams are all of the path's size while a stream flows."""
+    out: list[tuple[list[bytes], int, Any]] = []
+    for data, address in datagrams:
+        if gso and out:
+            batch, size, to = out[-1]
+            if (to == address and len(batch[-1]) == size and len(data) <= size
+                    and len(batch) < GSO_SEGMENTS and (len(batch) + 1) * size <= GSO_BYTES):
+                batch.append(data)
+                continue
+        out.append(([data], len(data), address))
+    return out
