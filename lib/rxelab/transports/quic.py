@@ -395,7 +395,7 @@ class QuicFabric:
                     self.sock.sendto(batch[0], address)
                 else:  # one call, the kernel cuts it into datagrams of `size` (UDP GSO)
                     self.sock.sendmsg(batch, [(socket.SOL_UDP, quic_config.UDP_SEGMENT,
-                                               struct.pack("=H", size))], address)
+                                               struct.pack("=H", size))], 0, address)
             except OSError:
                 if len(batch) > 1:  # no GSO here after all (an old kernel, a device without)
                     self.gso = False
