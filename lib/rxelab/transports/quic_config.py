@@ -37,6 +37,10 @@ DATAGRAM_SIZES = (16384, 8952, 4096, 1452)  # tried largest first (loopback's MT
 IP_MTU, IPV6_MTU = 14, 24  # Linux's getsockopt names for a connected socket's path MTU
 UDP_SEGMENT = 103  # Linux's UDP GSO (4.18+): one send the kernel cuts into datagrams
 GSO = hasattr(socket, "SOL_UDP")
+# QUIC's flow control window, a stream's and a connection's: aioquic's 1 MiB made a sender of
+# a 1 MiB block wait a round trip for more, every call. The receiver's memory is bounded by
+# the wire's credits and the engine's window instead (a write lands in place).
+FLOW_BYTES = 64 << 20
 GSO_BYTES = 65000  # at most this much in one such send (a UDP datagram's limit, less headers)
 GSO_SEGMENTS = 64  # the kernel's UDP_MAX_SEGMENTS
 NOT_BEFORE = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)  # no clock skew can matter
@@ -85,6 +89,7 @@ def configurations(credential: Credential, scope: str, *, congestion: str, idle_
         config.congestion_control_algorithm = congestion
         config.idle_timeout = idle_s
         config.max_datagram_size = datagram
+        config.max_data, config.max_stream_data = FLOW_BYTES, FLOW_BYTES
     return client, server
 
 
