@@ -23,7 +23,7 @@ sizes = [65536]
 stages = 3
 transport = ["verbs", "tcp", "quic"]
 netem = ["rtt-10ms", "rtt-10ms+loss-1"]
-qp_timeout = 13
+qp_timeout = 14
 
 [[runs]]
 app = "mpi"
