@@ -33,11 +33,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from rxelab.bootstrap import job_secret
 from rxelab.control.handshake import new_token
 from rxelab.errors import ConfigError
+from rxelab.settings import CONGESTION_ENV, TRANSPORT_ENV
 
 LOCAL_NAMES = {"localhost", "127.0.0.1"}
 GRACE = 5  # seconds between TERM and KILL
@@ -79,6 +81,14 @@ def local_addresses() -> set[str]:
 
 def is_local(host: str) -> bool:
     return host in LOCAL_NAMES or host == socket.gethostname() or host in local_addresses()
+
+
+FORWARDED = ("PYTHONPATH", "RXELAB_RUN_ID", TRANSPORT_ENV, CONGESTION_ENV)
+
+
+def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What of the caller's environment goes to every rank, local or remote."""
+    return {k: environ[k] for k in FORWARDED if environ.get(k)}
 
 
 def rank_argv(host: str, env: dict[str, str], command: list[str]) -> list[str]:
@@ -131,9 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(str(err).replace("RXELAB_JOB_TOKEN_FILE=", "--secret-file "))
     else:
         token = new_token()
-    # passed on as they are: where the library is, and the id by which an experiment's
-    # clean-up finds the processes it started
-    forwarded = {k: os.environ[k] for k in ("PYTHONPATH", "RXELAB_RUN_ID") if os.environ.get(k)}
+    # passed on as they are: where the library is, the id by which an experiment's clean-up
+    # finds the processes it started, and the transport every rank must agree on (each rank's
+    # init() checks it, in words); the value reaches the remote shell quoted (rank_argv)
+    forwarded = forwarded_env(os.environ)
 
     stopping: list[int] = []
 

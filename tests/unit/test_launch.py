@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rxelab import launch
 from rxelab.control.handshake import weakness
 
 from infra.config import REPO
@@ -173,3 +175,16 @@ def test_newcomers_get_the_rendezvous_and_the_job_s_secret_from_a_private_file(t
     cleanup.append(p)
     out, _ = p.communicate(timeout=60)
     assert p.returncode == 2 and "give it with --join" in out, out
+
+
+def test_the_transport_and_congestion_reach_a_remote_rank_quoted():
+    """Every rank must agree on the transport, so the launcher passes on what its caller set
+    (a local rank would inherit it anyway; a remote one gets only what the command line
+    carries), and a value a shell would read reaches the rank as it was."""
+    env = launch.forwarded_env({"RXELAB_TRANSPORT": "tcp; touch x", "RXELAB_CONGESTION": "cubic",
+                                "HOME": "/root", "RXELAB_RUN_ID": ""})
+    assert env == {"RXELAB_TRANSPORT": "tcp; touch x", "RXELAB_CONGESTION": "cubic"}
+    argv = launch.rank_argv("node9", env, ["rxelab-selftest"])
+    assert argv[:2] == ["ssh", "-o"] and argv[-2] == "node9"
+    remote = shlex.split(argv[-1])  # what the remote shell runs, word by word
+    assert "RXELAB_TRANSPORT=tcp; touch x" in remote and "RXELAB_CONGESTION=cubic" in remote
