@@ -5,15 +5,22 @@ of this in hardware; tcp and quic do it here, with the semantics of the verbs th
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
+import logging
 import os
+import selectors
+import socket
 import threading
 from collections import deque
 from collections.abc import Iterable
+from typing import Any
 
 from rxelab.transports import base
 from rxelab.transports.wire import Completion
+
+log = logging.getLogger(__name__)
 
 # what a completion's status means here (ibv_wc_status_str's words where they fit)
 STATUS_WORDS = {
@@ -146,3 +153,79 @@ class SocketDevice:
 
     def close(self) -> None:
         self.cq.close()
+
+
+class NicThread:
+    """The I/O thread a socket transport's fabric runs to play the NIC: a selector with a wake
+    pipe, woken by posts (a flag, so no syscall per post while it runs), stopped once; a fault
+    of its own fails every connection in words instead of hanging them. The fabric gives
+    `conns` (each with a `wire`), `device`, `lock` and `_turns()`, the loop itself."""
+
+    name = "socket"
+    conns: dict[int, Any]
+    device: SocketDevice
+    lock: threading.Lock
+
+    def _init_thread(self) -> None:
+        self.sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ)
+        self.poked = False
+        self.stopping = False
+        self.thread: threading.Thread | None = None
+
+    def _start_thread(self) -> None:
+        self.thread = threading.Thread(target=self._serve, name=f"rxelab-{self.name}", daemon=True)
+        self.thread.start()
+
+    def _close_thread(self) -> None:
+        self.sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def poke(self) -> None:
+        """Wake the I/O thread: a post or a repost has something for it to send."""
+        if not self.poked:
+            self.poked = True
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"p")
+
+    def _woken(self) -> None:
+        """The pokes are read. The flag drops after the bytes are read, never before: a poke
+        while they are read then finds it up, and its post is in the write pass that follows,
+        and a poke after sends a byte of its own. (Dropped first, a poke's byte could be read
+        here with the flag left up, and no poke would wake the thread again.)"""
+        with contextlib.suppress(BlockingIOError):
+            self._wake_r.recv(4096)
+        self.poked = False
+
+    def stop(self) -> None:
+        if self.thread is None or self.stopping:
+            self.stopping = True
+            return
+        self.stopping = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"s")
+        if self.thread is not threading.current_thread():
+            self.thread.join(10.0)
+
+    def _turns(self) -> None:
+        raise NotImplementedError
+
+    def _faulted(self, err: BaseException) -> None:
+        """What else a fault of the thread's own means to the fabric (lock held)."""
+
+    def _serve(self) -> None:
+        try:
+            self._turns()
+        except BaseException as err:  # a fault of ours: every connection fails, in words
+            log.error("rxelab: the %s transport's I/O thread failed: %r", self.name, err)
+            with self.lock:
+                done = []
+                for conn in self.conns.values():
+                    conn.wire.fail()
+                    done.extend(conn.wire.take())
+                self._faulted(err)
+            self.device.cq.push(done)

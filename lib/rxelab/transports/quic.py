@@ -29,7 +29,7 @@ from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamDataRecei
 from rxelab.control.connection import Knocking
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError, Reason
 from rxelab.transports import base, quic_config
-from rxelab.transports.local import KeyTable, Region, Slab, SocketDevice
+from rxelab.transports.local import KeyTable, NicThread, Region, Slab, SocketDevice
 from rxelab.transports.quic_admission import Admission, Proven, answer
 from rxelab.transports.tcp import TcpEndpoint, own_address
 from rxelab.transports.wire import Wire
@@ -99,7 +99,7 @@ class QuicPeerConnection(base.SlotState):
         self.send_mr.close()
 
 
-class QuicFabric:
+class QuicFabric(NicThread):
     """rxelab.transports.base.Fabric over QUIC."""
 
     name = "quic"
@@ -131,15 +131,8 @@ class QuicFabric:
         self.admission: Admission | None = None  # the server's side, once connecting
         self.failure: BaseException | None = None
         self.meeting: base.Meeting | None = None
-        self.sel = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self.sel.register(self._wake_r, selectors.EVENT_READ)
+        self._init_thread()
         self.sel.register(self.sock, selectors.EVENT_READ, "datagrams")
-        self.poked = False
-        self.stopping = False
-        self.thread: threading.Thread | None = None
 
     # ---- what the communicator asks ----------------------------------------------------------
     def register(self, address: int, nbytes: int, access: int) -> Region:
@@ -174,8 +167,7 @@ class QuicFabric:
                                      where=f"rank {peer} at {address[0]}:{address[1]}")
             conn.quic.send_stream_data(conn.stream, conn.knocking.first())
             self.by_address[address] = conn
-        self.thread = threading.Thread(target=self._serve, name="rxelab-quic", daemon=True)
-        self.thread.start()
+        self._start_thread()
         with self.changed:
             self.changed.wait_for(lambda: self.failure is not None or self.stopping
                                   or all(c.proven for c in self.conns.values()),
@@ -199,9 +191,7 @@ class QuicFabric:
             self.admission.close()
         with contextlib.suppress(OSError):
             self.sock.close()
-        self.sel.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        self._close_thread()
         self.device.close()
 
     def _address(self, peer: int, ep: dict[str, Any]) -> tuple[str, int]:
@@ -217,42 +207,9 @@ class QuicFabric:
         return str(host), int(port)
 
     # ---- the I/O thread ---------------------------------------------------------------------
-    def poke(self) -> None:
-        """Wake the I/O thread: a post or a repost has something for it to send."""
-        if not self.poked:
-            self.poked = True
-            with contextlib.suppress(OSError):
-                self._wake_w.send(b"p")
-
-    def _woken(self) -> None:
-        """The pokes are read; the flag drops after, never before (tcp's _woken says why)."""
-        with contextlib.suppress(BlockingIOError):
-            self._wake_r.recv(4096)
-        self.poked = False
-
-    def stop(self) -> None:
-        if self.thread is None or self.stopping:
-            self.stopping = True
-            return
-        self.stopping = True
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"s")
-        if self.thread is not threading.current_thread():
-            self.thread.join(10.0)
-
-    def _serve(self) -> None:
-        try:
-            self._turns()
-        except BaseException as err:  # a fault of ours: every connection fails, in words
-            log.error("rxelab: the quic transport's I/O thread failed: %r", err)
-            with self.changed:
-                done = []
-                for conn in self.conns.values():
-                    conn.wire.fail()
-                    done.extend(conn.wire.take())
-                self.failure = self.failure or err
-                self.changed.notify_all()
-            self.device.cq.push(done)
+    def _faulted(self, err: BaseException) -> None:
+        self.failure = self.failure or err
+        self.changed.notify_all()
 
     def _quics(self) -> list[QuicConnection]:
         theirs = self.admission.quics() if self.admission is not None else []

@@ -25,7 +25,7 @@ from rxelab.control.accepting import Acceptor
 from rxelab.control.connection import dial
 from rxelab.errors import AuthError, ConfigError, PeerError, ProtocolError, Reason
 from rxelab.transports import base
-from rxelab.transports.local import KeyTable, Region, Slab, SocketDevice
+from rxelab.transports.local import KeyTable, NicThread, Region, Slab, SocketDevice
 from rxelab.transports.outbox import Outbox
 from rxelab.transports.wire import Wire
 
@@ -110,7 +110,7 @@ class TcpConnection(base.SlotState):
         self.send_mr.close()
 
 
-class TcpFabric:
+class TcpFabric(NicThread):
     """rxelab.transports.base.Fabric over TCP."""
 
     name = "tcp"
@@ -130,14 +130,7 @@ class TcpFabric:
         self.keys = KeyTable()
         self.lock = threading.Lock()  # the wires: the callers' posts and the I/O thread
         self.conns: dict[int, TcpConnection] = {}
-        self.sel = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self.sel.register(self._wake_r, selectors.EVENT_READ)
-        self.poked = False
-        self.stopping = False
-        self.thread: threading.Thread | None = None
+        self._init_thread()
 
     # ---- what the communicator asks ----------------------------------------------------------
     def register(self, address: int, nbytes: int, access: int) -> Region:
@@ -178,8 +171,7 @@ class TcpFabric:
         for peer, sock in came.items():
             self._attach(peer, sock)
         self.listener.close()
-        self.thread = threading.Thread(target=self._serve, name="rxelab-tcp", daemon=True)
-        self.thread.start()
+        self._start_thread()
 
     def close(self) -> None:
         self.stop()
@@ -187,9 +179,7 @@ class TcpFabric:
             conn.close()
         with contextlib.suppress(OSError):
             self.listener.close()
-        self.sel.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        self._close_thread()
         self.device.close()
 
     # ---- connecting -------------------------------------------------------------------------
@@ -249,44 +239,6 @@ class TcpFabric:
         self.sel.register(sock, selectors.EVENT_READ, conn)
 
     # ---- the I/O thread ---------------------------------------------------------------------
-    def poke(self) -> None:
-        """Wake the I/O thread: a post or a repost has something for it to send."""
-        if not self.poked:
-            self.poked = True
-            with contextlib.suppress(OSError):
-                self._wake_w.send(b"p")
-
-    def _woken(self) -> None:
-        """The pokes are read. The flag drops after the bytes are read, never before: a poke
-        while they are read then finds it up, and its post is in the write pass that follows,
-        and a poke after sends a byte of its own. (Dropped first, a poke's byte could be read
-        here with the flag left up, and no poke would wake the thread again.)"""
-        with contextlib.suppress(BlockingIOError):
-            self._wake_r.recv(4096)
-        self.poked = False
-
-    def stop(self) -> None:
-        if self.thread is None or self.stopping:
-            self.stopping = True
-            return
-        self.stopping = True
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"s")
-        if self.thread is not threading.current_thread():
-            self.thread.join(10.0)
-
-    def _serve(self) -> None:
-        try:
-            self._turns()
-        except BaseException as err:  # a fault of ours: every connection fails, in words
-            log.error("rxelab: the tcp transport's I/O thread failed: %r", err)
-            with self.lock:
-                done = []
-                for conn in self.conns.values():
-                    conn.wire.fail()
-                    done.extend(conn.wire.take())
-            self.device.cq.push(done)
-
     def _turns(self) -> None:
         conns = list(self.conns.values())
         while not self.stopping:
