@@ -150,6 +150,31 @@ def test_moves_name_local_work_and_waits():
         assert writes == waited
 
 
+@pytest.mark.parametrize("p", [3, 4, 6])
+@pytest.mark.parametrize(("name", "steps"), [("allreduce", 2), ("reduce_scatter", 1)])
+def test_a_ring_advertises_one_step_ahead(p, name, steps):
+    """A ring rank tells its left neighbour where step s+1 lands before it waits for step s's
+    block (the neighbour, done with s, finds it waiting), and never more than one step ahead
+    (a long ring's advertisements stay within the slots' credits)."""
+    t = trace.record(name, "ring", p, 1 << 20, eager_limit=0)
+    t.matched()
+    for r, moves in enumerate(t.ranks):
+        rtrs_before = []  # advertisements sent before each wait for a write
+        sent = 0
+        for m in moves:
+            if m.kind == trace.SEND and m.what == trace.RTR:
+                assert m.peer == (r - 1) % p
+                sent += 1
+            elif m.kind == trace.RECV and m.what == trace.WRITE:
+                rtrs_before.append(sent)
+        waits = steps * (p - 1)
+        assert len(rtrs_before) == waits and sent == waits
+        for phase in range(steps):  # step s of a phase: s + 2 advertised, the last step's own
+            for s in range(p - 1):
+                done = phase * (p - 1)
+                assert rtrs_before[done + s] == done + min(s + 2, p - 1)
+
+
 def test_a_recording_that_does_not_pair_up_is_refused():
     t = trace.record("alltoall", "pairwise", 3, 64)
     dropped = next(i for i, m in enumerate(t.ranks[1]) if m.kind == trace.SEND)
