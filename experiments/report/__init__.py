@@ -99,8 +99,15 @@ def rows(records: list[Record]) -> list[Row]:
             mode=BACK_TO_BACK if r.tight else "stages", data=r.data or "pattern",
             compression=r.compression or "none", ratio=got.compression_ratio,
             codec_ms_per_MiB=got.codec_ms_per_MiB, wire_per_call=got.wire_bytes_per_call,
-            round=r.round, rounds=1))
+            cpu_us=cpu_per_call(got), round=r.round, rounds=1))
     return out
+
+
+def cpu_per_call(s: Summary) -> float | None:
+    """Rank 0's user and system CPU per call (us), where the app said both."""
+    if s.cpu_user_us is None or s.cpu_sys_us is None:
+        return None
+    return float(s.cpu_user_us) + float(s.cpu_sys_us)
 
 
 def network(imp: netem.Impairment, busy: list[str] | None) -> str:
@@ -258,6 +265,7 @@ def write(results: Path) -> tuple[Path, Path]:
         "note": how_nodes_ran(env)[1], "sections": sections,
         "incomplete": not env.complete,
         "tables": view.compact(flat, {k for k, _, _ in shared}),
+        "cpu_tables": view.cpu_tables(flat, {k for k, _, _ in shared}),
         "summary": summary, "facts": facts(env, results) + ([rate_note] if rate_note else []),
         "seed": {"counts": counts, "rows": seed_rows} if seed_rows else None,
         "perf": [(r.algorithm, size_text(r.size), _perf(r.summary))

@@ -59,6 +59,7 @@ class Row:
     round_min_us: float | None = None
     round_max_us: float | None = None
     link_pct: float | None = None  # report.link_share's
+    cpu_us: float | None = None  # rank 0's user + system CPU per call
 
 
 # what one compact table shares (its cases differ only in contender, algorithm and size)
@@ -76,7 +77,8 @@ FULL_COLUMNS: list[tuple[str, str, str]] = [
     ("avg_us", "ms per call", "ms"), ("spread", "rounds' range (ms)", "text"),
     ("min_us", "fastest call (ms)", "ms"), ("max_us", "slowest call (ms)", "ms"),
     ("algbw", "algbw (MB/s)", "num"), ("busbw", "busbw (MB/s)", "num"),
-    ("link_pct", "% of link", "num"), ("wrong", "#wrong", "text"), ("rxe_pkts", "rxe pkts", "text"),
+    ("link_pct", "% of link", "num"), ("cpu_us", "CPU per call (ms, rank 0)", "ms"),
+    ("wrong", "#wrong", "text"), ("rxe_pkts", "rxe pkts", "text"),
     ("retries", "rxe retries", "text"), ("status", "status", "text")]
 CONSTANT_KEYS = ("op", "nodes", "ranks", "pairs", "stages", "mode", "rounds", "data", "network",
                  "compression", "active_mtu", "wrong", "status")
@@ -209,9 +211,10 @@ def setting_title(key: tuple, shared: set[str]) -> str:
     return ", ".join(parts)
 
 
-def compact(flat: list[Row], shared: set[str]) -> list[Table]:
-    """Per setting: a row per size, a column per series, the best of each row marked and
-    those whose rounds overlap the best's marked as inside its spread."""
+def _by_setting(flat: list[Row], shared: set[str]
+                ) -> list[tuple[str, list[str], list[tuple[int, dict[str, Row]]]]]:
+    """The cases that ended ok per setting: its title, its series (rxelab's first) and, per
+    size, each series' row."""
     out = []
     for key, rs in settings([r for r in flat if r.status == "ok"]).items():
         names = sorted({series_name(r) for r in rs},
@@ -219,9 +222,17 @@ def compact(flat: list[Row], shared: set[str]) -> list[Table]:
         by_size: dict[int, dict[str, Row]] = defaultdict(dict)
         for r in rs:
             by_size[r.size][series_name(r)] = r
+        out.append((setting_title(key, shared), names, sorted(by_size.items())))
+    return out
+
+
+def compact(flat: list[Row], shared: set[str]) -> list[Table]:
+    """Per setting: a row per size, a column per series, the best of each row marked and
+    those whose rounds overlap the best's marked as inside its spread."""
+    out = []
+    for title, names, sizes in _by_setting(flat, shared):
         rows = []
-        for size in sorted(by_size):
-            here = by_size[size]
+        for size, here in sizes:
             best = min(here.values(), key=lambda r: r.avg_us)
             cells: list[Cell | None] = []
             for n in names:
@@ -233,7 +244,27 @@ def compact(flat: list[Row], shared: set[str]) -> list[Table]:
                 cells.append(Cell(ms_text(found.avg_us), "" if rng == "-" else rng,
                                   found is best, found is not best and overlap(found, best)))
             rows.append((size_text(size), cells))
-        out.append(Table(setting_title(key, shared), names, rows))
+        out.append(Table(title, names, rows))
+    return out
+
+
+def cpu_tables(flat: list[Row], shared: set[str]) -> list[Table]:
+    """compact's tables with rank 0's CPU per call (user + system, of the median round) in
+    place of time: under TCG a call's time is mostly CPU, so a contender that is slower and
+    busier is CPU-bound, one slower but idle waits on something. None when no case said it."""
+    if not any(r.cpu_us is not None for r in flat):
+        return []
+    out = []
+    for title, names, sizes in _by_setting(flat, shared):
+        rows = []
+        for size, here in sizes:
+            cells: list[Cell | None] = []
+            for n in names:
+                found = here.get(n)
+                cells.append(None if found is None or found.cpu_us is None
+                             else Cell(ms_text(found.cpu_us), ""))
+            rows.append((size_text(size), cells))
+        out.append(Table(title, names, rows))
     return out
 
 

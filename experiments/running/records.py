@@ -80,6 +80,8 @@ class Summary(Line):
     codec_ms_per_MiB: Number = None
     wire_bytes_per_call: Number = None
     node_busy: Numbers = None  # the share of its node's CPUs each rank saw busy
+    cpu_user_us: Number = None  # rank 0's process, per timed call (apps/stages.cpu_per_call)
+    cpu_sys_us: Number = None
     bw_MBps: Number = None  # perftest's bandwidth tools
     lat_us: Number = None  # perftest's latency tool
     iterations: int | None = None

@@ -158,3 +158,21 @@ def test_markdown_cells_stay_one_cell_and_values_cannot_make_links(results):
     assert "\n# line two" not in md, "a value's line break makes no heading"
     title = md.splitlines()[0]
     assert title.startswith("# rxelab report: a|b \\[x\\]")
+
+
+def test_the_cpu_per_call_section_shows_what_the_apps_said(results):
+    """Rank 0's user + system CPU per call from each case's summary, in both pages; a run
+    whose apps said none (the fixture's, recorded before they did) has no such section."""
+    report.write(results)
+    assert "CPU per call" not in (results / "report.md").read_text()
+    path = results / "records.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    for i, r in enumerate(lines):
+        if r["app"] != "perftest" and r.get("summary"):
+            r["summary"].update(cpu_user_us=1000.0 + i, cpu_sys_us=500.0)
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    html_path, md_path = report.write(results)
+    md, page = md_path.read_text(), html_path.read_text()
+    assert "## CPU per call (ms)" in md and "<h2>CPU per call (ms)</h2>" in page
+    first = next(i for i, r in enumerate(lines) if r["app"] != "perftest" and r.get("summary"))
+    assert f"{(1500.0 + first) / 1e3:.2f}" in md

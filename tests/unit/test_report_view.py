@@ -121,3 +121,18 @@ def test_settings_are_in_numeric_order_and_a_varying_mode_is_in_the_title():
     titles = [t.title for t in view.compact(run, shared)]
     assert titles == ["alltoall, 2 nodes, back to back", "alltoall, 3 nodes, as stages",
                       "alltoall, 4 nodes, back to back", "alltoall, 16 nodes, back to back"]
+
+
+def test_the_cpu_tables_give_rank_0s_cpu_per_call_beside_each_series():
+    run = [replace(RUN[0], cpu_us=4200.0), replace(RUN[1], cpu_us=None), RUN[2],
+           replace(RUN[3], cpu_us=61000.0)]
+    [t] = view.cpu_tables(run, set())
+    assert t.series == ["rxelab pairwise", "rxelab parallel", "mpi-ucx mpi-default"]
+    (s1, small), (s2, big) = t.rows
+    assert (s1, s2) == ("1 KiB", "1 MiB")
+    assert small[0].text == "4.20" and small[1] is None and small[2] is None, "unsaid: no cell"
+    assert big[0].text == "61.0" and big[1] is None
+    assert view.cpu_tables(RUN, set()) == [], "no case said its CPU: no section"
+    head, rows = view.full_table(run, set())
+    at = head.index("CPU per call (ms, rank 0)")
+    assert [r[at] for r in rows[:2]] == ["4.20", "-"]
