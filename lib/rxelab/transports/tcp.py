@@ -267,12 +267,15 @@ class TcpFabric(NicThread):
             wire = conn.wire
             try:
                 while got < READ_BYTES:
-                    n = sock.recv_into(wire.target())
+                    into = wire.target()
+                    n = sock.recv_into(into)
                     if not n:
                         self._lost(conn)
                         return
                     got += n
                     wire.received(n)
+                    if n < len(into):  # drained: asking again costs a system call and an
+                        break  # exception, and the selector says when there is more
             except BlockingIOError:
                 pass
             except (OSError, ProtocolError):
