@@ -20,7 +20,7 @@ _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 def expand(text: str) -> list[str]:
     """Every host name of a hostlist, in order."""
     out: list[str] = []
-    for item in _split(text):
+    for item in items(text):
         out.extend(_expand_one(item, text))
         if len(out) > MAX_HOSTS:
             raise ConfigError(f"hostlist {text[:80]!r} names more than {MAX_HOSTS} hosts")
@@ -32,12 +32,13 @@ def expand(text: str) -> list[str]:
 def first(text: str) -> str:
     """The first host of a hostlist (what rank 0 runs on under srun's block and cyclic
     distributions), without expanding the rest."""
-    return _first_of(_split(text)[0], text)
+    return _first_of(items(text)[0], text)
 
 
-def _split(text: str) -> list[str]:
-    """The list's items: commas outside brackets separate them."""
-    items, depth, start = [], 0, 0
+def items(text: str) -> list[str]:
+    """The list's items, unexpanded (`a,b[1-2]`: `a` and `b[1-2]`): commas outside brackets
+    separate them."""
+    out, depth, start = [], 0, 0
     for i, c in enumerate(text):
         if c == "[":
             depth += 1
@@ -48,14 +49,14 @@ def _split(text: str) -> list[str]:
             if depth < 0:
                 raise ConfigError(f"hostlist {text[:80]!r}: a ']' without its '['")
         elif c == "," and depth == 0:
-            items.append(text[start:i])
+            out.append(text[start:i])
             start = i + 1
     if depth:
         raise ConfigError(f"hostlist {text[:80]!r}: a '[' without its ']'")
-    items.append(text[start:])
-    if any(not item for item in items):
+    out.append(text[start:])
+    if any(not item for item in out):
         raise ConfigError(f"hostlist {text[:80]!r}: an empty name")
-    return items
+    return out
 
 
 def _parts(item: str, text: str) -> list[str | list[str]]:

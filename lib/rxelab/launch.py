@@ -5,9 +5,12 @@ status. The secret reaches each rank on its standard input, never on a command l
 shows command lines to every user of a host).
 
     python3 -m rxelab.launch --hosts node1,node2,node3 [--per-host 2] -- python3 app.py ...
+    python3 -m rxelab.launch --hosts 'node[1-3]' ...     # Slurm's hostlist syntax
+    python3 -m rxelab.launch --hostfile hosts ...        # mpirun's: `node1 slots=2` a line
 
-Ranks are placed host by host; rank 0 runs on the first host, which is also the rendezvous.
-A host that is this machine runs its ranks directly, without SSH.
+Ranks are placed host by host (rxelab.hostfile: --per-host on each, or a hostfile line's
+slots=); rank 0 runs on the first host, which is also the rendezvous. A host that is this
+machine runs its ranks directly, without SSH.
 
 Elastic jobs (rxelab.init(elastic=True)): with --elastic a rank that ends badly does not end
 the job (the others shrink and go on), and the job ends well if any rank did. Newcomers are
@@ -36,7 +39,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from rxelab.bootstrap import job_secret
+from rxelab import hostfile
+from rxelab.bootstrap import MAX_RANKS, job_secret
 from rxelab.control.handshake import new_token
 from rxelab.errors import ConfigError
 from rxelab.settings import CONGESTION_ENV, TRANSPORT_ENV
@@ -102,8 +106,16 @@ def rank_argv(host: str, env: dict[str, str], command: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hosts", default="", help="comma-separated host names")
-    ap.add_argument("--per-host", type=int, default=1, help="ranks per host (default 1)")
+    ap.add_argument("--hosts", default="",
+                    help="comma-separated host names, in Slurm's hostlist syntax too: "
+                         "'node[1-3,7],gpu[01-04]-ib'")
+    ap.add_argument("--hostfile", default="", metavar="FILE",
+                    help="the hosts, one a line as mpirun's: 'node1 slots=2' (its ranks; "
+                         "default --per-host), a hostlist like 'node[1-3] slots=2' too, "
+                         "'#' comments; instead of --hosts")
+    ap.add_argument("--per-host", type=int, default=1,
+                    help="ranks on each host of --hosts, and of a --hostfile line without "
+                         f"slots= (default 1; {MAX_RANKS} ranks in all at most)")
     ap.add_argument("--port", type=int, default=29500, help="rendezvous port on the first host")
     ap.add_argument("--timeout", type=float, default=600, help="seconds before the job is stopped")
     ap.add_argument("--elastic", action="store_true",
@@ -124,16 +136,28 @@ def main(argv: list[str] | None = None) -> int:
         print(new_token())
         return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    hosts = [h for h in args.hosts.split(",") if h]
-    if not command or not hosts or args.per_host < 1:
-        ap.error("give --hosts, --per-host >= 1 and a command after --")
+    if args.hosts and args.hostfile:
+        ap.error("give --hosts or --hostfile, not both")
+    if not command or not (args.hosts or args.hostfile) or args.per_host < 1:
+        ap.error("give --hosts or --hostfile, --per-host >= 1 and a command after --")
     if not 1 <= args.port <= 65535:
         ap.error(f"--port {args.port} is outside 1..65535")
-    world = len(hosts) * args.per_host
+    try:
+        seats = hostfile.seats(hostfile.read_hostfile(args.hostfile, args.per_host)
+                               if args.hostfile else
+                               hostfile.from_hostlist(args.hosts, args.per_host))
+    except ConfigError as err:
+        ap.error(f"--hostfile {err}" if args.hostfile else f"--hosts: {err}")
+    world = len(seats)
     if args.join and not (args.master and args.secret_file):
         ap.error("--join needs --master (the job's first host) and --secret-file (its secret)")
     if args.master and not args.join:
         ap.error("--master is the job's host for newcomers: give it with --join")
+    try:
+        if args.master:  # it reaches the ranks as MASTER_ADDR
+            hostfile.check_host(args.master)
+    except ConfigError as err:
+        ap.error(f"--master: {err}")
     if args.secret_file:
         try:
             token, _ = job_secret({"RXELAB_JOB_TOKEN_FILE": args.secret_file})
@@ -160,15 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     pumps: list[threading.Thread] = []
     status = 0
     try:
-        for rank in range(world):
+        for rank, seat in enumerate(seats):
             env = ({"MASTER_ADDR": args.master, "MASTER_PORT": str(args.port), **forwarded}
                    if args.join else
-                   {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": hosts[0],
-                    "MASTER_PORT": str(args.port), "LOCAL_RANK": str(rank % args.per_host),
+                   {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": seats[0].host,
+                    "MASTER_PORT": str(args.port), "LOCAL_RANK": str(seat.local_rank),
                     **forwarded})
             # stdin: the secret, then a pipe nobody writes to; its end is the guard's signal
             # to stop the rank
-            proc = subprocess.Popen(rank_argv(hosts[rank // args.per_host], env, command),
+            proc = subprocess.Popen(rank_argv(seat.host, env, command),
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
             procs.append(proc)

@@ -188,3 +188,59 @@ def test_the_transport_and_congestion_reach_a_remote_rank_quoted():
     assert argv[:2] == ["ssh", "-o"] and argv[-2] == "node9"
     remote = shlex.split(argv[-1])  # what the remote shell runs, word by word
     assert "RXELAB_TRANSPORT=tcp; touch x" in remote and "RXELAB_CONGESTION=cubic" in remote
+
+
+def test_a_hostfile_s_slots_give_each_host_its_ranks(tmp_path, cleanup):
+    """Issue 59: `localhost slots=2` runs ranks 0 and 1 there (local ranks 0, 1) and the next
+    line's host the rest, --per-host for a line without slots=; comments and blank lines are
+    skipped."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# this machine, by two names\nlocalhost slots=2   # two here\n\n"
+                     "127.0.0.1\n")
+    p = launcher(tmp_path, "--hostfile", str(hosts), "--per-host", "3",
+                 command="echo rank=$RANK local=$LOCAL_RANK of $WORLD_SIZE at $MASTER_ADDR")
+    cleanup.append(p)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    ran = sorted(x for x in out.splitlines() if "rank=" in x)
+    assert ran == ["[0] rank=0 local=0 of 5 at localhost", "[1] rank=1 local=1 of 5 at localhost",
+                   "[2] rank=2 local=0 of 5 at localhost", "[3] rank=3 local=1 of 5 at localhost",
+                   "[4] rank=4 local=2 of 5 at localhost"], out
+
+
+@pytest.mark.parametrize(("args", "problem"), [
+    (["--hosts", "a", "--hostfile", "HOSTS"], "give --hosts or --hostfile, not both"),
+    (["--hostfile", "ABSENT"], "--hostfile ABSENT: No such file or directory"),
+    (["--hostfile", "HOSTS"], "--hostfile HOSTS line 2: slots=0 is not a positive integer"),
+    (["--hosts", "node[1-3"], "--hosts: hostlist 'node[1-3': a '[' without its ']'"),
+    (["--hosts", "node1,-oProxyCommand=x"], "--hosts: hostlist '-oProxyCommand=x': "
+                                            "'-oProxyCommand=x' is not a host name"),
+    (["--hosts=-v"], "--hosts: '-v' is not a host name"),
+    (["--hosts", "node[1-2]", "--per-host", "9000"], "--hosts: 2 hosts x 9000 ranks is more "
+                                                     "than the 16384 ranks rxelab supports"),
+    (["--join", "--master", "$(reboot)", "--secret-file", "SECRET", "--hosts", "localhost"],
+     "--master: '$(reboot)' is not a host name"),
+])
+def test_bad_hosts_are_one_line_and_status_2(tmp_path, capsys, args, problem):
+    """Each is said before anything starts, as argparse says a bad flag, never a traceback."""
+    (tmp_path / "hosts").write_text("node1\nnode2 slots=0\n")
+    (tmp_path / "secret").write_text("JPrm-WjSNOqrWZ8HLGJnVaT8PRpWOIiXYT9TxA0tIKI\n")
+    (tmp_path / "secret").chmod(0o600)
+    names = {"HOSTS": str(tmp_path / "hosts"), "ABSENT": str(tmp_path / "absent"),
+             "SECRET": str(tmp_path / "secret")}
+    args = [names.get(a, a) for a in args]
+    problem = problem.replace("HOSTS", names["HOSTS"]).replace("ABSENT", names["ABSENT"])
+    with pytest.raises(SystemExit) as stop:
+        launch.main([*args, "--", "true"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2, err
+    said = [x for x in err.splitlines() if "error:" in x]
+    assert len(said) == 1 and f"error: {problem}" in said[0], err
+    assert err.splitlines()[-1] == said[0], "the reason is the last line"
+
+
+def test_the_help_tells_of_hostlists_and_hostfiles(capsys):
+    with pytest.raises(SystemExit):
+        launch.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--hostfile FILE" in text and "slots=2" in text and "node[1-3,7]" in text, text
