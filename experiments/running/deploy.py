@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.metadata
 import io
 import shlex
 import shutil
@@ -23,12 +24,14 @@ import tarfile
 import tempfile
 import threading
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
 from invoke.exceptions import Failure
+from packaging.requirements import Requirement
 
 from experiments.running import watched
 from experiments.running.fleet import (
@@ -49,10 +52,30 @@ DEPLOY_MARK = ".rxelab-deploy"
 STALL_SETTING = lab_settings.STALL
 
 
+def unmet_build_requirements(project: Path = REPO / "lib" / "pyproject.toml") -> list[str]:
+    """What lib/pyproject.toml's [build-system] asks for and this Python lacks, each as
+    "setuptools>=77.0.3 (found 70.1.0)". The wheel is built without isolation, with the venv's
+    own tools: an older setuptools fails on the PEP 639 licence in many lines of its own."""
+    unmet = []
+    for line in tomllib.loads(project.read_text())["build-system"]["requires"]:
+        wanted = Requirement(line)
+        try:
+            found = importlib.metadata.version(wanted.name)
+        except importlib.metadata.PackageNotFoundError:
+            unmet.append(f"{wanted} (not installed)")
+            continue
+        if not wanted.specifier.contains(found, prereleases=True):
+            unmet.append(f"{wanted} (found {found})")
+    return unmet
+
+
 def build_wheel(out: Path) -> Path:
     """The library's wheel, as `pip wheel lib/` makes it (offline: the build tools are ours),
     from a copy of lib/: setuptools writes build/ and *.egg-info where it builds, and two builds
     at once (a deploy beside a test) must not meet there."""
+    if unmet := unmet_build_requirements():
+        raise FleetError(f"building the rxelab wheel needs {', '.join(unmet)} in {sys.prefix}: "
+                         "run `make deps` (infra/install-deps.sh)")
     source = out / "lib"
     shutil.copytree(REPO / "lib", source, ignore=shutil.ignore_patterns(
         "__pycache__", "build", "*.egg-info", "dist"))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rxelab.errors import ClosedError, ConfigError, PeerError, ProtocolError, RdmaError
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"  # the one place of the version (lib/pyproject.toml, CHANGELOG.md)
 
 if TYPE_CHECKING:
     from rxelab.comm import Communicator

@@ -57,6 +57,24 @@ def test_the_wheel_holds_every_subpackage_its_scripts_and_only_numpy(wheel):
     assert not any(n.startswith(("infra/", "experiments/", "apps/", "tests/")) for n in names)
 
 
+def test_the_wheel_carries_its_licence_its_type_hints_and_its_extras(wheel):
+    """Issue 59: the licence in the metadata (PEP 639) and its text in the wheel, py.typed (PEP 561:
+    else a user's type checker ignores the library's hints), classifiers, the torch extra."""
+    z = zipfile.ZipFile(wheel)
+    names = set(z.namelist())
+    assert "rxelab/py.typed" in names
+    info = f"rxelab-{rxelab.__version__}.dist-info"
+    assert z.read(f"{info}/licenses/LICENSE") == (REPO / "LICENSE").read_bytes()
+    meta = z.read(f"{info}/METADATA").decode().split("\n\n", 1)[0].splitlines()  # headers only
+    assert "License-Expression: MIT" in meta and "License-File: LICENSE" in meta, meta
+    classifiers = {line.split(": ", 1)[1] for line in meta if line.startswith("Classifier: ")}
+    assert {"Typing :: Typed", "Programming Language :: Python :: 3.13",
+            "Topic :: System :: Distributed Computing"} <= classifiers, classifiers
+    assert not any(c.startswith("License ::") for c in classifiers), "PEP 639: the expression alone"
+    assert 'Requires-Dist: torch>=1.13; extra == "torch"' in meta, meta
+    assert not any(line.startswith("Project-URL:") for line in meta), "the project has no address"
+
+
 @pytest.fixture(scope="module")
 def venv(wheel, tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("venv")
