@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rxelab.bootstrap import job_secret
+from rxelab.console import one_line_errors
 from rxelab.control.handshake import new_token
 from rxelab.errors import ConfigError
 from rxelab.settings import CONGESTION_ENV, TRANSPORT_ENV
@@ -100,6 +101,7 @@ def rank_argv(host: str, env: dict[str, str], command: list[str]) -> list[str]:
             host, remote]
 
 
+@one_line_errors("launch", expected=(FileNotFoundError,))  # FileNotFoundError: no ssh
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", default="", help="comma-separated host names")
