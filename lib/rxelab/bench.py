@@ -33,6 +33,7 @@ import numpy as np
 
 import rxelab
 from rxelab import codecs, ops, settings
+from rxelab.console import one_line_errors
 from rxelab.errors import RdmaError
 from rxelab.perftest import BANDWIDTH as PERFTEST_TOOLS
 from rxelab.perftest import argv as perftest_argv
@@ -310,6 +311,7 @@ def chosen_sizes(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[
     return sizes
 
 
+@one_line_errors("bench")
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)

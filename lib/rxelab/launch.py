@@ -41,9 +41,10 @@ from typing import Any
 
 from rxelab import hostfile
 from rxelab.bootstrap import MAX_RANKS, job_secret
+from rxelab.console import one_line_errors
 from rxelab.control.handshake import new_token
 from rxelab.errors import ConfigError
-from rxelab.settings import CONGESTION_ENV, TRANSPORT_ENV
+from rxelab.settings import CONGESTION_ENV, DEBUG_ENV, LOG_LEVEL_ENV, TRANSPORT_ENV
 
 LOCAL_NAMES = {"localhost", "127.0.0.1"}
 GRACE = 5  # seconds between TERM and KILL
@@ -87,7 +88,7 @@ def is_local(host: str) -> bool:
     return host in LOCAL_NAMES or host == socket.gethostname() or host in local_addresses()
 
 
-FORWARDED = ("PYTHONPATH", "RXELAB_RUN_ID", TRANSPORT_ENV, CONGESTION_ENV)
+FORWARDED = ("PYTHONPATH", "RXELAB_RUN_ID", TRANSPORT_ENV, CONGESTION_ENV, LOG_LEVEL_ENV, DEBUG_ENV)
 
 
 def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -104,6 +105,7 @@ def rank_argv(host: str, env: dict[str, str], command: list[str]) -> list[str]:
             host, remote]
 
 
+@one_line_errors("launch", expected=(FileNotFoundError,))  # FileNotFoundError: no ssh
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", default="",

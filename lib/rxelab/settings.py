@@ -135,6 +135,9 @@ TRANSPORTS = ("verbs", "tcp", "quic")  # rxelab.transports opens them; their ord
 TRANSPORT_ENV = "RXELAB_TRANSPORT"  # init()'s default, where transport= is not given
 CONGESTION_ENV = "RXELAB_CONGESTION"  # quic's congestion control (each sender its own)
 CONGESTIONS = ("reno", "cubic")  # what aioquic 1.2 to 1.7 offers (no BBR); the first is the default
+LOG_LEVEL_ENV = "RXELAB_LOG_LEVEL"  # the library's log to stderr from this level on (rxelab.logs)
+LOG_LEVELS = ("debug", "info", "warning", "error")  # RXELAB_LOG_LEVEL's words, in any case
+DEBUG_ENV = "RXELAB_DEBUG"  # 1: RXELAB_LOG_LEVEL=debug, as NCCL_DEBUG=INFO is NCCL's switch
 
 
 def disagreement(mine: Mapping[str, Any], theirs: Mapping[str, Any], who: int | str,

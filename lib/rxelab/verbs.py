@@ -9,6 +9,7 @@ posted (rxe rejects post_recv in RESET).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from pyverbs.wr import SGE, RecvWR, SendWR
 
 from rxelab import messages
 from rxelab.errors import ConfigError, RdmaError
-from rxelab.settings import BY_NAME
+from rxelab.settings import BY_NAME, TRANSPORT_ENV
 from rxelab.transports import base
 from rxelab.transports.base import ACCESS_LOCAL_WRITE, ACCESS_REMOTE, WR_RDMA_WRITE, WR_RDMA_WRITE_WITH_IMM
 
@@ -41,6 +42,14 @@ RETRY_CNT = int(BY_NAME["retry_cnt"].default)
 RNR_RETRY = 7  # 7 = retry forever on receiver-not-ready
 MIN_RNR_TIMER = 12
 WR_CACHE = 256  # send WRs kept per connection
+# what a host without an RDMA device, or without an ACTIVE port, can do about it
+NO_DEVICE = ("SoftRoCE makes one over an Ethernet interface: `sudo modprobe rdma_rxe && sudo "
+             "rdma link add rxe0 type rxe netdev <if>`; on a machine without RDMA, use "
+             f'transport="tcp" ({TRANSPORT_ENV}=tcp)')
+NO_ACTIVE_PORT = ("`rdma link` shows each port's state; an rxe port is ACTIVE once its netdev "
+                  "is up (`sudo ip link set <if> up`)")
+
+log = logging.getLogger(__name__)
 
 
 def status_str(status: int) -> str:
@@ -106,6 +115,9 @@ class Device:
         except PyverbsError as err:
             self.close()
             raise RdmaError(f"cannot open RDMA device {name or '(auto)'}: {err}") from None
+        log.debug("device %s port %d: GID index %d (%s), LID %d, MTU enum %d, %s", self.name,
+                  self.port, self.gid_index, self.gid, self.lid, self.mtu_enum,
+                  "a completion channel" if self.channel else "polling (no completion channel)")
 
     def _open_channel(self) -> tuple[Any, int | None]:
         """A completion channel and its file descriptor (pyverbs does not expose it: it is
@@ -136,11 +148,7 @@ class Device:
         return status_str(status)
 
     def _choose(self, name: str | None, port: int | None) -> tuple[str, int]:
-        names = [d.name.decode() if isinstance(d.name, bytes) else str(d.name)
-                 for d in get_device_list()]
-        if not names:
-            raise ConfigError("no RDMA device on this host",
-                              hint="load rdma_rxe and `rdma link add rxe0 type rxe netdev <if>`")
+        names = _device_names()
         if name is not None and name not in names:
             raise ConfigError(f"no RDMA device named {name!r}", hint=f"devices: {', '.join(names)}")
         for candidate in [name] if name else names:
@@ -152,7 +160,7 @@ class Device:
                         return candidate, p
             finally:
                 ctx.close()
-        raise ConfigError(f"no ACTIVE port on {name or ', '.join(names)}")
+        raise ConfigError(f"no ACTIVE port on {name or ', '.join(names)}", hint=NO_ACTIVE_PORT)
 
     def _choose_gid(self, index: int | None, table_len: int) -> int:
         if index is not None:
@@ -174,6 +182,21 @@ class Device:
             if res is not None:
                 res.close()
                 setattr(self, name, None)
+
+
+def _device_names() -> list[str]:
+    """The RDMA devices' names, or a ConfigError that says how to make one, however rdma-core
+    says there is none: an empty list, or (rdma-core 44, where /sys/class/infiniband is
+    missing) an error, "Failed to get devices list"."""
+    try:
+        devices = get_device_list()
+    except PyverbsError as err:
+        raise ConfigError(f"no RDMA device on this host (rdma-core: {err})", hint=NO_DEVICE) \
+            from None
+    names = [d.name.decode() if isinstance(d.name, bytes) else str(d.name) for d in devices]
+    if not names:
+        raise ConfigError("no RDMA device on this host", hint=NO_DEVICE)
+    return names
 
 
 def register_mr(pd: Any, address: int, nbytes: int, access: int) -> Any:
@@ -242,6 +265,8 @@ class Connection(base.SlotState):
             self.qp.to_rts(attr)
         except PyverbsError as err:
             raise RdmaError(f"connecting the QP to rank {self.peer} failed: {err}") from None
+        log.debug("QP %d connected to rank %d's QP %d at GID %s", self.qp.qp_num, self.peer,
+                  remote.qpn, remote.gid)
 
     def repost(self, slot: int) -> None:
         self.qp.post_recv(self.recv_wrs[slot])

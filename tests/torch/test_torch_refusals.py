@@ -140,3 +140,27 @@ def test_the_transport_comes_from_the_options_then_the_environment_and_is_checke
         resolve(None, {"RXELAB_TRANSPORT": "x"})
     with pytest.raises(ConfigError, match="transport='x'"):
         Options(transport="x").checked()
+
+
+NO_PYVERBS = """
+import sys
+sys.modules["pyverbs"] = None  # as where rdma-core's bindings are not installed
+import rxelab.torch
+class Untouchable:
+    def __getattr__(self, name):
+        raise AssertionError(f"the store was used ({name}) before the refusal")
+try:
+    rxelab.torch.new_group(Untouchable(), 0, 2)
+except rxelab.ConfigError as err:
+    print(err)
+"""
+
+
+def test_without_pyverbs_the_backend_refuses_in_one_line_before_it_meets_the_job(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "lib")}
+    r = subprocess.run([sys.executable, "-c", NO_PYVERBS], capture_output=True, text=True,
+                       env=env, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (line,) = r.stdout.strip().splitlines()
+    assert line.startswith("transport verbs needs pyverbs") and "python3-pyverbs" in line, line
+    assert 'transport="tcp"' in line, line

@@ -6,6 +6,8 @@ host: tests/unit/fakemunge.py stands in for munge and unmunge."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from rxelab.control import munge_credential
 from rxelab.errors import ConfigError
@@ -23,7 +25,13 @@ def fake_munged(tmp_path, monkeypatch):
     run_munged(tmp_path, monkeypatch)
 
 
-def test_under_srun_with_munge_nothing_secret_goes_into_the_store(fake_munged, capsys):
+def warned(caplog: pytest.LogCaptureFixture) -> str:
+    """What the library warned of (a program without logging sees it on stderr)."""
+    return " ".join(r.getMessage() for r in caplog.records
+                    if r.name.startswith("rxelab") and r.levelno == logging.WARNING)
+
+
+def test_under_srun_with_munge_nothing_secret_goes_into_the_store(fake_munged, caplog):
     store = Store()
     job0, listener = rdv.meet(store, 0, 2, 5.0, env=SRUN)
     try:
@@ -36,7 +44,7 @@ def test_under_srun_with_munge_nothing_secret_goes_into_the_store(fake_munged, c
         t = b"transcript"
         proof = hs0.prove(munge_credential.LISTENER, t)
         assert hs1.check(munge_credential.LISTENER, t, proof), "they prove to each other"
-        assert "store" not in capsys.readouterr().err
+        assert "store" not in warned(caplog)
     finally:
         listener.close()
 
@@ -50,13 +58,13 @@ def test_a_rank_without_munge_where_rank_0_uses_it_is_refused(fake_munged, monke
         rdv.meet(store, 1, 2, 5.0, env={**SRUN, "SLURM_PROCID": "1"})
 
 
-def test_under_srun_without_munge_the_secret_in_the_store_is_said(monkeypatch, capsys):
+def test_under_srun_without_munge_the_secret_in_the_store_is_said(monkeypatch, caplog):
     monkeypatch.setattr(munge_credential, "SOCKETS", ("/nonexistent/munge.socket.2",))
     store = Store()
     job0, listener = rdv.meet(store, 0, 2, 5.0, env=SRUN)
     listener.close()
     assert rdv.SECRET_KEY in store.data and job0.secured
-    err = capsys.readouterr().err
+    err = warned(caplog)
     assert "torch's store" in err and "MUNGE" in err and "RXELAB_JOB_TOKEN" in err, err
     job1, _ = rdv.meet(store, 1, 2, 5.0, env={**SRUN, "SLURM_PROCID": "1"})
     assert job1.credential.key == job0.credential.key

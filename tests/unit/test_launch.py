@@ -182,8 +182,10 @@ def test_the_transport_and_congestion_reach_a_remote_rank_quoted():
     (a local rank would inherit it anyway; a remote one gets only what the command line
     carries), and a value a shell would read reaches the rank as it was."""
     env = launch.forwarded_env({"RXELAB_TRANSPORT": "tcp; touch x", "RXELAB_CONGESTION": "cubic",
-                                "HOME": "/root", "RXELAB_RUN_ID": ""})
-    assert env == {"RXELAB_TRANSPORT": "tcp; touch x", "RXELAB_CONGESTION": "cubic"}
+                                "HOME": "/root", "RXELAB_RUN_ID": "", "RXELAB_LOG_LEVEL": "debug",
+                                "RXELAB_DEBUG": "1"})
+    assert env == {"RXELAB_TRANSPORT": "tcp; touch x", "RXELAB_CONGESTION": "cubic",
+                   "RXELAB_LOG_LEVEL": "debug", "RXELAB_DEBUG": "1"}, "the log switch too"
     argv = launch.rank_argv("node9", env, ["rxelab-selftest"])
     assert argv[:2] == ["ssh", "-o"] and argv[-2] == "node9"
     remote = shlex.split(argv[-1])  # what the remote shell runs, word by word

@@ -14,6 +14,7 @@ communicator's builder.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 import threading
 import time
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rxelab import bootstrap, checks, codecs, membership, messages, settings, transports
+from rxelab import bootstrap, checks, codecs, logs, membership, messages, settings, transports
 from rxelab.buffers import Buffer
 from rxelab.collectives.common import DATA, Call
 from rxelab.comm import guard
@@ -45,6 +46,8 @@ from rxelab.transports.base import (
     Meeting,
 )
 
+log = logging.getLogger(__name__)
+
 
 def shared_settings(options: dict[str, Any], codec: codecs.Codec | None,
                     transport: str) -> dict[str, Any]:
@@ -66,6 +69,8 @@ class Communicator(PointToPoint, NamedCollectives):
         compression: how every collective's rendezvous blocks travel unless the call says
         otherwise (rxelab.codecs: none, lz4, zstd; fp16, bf16 for float sums). transport:
         what the collectives run over (rxelab.transports; default RXELAB_TRANSPORT, else verbs)."""
+        logs.configure()
+        logs.at_rank(job.rank)
         self.compression = codecs.lookup(compression)
         codecs.check_use(self.compression, "every collective", True, "sum", "float32", job.world_size)
         if not isinstance(elastic, bool):
@@ -81,6 +86,8 @@ class Communicator(PointToPoint, NamedCollectives):
         self.options = settings.resolve(options)
         self.transport = transports.choose(transport)
         transports.load(self.transport)
+        log.debug("rank %d of %d opens transport %s; rank 0 at %s:%d (said by: %s)", job.rank,
+                  job.world_size, self.transport, job.master_addr, job.master_port, job.source)
         self.job = job
         self.opened = {"device": device, "port": port, "gid_index": gid_index,
                        "compression": compression, "transport": self.transport}
@@ -137,6 +144,8 @@ class Communicator(PointToPoint, NamedCollectives):
         except BaseException:
             self.close()
             raise
+        log.debug("rank %d of %d formed job %s, generation %d, over %s", self.rank, self.size,
+                  self.control.job_id, self.control.generation, self.transport)
         self._keep_server = False
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -183,6 +192,8 @@ class Communicator(PointToPoint, NamedCollectives):
         self.control.close()
         if self.control.server is not None and not self._keep_server:
             self.control.server.close(listener=True)
+        log.debug("rank %d of %d closed its communicator%s", self.rank, self.size,
+                  f" (failed: {self.failed})" if self.failed else "")
 
     def _check_open(self) -> None:
         if self.closed:

@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from rxelab import bootstrap, codecs, membership, settings, transports
+from rxelab import bootstrap, codecs, logs, membership, settings, transports
 from rxelab.comm.communicator import Communicator, shared_settings
 from rxelab.errors import ConfigError
 
@@ -30,6 +30,7 @@ def join(master_addr: str | None = None, master_port: int | None = None,
     as for init, with the job's secret) until the job admits it (comm.admit() on its ranks),
     then take the rank it is given in the job's new communicator. Bounded by `wait` seconds;
     options are init()'s (timeout= is the communicator's, as there)."""
+    logs.configure()  # the knocking is logged too
     if master_addr is None and not (os.environ.get("MASTER_ADDR")
                                     or os.environ.get("RXELAB_MASTER_ADDR")):
         raise ConfigError("join: no rendezvous address", hint="set MASTER_ADDR (the job's rank "

@@ -13,12 +13,13 @@ address only, as before.
 from __future__ import annotations
 
 import errno
+import logging
 import socket
-import sys
 
 from rxelab.bootstrap import JobInfo
 from rxelab.errors import ConfigError
 
+log = logging.getLogger(__name__)
 # an elastic rank's listener is read only by its server: room for the probes and knocks that
 # come at once when the membership changes (the kernel caps it at net.core.somaxconn)
 BACKLOG = 1024
@@ -62,9 +63,9 @@ def listen(job: JobInfo) -> socket.socket:
     if all(loopback(a) for a, _ in found) and not named_loopback:
         found = [("", socket.AF_INET)]
     where = "every interface" if found[0][0] == "" else f"{found[0][0]}:{port} only"
-    print(f"rxelab: this job has no secret (RXELAB_JOB_TOKEN): rank 0 listens on {where}, "
-          "and any process that reaches it while the job starts can join; export "
-          "RXELAB_JOB_TOKEN to every rank to keep strangers out", file=sys.stderr, flush=True)
+    log.warning("rxelab: this job has no secret (RXELAB_JOB_TOKEN): rank 0 listens on %s, and "
+                "any process that reaches it while the job starts can join; export "
+                "RXELAB_JOB_TOKEN to every rank to keep strangers out", where)
     last: OSError | None = None
     for host, family in found:
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import logging
 import os
 import queue
 import secrets
@@ -53,6 +54,7 @@ class Plane(Protocol):
 
     def close(self) -> None: ...
 
+log = logging.getLogger(__name__)
 SAME_HOST = ""  # a listener's host in the directory: at MASTER_ADDR, beside rank 0
 LATER_S = 5.0  # a later generation's rank 0 that answers "later" longer than this is not
 # going to gather it (it moved on)
@@ -121,6 +123,8 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
     if plane.elastic:
         plane.server = server
     hellos: dict[int, dict[str, Any]] = {0: {"endpoints": {str(k): v for k, v in mine.items()}}}
+    log.debug("rank 0 gathers %d ranks at port %d, for %g s", job.world_size, server.port,
+              plane.timeout)
     where: dict[int, str] = {}  # the address each rank reached us from
     # a shrink's members proved themselves in its agreement moments ago: a connect that
     # times out is a crowded listener, not a death, until SILENT_S from now (rxelab.control.liveness:
@@ -161,6 +165,8 @@ def serve(plane: Plane, mine: dict[int, dict[str, Any]],
                 plane.peers[hello["rank"]] = link
                 with contextlib.suppress(OSError):
                     where[hello["rank"]] = link.sock.getpeername()[0]
+                log.debug("rank %d (host %s) joined: %d of %d ranks in", hello["rank"],
+                          hello.get("host"), len(hellos), job.world_size)
     except BaseException as err:
         # those that said hello hear why (not a goodbye, which says all is well)
         plane.abort(f"rank 0 could not gather the job: {err}", getattr(err, "peer", None) or 0,
@@ -283,6 +289,8 @@ def join(plane: Plane, mine: dict[int, dict[str, Any]],
                 continue
             table = _hello(plane, link, hello, deadline)
             if table is not None:
+                log.debug("rank %d reached rank 0 at %s:%d and has its table", job.rank,
+                          addr[0], addr[1])
                 return _take_table(plane, table, addr[1])
             last = "rank 0 was not gathering this generation yet"
             if plane.generation > 0 and time.monotonic() > later_until:
@@ -299,6 +307,9 @@ def join(plane: Plane, mine: dict[int, dict[str, Any]],
                             reason=Reason.SILENT,
                             hint="a process without the job's secret holds the port" if unproven
                             else None)
+        if pause == FIRST_RETRY_S:  # once: a rank that waits here says so, not each retry
+            log.debug("rank %d cannot reach rank 0 at %s yet (%s): trying until %g s have passed",
+                      job.rank, where, unproven or last, plane.timeout)
         time.sleep(pause)
         pause = min(2 * pause, RETRY_S)
 

@@ -36,9 +36,12 @@ def new_group(store: Any, rank: int, size: int, timeout: timedelta = timedelta(m
     """A process group of its own over `store` (torch's Store), for a program that makes its
     groups itself (DDP(process_group=...)) rather than through init_process_group.
     first_of_job: its rank 0 is the job's (at MASTER_ADDR)."""
+    from rxelab import logs, transports
     from rxelab.comm import Communicator
 
+    logs.configure()
     chosen = resolve(options, os.environ)
+    transports.load(transports.choose(chosen.transport))  # what this host lacks, before meeting
     job, listener = meet(store, rank, size, timeout.total_seconds(), first_of_job=first_of_job)
     try:
         comm = Communicator(job, _listener=listener, **chosen.opening())

@@ -17,11 +17,11 @@ What the store holds is read as untrusted input: checked before it is used.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import secrets
 import socket
-import sys
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -31,6 +31,7 @@ from rxelab.control import addresses, munge_credential
 from rxelab.control.handshake import Credential, SharedSecret
 from rxelab.errors import ConfigError, PeerError, ProtocolError, Reason
 
+log = logging.getLogger(__name__)
 WHERE_KEY = "rxelab/rendezvous"  # inside torch's PrefixStore of the group: one per group
 SECRET_KEY = "rxelab/secret"
 FROM_STORE = "torch's store"
@@ -173,7 +174,7 @@ def _publish(store: Any, size: int, mine: Credential | None, source: str, host: 
         store.set(SECRET_KEY, secret)
         mine = SharedSecret.of(secret, source)
         if under_srun:
-            print(IN_STORE_UNDER_SRUN, file=sys.stderr, flush=True)
+            log.warning(IN_STORE_UNDER_SRUN)
     try:
         listener = addresses.any_address(0)  # a job with a secret: every address, a free port
     except OSError as err:

@@ -12,6 +12,11 @@ from rxelab.errors import ConfigError
 from rxelab.settings import CONGESTION_ENV, CONGESTIONS, TRANSPORT_ENV, TRANSPORTS
 from rxelab.transports.base import Fabric
 
+# where pyverbs comes from (not PyPI), and what runs without it
+NO_PYVERBS = ("install rdma-core's Python bindings, the Debian/Ubuntu package python3-pyverbs "
+              "(a venv needs --system-site-packages to see it); on a machine without RDMA, "
+              f'use transport="tcp" ({TRANSPORT_ENV}=tcp)')
+
 
 def choose(given: str | None) -> str:
     """The transport to open: init()'s transport=, else RXELAB_TRANSPORT, else verbs."""
@@ -33,8 +38,7 @@ def load(name: str) -> None:
             if err.name != "pyverbs" and not (err.name or "").startswith("pyverbs."):
                 raise
             raise ConfigError("transport verbs needs pyverbs, which this Python cannot import",
-                              hint="install rdma-core's python3-pyverbs (a venv needs "
-                                   "--system-site-packages to see it)") from None
+                              hint=NO_PYVERBS) from None
         except ImportError as err:  # a pyverbs rxelab.verbs refuses
             raise ConfigError(str(err)) from None
     if name == "quic":

@@ -121,6 +121,8 @@ class QuicFabric(NicThread):
         self.family = family
         self.gso = quic_config.GSO
         self.endpoint = TcpEndpoint(self.host, self.sock.getsockname()[1])
+        log.debug("transport quic listens on %s:%d (UDP), congestion control %s", self.host,
+                  self.endpoint.port, congestion)
         self.congestion = congestion
         self.device = SocketDevice()
         self.keys = KeyTable()
@@ -182,6 +184,7 @@ class QuicFabric(NicThread):
             raise PeerError(f"transport quic: rank{'s' if len(missing) > 1 else ''} "
                             f"{', '.join(map(str, missing))} never connected", peer=missing[0],
                             reason=Reason.SILENT)
+        log.debug("transport quic: connected to ranks %s", sorted(self.conns))
 
     def close(self) -> None:
         self.stop()

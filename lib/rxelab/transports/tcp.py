@@ -126,6 +126,7 @@ class TcpFabric(NicThread):
                               hint="device= names this host's address for tcp (an IP or a "
                                    "name); by default the one that reaches MASTER_ADDR") from None
         self.endpoint = TcpEndpoint(self.host, self.listener.getsockname()[1])
+        log.debug("transport tcp listens on %s:%d", self.host, self.endpoint.port)
         self.device = SocketDevice()
         self.keys = KeyTable()
         self.lock = threading.Lock()  # the wires: the callers' posts and the I/O thread
@@ -236,6 +237,7 @@ class TcpFabric(NicThread):
         sock.setblocking(False)
         conn = self.conns[peer]
         conn.sock = sock
+        log.debug("transport tcp: connected to rank %d", peer)
         self.sel.register(sock, selectors.EVENT_READ, conn)
 
     # ---- the I/O thread ---------------------------------------------------------------------
