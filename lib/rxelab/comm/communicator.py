@@ -81,6 +81,8 @@ class Communicator(PointToPoint, NamedCollectives):
         self.options = settings.resolve(options)
         self.transport = transports.choose(transport)
         transports.load(self.transport)
+        at = transports.where(self.transport, device, port, gid_index)  # or the environment's
+        device, port, gid_index = at.device, at.port, at.gid_index
         self.job = job
         self.opened = {"device": device, "port": port, "gid_index": gid_index,
                        "compression": compression, "transport": self.transport}
