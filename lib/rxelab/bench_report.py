@@ -11,7 +11,7 @@ import platform
 import shlex
 import socket
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -42,12 +42,15 @@ class Header:
     pyverbs: str  # rdma-core's python3-pyverbs package, "?" where dpkg does not know it
     transport: str
     where: str  # verbs: the device, port and GID index; else the address listened on
+    device: str  # verbs: the RDMA device; tcp, quic: the address listened on
+    port: int | None  # verbs: the device's port and the port's GID index (else None)
+    gid_index: int | None
     ranks: int
     hosts: list[str]  # every rank's, in rank order
     mtu_bytes: list[int | None]  # every rank's path MTU (None: not known)
     mtu_of: str  # where the MTU comes from
     calls: str  # timed and warm-up calls per size
-    settings: dict[str, int | float] = field(default_factory=dict)
+    settings: dict[str, int | float]
 
 
 def command_line(prog: str, argv: list[str]) -> str:
@@ -118,13 +121,17 @@ def gather(comm: Any, ok: bool) -> Gathered:
 
 
 def describe(comm: Any, command: str, calls: str, seen: Gathered) -> Header:
-    dev = comm.dev
+    dev, verbs = comm.dev, comm.transport == "verbs"
     where = (f"device {dev.name} port {dev.port} gid index {dev.gid_index} mtu enum {dev.mtu_enum}"
-             if comm.transport == "verbs" else f"transport {comm.transport} from {comm.fabric.host}")
-    return Header(rxelab.__version__, command,
-                  datetime.now(UTC).isoformat(timespec="seconds"), platform.release(),
-                  platform.python_version(), pyverbs_version(), comm.transport, where, comm.size,
-                  seen.hosts, seen.mtus, seen.mtu_of, calls, dict(comm.options))
+             if verbs else f"transport {comm.transport} from {comm.fabric.host}")
+    return Header(
+        rxelab=rxelab.__version__, command=command,
+        date=datetime.now(UTC).isoformat(timespec="seconds"), kernel=platform.release(),
+        python=platform.python_version(), pyverbs=pyverbs_version(), transport=comm.transport,
+        where=where, device=dev.name if verbs else comm.fabric.host,
+        port=dev.port if verbs else None, gid_index=dev.gid_index if verbs else None,
+        ranks=comm.size, hosts=seen.hosts, mtu_bytes=seen.mtus, mtu_of=seen.mtu_of, calls=calls,
+        settings=dict(comm.options))
 
 
 def hosts_said(hosts: list[str]) -> str:

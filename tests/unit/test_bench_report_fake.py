@@ -76,6 +76,8 @@ def test_the_header_and_its_json_record_say_version_command_date_hosts_and_mtu(
     assert head["command"] == command and head["date"] == date
     assert head["hosts"] == [socket.gethostname()] and head["mtu_bytes"] == [4096]
     assert head["settings"]["timeout"] == 120.0 and head["ranks"] == 1
+    assert (head["transport"], head["device"], head["port"], head["gid_index"]) == \
+        ("verbs", "fake0", 1, 1)
     assert [(r["record"], r["size"]) for r in records[1:]] == \
         [("row", s) for _ in rxelab.ALLREDUCE_ALGORITHMS for s in (1024, 4096)]
 
