@@ -133,6 +133,11 @@ CODEC = "compression"  # init(compression=): in the hello as its codec's id (rxe
 TRANSPORT = "transport"  # init(transport=): in the hello as its index in TRANSPORTS
 TRANSPORTS = ("verbs", "tcp", "quic")  # rxelab.transports opens them; their order is the wire's
 TRANSPORT_ENV = "RXELAB_TRANSPORT"  # init()'s default, where transport= is not given
+# init()'s device=, port=, gid_index= where they are not given: the RDMA device (tcp and quic:
+# the address to listen on), its port and the port's GID index (verbs only)
+DEVICE_ENV = "RXELAB_DEVICE"
+IB_PORT_ENV = "RXELAB_IB_PORT"
+GID_INDEX_ENV = "RXELAB_GID_INDEX"
 CONGESTION_ENV = "RXELAB_CONGESTION"  # quic's congestion control (each sender its own)
 CONGESTIONS = ("reno", "cubic")  # what aioquic 1.2 to 1.7 offers (no BBR); the first is the default
 LOG_LEVEL_ENV = "RXELAB_LOG_LEVEL"  # the library's log to stderr from this level on (rxelab.logs)

@@ -28,7 +28,7 @@ from pyverbs.wr import SGE, RecvWR, SendWR
 from rxelab import messages
 from rxelab.errors import ConfigError, RdmaError
 from rxelab.settings import BY_NAME, TRANSPORT_ENV
-from rxelab.transports import base
+from rxelab.transports import base, verbs_port
 from rxelab.transports.base import ACCESS_LOCAL_WRITE, ACCESS_REMOTE, WR_RDMA_WRITE, WR_RDMA_WRITE_WITH_IMM
 
 # the engine posts and reads these numbers without pyverbs: this pyverbs must agree
@@ -46,9 +46,6 @@ WR_CACHE = 256  # send WRs kept per connection
 NO_DEVICE = ("SoftRoCE makes one over an Ethernet interface: `sudo modprobe rdma_rxe && sudo "
              "rdma link add rxe0 type rxe netdev <if>`; on a machine without RDMA, use "
              f'transport="tcp" ({TRANSPORT_ENV}=tcp)')
-NO_ACTIVE_PORT = ("`rdma link` shows each port's state; an rxe port is ACTIVE once its netdev "
-                  "is up (`sudo ip link set <if> up`)")
-
 log = logging.getLogger(__name__)
 
 
@@ -115,6 +112,9 @@ class Device:
         except PyverbsError as err:
             self.close()
             raise RdmaError(f"cannot open RDMA device {name or '(auto)'}: {err}") from None
+        except BaseException:  # a port or GID refused in words (rxelab.transports.verbs_port)
+            self.close()
+            raise
         log.debug("device %s port %d: GID index %d (%s), LID %d, MTU enum %d, %s", self.name,
                   self.port, self.gid_index, self.gid, self.lid, self.mtu_enum,
                   "a completion channel" if self.channel else "polling (no completion channel)")
@@ -151,19 +151,24 @@ class Device:
         names = _device_names()
         if name is not None and name not in names:
             raise ConfigError(f"no RDMA device named {name!r}", hint=f"devices: {', '.join(names)}")
+        seen: dict[str, list[int]] = {}  # each device's ports' states, port 1 first
         for candidate in [name] if name else names:
             ctx = Context(name=candidate)
             try:
-                ports = [port] if port else range(1, ctx.query_device().phys_port_cnt + 1)
-                for p in ports:
-                    if ctx.query_port(p).state == e.IBV_PORT_ACTIVE:
-                        return candidate, p
+                count = ctx.query_device().phys_port_cnt
+                seen[candidate] = [ctx.query_port(p).state for p in range(1, count + 1)]
             finally:
                 ctx.close()
-        raise ConfigError(f"no ACTIVE port on {name or ', '.join(names)}", hint=NO_ACTIVE_PORT)
+            found = verbs_port.first_active(seen[candidate], port)
+            if found is not None:
+                return candidate, found
+        raise verbs_port.no_port(seen, name, port)
 
     def _choose_gid(self, index: int | None, table_len: int) -> int:
         if index is not None:
+            verbs_port.check_gid_index(self.name, self.port, index, table_len)
+            verbs_port.check_gid(self.name, self.port, index,
+                                 str(self.ctx.query_gid(self.port, index)))
             return index
         for i in range(table_len):
             gid = str(self.ctx.query_gid(self.port, i))

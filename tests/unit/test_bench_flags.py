@@ -3,7 +3,7 @@ that are not whole elements of the op's dtype, bad ranges, unknown algorithms; i
 -m [MIN:]MAX, and every flag says what it does."""
 
 import pytest
-from rxelab import bench
+from rxelab import bench, bench_flags, bench_report
 
 
 def usage_error(capsys, *argv):
@@ -32,8 +32,8 @@ def test_bad_flags_are_usage_errors_that_say_why(capsys, argv, said):
 
 
 def test_osu_style_ranges_are_powers_of_two_from_min_to_max():
-    ap = bench.parser()
-    sizes = lambda *argv: bench.chosen_sizes(ap, ap.parse_args(list(argv)))  # noqa: E731
+    ap = bench_flags.parser()
+    sizes = lambda *argv: bench_flags.chosen_sizes(ap, ap.parse_args(list(argv)))  # noqa: E731
     assert sizes("-m", "1024:16384") == [1024, 2048, 4096, 8192, 16384]
     assert sizes("-m", "0:4") == [0, 1, 2, 4]
     assert sizes("--op", "allreduce", "-m", "16") == [4, 8, 16], "MIN defaults to one element"
@@ -43,7 +43,7 @@ def test_osu_style_ranges_are_powers_of_two_from_min_to_max():
 
 
 def test_every_flag_has_help():
-    missing = [a.option_strings for a in bench.parser()._actions if not a.help]
+    missing = [a.option_strings for a in bench_flags.parser()._actions if not a.help]
     assert missing == []
 
 
@@ -54,8 +54,8 @@ def test_a_range_that_is_no_range_or_too_big_is_refused(capsys, value):
 
 
 def test_a_range_from_zero_keeps_its_whole_element_sizes_for_float_ops():
-    ap = bench.parser()
-    assert bench.chosen_sizes(ap, ap.parse_args(["--op", "allreduce", "-m", "0:16"])) == [0, 4, 8, 16]
+    ap = bench_flags.parser()
+    assert bench_flags.chosen_sizes(ap, ap.parse_args(["--op", "allreduce", "-m", "0:16"])) == [0, 4, 8, 16]
 
 
 def test_a_row_says_what_a_call_cost_the_cpu_and_how_often_a_rank_slept():
@@ -67,6 +67,6 @@ def test_a_row_says_what_a_call_cost_the_cpu_and_how_often_a_rank_slept():
     r = run_ranks(3, lambda comm: bench.measure(comm, "alltoall", "parallel", 1024, 3, 1))[0]
     assert r["cpu_user_us"] >= 0 and r["cpu_sys_us"] >= 0 and r["cpu_user_us"] + r["cpu_sys_us"] > 0
     assert r["sleeps"] >= 0 and r["wrong"] == 0
-    fields = bench.row(r).split()  # size, 3 latencies, iterations, 2 bandwidths, 3 CPU, #wrong
+    fields = bench_report.row(r).split()  # size, 3 latencies, iterations, 2 bandwidths, 3 CPU, #wrong
     assert len(fields) == 11 and float(fields[7]) == round(r["cpu_user_us"]), fields
     assert fields[-1] == "0", "#wrong stays the last column (the e2e test reads it there)"

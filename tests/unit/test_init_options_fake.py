@@ -57,13 +57,15 @@ def test_ranks_that_disagree_on_a_shared_option_all_fail_at_init_naming_it():
 
 
 def test_bench_prints_every_setting_as_nccl_tests_does():
-    from rxelab import bench
+    from rxelab import bench_report
 
     class Comm:
-        size, options, transport = 2, settings.resolve({"eager_limit": 0}), "verbs"
+        rank, size, options, transport = 0, 2, settings.resolve({"eager_limit": 0}), "verbs"
         dev = type("Dev", (), {"name": "fake0", "port": 1, "gid_index": 1, "mtu_enum": 5})()
 
-    line = next(x for x in bench.preamble(Comm(), type("A", (), {"iterations": 1, "warmup": 0})())
+    seen = bench_report.Gathered(["a", "b"], [4096, 4096], "the RDMA port's active MTU", True)
+    line = next(x for x in bench_report.lines(bench_report.describe(Comm(), "rxelab-bench",
+                                                                     "iterations 1", seen))
                 if x.startswith("# settings"))
     for o in settings.OPTIONS:
         assert re.search(rf"\b{o.name}=", line), o.name

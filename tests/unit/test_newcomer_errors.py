@@ -157,5 +157,6 @@ def test_devices_without_an_active_port_are_named_with_how_to_bring_one_up(monke
     with pytest.raises(ConfigError) as caught:
         verbs.Device()
     said = str(caught.value)
-    assert said.startswith("no ACTIVE port on fake0"), said
+    assert said.startswith("no RDMA device has an ACTIVE port"), said
+    assert "fake0" in said, "the device and its ports' states named"
     assert "rdma link" in said and "ip link set <if> up" in said

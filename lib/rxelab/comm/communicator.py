@@ -86,6 +86,8 @@ class Communicator(PointToPoint, NamedCollectives):
         self.options = settings.resolve(options)
         self.transport = transports.choose(transport)
         transports.load(self.transport)
+        at = transports.where(self.transport, device, port, gid_index)  # or the environment's
+        device, port, gid_index = at.device, at.port, at.gid_index
         log.debug("rank %d of %d opens transport %s; rank 0 at %s:%d (said by: %s)", job.rank,
                   job.world_size, self.transport, job.master_addr, job.master_port, job.source)
         self.job = job

@@ -21,7 +21,7 @@ from rxelab.errors import ConfigError
 
 ENV_ALGORITHMS = settings.ENV_PREFIX + "ALGORITHMS"
 ENV_COMPRESSION = settings.ENV_PREFIX + "COMPRESSION"
-ENV_DEVICE = settings.ENV_PREFIX + "DEVICE"
+ENV_DEVICE = settings.DEVICE_ENV
 ENV_OVERLAP = settings.ENV_PREFIX + "TORCH_OVERLAP"
 
 

@@ -6,10 +6,22 @@ import the library (and, with a transport that needs no verbs, run it).
 
 from __future__ import annotations
 
+import numbers
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from rxelab.errors import ConfigError
-from rxelab.settings import CONGESTION_ENV, CONGESTIONS, TRANSPORT_ENV, TRANSPORTS
+from rxelab.settings import (
+    CONGESTION_ENV,
+    CONGESTIONS,
+    DEVICE_ENV,
+    GID_INDEX_ENV,
+    IB_PORT_ENV,
+    TRANSPORT_ENV,
+    TRANSPORTS,
+)
 from rxelab.transports.base import Fabric
 
 # where pyverbs comes from (not PyPI), and what runs without it
@@ -26,6 +38,57 @@ def choose(given: str | None) -> str:
     if name not in TRANSPORTS:
         raise ConfigError(f"{said}: no such transport", hint=f"one of {', '.join(TRANSPORTS)}")
     return name
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a communicator opens its transport (None: the transport chooses). device: the
+    RDMA device (tcp, quic: the address to listen on); port and gid_index: the device's port
+    and the port's GID index, verbs only."""
+
+    device: str | None
+    port: int | None
+    gid_index: int | None
+
+
+LARGEST = 255  # a port number and a GID index are 8 bits in libibverbs' address handle
+
+
+def where(transport: str, device: Any = None, port: Any = None, gid_index: Any = None,
+          env: Mapping[str, str] | None = None) -> Where:
+    """init()'s device=, port=, gid_index=, else RXELAB_DEVICE, RXELAB_IB_PORT,
+    RXELAB_GID_INDEX (an argument wins over the environment): each checked, and named as it
+    was given when it is wrong."""
+    env = os.environ if env is None else env
+    if device is None:
+        device = env.get(DEVICE_ENV, "").strip() or None
+    elif not isinstance(device, str) or not device.strip():
+        raise ConfigError(f"device={device!r} must name an RDMA device (verbs) or an address "
+                          "(tcp, quic)")
+    return Where(device, _number("port", port, IB_PORT_ENV, 1, transport, env),
+                 _number("gid_index", gid_index, GID_INDEX_ENV, 0, transport, env))
+
+
+def _number(name: str, given: Any, variable: str, low: int, transport: str,
+            env: Mapping[str, str]) -> int | None:
+    meaning = "the RDMA device's port" if name == "port" else "the port's GID table index"
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, numbers.Integral) \
+                or not low <= int(given) <= LARGEST:
+            raise ConfigError(f"{name}={given!r}: {meaning}, a whole number from {low} to "
+                              f"{LARGEST}")
+        return int(given)
+    raw = env.get(variable, "").strip()
+    if not raw:
+        return None
+    if transport != "verbs":
+        raise ConfigError(f"{variable}={raw!r} chooses an RDMA port; transport {transport} has "
+                          "none", hint=f"unset {variable}, or use transport verbs")
+    value = int(raw) if raw.isascii() and raw.isdigit() else -1
+    if not low <= value <= LARGEST:
+        raise ConfigError(f"{variable}={raw!r}: {meaning}, a whole number from {low} to "
+                          f"{LARGEST}")
+    return value
 
 
 def load(name: str) -> None:

@@ -31,6 +31,10 @@ from pyverbs import enums as e
 from pyverbs.pyverbs_error import PyverbsRDMAError
 
 DEVICE = "fake0"
+# the devices the fake has, each its ports' states (port 1 first): a test may set others, e.g.
+# a management HCA whose port is DOWN beside a data HCA (enums.IBV_PORT_*)
+DEVICES: dict[str, tuple[int, ...]] = {DEVICE: (e.IBV_PORT_ACTIVE,)}
+GID_TABLE_LEN = 4  # every port's: index 0 link-local, 1 RoCE v2 IPv4, the rest empty
 MAX_INLINE = 256
 RNR_DELAY = 0.001
 

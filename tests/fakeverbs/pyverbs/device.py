@@ -12,7 +12,7 @@ class _Dev:
 
 
 def get_device_list() -> list[_Dev]:
-    return [_Dev(_fabric.DEVICE.encode())]
+    return [_Dev(name.encode()) for name in _fabric.DEVICES]
 
 
 @dataclass
@@ -32,18 +32,19 @@ class DeviceAttr:
 
 class Context:
     def __init__(self, name: str = "") -> None:
-        if name != _fabric.DEVICE:
+        if name not in _fabric.DEVICES:
             raise PyverbsRDMAError(f"Failed to open device {name}", 19)
         self.name = name
+        self.ports = _fabric.DEVICES[name]
         self.ip = _fabric.FABRIC.next_ip()
 
     def query_port(self, port: int) -> PortAttr:
-        if port != 1:
+        if not 1 <= port <= len(self.ports):
             raise PyverbsRDMAError(f"Failed to query port {port}", 22)
-        return PortAttr(e.IBV_PORT_ACTIVE, e.IBV_MTU_4096, 0, 4)
+        return PortAttr(self.ports[port - 1], e.IBV_MTU_4096, 0, _fabric.GID_TABLE_LEN)
 
     def query_device(self) -> DeviceAttr:
-        return DeviceAttr(max_cqe=65536, phys_port_cnt=1, max_qp_wr=16384)
+        return DeviceAttr(max_cqe=65536, phys_port_cnt=len(self.ports), max_qp_wr=16384)
 
     def query_gid(self, port: int, index: int) -> GID:
         if index == 0:
