@@ -1,5 +1,5 @@
-# rxelab: the testbed's entry points. Settings (declared in infra/lab_settings.py, listed in the
-# README): NODES IMAGE EXTRAS ACCEL MEM_MB DATA_NET MTU LAB SSH_PORT_BASE and the RXELAB_* ones.
+# rxelab: the testbed's entry points. Settings (declared in infra/lab_settings.py, listed in
+# docs/lab.md): NODES IMAGE EXTRAS ACCEL MEM_MB DATA_NET MTU LAB SSH_PORT_BASE and the RXELAB_* ones.
 PY := .venv/bin/python
 export NODES IMAGE EXTRAS ACCEL MEM_MB DATA_NET MTU LAB SSH_PORT_BASE INVENTORY
 export RXELAB_STATE RXELAB_CACHE RXELAB_STALL RXELAB_BOOT_TIMEOUT RXELAB_UBUNTU_URL RXELAB_UBUNTU_KEYRING RXELAB_APT_SOURCES
@@ -8,7 +8,7 @@ export RXELAB_ACCEPT_NEW_HOST_KEYS
 .PHONY: help check deps test-deps provision status boot-profile ssh destroy test test-unit test-slow
 help:
 	@echo "make check       # can this host run the lab? (Terraform or OpenTofu, Python, disk, memory; seconds)"
-	@echo "make provision   # boot the lab ($$($(PY) -m infra.lab_settings 2>/dev/null || python3 -m infra.lab_settings 2>/dev/null || echo 'settings: README'))"
+	@echo "make provision   # boot the lab ($$($(PY) -m infra.lab_settings 2>/dev/null || python3 -m infra.lab_settings 2>/dev/null || echo 'settings: docs/lab.md'))"
 	@echo "make status      # node, state, SSH endpoint, data IP, RDMA port state"
 	@echo "make boot-profile # where each node's boot went: kernel, systemd, cloud-init, readiness"
 	@echo "make ssh NODE=node1"

@@ -4,8 +4,8 @@ A user sets them as Make variables or environment variables (`make provision MTU
 `RXELAB_CACHE=/big/disk make provision`). From this table come the CLI flags and their
 defaults (infra/cli.py), LabConfig's defaults and its one check of each value (Setting.check,
 called by LabConfig), the experiment specs' MTU range (experiments/spec/__init__.py), the Makefile's
-help line (`python -m infra.lab_settings`) and the README's settings table (a test keeps the
-README equal to it, and the Makefile's export line complete).
+help line (`python -m infra.lab_settings`) and the settings table of docs/lab.md (a test keeps
+that page equal to it, and the Makefile's export line complete).
 
 Lab settings (with a `field`) shape a lab: `make provision` writes them once, as the lab's
 config file in its state directory, and Terraform is given only that directory and the
@@ -183,7 +183,7 @@ def value(name: str) -> object:
 
 
 def markdown_table() -> str:
-    """The README's settings table, exactly (a test keeps the README equal to it)."""
+    """docs/lab.md's settings table, exactly (a test keeps that page equal to it)."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
     for s in SETTINGS:
         allowed = ("; " + ", ".join(f"`{c}`" for c in s.choices)) if s.choices else (

@@ -1,7 +1,7 @@
 """Every option of init(), declared once: its type, range, default and meaning. init() checks
 what it is given against this table; the benchmark, the self-test and the demo app take their
-flags from it; experiment specs take the same names as keys; the README's table is this table
-(a test keeps them equal); and the options every rank must agree on travel in each rank's
+flags from it; experiment specs take the same names as keys; docs/library.md's table is this
+table (a test keeps them equal); and the options every rank must agree on travel in each rank's
 hello, so a job whose ranks disagree fails at init naming the option, not later with an RDMA
 error nobody can read.
 
@@ -187,7 +187,7 @@ def from_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def markdown_table() -> str:
-    """The README's table of init() options, exactly (a test keeps the README equal to it)."""
+    """docs/library.md's table of init() options, exactly (a test keeps that page equal to it)."""
     rows = ["| option | default | range | meaning |", "| --- | --- | --- | --- |"]
     for o in OPTIONS:
         agree = " Every rank must give the same value." if o.shared else ""

@@ -101,7 +101,7 @@ class Waits:
         core), and a rank that polls takes the CPU from the peers and from rxe, whose packet
         work runs in the kernel; on the 3-VM lab one spinning rank per VM made a 1 KiB
         all-to-all 2x slower, and 20 polls before sleeping 7 % slower, than sleeping at once
-        (measured; README). This loop runs once or twice per block on the hot path, so it does
+        (measured; docs/library.md). This loop runs once or twice per block on the hot path, so it does
         little: the clock is read only when a poll came back empty."""
         progress = self.progress
         box = self.box

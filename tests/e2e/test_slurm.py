@@ -76,7 +76,7 @@ def test_scancel_leaves_no_rank_behind(deployed):  # noqa: F811
 
 
 def test_open_mpi_starts_under_srun_with_pmix(deployed):  # noqa: F811
-    """Open MPI over TCP on the data network (UCX under srun is the README's open point)."""
+    """Open MPI over TCP on the data network (UCX under srun is the open point of docs/cluster.md)."""
     program = ("from mpi4py import MPI; import numpy as np; c = MPI.COMM_WORLD; "
                "a = np.full(c.size * 1024, c.rank, np.uint8); b = np.empty_like(a); "
                "c.Alltoall(a, b); print('ok', c.rank, int(b.sum()))")

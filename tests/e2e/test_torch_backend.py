@@ -118,7 +118,7 @@ def test_init_process_group_rxelab_under_torchrun(lab, has_torch):  # noqa: F811
         # torchrun runs a script: the job goes in a file of its own (torch 1.13's flags; on
         # Python 3.11 its default "0" for --redirects/--tee is lost: Flag no longer lists 0);
         # rxelab's torchrun: Debian 13's torch 2.6 has no libuv, and torchrun's own rendezvous
-        # asks for it (the README says so)
+        # asks for it (docs/pytorch.md says so)
         cmd = (f"f=$(mktemp --suffix .py) && printf %s {shlex.quote(TORCHRUN_JOB)} > $f && "
                f"timeout 300 {p['python']} -m rxelab.torch.torchrun --nnodes {len(lab.hosts)} "
                f"--nproc_per_node 1 --node_rank {i} --master_addr {lab.hosts[0].data_ip} "

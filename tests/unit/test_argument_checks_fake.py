@@ -1,4 +1,4 @@
-"""The library keeps the promises of its README (issue 16) about the arguments of a call, on the
+"""The library keeps the promises of its docs (issue 16) about the arguments of a call, on the
 in-memory fabric: one of the wrong type is a ConfigError naming it (#9), even after a valid call
 on the same buffers; numpy integers are integers; the communicator stays usable. Each test is
 named for a defect a second reader reproduced, and failed before it was mended."""

@@ -11,7 +11,7 @@ import fabfile
 from experiments import spec as spec_mod
 from experiments.simulation import spec as sim_spec
 from experiments.spec import did_you_mean, document
-from tests.unit.readme_tables import missing_tests
+from tests.unit.doc_tables import missing_tests
 
 REPO = Path(__file__).resolve().parents[2]
 FAB = Path(sys.executable).parent / "fab"
@@ -82,7 +82,7 @@ def test_a_report_that_cannot_be_written_keeps_the_results_and_says_how_to_retry
 
 
 def test_every_row_of_the_experiments_failure_table_names_tests_that_exist():
-    assert missing_tests("#### When things go wrong (running experiments)", 4) == []
+    assert missing_tests("## Running experiments", 4) == []
 
 
 def test_any_failure_of_the_report_keeps_the_run_s_verdict(tmp_path, capsys, monkeypatch):

@@ -1,4 +1,4 @@
-"""The library keeps the promises of its README (issue 16) about failures, on the in-memory
+"""The library keeps the promises of its docs (issue 16) about failures, on the in-memory
 fabric: a dead or failed rank is named on every rank at once (#4, #5), a hung one within a few
 deadlines; a slow transfer that moves, or a rank waiting its turn, is never cut off (#3). Each
 test is named for a defect a second reader reproduced, and failed before it was mended."""

@@ -1,5 +1,5 @@
-"""The library keeps the promises of its README (issue 16) about init's options, on the
-in-memory fabric: one table declares them (the README's and the bench's lists come from it);
+"""The library keeps the promises of its docs (issue 16) about init's options, on the
+in-memory fabric: one table declares them (docs/library.md's and the bench's lists come from it);
 each is checked and named when wrong; ranks that disagree on one all fail at init. Each test is
 named for a defect a second reader reproduced, and failed before it was mended."""
 
@@ -18,8 +18,8 @@ from infra.config import REPO
 from tests.unit.fakejob import run_ranks
 
 
-def test_the_readme_lists_the_options_of_init_as_the_table_declares_them():
-    assert settings.markdown_table() in (REPO / "README.md").read_text()
+def test_the_library_page_lists_the_options_of_init_as_the_table_declares_them():
+    assert settings.markdown_table() in (REPO / "docs" / "library.md").read_text()
 
 
 @pytest.mark.parametrize("option, value", [

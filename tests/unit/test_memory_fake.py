@@ -1,4 +1,4 @@
-"""The library keeps the promises of its README (issue 16) about memory, on the in-memory
+"""The library keeps the promises of its docs (issue 16) about memory, on the in-memory
 fabric: registrations stay right for views and exposed buffers and are let go of (#2, #7, #8);
 pin_limit is kept before anything is posted; peak_inflight counts a call's own blocks; after a
 rank gave up nobody writes into its memory (#1); a one-sided write needs no slot of the

@@ -1,6 +1,6 @@
 """The first cause of a failed call reaches every rank it concerns (issue 56, item 11): when
 one pair of an alltoallv disagrees on a rendezvous block's size, its receiver says so in the
-README's words, naming the sender, whoever's abort notice arrives first; the sender names the
+troubleshooting page's words, naming the sender, whoever's abort notice arrives first; the sender names the
 receiver and both counts; a bystander says which rank stopped and why. Over many seeds and
 delays of the in-memory fabric, every algorithm: once in three runs the receiver used to hear
 a bystander's notice first and report "rank 1 stopped the operation (rank 0 stopped)"."""

@@ -1,4 +1,4 @@
-"""The library keeps the promises of its README (issue 16) about who may call, on the in-memory
+"""The library keeps the promises of its docs (issue 16) about who may call, on the in-memory
 fabric: one call at a time on a communicator; what cannot work (point to point while requests
 are pending (#11), a second thread at once) is refused at once and clearly, never corrupted or
 deadlocked; one thread after another, and a close from another thread, work. Each test is named

@@ -1,4 +1,4 @@
-"""The library keeps the promise of its README (issue 16) that every rank ends a reduction with
+"""The library keeps the promise of its docs (issue 16) that every rank ends a reduction with
 the same bits (#12), on the in-memory fabric, even for complex products whose order matters.
 Each test is named for a defect a second reader reproduced, and failed before it was mended."""
 

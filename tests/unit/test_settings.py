@@ -1,5 +1,5 @@
 """The settings table is the one source: the CLI, LabConfig, the experiment specs' MTU check,
-the Makefile's pass-through and help and the README say what it says, and Terraform is not
+the Makefile's pass-through and help and the lab page (docs/lab.md) say what it says, and Terraform is not
 given the settings at all."""
 
 import re
@@ -45,8 +45,8 @@ def test_the_makefile_passes_every_setting_through():
     assert not missing, f"Makefile does not export {missing}"
 
 
-def test_the_readme_table_is_the_settings_table():
-    assert lab_settings.markdown_table() in (REPO / "README.md").read_text()
+def test_the_lab_page_s_table_is_the_settings_table():
+    assert lab_settings.markdown_table() in (REPO / "docs" / "lab.md").read_text()
 
 
 def test_cli_flags_and_defaults_come_from_the_table(monkeypatch):
@@ -132,14 +132,14 @@ print(json.dumps({
     "lab": [lab_accepts(v) for v in ("1500", "3000", "9000")],
     "spec": [spec_accepts(v) for v in (1500, 3000, 9000)],
     "help": lab_settings.make_help(),
-    "readme": lab_settings.markdown_table(),
+    "table": lab_settings.markdown_table(),
 }))
 """
 
 
 def test_the_mtu_range_and_default_have_one_source(tmp_path):
     """Changing the MTU's row in infra/lab_settings.py changes LabConfig's default, its check,
-    the experiment specs' check, `make help` and the README table: nothing restates them."""
+    the experiment specs' check, `make help` and the lab page's table: nothing restates them."""
     import json
     import os
     import subprocess
@@ -157,8 +157,8 @@ def test_the_mtu_range_and_default_have_one_source(tmp_path):
     assert got["spec"][1] == "accepted"
     for refused in (got["spec"][0], got["spec"][2]):
         assert "runs[0].mtu: must be from 2000 to 8000" in refused, refused
-    assert "MTU=4000" in got["help"] and "| `MTU` | 4000 |" in got["readme"] \
-        and "2000..8000" in got["readme"]
+    assert "MTU=4000" in got["help"] and "| `MTU` | 4000 |" in got["table"] \
+        and "2000..8000" in got["table"]
 
 
 def test_the_spec_format_says_the_tables_mtu_range():

@@ -17,7 +17,7 @@ from experiments.simulation import replayer
 from experiments.simulation import run as sim_run
 from experiments.simulation import spec as sim_spec
 from infra.config import REPO
-from tests.unit.readme_tables import missing_tests
+from tests.unit.doc_tables import missing_tests
 
 needs_simgrid = pytest.mark.skipif(
     not (replayer.HEADER.exists() and shutil.which("g++") and shutil.which("smpicc")),
@@ -142,6 +142,6 @@ def test_a_profile_not_calibrated_yet_says_how_to_make_it(tmp_path):
 
 
 def test_every_row_of_the_simulators_failure_table_names_tests_that_exist():
-    """The README's "when things go wrong (the simulator)" rows are contracts: each names the
+    """The simulator's "when things go wrong" rows (docs/troubleshooting.md) are contracts: each names the
     test that holds it, and that test exists."""
-    assert missing_tests("#### When things go wrong (the simulator)", 7) == []
+    assert missing_tests("## The simulator", 7) == []
