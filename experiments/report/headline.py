@@ -32,9 +32,9 @@ TITLES = {"mpi-ucx": "MPI over UCX", "mpi-tcp": "MPI over TCP", "gloo": "Gloo",
 
 
 def contender_title(contender: str) -> str:
-    """A contender as a reader says it (experiments.spec.contender names them): MPI over UCX,
-    Gloo, rxelab over tcp, rxelab over tcp, eager limit 0, zstd; a name it does not know, as
-    it is."""
+    """A contender as a reader says it, not as experiments.spec.contender spells it: MPI over
+    UCX (mpi-ucx), Gloo, rxelab over tcp (rxelab-tcp), "rxelab over tcp, eager limit 0, zstd";
+    a name it does not know, as it is."""
     if contender in TITLES:
         return TITLES[contender]
     first, *parts = contender.split("-")
@@ -89,7 +89,7 @@ class Rival:
         several sizes: of their geometric mean, "on the whole" where sizes differ)."""
         said = time_change(self.ratio) + (f" (geometric mean of {self.sizes} sizes)"
                                           if self.sizes > 1 else "")
-        if self.ratio == 1 or time_change(self.ratio) == "the same time":
+        if time_change(self.ratio) == "the same time":
             return said
         if not self.judged:
             return f"{said}, {'faster' if self.ratio < 1 else 'slower'} in one round (not judged)"
