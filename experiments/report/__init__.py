@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import jinja2
-from rxelab import ops, perftest
+from rxelab import ops
 
 from experiments.readable import size_text
-from experiments.report import compression, ddp, elastic, long_haul, plots
+from experiments.report import compression, ddp, elastic, headline, link, long_haul, plots
 from experiments.report import view as view
-from experiments.report.run_facts import facts, how_nodes_ran, mpi_rdma_note, text
+from experiments.report.run_facts import facts, how_nodes_ran, mpi_rdma_note, run_status, text
 from experiments.report.summary import BACK_TO_BACK, peak_to_mean, summary_lines
 from experiments.report.view import Row
 from experiments.running import counters
@@ -99,7 +99,7 @@ def rows(records: list[Record]) -> list[Row]:
             mode=BACK_TO_BACK if r.tight else "stages", data=r.data or "pattern",
             compression=r.compression or "none", ratio=got.compression_ratio,
             codec_ms_per_MiB=got.codec_ms_per_MiB, wire_per_call=got.wire_bytes_per_call,
-            cpu_us=cpu_per_call(got), round=r.round, rounds=1))
+            cpu_us=cpu_per_call(got), round=r.round, rounds=1, over_rxe=link.over_rxe(r)))
     return out
 
 
@@ -120,10 +120,11 @@ def network(imp: netem.Impairment, busy: list[str] | None) -> str:
 
 
 def medians(flat: list[Row]) -> list[Row]:
-    """One row per case: of a case run in several rounds, the round with the median time (the
-    lower middle of an even count) among its rounds that ended ok (all of them when none did),
-    which says how many rounds it is the median of and their range. Rows of one round are
-    each their own median."""
+    """One row per case: of a case run in several rounds, the round it stands for among its
+    rounds that ended ok (all of them when none did): the median, and of an even count the
+    faster of the two middle rounds (view.MIDDLE_ROUND: a real round, whose every figure is
+    that round's), with how many rounds there were and their range. Rows of one round are
+    each their own."""
     by_case: dict[tuple[object, ...], list[Row]] = defaultdict(list)
     for r in flat:  # a case's number, and what it is (records put together by hand keep apart)
         by_case[(r.case, r.contender, r.op, r.algorithm, r.nodes, r.ranks, r.pairs, r.size,
@@ -137,44 +138,8 @@ def medians(flat: list[Row]) -> list[Row]:
     return out
 
 
-def link_share(flat: list[Row], link_MBps: float | None) -> None:
-    """Each row's "% of link": the bytes each rank must send (and receive) for its collective
-    over the rate the link carries (`share_rate`): busbw over that rate (nccl-tests' busbw is
-    exactly those bytes per second). One rank per node only: ranks sharing a node share its
-    link."""
-    for r in flat:
-        alone = r.ranks == r.nodes
-        r.link_pct = 100 * r.busbw / link_MBps if link_MBps and alone and r.busbw else None
-
-
-def link_rate(records: list[Record], tool: str = "ib_write_bw") -> float | None:
-    """The link's rate in this run (MB/s): the tool's best between two nodes, where it ran
-    (ib_write_bw_bidir's is both directions' sum; a pair on one node is rxe's loopback, not
-    the link)."""
-    limit = [bw for r in records
-             if r.app == "perftest" and r.algorithm == tool and r.nodes != 1
-             and (bw := r.summary and r.summary.bw_MBps)]
-    return max(limit) if limit else None
-
-
-def share_rate(records: list[Record]) -> tuple[float | None, str]:
-    """What "% of link" divides by, and how to say it. Every rank of a collective sends and
-    receives at once, and rxe spends the CPU of both ends on every byte, so where the run
-    measured both directions at once (ib_write_bw -b) the rate is each direction's share of
-    that; else one direction alone (ib_write_bw), which a collective cannot reach."""
-    both, one = link_rate(records, perftest.BIDIR), link_rate(records, "ib_write_bw")
-    if both:
-        alone = f"; one direction alone {one:.1f} MB/s" if one else ""
-        return both / 2, (f"% of link: busbw over {both / 2:.1f} MB/s, each direction's share of "
-                          f"{perftest.command(perftest.BIDIR)} (both directions at once, as in a "
-                          f"collective){alone}")
-    if one:
-        return one, f"% of link: busbw over ib_write_bw's {one:.1f} MB/s (one direction alone)"
-    return None, ""
-
-
 def figures(flat: list[Row], records: list[Record], loads: list[Load]) -> dict[str, bytes]:
-    out = plots.size_scaling(flat, link_rate(records))
+    out = plots.size_scaling(flat, link.measured(records))
     load_ratio: dict[int, float] = {}
     for entry in loads:
         ratio = peak_to_mean(entry.samples)[2]
@@ -226,8 +191,8 @@ SCENARIOS: tuple[ScenarioReport, ...] = (elastic, ddp)
 def write(results: Path) -> tuple[Path, Path]:
     env, records, loads = load(results)
     flat = medians(rows(records))
-    rate, rate_note = share_rate(records)
-    link_share(flat, rate)
+    measured = link.measured(records)
+    link.share(flat, measured)
     images = figures(flat, records, loads)
     summary = summary_lines(flat, records, loads)
     sections = []
@@ -260,19 +225,20 @@ def write(results: Path) -> tuple[Path, Path]:
                          "ratio-to-ucx.png") if n in images]
     page = {
         "title": f"rxelab report: {text(env.spec) or results.name}",
-        "constants": [(head, value) for _, head, value in shared],
-        "headlines": view.headlines(flat, {k for k, _, _ in shared}),
+        "constants": [(head, value) for key, head, value in shared if key != "status"]
+        + [("status", run_status(env, records))],
+        "headlines": headline.headlines(flat, {k for k, _, _ in shared}),
         "note": how_nodes_ran(env)[1], "sections": sections,
         "incomplete": not env.complete,
         "tables": view.compact(flat, {k for k, _, _ in shared}),
         "cpu_tables": view.cpu_tables(flat, {k for k, _, _ in shared}),
-        "summary": summary, "facts": facts(env, results) + ([rate_note] if rate_note else []),
+        "summary": summary, "facts": facts(env, results), "middle_round": view.MIDDLE_ROUND,
         "seed": {"counts": counts, "rows": seed_rows} if seed_rows else None,
         "perf": [(r.algorithm, size_text(r.size), _perf(r.summary))
                  for r in records if r.app == "perftest" and r.summary],
         "full": dict(zip(("head", "rows"), view.full_table(flat, {h for _, h, _ in shared}),
                          strict=True)) if flat else None,
-        "mpi_note": mpi_rdma_note(env), "full_note": view.NOTE_FULL}
+        "mpi_note": mpi_rdma_note(env), "full_note": view.NOTE_FULL, "link_note": measured.note}
     md_path, html_path = results / "report.md", results / "report.html"
     md_path.write_text(_template("report.md.j2", markdown=True).render(
         **page, images=bool(images), image_names=[*first, *(n for n in images if n not in first)]))

@@ -4,8 +4,8 @@ fails; where quic beats tcp and rxe, and by how much; what bf16 on the wire buys
 seeds' three claims held against those figures. Only cases on a delayed link count (a netem
 delay): a loss-only study (spec lossy) is the Summary's.
 
-Reads the report's rows (one per case: its rounds' median) and, for a case that ended without
-figures in every round, its records.
+Reads the report's rows (one per case: the round it stands for, view.MIDDLE_ROUND) and, for a
+case that ended without figures in every round, its records.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def link_label(link: tuple[float, float]) -> str:
 
 
 def points(flat: list[Row], records: list[Any]) -> list[Point]:
-    """Every case on a delayed link: the rows' medians, then the cases with no figures at all."""
+    """Every case on a delayed link: the rows (each its case's middle round), then the cases with
+    no figures at all."""
     out = [Point(r.contender, r.op, r.size, r.rtt_ms, r.loss,
                  r.avg_us / 1e3 if r.status == "ok" else None, r.status)
            for r in flat if r.rtt_ms > 0]

@@ -9,16 +9,20 @@ contender degrades under loss.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 from rxelab import ops
 
 from experiments.readable import size_text
 from experiments.report.figure_style import legend_outside, plain_log, png, size_axis
 from experiments.report.figure_style import style as series_style
+from experiments.report.headline import contender_title
+from experiments.report.link import NOT_OVER_RXE, Link
 from experiments.report.summary import load_moved
 from experiments.report.view import Row, spread
 from experiments.running.records import Load, Record, Sample
@@ -52,8 +56,11 @@ def _by(rows: list[Row], *keys: str) -> dict[tuple, list[Row]]:
     return out
 
 
-def size_scaling(flat: list[Row], link_MBps: float | None) -> dict[str, bytes]:
-    """Latency and busbw against size, one figure per (op, nodes, network, MTU)."""
+def size_scaling(flat: list[Row], link: Link) -> dict[str, bytes]:
+    """Latency and busbw against size, one figure per (op, nodes, network, MTU), both on log
+    axes (a curve that is small at 1 KiB stays apart from its neighbours); the busbw figure
+    draws the link's line (report/link.py, the line "% of link" divides by) and marks the
+    series rxe did not carry, which that line does not bound."""
     out: dict[str, bytes] = {}
     for (op, nodes, net, mtu), rs in sorted(_by(flat, "op", "nodes", "network", "active_mtu").items(),
                                             key=lambda kv: str(kv[0])):
@@ -66,19 +73,23 @@ def size_scaling(flat: list[Row], link_MBps: float | None) -> dict[str, bytes]:
             fig, ax = plt.subplots(figsize=(6.5, 4))
             modes = len({r.mode for r in rs}) > 1
             for label, series in sorted(_by(rs, "contender", "algorithm", "mode").items()):
-                series.sort(key=lambda r: r.size)
+                series = sorted((r for r in series if getattr(r, metric) > 0), key=lambda r: r.size)
+                if not series:
+                    continue
                 scale = 1e3 if metric == "avg_us" else 1.0
+                apart = f" ({NOT_OVER_RXE})" if name == "busbw" and link.rate_MBps \
+                    and not series[0].over_rxe else ""
                 ax.errorbar([r.size for r in series], [getattr(r, metric) / scale for r in series],
                             yerr=_yerr(series, scale) if metric == "avg_us" else None, capsize=2,
-                            label=" ".join(label if modes else label[:2]), **_style(series[0]))
-            if name == "busbw" and link_MBps:
-                ax.axhline(link_MBps, color="grey", linestyle=":", label="perftest ib_write_bw")
+                            label=" ".join(label if modes else label[:2]) + apart,
+                            **_style(series[0]))
+            if name == "busbw" and link.rate_MBps:
+                ax.axhline(link.rate_MBps, color="grey", linestyle=":", label=link.label)
             described = ops.COLLECTIVES.get(op)
             size_axis(ax, {r.size for r in rs}, described.axis if described else "bytes")
-            if name == "latency":
-                ax.set_yscale("log")
-                plain_log(ax)
-            ax.set_ylabel(ylabel)
+            ax.set_yscale("log")
+            plain_log(ax)
+            ax.set_ylabel(ylabel + " (log scale)")
             ax.set_title(f"{op}, {nodes} nodes, network: {net}"
                          + (f", RoCE MTU {mtu}" if mtu != "-" else "")
                          + (" (bars: rounds' min-max)" if name == "latency" and
@@ -90,7 +101,7 @@ def size_scaling(flat: list[Row], link_MBps: float | None) -> dict[str, bytes]:
 
 
 def ratio_to(flat: list[Row], rival: str) -> bytes | None:
-    """Each contender's time per call over the rival's (mpi-ucx) at the same size, op, nodes,
+    """Each contender's time per call over the rival's (mpi-ucx: MPI over UCX) at the same size, op, nodes,
     network, MTU and way of calling: below 1 is faster. One panel per op."""
     theirs = {(r.op, r.nodes, r.network, r.active_mtu, r.mode, r.size): r
               for r in flat if r.contender == rival and r.status == "ok"
@@ -118,9 +129,9 @@ def ratio_to(flat: list[Row], rival: str) -> bytes | None:
         ax.axhline(1.0, color="grey", linestyle=":")
         described = ops.COLLECTIVES.get(op)
         size_axis(ax, {r.size for r in rs}, described.axis if described else "bytes")
-        ax.set_ylabel(f"time per call / {rival}'s")
-        ax.set_title(f"{op}: time relative to {rival} (below 1: faster; bars: rounds' spread)",
-                     fontsize=9)
+        ax.set_ylabel(f"time per call / {contender_title(rival)}'s")
+        ax.set_title(f"{op}: time relative to {contender_title(rival)} (below 1: faster; bars: "
+                     "rounds' spread)", fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
         legend_outside(ax)
     return png(fig)
@@ -128,8 +139,9 @@ def ratio_to(flat: list[Row], rival: str) -> bytes | None:
 
 def memory(flat: list[Row]) -> bytes | None:
     """Peak pinned memory and peak bytes in flight, grouped by algorithm, one bar colour per
-    size (or stage count where sizes are equal), on a log axis so that 1 KiB's bars show
-    beside 1 MiB's."""
+    size (or stage count where sizes are equal), on a log axis that starts a factor 4 below the
+    smallest bar, so that 1 KiB's bars show beside 1 MiB's and two equal bars read as equal;
+    each bar says its value."""
     rows = [r for r in flat if r.peak_inflight is not None]
     if not rows:
         return None
@@ -141,18 +153,27 @@ def memory(flat: list[Row]) -> bytes | None:
     colours = plt.get_cmap("viridis")
     for ax, metric, title in ((axes[0], "peak_pinned", "peak pinned memory"),
                               (axes[1], "peak_inflight", "peak bytes in flight")):
+        ax.set_yscale("log", base=2)
+        shown = [float(v) for r in rows if (v := getattr(r, metric))]
         for k, v in enumerate(variants):
             heights = []
             for a in algos:
                 match = [getattr(r, metric) for r in rows if f"{r.op}/{r.algorithm}" == a
                          and getattr(r, variant) == v and getattr(r, metric)]
-                heights.append(max(match) / 2**20 if match else float("nan"))
-            ax.bar([i - 0.4 + width * (k + 0.5) for i in range(len(algos))], heights, width,
-                   color=colours(k / max(1, len(variants) - 1) * 0.9),
-                   label=size_text(v) if variant == "size" else f"{v} stages")
+                heights.append(float(max(match)) if match else float("nan"))
+            bars = ax.bar([i - 0.4 + width * (k + 0.5) for i in range(len(algos))], heights, width,
+                          color=colours(k / max(1, len(variants) - 1) * 0.9),
+                          label=size_text(v) if variant == "size" else f"{v} stages")
+            ax.bar_label(bars, [size_text(h) if math.isfinite(h) else "" for h in heights],
+                         rotation=90, fontsize=6, padding=2)
+        if shown:  # from a factor 4 below the smallest bar; room above the tallest's label
+            ax.set_ylim(2 ** (math.floor(math.log2(min(shown))) - 2),
+                        2 ** (math.ceil(math.log2(max(shown))) + 3))
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=2, numticks=8))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: size_text(y)))
+        ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xticks(range(len(algos)), algos, rotation=25, ha="right", fontsize=8)
-        ax.set_yscale("log")
-        ax.set_ylabel("MiB (log scale)")
+        ax.set_ylabel("bytes (log scale)")
         ax.set_title(title, fontsize=9)
         ax.grid(True, axis="y", which="major", alpha=0.3)
     legend_outside(axes[1], title="size per peer" if variant == "size" else None)

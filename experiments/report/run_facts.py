@@ -5,10 +5,11 @@ versions, the RDMA devices and UCX settings of the MPI rows, the launcher, Gloo'
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 from experiments.running import commands
-from experiments.running.records import Environment
+from experiments.running.records import Environment, Record
 
 EMULATION_NOTE = ("Absolute numbers here come from VMs under emulation (TCG) and are not hardware "
                   "numbers; the ratios between algorithms measured in the same run are what carry over.")
@@ -147,6 +148,22 @@ def facts(env: Environment, results: Path) -> list[str]:
         " ".join(f"{k}={v}" for k, v in settings.items()) if settings else UNKNOWN))
     out.append(gloo_fact(env))
     return out
+
+
+def run_status(env: Environment, records: list[Record]) -> str:
+    """The run's status as the header says it, agreeing with the INCOMPLETE banner and the
+    findings: complete or not, then how many of its cases ended ok and how the others ended
+    (a case not run, for a contender the nodes lack, is no failure). The rows' own status
+    cannot say it: a case that failed left no row."""
+    said, cases = ("complete", "cases") if env.complete else ("INCOMPLETE", "cases it recorded")
+    ended = Counter(r.status for r in records)
+    ok, skipped = ended.pop("ok", 0), ended.pop("skipped", 0)
+    if not ended and not skipped and records:
+        return f"{said}: all {ok} {cases} ok"
+    others = [f"{n} {status}" for status, n in sorted(ended.items())]
+    every = f"{len(records)} {cases}" if env.complete else f"the {len(records)} {cases}"
+    return ", ".join([f"{said}: {ok} of {every} ok", *others,
+                      *([f"{skipped} not run"] if skipped else [])])
 
 
 LAUNCHED_BY = {"ssh": "ssh (our launcher, and mpirun, over SSH)",

@@ -10,7 +10,8 @@ from rxelab import ops
 
 from experiments.readable import ms_text, size_text
 from experiments.report import compression
-from experiments.report.view import Row, order, ours_, overlap
+from experiments.report.headline import contender_title, time_change
+from experiments.report.view import Row, middle_of, order, ours_, overlap
 from experiments.running import counters
 from experiments.running.records import Load, Record, Sample
 from experiments.spec import contender, netem
@@ -88,13 +89,14 @@ def summary_lines(flat: list[Row], records: list[Record], loads: list[Load]) -> 
             theirs = min((r for r in rs if r.contender == rival), key=lambda r: r.avg_us,
                          default=None)
             if ours and theirs and theirs.avg_us:
-                ratios.append(f"{ours.avg_us / theirs.avg_us:.2f}x {rival}'s time"
-                              + (" (inside the rounds' spread)" if overlap(ours, theirs) else ""))
+                x = ours.avg_us / theirs.avg_us
+                ratios.append(f"{x:.2f}x the time of {contender_title(rival)} ({time_change(x)}"
+                              + (", inside the rounds' spread)" if overlap(ours, theirs) else ")"))
         ours_rows = [r for r in rs if ours_(r)]  # sorted: the first is the best
         share = ours_rows[0].link_pct if ours_rows else None
-        rounds = f" (medians of {best.rounds} rounds)" if best.rounds > 1 else ""
+        rounds = f" (times: {middle_of(best.rounds)})" if best.rounds > 1 else ""
         lines.append(text + (f"; best rxelab takes {' and '.join(ratios)}" if ratios else "")
-                     + (f", {share:.0f} % of the link" if share is not None else "") + rounds + ".")
+                     + (f", at {share:.0f} % of the link" if share is not None else "") + rounds + ".")
     moved = defaultdict(list)
     for rec in records:
         if rec.rxe and rec.app != "perftest":

@@ -1,15 +1,13 @@
 """What the report shows, in the order a reader wants it, built once from the flat rows for both
-templates (report.html.j2, report.md.j2): the headline (per collective, the best rxelab
-algorithm against each contender as a ratio with the rounds' spread), compact tables (a row per
-size, contenders side by side), the constants every row shares, and the full table without
-them. A difference inside the rounds' spread is marked as such, never called a win."""
+templates (report.html.j2, report.md.j2): compact tables (a row per size, contenders side by
+side), the constants every row shares, and the full table without them (the headline above
+them is report/headline.py's). A difference inside the rounds' spread is marked as such, never
+called a win."""
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from experiments.readable import ms_text, size_text
 
@@ -17,8 +15,8 @@ from experiments.readable import ms_text, size_text
 @dataclass
 class Row:
     """A case's figures as the report shows them, one per round (experiments.report.rows makes
-    them from the records); of a case run in rounds, report.medians keeps its median round's,
-    with how many rounds it is the median of and their range."""
+    them from the records); of a case run in rounds, report.medians keeps the round it stands
+    for (MIDDLE_ROUND), with how many rounds there were and their range."""
 
     contender: str  # experiments.spec.contender
     app: str
@@ -58,7 +56,9 @@ class Row:
     rounds: int = 1
     round_min_us: float | None = None
     round_max_us: float | None = None
-    link_pct: float | None = None  # report.link_share's
+    link_pct: float | None = None  # report/link.py's share
+    link_note: str = ""  # ...or why a row has none (not over rxe)
+    over_rxe: bool = True  # rxe carried its bytes (report/link.py's over_rxe)
     cpu_us: float | None = None  # rank 0's user + system CPU per call
 
 
@@ -82,9 +82,22 @@ FULL_COLUMNS: list[tuple[str, str, str]] = [
     ("retries", "rxe retries", "text"), ("status", "status", "text")]
 CONSTANT_KEYS = ("op", "nodes", "ranks", "pairs", "stages", "mode", "rounds", "data", "network",
                  "compression", "active_mtu", "wrong", "status")
-NOTE_FULL = ("ms per call: the slowest rank's average over the calls of the median round; "
+# the round a case of several rounds stands for, as every table and line of the report says it
+MIDDLE_ROUND = ("each case's median round; of an even count of rounds, the faster of the two "
+                "middle ones (of 2 rounds, the faster)")
+NOTE_FULL = ("ms per call: the slowest rank's average over the calls of its round (rounds: "
+             f"{MIDDLE_ROUND}); "
              "fastest/slowest call: over those calls (the bench's own Min/Max Latency are over "
              "ranks, as OSU's -f); rounds' range: the lowest and highest round's ms per call.")
+
+
+def middle_of(rounds: int) -> str:
+    """Which of a case's rounds its row is, in a few words (MIDDLE_ROUND)."""
+    if rounds % 2:
+        return f"the median of {rounds} rounds"
+    if rounds == 2:
+        return "the faster of 2 rounds"
+    return f"the faster middle one of {rounds} rounds"
 
 
 def series_name(r: Row) -> str:
@@ -120,6 +133,8 @@ def range_text(r: Row) -> str:
 def _value(r: Row, key: str, how: str) -> str:
     if key == "spread":
         return range_text(r)
+    if key == "link_pct" and r.link_pct is None and r.link_note:
+        return r.link_note
     v = getattr(r, key)  # a column of FULL_COLUMNS: a field of Row
     if v is None or v == "":
         return "-"
@@ -146,25 +161,6 @@ class Table:
     series: list[str]
     rows: list[tuple[str, list[Cell | None]]]  # (size, a cell per series)
 
-
-@dataclass
-class Rival:
-    name: str
-    ratio: float  # best rxelab's time over the rival's: geometric mean over sizes
-    low: float  # ...of our fastest round over their slowest, per size
-    high: float  # ...of our slowest round over their fastest
-    sizes: int
-    faster: int  # sizes where even the spread's worst case is faster
-    slower: int
-    words: str = ""
-
-
-@dataclass
-class Headline:
-    title: str
-    best: str  # the rxelab algorithm(s) that won, and where
-    rivals: list[Rival] = field(default_factory=list)
-    words: str = ""  # with no rival: how the algorithms stand
 
 
 def settings(flat: list[Row]) -> dict[tuple, list[Row]]:
@@ -249,7 +245,7 @@ def compact(flat: list[Row], shared: set[str]) -> list[Table]:
 
 
 def cpu_tables(flat: list[Row], shared: set[str]) -> list[Table]:
-    """compact's tables with rank 0's CPU per call (user + system, of the median round) in
+    """compact's tables with rank 0's CPU per call (user + system, of MIDDLE_ROUND) in
     place of time: under TCG a call's time is mostly CPU, so a contender that is slower and
     busier is CPU-bound, one slower but idle waits on something. None when no case said it."""
     if not any(r.cpu_us is not None for r in flat):
@@ -267,101 +263,6 @@ def cpu_tables(flat: list[Row], shared: set[str]) -> list[Table]:
         out.append(Table(title, names, rows))
     return out
 
-
-def _geo(xs: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(x) for x in xs))
-
-
-def headlines(flat: list[Row], shared: set[str]) -> list[Headline]:
-    """Per setting on a clean network: the best rxelab algorithm at each size against each
-    other contender's best there."""
-    out = []
-    timed = [r for r in flat if r.status == "ok" and r.avg_us > 0 and spread(r)[0] > 0]
-    for key, rs in settings(timed).items():
-        if dict(zip(SETTING, key, strict=True))["network"] not in ("none", None):
-            continue
-        ours = [r for r in rs if ours_(r)]
-        if not ours:
-            continue
-        sizes = sorted({r.size for r in ours})
-        best = {s: min((r for r in ours if r.size == s), key=lambda r: r.avg_us) for s in sizes}
-        wins: dict[str, list[int]] = defaultdict(list)
-        for s, r in best.items():
-            wins[series_name(r).removeprefix("rxelab ")].append(s)
-        who = "; ".join(f"{name} at {_sizes(ss, len(sizes))}"
-                        for name, ss in sorted(wins.items(), key=lambda kv: -len(kv[1])))
-        h = Headline(setting_title(key, shared), who)
-        for rival in sorted({r.contender for r in rs if not ours_(r)}):
-            pairs = []
-            for s in sizes:
-                theirs = [r for r in rs if r.contender == rival and r.size == s]
-                if theirs:
-                    pairs.append((s, best[s], min(theirs, key=lambda r: r.avg_us)))
-            if pairs:
-                h.rivals.append(_rival(rival, pairs))
-        if not h.rivals:
-            h.words = _alone(ours, sizes)
-        out.append(h)
-    return out
-
-
-def _rival(name: str, pairs: list[tuple[int, Row, Row]]) -> Rival:
-    """Our best over theirs at each size; a size counts as won or lost only where the ratio
-    stays on one side of 1 from our fastest round over their slowest to our slowest over their
-    fastest, and is judged only where both ran in several rounds."""
-    ratios, lows, highs, faster, slower, judged = [], [], [], 0, 0, 0
-    for _, mine, theirs in pairs:
-        (mlo, mhi), (tlo, thi) = spread(mine), spread(theirs)
-        ratios.append(mine.avg_us / theirs.avg_us)
-        lows.append(mlo / thi)
-        highs.append(mhi / tlo)
-        if mine.rounds > 1 and theirs.rounds > 1:
-            judged += 1
-            faster += highs[-1] < 1
-            slower += lows[-1] > 1
-    rival = Rival(name, _geo(ratios), _geo(lows), _geo(highs), len(pairs), faster, slower)
-    n = len(pairs)
-    if n == 1:
-        where = f"at {size_text(pairs[0][0])}"
-    else:
-        k_lo = min(range(n), key=ratios.__getitem__)
-        k_hi = max(range(n), key=ratios.__getitem__)
-        where = (f"geometric mean of {n} sizes, from {ratios[k_lo]:.2f}x at "
-                 f"{size_text(pairs[k_lo][0])} to {ratios[k_hi]:.2f}x at {size_text(pairs[k_hi][0])}")
-    if not judged:
-        verdict = "one round: no spread to judge by"
-    else:
-        inside = judged - faster - slower
-        parts = [f"faster beyond the rounds' spread at {faster} of {n}" if faster else "",
-                 f"slower beyond the rounds' spread at {slower} of {n}" if slower else "",
-                 f"inside the rounds' spread (no real difference) at {inside} of {n}"
-                 if inside else "",
-                 f"one round, not judged, at {n - judged} of {n}" if judged < n else ""]
-        verdict = "; ".join(p for p in parts if p) + (f" (rounds: {rival.low:.2f}x-"
-                                                      f"{rival.high:.2f}x)")
-    rival.words = f"{where}; {verdict}"
-    return rival
-
-
-def _alone(ours: list[Row], sizes: list[int]) -> str:
-    """With nothing to compare with: the best rxelab algorithm against the runner-up."""
-    parts = []
-    for s in sizes:
-        here = sorted((r for r in ours if r.size == s), key=lambda r: r.avg_us)
-        if len(here) < 2:
-            continue
-        first, second = here[0], here[1]
-        name = lambda r: series_name(r).removeprefix("rxelab ")  # noqa: E731
-        parts.append(f"{size_text(s)}: {name(first)} {second.avg_us / first.avg_us:.2f}x "
-                     f"faster than {name(second)}"
-                     + (" (inside the spread)" if overlap(first, second) else ""))
-    return "; ".join(parts) or "one algorithm only"
-
-
-def _sizes(ss: list[int], total: int) -> str:
-    if len(ss) == total and total > 1:
-        return "every size"
-    return ", ".join(size_text(s) for s in ss)
 
 
 def full_table(flat: list[Row], shared_heads: set[str]) -> tuple[list[str], list[list[str]]]:

@@ -70,7 +70,7 @@ def test_the_report_reads_at_a_glance_in_a_real_browser(browser, tmp_path):
     assert seen["headline"], "a headline"
     top, bottom, words = seen["headline"][0]
     assert 0 <= top and bottom <= HEIGHT, "the first headline is above the fold, whole"
-    assert "Best rxelab algorithm:" in words and "x mpi-ucx's time" in words
+    assert "Best rxelab algorithm:" in words and "x the time of MPI over UCX: " in words
     assert "rounds' spread" in words and "(rounds: " in words, "the ratio comes with its spread"
     for t in seen["tables"]:
         assert t["box"] <= window, "no table's box reaches past the window"

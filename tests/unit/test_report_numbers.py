@@ -1,7 +1,9 @@
 """The report's numbers, from results recorded once on the 3-node lab: bus bandwidth follows
-each collective's model, a case run in rounds counts its median, and the share of the link is
-taken of the rate perftest measured (of each direction's share when both ways were)."""
+each collective's model, and a case run in rounds counts its median round, of an even count the
+faster of the two middle ones, and every page says so (the share of the link:
+test_report_link.py)."""
 
+import html
 import json
 
 import pytest
@@ -62,7 +64,7 @@ def test_rounds_give_each_case_its_median(results):
                r.round_max_us == pytest.approx(once[r.case] * 7.0) for r in flat), \
         "each case keeps its rounds' range"
     md = report.write(results)[1].read_text()
-    assert "(medians of 3 rounds)" in md and md.count("| rxelab | parallel |") == 2
+    assert "(times: the median of 3 rounds)" in md and md.count("| rxelab | parallel |") == 2
     parallel_1k = next(r for r in flat if r.algorithm == "parallel" and r.size == 1024)
     assert (parallel_1k.avg_us, parallel_1k.round_min_us, parallel_1k.round_max_us) == \
         pytest.approx((87558, 67353, 471469), rel=1e-4), "the fixture's 67.35 ms, 1.3x and 7x"
@@ -71,42 +73,20 @@ def test_rounds_give_each_case_its_median(results):
 
 
 @pytest.mark.slow
-def test_share_of_the_link_and_the_ratio_to_ucx(results):
+def test_the_round_of_an_even_count_is_said_as_what_it_is(results):
+    """Of two rounds the row is the faster one: no page calls that a median."""
     records = report.load(results)[1]
-    link = report.link_rate(records)
-    assert link == pytest.approx(7.854875)
-    flat = report.rows(records)
-    report.link_share(flat, link)
-    big = next(r for r in flat if r.algorithm == "parallel" and r.size == 262144)
-    # each rank moves 2 x 256 KiB each way; busbw is those bytes over the time
-    assert big.link_pct == pytest.approx(100 * 2 * 262144 / (big.avg_us / 1e6) / 1e6 / link)
-    assert report.plots.ratio_to(flat, "mpi-ucx") is None, "no UCX rows, nothing to divide by"
-    ucx = [_with(r, transport="ucx") if r.app == "mpi" else r for r in records]
-    png = report.plots.ratio_to(report.rows(ucx), "mpi-ucx")
-    assert png and png.startswith(b"\x89PNG") and len(png) > 5000
-    (results / "records.jsonl").write_text("\n".join(r.to_json() for r in ucx) + "\n")
-    md = report.write(results)[1].read_text()
-    assert "ratio-to-ucx.png" in md and "% of the link" in md and "% of link" in md
-
-
-@pytest.mark.slow
-def test_the_share_of_the_link_is_of_each_direction_s_share_when_both_ways_were_measured(results):
-    records = report.load(results)[1]
-    one = report.link_rate(records)
-    assert report.share_rate(records)[0] == pytest.approx(one), "one way only: its rate"
-    perf = next(r for r in records if r.app == "perftest" and r.algorithm == "ib_write_bw")
-    both = _with(perf, case=999, algorithm="ib_write_bw_bidir",
-                 summary={**json.loads(perf.to_json())["summary"], "bw_MBps": 1.5 * one})
-    rate, said = report.share_rate([*records, both])
-    assert rate == pytest.approx(0.75 * one), "each direction's half of the sum"
-    assert "ib_write_bw -b" in said and f"{one:.1f}" in said
-    (results / "records.jsonl").write_text("\n".join(r.to_json() for r in [*records, both]) + "\n")
-    md = report.write(results)[1].read_text()
-    assert f"busbw over {0.75 * one:.1f} MB/s" in md
-    flat = report.rows(records)
-    report.link_share(flat, rate)
-    big = next(r for r in flat if r.algorithm == "parallel" and r.size == 262144)
-    assert big.link_pct == pytest.approx(100 * big.busbw / (0.75 * one))
+    (results / "records.jsonl").write_text(
+        "\n".join(r.to_json() for r in _rounds(records, [2.0, 1.0])) + "\n")
+    html_path, md_path = report.write(results)
+    md, page = md_path.read_text(), html.unescape(html_path.read_text())
+    assert "(times: the faster of 2 rounds)" in md and "medians of" not in md
+    said = "each case's median round; of an even count of rounds, the faster of the two middle ones"
+    assert md.count(said) == 2 and page.count(said) == 2, "the time table's legend and the full table's"
+    assert "Median round" not in md and "Median round" not in page
+    assert "CPU per call" not in md or "of the round shown for time" in md
+    assert report.view.middle_of(4) == "the faster middle one of 4 rounds"
+    assert report.view.middle_of(5) == "the median of 5 rounds"
 
 
 def test_a_case_beside_busy_nodes_reads_apart_from_the_same_case_alone(results):

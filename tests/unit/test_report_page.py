@@ -40,8 +40,9 @@ def test_the_headline_comes_first_and_names_the_winner_with_its_ratio(results):
     assert "Best rxelab algorithm: <b>pairwise at 1 KiB; parallel at 256 KiB</b>" in page
     # the fixture: rxelab's best 66.0 ms (1 KiB) and 248 ms (256 KiB) against mpi-tcp's
     # 23.8 and 146: (66.0/23.8 * 248/146) ** 0.5
-    assert "**2.17x** mpi-tcp's time: geometric mean of 2 sizes, from 1.70x at 256 KiB to " \
-        "2.78x at 1 KiB; one round: no spread to judge by" in md
+    assert "- rxelab (best per size) takes **2.17x** the time of MPI over TCP: 117 % more " \
+        "(geometric mean of 2 sizes), slower in one round (not judged); from 1.70x at 256 KiB " \
+        "to 2.78x at 1 KiB; one round: no spread to judge by" in md
     assert md.index("### alltoall") < md.index("## Plots")
     constants = md.splitlines()[2]
     assert "nodes: **3**" in constants and "network: **none**" in constants
@@ -51,12 +52,21 @@ def test_the_headline_comes_first_and_names_the_winner_with_its_ratio(results):
 
 
 def test_an_incomplete_run_says_so(results):
+    """The banner, then the header's status, which agree: the issue's run said "status: ok"
+    under its INCOMPLETE banner (the failed cases left no row, and the rows all said ok)."""
     env = json.loads((results / "environment.json").read_text())
     (results / "environment.json").write_text(json.dumps({**env, "complete": False}))
+    records = [json.loads(x) for x in (results / "records.jsonl").read_text().splitlines()]
+    records[1] = {**records[1], "status": "failed", "summary": None, "error": "rank 2 died"}
+    (results / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     html_path, md_path = report.write(results)
     page, md = html_path.read_text(), md_path.read_text()
     assert page.index("INCOMPLETE") < page.index("class=\"headline\""), "said before anything"
     assert md.index("**INCOMPLETE**") < md.index("### alltoall")
+    constants = md.splitlines()[4]
+    assert "status: **INCOMPLETE: 10 of the 11 cases it recorded ok, 1 failed**" in constants, constants
+    assert "status: **ok**" not in md and "status: <b>ok</b>" not in page
+    assert "status: <b>INCOMPLETE: 10 of the 11 cases it recorded ok, 1 failed</b>" in page
 
 
 def test_the_seed_stages_table_appears_when_runs_differ_in_stages(results):
@@ -96,7 +106,7 @@ def test_mpi_rows_are_labelled_by_transport_and_compared_with_rxelab(results):
     md = md_path.read_text()
     assert "| mpi-ucx | mpi-default |" in md and "| mpi-tcp | mpi-default |" in md
     assert "mpi-ucx 500-500" in md and "mpi-tcp 0-0" in md
-    assert "best rxelab takes" in md and "x mpi-ucx's time and" in md
+    assert "best rxelab takes" in md and "x the time of MPI over UCX (" in md
     assert "UCX_UD_ETH_DGID_CHECK=n" in md, "how MPI runs over rxe, and why"
 
 
