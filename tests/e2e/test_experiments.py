@@ -73,7 +73,7 @@ def run_spec(lab, tmp: Path, text: str) -> tuple[list[dict], str, dict]:
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     (run,) = list((tmp / "res").iterdir())
     records = [json.loads(x) for x in (run / "records.jsonl").read_text().splitlines()]
-    r = fab(lab, "report", "--results", str(run), timeout=300)
+    r = fab(lab, "report", "--run", str(run), timeout=300)
     assert r.returncode == 0, r.stderr
     env = json.loads((run / "environment.json").read_text())
     return records, (run / "report.md").read_text(), env
@@ -128,7 +128,7 @@ def test_smoke_verifies_every_algorithm_and_runs_mpi_on_the_same_nodes(smoke):
 
 
 def test_report_renders_tables_and_plots(lab, smoke):
-    r = fab(lab, "report", "--results", str(smoke), timeout=300)
+    r = fab(lab, "report", "--run", str(smoke), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     page = (smoke / "report.html").read_text()
     assert "not hardware numbers" in page and "data:image/png;base64," in page
