@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 RESULTS = REPO / "results"
 SPECS = REPO / "experiments" / "specs"  # experiments.spec.SPECS, without loading the spec's models
 # Flags renamed in issue 59 (one meaning per flag name): the old spelling names the new one.
-RENAMED = {("calibrate", "--name"): "--profile", ("calibrate", "--measured"): "--run"}
+RENAMED = {("calibrate", "--name"): "--profile", ("calibrate", "-n"): "-p (--profile)",
+           ("calibrate", "--measured"): "--run", ("calibrate", "-m"): "-u (--run)",
+           ("compare", "-a"): "--after"}
 did_you_mean.install_task_hints(RENAMED)  # "fab run-experimnt": Invoke's error names the closest task
 ACCEPT_NEW = ("trust SSH host keys of hosts seen for the first time and remember them "
               "(RXELAB_ACCEPT_NEW_HOST_KEYS=1); a changed key is always refused")

@@ -95,10 +95,11 @@ def fab(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_renamed_flag_names_its_new_spelling():
-    for old, new in (("--measured", "--run"), ("--name", "--profile")):
-        done = fab("calibrate", old, "x")
+    for task, old, new in (("calibrate", "--measured", "--run"), ("calibrate", "-n", "-p (--profile)"),
+                           ("compare", "-a", "--after")):
+        done = fab(task, *(["--before", "y"] if task == "compare" else []), old, "x")
         assert done.returncode == 1
-        assert f"No idea what '{old}' is! ({old} is now {new}: `fab --help calibrate`)" \
+        assert f"No idea what '{old}' is! ({old} is now {new}: `fab --help {task}`)" \
             in done.stderr
     done = fab("deploy", "--name", "x")  # renamed in calibrate only
     assert done.returncode == 1 and "is now" not in done.stderr
