@@ -2,6 +2,10 @@
 what to do, never a traceback. A timeout, a node that is gone or will not answer, a missing
 tool, bad input: each is expected on the machines people have. `fab --debug` (or
 INVOKE_DEBUG=1) shows the traceback instead, for a bug report.
+
+Light to import: every `fab` command loads the fabfile, which wraps each task with this, so
+the modules that raise the expected errors (the spec's models, the fleet's connections) are
+imported when a task has failed, not to list the tasks.
 """
 
 from __future__ import annotations
@@ -11,18 +15,24 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import paramiko
 from invoke.exceptions import CommandTimedOut, Exit, Failure, UnexpectedExit
 
-from experiments.running.deploy import STALL_SETTING
-from experiments.running.fleet import FleetError
-from experiments.running.watched import Stalled
-from experiments.spec import SpecError
 from infra.errors import LabError
 
-EXPECTED = (LabError, FleetError, SpecError, Stalled, Failure, paramiko.SSHException, EOFError,
-            OSError)
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def expected() -> tuple[type[BaseException], ...]:
+    """The errors a task ends with in one line: the lab's, the fleet's, a spec's, a stalled
+    node's, a failed command's, a lost SSH connection's, the system's."""
+    import paramiko
+
+    from experiments.running.fleet import FleetError
+    from experiments.running.watched import Stalled
+    from experiments.spec import SpecError
+
+    return (LabError, FleetError, SpecError, Stalled, Failure, paramiko.SSHException, EOFError,
+            OSError)
 
 
 def debugging() -> bool:
@@ -32,7 +42,11 @@ def debugging() -> bool:
 
 def describe(err: BaseException) -> str:
     """One line for an expected failure."""
+    import paramiko
+
     if isinstance(err, CommandTimedOut):
+        from experiments.running.deploy import STALL_SETTING
+
         host = getattr(getattr(err.result, "connection", None), "host", "a node")
         return (f"a command on {host} did not finish within {err.timeout:.0f} s and was stopped "
                 f"(a busy node needs longer: {STALL_SETTING})")
@@ -56,8 +70,8 @@ def one_line_errors(task_body: F) -> F:
             if debugging():
                 raise
             raise Exit("interrupted", code=130) from None
-        except EXPECTED as err:
-            if debugging():
+        except Exception as err:
+            if debugging() or not isinstance(err, expected()):
                 raise
             raise Exit(f"error: {describe(err)}", code=1) from None
     return body  # type: ignore[return-value]

@@ -98,7 +98,7 @@ def load(path: Path) -> Profile:
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ProfileError(f"platform profile {path}: not there yet: `fab calibrate --name "
+        raise ProfileError(f"platform profile {path}: not there yet: `fab calibrate --profile "
                            f"{path.stem}` measures the lab and writes it") from None
     except (OSError, ValueError) as err:
         raise ProfileError(f"platform profile {path}: {err}") from None

@@ -33,9 +33,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rxelab import ops
 
+from experiments import did_you_mean
 from experiments import spec as experiment_spec
 from experiments.simulation.platforms import KINDS
-from experiments.spec import SpecError, did_you_mean
+from experiments.spec import SpecError
 from infra import documents
 from infra.config import REPO
 

@@ -166,12 +166,12 @@ def named_run(path: Path) -> Path:
     except OSError as err:
         raise CannotValidate(f"{path}: {err}") from None
     if a_file and path.name == "records.jsonl":
-        raise CannotValidate(f"{path} is a run's records: name its directory, `--results "
+        raise CannotValidate(f"{path} is a run's records: name its directory, `--run "
                               f"{path.parent}`")
     hint = ""
     if found:
         try:
-            hint = f"; the newest run under it: `--results {newest(path)}`"
+            hint = f"; the newest run under it: `--run {newest(path)}`"
         except CannotValidate:
             pass
     raise CannotValidate(f"{path} is not a lab run's directory (no records.jsonl){hint}")

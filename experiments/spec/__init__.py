@@ -103,7 +103,7 @@ from pydantic.fields import FieldInfo
 from rxelab import ops
 from rxelab import settings as library
 
-from experiments.spec import did_you_mean
+from experiments import did_you_mean
 from experiments.spec.cases import Case, Run, Spec, contender, ranks
 from experiments.spec.document import KEYS, RunDoc, SpecDoc
 from experiments.spec.fields import (

@@ -48,7 +48,7 @@ def test_a_kill_and_a_join_on_the_lab(lab, tmp_path):
     assert [e["step"] for e in rx["events"] if e["event"] == "step"][-1] == 39
     assert mpi["exit"] != 0 and any(e["event"] == "dying" for e in mpi["events"])
     assert not any(e["event"] == "done" for e in mpi["events"]), "Open MPI's job ended"
-    r = fab(lab, "report", "--results", str(run), timeout=300)
+    r = fab(lab, "report", "--run", str(run), timeout=300)
     assert r.returncode == 0, r.stderr
     md = (run / "report.md").read_text()
     assert "| rxelab | kill rank 2 | 3 | shrink to 2 ranks |" in md

@@ -73,7 +73,7 @@ def run_spec(lab, tmp: Path, text: str) -> tuple[list[dict], str, dict]:
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     (run,) = list((tmp / "res").iterdir())
     records = [json.loads(x) for x in (run / "records.jsonl").read_text().splitlines()]
-    r = fab(lab, "report", "--results", str(run), timeout=300)
+    r = fab(lab, "report", "--run", str(run), timeout=300)
     assert r.returncode == 0, r.stderr
     env = json.loads((run / "environment.json").read_text())
     return records, (run / "report.md").read_text(), env
@@ -99,8 +99,8 @@ def test_smoke_verifies_every_algorithm_and_runs_mpi_on_the_same_nodes(smoke):
     records = [json.loads(x) for x in (smoke / "records.jsonl").read_text().splitlines()]
     assert [r["status"] for r in records] == ["ok"] * len(records)
     ran = {(r["app"], r["op"], r["algorithm"], r["transport"]) for r in records}
-    for op, algos in (("allgather", ("star", "ring", "sequential", "parallel")),
-                      ("alltoall", ("sequential", "pairwise", "parallel"))):
+    for op, algos in (("allgather", ("star", "ring", "sequential", "parallel", "bruck")),
+                      ("alltoall", ("sequential", "pairwise", "parallel", "bruck"))):
         assert {("rxelab", op, a, None) for a in algos} <= ran
         assert {("mpi", op, "mpi-default", t) for t in ("ucx", "tcp")} <= ran
     for r in records:  # proven by rxe's own counters on every node, not claimed
@@ -128,11 +128,11 @@ def test_smoke_verifies_every_algorithm_and_runs_mpi_on_the_same_nodes(smoke):
 
 
 def test_report_renders_tables_and_plots(lab, smoke):
-    r = fab(lab, "report", "--results", str(smoke), timeout=300)
+    r = fab(lab, "report", "--run", str(smoke), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     page = (smoke / "report.html").read_text()
     assert "not hardware numbers" in page and "data:image/png;base64," in page
-    for algo in ("star", "ring", "sequential", "pairwise", "parallel", "mpi-default"):
+    for algo in ("star", "ring", "sequential", "pairwise", "parallel", "bruck", "mpi-default"):
         assert f"<td>{algo}</td>" in page, algo
     assert "<td>mpi-ucx</td>" in page and "<td>mpi-tcp</td>" in page
     assert "UCX_UD_ETH_DGID_CHECK=n" in page

@@ -177,7 +177,7 @@ def test_netem_does_not_replace_a_qdisc_of_the_users(lab, foreign, smoke_run, tm
 
 
 def test_the_report_states_what_the_hosts_said(lab, smoke_run):
-    r = fab(lab, "report", "--results", str(smoke_run), timeout=300)
+    r = fab(lab, "report", "--run", str(smoke_run), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     md = (smoke_run / "report.md").read_text()
     env = json.loads((smoke_run / "environment.json").read_text())

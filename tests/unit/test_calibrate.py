@@ -362,11 +362,11 @@ def test_fab_validate_takes_the_runs_own_profile_unless_told(tmp_path, fitted, c
 
     import fabfile
     validation_run(tmp_path)
-    fabfile.validate(Context(), results=str(tmp_path))
+    fabfile.validate(Context(), run=str(tmp_path))
     assert f"profile `{tmp_path.name}`" in (tmp_path / "validation.md").read_text()
     other = tmp_path.parent / "other.json"
     other.write_text(replace(fitted, name="other").to_json())
-    fabfile.validate(Context(), results=str(tmp_path), profile=str(other))
+    fabfile.validate(Context(), run=str(tmp_path), profile=str(other))
     assert "profile `other`" in (tmp_path / "validation.md").read_text()
     assert "validation:" in capsys.readouterr().out
 

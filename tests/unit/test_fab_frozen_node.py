@@ -39,7 +39,7 @@ def test_every_node_task_ends_in_one_line_per_node_when_the_nodes_freeze(tmp_pat
         tasks = {
             "deploy": ["deploy"],
             "run-experiment": ["run-experiment", "--spec", "smoke", "--results", str(results)],
-            "calibrate": ["calibrate", "--name", "frozen", "--results", str(results)],
+            "calibrate": ["calibrate", "--profile", "frozen", "--results", str(results)],
             "status": ["status"],
         }
         with ThreadPoolExecutor(len(tasks)) as pool:

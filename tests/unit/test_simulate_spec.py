@@ -137,7 +137,7 @@ def test_shipped_simulation_specs_load(name):
 
 def test_a_profile_not_calibrated_yet_says_how_to_make_it(tmp_path):
     s = sim_spec.load(str(write(tmp_path, f'profile = "{tmp_path}/lab2.json"\n' + RUN)))
-    with pytest.raises(costs_mod.ProfileError, match="fab calibrate --name lab2"):
+    with pytest.raises(costs_mod.ProfileError, match="fab calibrate --profile lab2"):
         sim_run.profile_of(s)
 
 

@@ -166,7 +166,7 @@ def test_a_refused_yardstick_writes_no_validation(tmp_path, monkeypatch):
         with pytest.raises(validate.CannotValidate, match=why):
             validate.write(mine, PLACEHOLDER, other)
     with pytest.raises(Exit, match="--beside .*not a lab run's directory"):
-        fabfile.validate(Context(), results=str(mine), profile=None,
+        fabfile.validate(Context(), run=str(mine), profile=None,
                          beside=str(tmp_path / "nowhere"))
     assert sorted(p.name for p in mine.iterdir()) == ["environment.json", "records.jsonl"]
     validate.write(mine, PLACEHOLDER)  # alone: written, without a yardstick
@@ -198,9 +198,10 @@ def test_a_copy_of_the_run_is_no_yardstick(tmp_path):
 
 
 def test_a_results_root_named_as_the_run_is_refused_naming_the_run_under_it(tmp_path):
-    """`fab validate --results results` (the root, not a run) used to look for the profile
-    `lab` and fail on that; it names what it was given and the newest run to name instead,
-    before any profile is read."""
+    """`fab validate --run results` (the root, not a run) used to look for the profile `lab`
+    and fail on that; it names what it was given and the newest run to name instead, before
+    any profile is read. The other way round, a run named as --results (what --results meant
+    in `fab validate` before issue 59) is refused naming --run."""
     from invoke import Context
     from invoke.exceptions import Exit
 
@@ -208,10 +209,13 @@ def test_a_results_root_named_as_the_run_is_refused_naming_the_run_under_it(tmp_
     mine = run_dir(tmp_path / "20260103-000000-validation", "validation",
                    {("pairwise", 1024): 1e-3})
     with pytest.raises(Exit, match=re.escape(f"{tmp_path} is not a lab run's directory")
-                       + f".*{re.escape(f'--results {mine}')}"):
-        fabfile.validate(Context(), results=str(tmp_path), profile=None, beside=None)
+                       + f".*{re.escape(f'--run {mine}')}"):
+        fabfile.validate(Context(), run=str(tmp_path), profile=None, beside=None)
     with pytest.raises(Exit, match="nowhere is not a lab run's directory .no records.jsonl.$"):
-        fabfile.validate(Context(), results=str(tmp_path / "nowhere"), profile=None, beside=None)
+        fabfile.validate(Context(), run=str(tmp_path / "nowhere"), profile=None, beside=None)
+    with pytest.raises(Exit, match=re.escape(f"--results {mine} is one run's directory: name it "
+                                             f"with --run {mine}")):
+        fabfile.validate(Context(), results=str(mine), profile=None, beside=None)
     assert validate.named_run(mine) == mine
     with pytest.raises(validate.CannotValidate, match="a run's records: name its directory"):
         validate.named_run(mine / "records.jsonl")

@@ -1,14 +1,18 @@
 """Suggestions for a misspelled name, wherever a user types one: a fab task or flag (Invoke says
-only "No idea what 'x' is!"), a key of a spec table. The closest known name, if one is close."""
+only "No idea what 'x' is!"), a key of a spec table. The closest known name, if one is close.
+
+A room of its own, light to import: the fabfile loads it for every `fab` command, `fab --list`
+included, so pydantic is imported only when a spec's key is looked up."""
 
 from __future__ import annotations
 
 import difflib
 import typing
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
 def hint(word: object, known: Iterable[str]) -> str:
@@ -20,6 +24,8 @@ def hint(word: object, known: Iterable[str]) -> str:
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model a field holds, alone or in a list, optional or annotated."""
+    from pydantic import BaseModel
+
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
@@ -47,12 +53,17 @@ def unknown_key(model: type[BaseModel], loc: tuple[str | int, ...]) -> str:
     return hint(loc[-1], keys_at(model, loc)) if loc else ""
 
 
-def install_task_hints() -> None:
+_RENAMED: dict[tuple[str, str], str] = {}
+
+
+def install_task_hints(renamed: Mapping[tuple[str, str], str] | None = None) -> None:
     """Invoke's "No idea what 'x' is!" for a task or flag, with the closest task or flag of the
-    loaded collection (fab loads the fabfile, which calls this, before it parses tasks)."""
+    loaded collection (fab loads the fabfile, which calls this, before it parses tasks).
+    renamed: {(task, old flag): new flag}, said instead of a guess where an old flag is used."""
     from invoke.exceptions import ParseError
     from invoke.program import Program
 
+    _RENAMED.update(renamed or {})
     if getattr(Program.parse_tasks, "hinted", False):
         return
     parse_tasks = Program.parse_tasks
@@ -66,8 +77,12 @@ def install_task_hints() -> None:
             if not text.startswith(prefix) or self.collection is None:
                 raise
             word = text[len(prefix):].removesuffix(" is!").strip("'\"")
+            context = getattr(err, "context", None)
+            new = _RENAMED.get((getattr(context, "name", None) or "", word))
+            if new is not None:
+                raise ParseError(f"{text} ({word} is now {new}: `fab --help "
+                                 f"{getattr(context, 'name', '')}`)", context) from None
             if word.startswith("-"):  # the flags of the task it came after, and fab's own
-                context = getattr(err, "context", None)
                 known = [*(context.flags if context is not None else []),
                          *self.initial_context.flags]
             else:
@@ -76,8 +91,7 @@ def install_task_hints() -> None:
                     known += aliases
             known = [k for k in known if k != word]
             raise ParseError(f"{text}{hint(word, known)} (`fab --list` lists the tasks, "
-                             "`fab --help TASK` a task's flags)", getattr(err, "context", None)) \
-                from None
+                             "`fab --help TASK` a task's flags)", context) from None
 
     hinted_parse_tasks.hinted = True  # type: ignore[attr-defined]
     Program.parse_tasks = hinted_parse_tasks  # type: ignore[method-assign]
