@@ -79,3 +79,11 @@ def test_first_comparison_says_how_long_it_takes_and_on_what_basis():
     assert "records.jsonl" in s.description and "wall_seconds" in s.description
     cases = len(s.cases()) * s.rounds
     assert f"{cases} in all" in s.description
+
+
+def test_first_comparison_gives_each_collective_one_headline():
+    """The report makes a headline per setting, and the number of calls is part of it: a spec
+    with 50 calls at small sizes and 20 at 1 MiB gave each collective two headlines, one of a
+    single size (seen on its first run from a fresh clone)."""
+    cases = [c for c in spec.load("first-comparison").cases() if c.app != "perftest"]
+    assert {c.stages for c in cases if c.app != "perftest"} == {cases[0].stages}
